@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# Builds the example tools in examples/tools/ to WebAssembly.
+#
+#   examples/build.sh              build in place (examples/tools/<name>/<name>.wasm)
+#                                  and re-pin the sha256 digests in examples/manifests/
+#   examples/build.sh --out DIR    write DIR/tools/<name>/<name>.wasm instead; the
+#                                  committed files and manifests are not touched
+#   examples/build.sh --check      build into a temporary directory and fail if the
+#                                  result differs from the committed .wasm files or
+#                                  if a manifest digest is stale (for CI)
+#
+# Prerequisites (this script installs nothing):
+#   - zig 0.17.1 (C compiler + bundled wasi-libc):  pip install ziglang==0.17.1
+#     Another zig binary can be used with ZIG=/path/to/zig.
+#   - toolgrid (for `toolgrid componentize`, which turns the uuid preview 1
+#     module into a preview 2 component): `cargo build` in the repository root,
+#     or TOOLGRID=/path/to/toolgrid.
+#   - sha256sum (coreutils) or shasum.
+#
+# The build is deterministic: the same sources, zig version and toolgrid
+# version give byte-identical .wasm files (no debug info, no paths, no
+# timestamps are embedded; `-s` strips every custom section).
+set -euo pipefail
+
+ZIG_VERSION=0.17.1
+TOOLS_P1=(textstats semver)   # shipped as WASI preview 1 modules
+TOOLS_P2=(uuid)               # shipped as WASI preview 2 components (wasi:cli/run)
+# -s strips all custom sections (names, producers, debug info). zig's default
+# wasm stack is 16 MiB and is part of the initial memory of every instance;
+# these tools need far less, so use 256 KiB (the stack sits below the data,
+# so an overflow traps instead of corrupting memory).
+CFLAGS=(--target=wasm32-wasi -std=c11 -O2 -s -Wl,-z,stack-size=262144 -Wall -Wextra)
+
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+EXAMPLES=$SCRIPT_DIR
+REPO=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
+
+die() { echo "build.sh: error: $*" >&2; exit 1; }
+note() { echo "build.sh: $*" >&2; }
+
+usage() {
+    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
+}
+
+OUT=""
+CHECK=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --out) [ $# -ge 2 ] || die "--out needs a directory"; OUT=$2; shift 2 ;;
+        --out=*) OUT=${1#--out=}; shift ;;
+        --check) CHECK=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown argument: $1 (see --help)" ;;
+    esac
+done
+[ "$CHECK" = 1 ] && [ -n "$OUT" ] && die "--check and --out cannot be combined"
+
+# ---------------------------------------------------------------- prerequisites
+if [ -n "${ZIG:-}" ]; then
+    ZIG_CMD=("$ZIG")
+elif command -v python3 >/dev/null 2>&1 && python3 -c 'import ziglang' >/dev/null 2>&1; then
+    ZIG_CMD=(python3 -m ziglang)
+else
+    die "zig not found. Install it with:  pip install ziglang==$ZIG_VERSION
+       (or point ZIG at a zig $ZIG_VERSION binary)"
+fi
+zig_version=$("${ZIG_CMD[@]}" version 2>/dev/null) || die "cannot run '${ZIG_CMD[*]} version'"
+if [ "$zig_version" != "$ZIG_VERSION" ]; then
+    if [ "${ALLOW_ANY_ZIG:-0}" = 1 ]; then
+        note "warning: zig $zig_version instead of $ZIG_VERSION; output will not match the committed files"
+    else
+        die "zig $ZIG_VERSION is required for reproducible output, found $zig_version.
+       Install it with:  pip install ziglang==$ZIG_VERSION   (or set ALLOW_ANY_ZIG=1)"
+    fi
+fi
+
+TOOLGRID=${TOOLGRID:-$REPO/target/debug/toolgrid}
+if [ ${#TOOLS_P2[@]} -gt 0 ] && [ ! -x "$TOOLGRID" ]; then
+    die "toolgrid not found at $TOOLGRID (needed for 'toolgrid componentize').
+       Build it with:  (cd $REPO && cargo build)   or set TOOLGRID=/path/to/toolgrid"
+fi
+
+if command -v sha256sum >/dev/null 2>&1; then
+    sha256() { sha256sum "$1" | cut -d' ' -f1; }
+elif command -v shasum >/dev/null 2>&1; then
+    sha256() { shasum -a 256 "$1" | cut -d' ' -f1; }
+else
+    die "sha256sum or shasum is required"
+fi
+
+# ------------------------------------------------------------------------ build
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/toolgrid-examples.XXXXXX")
+trap 'rm -rf -- "$WORK"' EXIT
+STAGE=$WORK/out            # same layout as examples/: tools/<name>/<name>.wasm
+
+compile() { # name output.wasm
+    note "compiling $1"
+    "${ZIG_CMD[@]}" cc "${CFLAGS[@]}" "$EXAMPLES/tools/$1/$1.c" -o "$2"
+}
+
+for t in "${TOOLS_P1[@]}"; do
+    mkdir -p "$STAGE/tools/$t"
+    compile "$t" "$STAGE/tools/$t/$t.wasm"
+done
+for t in "${TOOLS_P2[@]}"; do
+    mkdir -p "$STAGE/tools/$t" "$WORK/modules"
+    compile "$t" "$WORK/modules/$t.wasm"
+    note "componentizing $t"
+    "$TOOLGRID" componentize "$WORK/modules/$t.wasm" "$STAGE/tools/$t/$t.wasm" \
+        || die "'$TOOLGRID componentize' failed for $t"
+    # a component starts with \0asm and version/layer 0d 00 01 00
+    [ "$(od -An -tx1 -j4 -N4 "$STAGE/tools/$t/$t.wasm" 2>/dev/null | tr -d ' \n')" = 0d000100 ] \
+        || die "'$TOOLGRID componentize' did not produce a component for $t"
+done
+
+ALL_TOOLS=("${TOOLS_P1[@]}" "${TOOLS_P2[@]}")
+
+# ------------------------------------------------------------ manifest digests
+# Prints the value of every artifact `file:` key in manifest $1, as written.
+artifact_files() {
+    grep -oE '(^|[[:space:]{,])file:[[:space:]]*["'\'']?[^"'\'',}[:space:]]+' "$1" \
+        | sed -E 's/^.*file:[[:space:]]*["'\'']?//'
+}
+
+# Copies manifest $1 to $2 (may be the same file), rewriting each
+# `digest: sha256:<hex>` that follows an artifact `file:` (on the same line or
+# a later line of the same document) to the sha256 of that file, which is
+# resolved relative to the directory of $1.
+pin_digests() {
+    local src=$1 dst=$2 dir map="" f hex
+    dir=$(dirname -- "$src")
+    while IFS= read -r f; do
+        [ -n "$f" ] || continue
+        if [ -f "$dir/$f" ]; then
+            hex=$(sha256 "$dir/$f")
+            map+="$f $hex"$'\n'
+        else
+            note "warning: ${src#"$REPO"/} refers to missing file $f"
+        fi
+    done < <(artifact_files "$src")
+    awk -v map="$map" '
+        BEGIN {
+            n = split(map, rows, "\n")
+            for (i = 1; i <= n; i++)
+                if (rows[i] != "") { split(rows[i], kv, " "); digest[kv[1]] = kv[2] }
+        }
+        /^---/ { cur = "" }
+        {
+            line = $0
+            if (match(line, /(^|[ \t{,])file:[ \t]*["\047]?[^"\047,} \t]+/)) {
+                cur = substr(line, RSTART, RLENGTH)
+                sub(/^.*file:[ \t]*["\047]?/, "", cur)
+            }
+            if (cur != "" && (cur in digest) && line ~ /digest:/ &&
+                match(line, /sha256:[0-9A-Za-z<>]*/)) {
+                line = substr(line, 1, RSTART - 1) "sha256:" digest[cur] substr(line, RSTART + RLENGTH)
+                cur = ""
+            }
+            print line
+        }' "$src" > "$WORK/pinned.yaml"
+    if [ "$src" = "$dst" ] && cmp -s "$src" "$WORK/pinned.yaml"; then
+        return 0
+    fi
+    cp -- "$WORK/pinned.yaml" "$dst.tmp.$$" && mv -- "$dst.tmp.$$" "$dst"
+}
+
+# ----------------------------------------------------------------------- output
+if [ "$CHECK" = 1 ]; then
+    status=0
+    for t in "${ALL_TOOLS[@]}"; do
+        committed=$EXAMPLES/tools/$t/$t.wasm
+        if [ ! -f "$committed" ]; then
+            note "MISSING: ${committed#"$REPO"/}"; status=1
+        elif ! cmp -s "$committed" "$STAGE/tools/$t/$t.wasm"; then
+            note "DIFFERS: ${committed#"$REPO"/} (rebuild with examples/build.sh)"; status=1
+        else
+            note "ok: ${committed#"$REPO"/}"
+        fi
+    done
+    for m in "$EXAMPLES"/manifests/*.yaml; do
+        [ -f "$m" ] || continue
+        pin_digests "$m" "$WORK/check.yaml"
+        if cmp -s "$m" "$WORK/check.yaml"; then
+            note "ok: ${m#"$REPO"/} digests"
+        else
+            note "STALE DIGEST: ${m#"$REPO"/} (rebuild with examples/build.sh)"; status=1
+        fi
+    done
+    exit "$status"
+fi
+
+if [ -n "$OUT" ]; then
+    mkdir -p -- "$OUT"
+    DEST=$(cd -- "$OUT" && pwd -P)
+else
+    DEST=$EXAMPLES
+fi
+for t in "${ALL_TOOLS[@]}"; do
+    mkdir -p "$DEST/tools/$t"
+    cp -- "$STAGE/tools/$t/$t.wasm" "$DEST/tools/$t/$t.wasm.tmp.$$"
+    mv -- "$DEST/tools/$t/$t.wasm.tmp.$$" "$DEST/tools/$t/$t.wasm"
+    printf '%8d  sha256:%s  %s\n' "$(wc -c < "$DEST/tools/$t/$t.wasm")" \
+        "$(sha256 "$DEST/tools/$t/$t.wasm")" "$DEST/tools/$t/$t.wasm"
+done
+
+if [ -z "$OUT" ]; then
+    for m in "$EXAMPLES"/manifests/*.yaml; do
+        [ -f "$m" ] || continue
+        before=$(sha256 "$m")
+        pin_digests "$m" "$m"
+        [ "$before" = "$(sha256 "$m")" ] || note "pinned new digests in ${m#"$REPO"/}"
+    done
+fi

@@ -1,0 +1,130 @@
+//! The six resource kinds of `toolgrid.dev/v1alpha1`, one file a kind.
+//!
+//! These Rust types are the single source of truth: the CRDs in `crds/` and in the Helm
+//! chart are generated from them (`toolgrid crds`), and both resource sources (the
+//! Kubernetes watcher and the manifest directory) deserialize into them.
+
+mod agent;
+mod binding;
+pub mod conditions;
+mod crds;
+mod middleware;
+mod pool;
+mod release;
+mod schema;
+mod tool;
+pub mod units;
+
+pub use agent::{Agent, AgentSpec, AgentStatus, LocalObjectRef, Permission, SecretKeyRef};
+pub use binding::{
+    FilesystemAccess, ReleaseSelector, ToolBinding, ToolBindingSpec, ToolBindingStatus,
+};
+pub use crds::{all_crds, crds_yaml};
+pub use middleware::{
+    ApprovalStep, AuditStep, Middleware, MiddlewareSpec, MiddlewareStatus, OnTimeout, PolicyStep,
+    RateLimitStep, RedactStep, WasmStep,
+};
+pub use pool::{Autoscale, WorkerPool, WorkerPoolSpec, WorkerPoolStatus};
+pub use release::{
+    ArtifactSource, ConfigMapKeyRef, EgressRule, NetworkPolicy, ReleaseLimits, ToolRelease,
+    ToolReleaseSpec, ToolReleaseStatus,
+};
+pub use tool::{
+    Command, DeclaredError, Effect, Flag, OptionArg, Overflow, Positional, ResultPolicy,
+    RetryPolicy, StdinSpec, Tool, ToolSpec, ToolStatus,
+};
+
+/// The API group of every toolgrid kind.
+pub const GROUP: &str = "toolgrid.dev";
+/// The served and stored version.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` as written in manifests.
+pub const API_VERSION: &str = "toolgrid.dev/v1alpha1";
+/// The namespace of a manifest that names none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// The kinds, for lookups by name in manifests and on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Tool,
+    ToolRelease,
+    ToolBinding,
+    Middleware,
+    Agent,
+    WorkerPool,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::Tool,
+        Kind::ToolRelease,
+        Kind::ToolBinding,
+        Kind::Middleware,
+        Kind::Agent,
+        Kind::WorkerPool,
+    ];
+
+    /// The `kind:` field of a manifest.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Tool => "Tool",
+            Kind::ToolRelease => "ToolRelease",
+            Kind::ToolBinding => "ToolBinding",
+            Kind::Middleware => "Middleware",
+            Kind::Agent => "Agent",
+            Kind::WorkerPool => "WorkerPool",
+        }
+    }
+
+    /// Parses a kind as a user types it: `Tool`, `tools`, `tool`, or the short name `tl`.
+    pub fn parse(s: &str) -> Option<Kind> {
+        let lower = s.to_ascii_lowercase();
+        Kind::ALL.into_iter().find(|k| {
+            let name = k.as_str().to_ascii_lowercase();
+            lower == name || lower == k.plural() || lower == k.short_name()
+        })
+    }
+
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::Tool => "tools",
+            Kind::ToolRelease => "toolreleases",
+            Kind::ToolBinding => "toolbindings",
+            Kind::Middleware => "middlewares",
+            Kind::Agent => "agents",
+            Kind::WorkerPool => "workerpools",
+        }
+    }
+
+    pub fn short_name(self) -> &'static str {
+        match self {
+            Kind::Tool => "tl",
+            Kind::ToolRelease => "tr",
+            Kind::ToolBinding => "tb",
+            Kind::Middleware => "mw",
+            Kind::Agent => "ag",
+            Kind::WorkerPool => "wp",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_parse_from_every_spelling() {
+        for kind in Kind::ALL {
+            assert_eq!(Kind::parse(kind.as_str()), Some(kind));
+            assert_eq!(Kind::parse(kind.plural()), Some(kind));
+            assert_eq!(Kind::parse(kind.short_name()), Some(kind));
+        }
+        assert_eq!(Kind::parse("releases"), None);
+    }
+}

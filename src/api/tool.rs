@@ -1,0 +1,252 @@
+//! `Tool`: the typed interface of a command-line-like tool.
+
+use super::schema;
+use super::units::GoDuration;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A tool's typed interface: its commands, their arguments, stdin, result and errors.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "toolgrid.dev",
+    version = "v1alpha1",
+    kind = "Tool",
+    namespaced,
+    status = "ToolStatus",
+    shortname = "tl",
+    category = "toolgrid",
+    doc = "A typed tool: commands with positional arguments, options, flags, stdin, a JSON result and declared errors.",
+    printcolumn(name = "Effect", type_ = "string", json_path = ".spec.effect"),
+    printcolumn(name = "Release", type_ = "string", json_path = ".status.release"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToolSpec {
+    /// What the tool does, for the agents that choose it.
+    #[serde(default)]
+    pub description: String,
+    /// What a call does to the world; decides retries and failover re-sends.
+    pub effect: Effect,
+    /// Whole-call deadline (default 30s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<GoDuration>,
+    /// Upper bound that progress events cannot extend a call past (default: the timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_timeout: Option<GoDuration>,
+    /// Retries of failed calls; only read and idempotent tools are retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+    /// What to do with a large result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_policy: Option<ResultPolicy>,
+    /// The commands; a tool with one command may name it `default`.
+    pub commands: Vec<Command>,
+}
+
+/// The effect of a tool's calls on the outside world.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Effect {
+    /// No effect outside the call: safe to retry and to re-send.
+    Read,
+    /// Changes the world; never re-sent without an idempotency key.
+    Write,
+    /// Changes the world, but repeating a request has the same result.
+    Idempotent,
+    /// Calls out to systems whose effects toolgrid cannot see.
+    External,
+}
+
+impl Effect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effect::Read => "read",
+            Effect::Write => "write",
+            Effect::Idempotent => "idempotent",
+            Effect::External => "external",
+        }
+    }
+
+    /// Whether repeating the tool's requests is harmless.
+    pub fn is_repeatable(self) -> bool {
+        matches!(self, Effect::Read | Effect::Idempotent)
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// Attempts in all, including the first.
+    pub attempts: u32,
+    /// Wait before the first retry; doubles each time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<GoDuration>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResultPolicy {
+    /// Results up to this size are returned inline (default 32768).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_inline_bytes: Option<u64>,
+    /// What happens to a larger result.
+    #[serde(default)]
+    pub overflow: Overflow,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Overflow {
+    /// Return it inline anyway.
+    #[default]
+    Inline,
+    /// Store it and return it in pages.
+    Page,
+    /// Cut it at the limit.
+    Truncate,
+}
+
+/// One command of a tool, declared like a command-line program's subcommand.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Command {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Positional arguments, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub positional: Vec<Positional>,
+    /// Options that take a value: `--name value`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<OptionArg>,
+    /// Boolean switches: `--name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<Flag>,
+    /// Input stream; absent means the command reads no stdin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<StdinSpec>,
+    /// JSON Schema of the JSON the command prints on stdout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_json_schema_object")]
+    pub result: Option<Value>,
+    /// Errors the command declares, by exit code.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<DeclaredError>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Positional {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of the value (default: a string).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_json_schema_object")]
+    pub schema: Option<Value>,
+    /// Optional positionals may only follow required ones (default: required).
+    #[serde(default = "default_true")]
+    pub required: bool,
+    /// The last positional may take every remaining value, as a JSON array.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub variadic: bool,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OptionArg {
+    pub name: String,
+    /// One-letter alias (`-n`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub short: Option<String>,
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of the value (default: a string); an array schema makes the option
+    /// repeatable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_json_schema_object")]
+    pub schema: Option<Value>,
+    /// Value used when the caller gives none; always passed to the tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::any_value")]
+    pub default: Option<Value>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub required: bool,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Flag {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub short: Option<String>,
+    #[serde(default)]
+    pub description: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StdinSpec {
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of stdin. `{type: string}` (the default) passes text through; any other
+    /// schema means stdin is a JSON document and is validated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_json_schema_object")]
+    pub schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub required: bool,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeclaredError {
+    /// Kebab-case name returned to the caller.
+    pub name: String,
+    /// The exit code that signals it (1 to 255).
+    pub exit_code: i32,
+    #[serde(default)]
+    pub description: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolStatus {
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The release a call would run now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl ToolSpec {
+    pub fn command(&self, name: &str) -> Option<&Command> {
+        self.commands.iter().find(|c| c.name == name)
+    }
+}

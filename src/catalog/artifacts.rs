@@ -1,0 +1,204 @@
+//! Release artifacts: read from their source, checked against their digest, and validated
+//! as WASI commands before a release can be Ready.
+
+use super::manifest::Sourced;
+use crate::api::{ArtifactSource, ToolRelease};
+use crate::worker::runtime::validate_artifact;
+use k8s_openapi::api::core::v1::ConfigMap;
+use sha2::{Digest as _, Sha256};
+
+/// What became of a release's artifact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArtifactOutcome {
+    Ready {
+        digest: String,
+        size: u64,
+        /// `module` or `component`.
+        kind: &'static str,
+    },
+    Failed {
+        /// CamelCase condition reason.
+        reason: &'static str,
+        message: String,
+    },
+}
+
+/// An artifact's outcome and, when Ready, its bytes (to put in the store).
+#[derive(Clone, Debug)]
+pub struct LoadedArtifact {
+    pub outcome: ArtifactOutcome,
+    pub bytes: Option<Vec<u8>>,
+}
+
+impl LoadedArtifact {
+    fn failed(reason: &'static str, message: impl Into<String>) -> Self {
+        LoadedArtifact {
+            outcome: ArtifactOutcome::Failed {
+                reason,
+                message: message.into(),
+            },
+            bytes: None,
+        }
+    }
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub fn digest_of(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// Checks the form of a `sha256:<64 hex>` digest.
+pub fn is_valid_digest(digest: &str) -> bool {
+    digest.strip_prefix("sha256:").is_some_and(|h| {
+        h.len() == 64
+            && h.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+    })
+}
+
+/// Verifies `bytes` against the expected digest (if any) and validates them as a command.
+pub fn check_bytes(bytes: Vec<u8>, expected: Option<&str>) -> LoadedArtifact {
+    let digest = digest_of(&bytes);
+    if let Some(expected) = expected
+        && expected != digest
+    {
+        return LoadedArtifact::failed(
+            "DigestMismatch",
+            format!("spec.artifact.digest is {expected} but the artifact's digest is {digest}"),
+        );
+    }
+    match validate_artifact(&bytes) {
+        Ok(kind) => LoadedArtifact {
+            outcome: ArtifactOutcome::Ready {
+                digest,
+                size: bytes.len() as u64,
+                kind,
+            },
+            bytes: Some(bytes),
+        },
+        Err(error) => LoadedArtifact::failed("InvalidArtifact", error.to_string()),
+    }
+}
+
+/// The single source an artifact names, or why it names none or several.
+pub fn source_kind(artifact: &ArtifactSource) -> Result<&'static str, String> {
+    let set: Vec<&str> = [
+        artifact.file.as_ref().map(|_| "file"),
+        artifact.config_map.as_ref().map(|_| "configMap"),
+        artifact.url.as_ref().map(|_| "url"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    match set.as_slice() {
+        [one] => Ok(one),
+        [] => Err("spec.artifact: name exactly one of file, configMap or url".into()),
+        many => Err(format!(
+            "spec.artifact: name exactly one source, not {}",
+            many.join(" and ")
+        )),
+    }
+}
+
+/// Loads a release's artifact in a manifest directory: a file relative to the manifest, or
+/// a key of a ConfigMap declared beside it. URLs are fetched by the cluster controller.
+pub fn load_local(
+    release: &Sourced<ToolRelease>,
+    config_maps: &[Sourced<ConfigMap>],
+) -> LoadedArtifact {
+    let artifact = &release.object.spec.artifact;
+    let source = match source_kind(artifact) {
+        Ok(source) => source,
+        Err(message) => return LoadedArtifact::failed("InvalidArtifactSource", message),
+    };
+    if let Some(digest) = &artifact.digest
+        && !is_valid_digest(digest)
+    {
+        return LoadedArtifact::failed(
+            "InvalidDigest",
+            format!(
+                "spec.artifact.digest {digest:?} is not of the form sha256:<64 lowercase hex digits>"
+            ),
+        );
+    }
+    let expected = artifact.digest.as_deref();
+    match source {
+        "file" => {
+            let relative = artifact.file.as_deref().unwrap_or_default();
+            let path = release.source.dir().join(relative);
+            match std::fs::read(&path) {
+                Ok(bytes) => check_bytes(bytes, expected),
+                Err(error) => LoadedArtifact::failed(
+                    "ArtifactNotFound",
+                    format!(
+                        "spec.artifact.file: cannot read {}: {error}",
+                        path.display()
+                    ),
+                ),
+            }
+        }
+        "configMap" => {
+            let Some(reference) = &artifact.config_map else {
+                return LoadedArtifact::failed(
+                    "InvalidArtifactSource",
+                    "spec.artifact.configMap is empty",
+                );
+            };
+            let namespace = release
+                .object
+                .metadata
+                .namespace
+                .as_deref()
+                .unwrap_or_default();
+            match config_map_key(config_maps, namespace, &reference.name, &reference.key) {
+                Ok(bytes) => check_bytes(bytes, expected),
+                Err(message) => LoadedArtifact::failed("ArtifactNotFound", message),
+            }
+        }
+        _ => {
+            if expected.is_none() {
+                return LoadedArtifact::failed(
+                    "InvalidArtifactSource",
+                    "spec.artifact.url requires spec.artifact.digest",
+                );
+            }
+            LoadedArtifact::failed(
+                "UnsupportedSource",
+                "spec.artifact.url is fetched by the cluster controller; in a manifest directory use file or configMap",
+            )
+        }
+    }
+}
+
+/// The bytes under `key` of a ConfigMap (`binaryData`, else `data`).
+pub fn config_map_key(
+    config_maps: &[Sourced<ConfigMap>],
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Result<Vec<u8>, String> {
+    let cm = config_maps
+        .iter()
+        .find(|cm| {
+            cm.object.metadata.name.as_deref() == Some(name)
+                && cm.object.metadata.namespace.as_deref() == Some(namespace)
+        })
+        .ok_or_else(|| format!("spec.artifact.configMap: no ConfigMap {namespace}/{name}"))?;
+    bytes_of(&cm.object, key).ok_or_else(|| {
+        format!("spec.artifact.configMap: ConfigMap {namespace}/{name} has no key {key:?}")
+    })
+}
+
+/// A key of a ConfigMap, from `binaryData` or `data`.
+pub fn bytes_of(cm: &ConfigMap, key: &str) -> Option<Vec<u8>> {
+    cm.binary_data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.clone())
+        .or_else(|| {
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(|s| s.clone().into_bytes())
+        })
+}

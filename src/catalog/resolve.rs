@@ -1,0 +1,975 @@
+//! The reconcile logic, shared by both resource sources: from everything declared (and the
+//! artifacts found), decide what is live and the status of every resource. Plain functions
+//! over plain data, so every decision is tested without a cluster.
+
+use super::artifacts::{ArtifactOutcome, is_valid_digest, source_kind};
+use super::interface::{CommandInterface, FieldError, is_kebab};
+use super::manifest::{ResourceSet, Source, Sourced};
+use super::snapshot::*;
+use crate::api::conditions::{self, Desired};
+use crate::api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use kube::core::object::HasSpec;
+use serde_json::{Map, Value, json};
+use sha2::{Digest as _, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Defaults for what a release or tool leaves unsaid.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_MEMORY: u64 = 64 << 20;
+pub const DEFAULT_CPU_TIME: Duration = Duration::from_secs(10);
+pub const DEFAULT_OUTPUT: u64 = 1 << 20;
+pub const DEFAULT_POOL: &str = "default";
+/// The largest memory a release may ask for (a worker's pool reserves this per memory).
+pub const MAX_MEMORY: u64 = 4 << 30;
+
+/// What the previous round decided about a resource.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreviousState {
+    pub spec_hash: String,
+    pub generation: i64,
+    pub status: Value,
+}
+
+pub struct ResolveInput<'a> {
+    pub set: &'a ResourceSet,
+    /// The artifact of every release, by release.
+    pub artifacts: &'a HashMap<ObjectKey, ArtifactOutcome>,
+    pub previous: &'a HashMap<ResourceId, PreviousState>,
+    pub now: Timestamp,
+}
+
+/// One declaration of a resource, before its checks.
+struct Declared<'a, T> {
+    id: ResourceId,
+    object: &'a T,
+    source: &'a Source,
+    spec_hash: String,
+    generation: i64,
+}
+
+fn hash_spec<T: serde::Serialize>(spec: &T) -> String {
+    let bytes = serde_json::to_vec(spec).unwrap_or_default();
+    hex::encode(&Sha256::digest(&bytes)[..12])
+}
+
+/// A DNS-1123 subdomain, as Kubernetes names are.
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+struct Resolver<'a> {
+    input: &'a ResolveInput<'a>,
+    snapshot: Snapshot,
+    /// Ids declared more than once, with every place.
+    duplicates: BTreeMap<ResourceId, Vec<String>>,
+}
+
+impl<'a> Resolver<'a> {
+    fn declared<T>(&mut self, kind: Kind, items: &'a [Sourced<T>]) -> Vec<Declared<'a, T>>
+    where
+        T: Resource + HasSpec,
+        T::Spec: serde::Serialize,
+    {
+        let mut out = Vec::new();
+        for item in items {
+            let meta = item.object.meta();
+            let id = ResourceId {
+                kind,
+                key: ObjectKey::new(
+                    meta.namespace.clone().unwrap_or_default(),
+                    meta.name.clone().unwrap_or_default(),
+                ),
+            };
+            if self.duplicates.contains_key(&id) {
+                continue;
+            }
+            let spec_hash = hash_spec(item.object.spec());
+            let generation =
+                meta.generation
+                    .unwrap_or_else(|| match self.input.previous.get(&id) {
+                        Some(previous) if previous.spec_hash == spec_hash => previous.generation,
+                        Some(previous) => previous.generation + 1,
+                        None => 1,
+                    });
+            out.push(Declared {
+                id,
+                object: &item.object,
+                source: &item.source,
+                spec_hash,
+                generation,
+            });
+        }
+        out
+    }
+
+    /// Records a resource's state; `extra` holds the kind's own status fields.
+    fn record(
+        &mut self,
+        declared: (&ResourceId, &Source, i64, &str),
+        ready: Desired,
+        extra: Map<String, Value>,
+        columns: Vec<(String, String)>,
+    ) {
+        let (id, source, generation, spec_hash) = declared;
+        let previous = self.input.previous.get(id);
+        let mut conditions: Vec<Condition> = previous
+            .and_then(|p| p.status.get("conditions"))
+            .and_then(|c| serde_json::from_value(c.clone()).ok())
+            .unwrap_or_default();
+        conditions::apply(&mut conditions, &ready, Some(generation), self.input.now);
+        let mut status = extra;
+        status.insert(
+            "conditions".into(),
+            serde_json::to_value(&conditions).unwrap_or_default(),
+        );
+        status.insert("observedGeneration".into(), json!(generation));
+        self.snapshot.resources.insert(
+            id.clone(),
+            ResourceState {
+                id: id.clone(),
+                source: source.to_string(),
+                generation,
+                spec_hash: spec_hash.to_string(),
+                ready,
+                status: Value::Object(status),
+                columns,
+            },
+        );
+    }
+
+    fn record_declared<T>(
+        &mut self,
+        d: &Declared<'_, T>,
+        ready: Desired,
+        extra: Map<String, Value>,
+        columns: Vec<(String, String)>,
+    ) {
+        self.record(
+            (&d.id, d.source, d.generation, &d.spec_hash),
+            ready,
+            extra,
+            columns,
+        );
+    }
+
+    fn invalid<T>(&mut self, d: &Declared<'_, T>, error: FieldError) {
+        let message = format!("{} in {}", error, d.source);
+        tracing::warn!(kind = %d.id.kind, resource = %d.id.key, "{message}");
+        self.record_declared(
+            d,
+            Desired::not_ready("InvalidSpec", message),
+            Map::new(),
+            Vec::new(),
+        );
+    }
+
+    fn find_duplicates(&mut self) {
+        let set = self.input.set;
+        let mut places: BTreeMap<ResourceId, Vec<String>> = BTreeMap::new();
+        let mut note = |kind: Kind,
+                        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+                        source: &Source| {
+            let id = ResourceId {
+                kind,
+                key: ObjectKey::new(
+                    meta.namespace.clone().unwrap_or_default(),
+                    meta.name.clone().unwrap_or_default(),
+                ),
+            };
+            places.entry(id).or_default().push(source.to_string());
+        };
+        for s in &set.tools {
+            note(Kind::Tool, &s.object.metadata, &s.source);
+        }
+        for s in &set.releases {
+            note(Kind::ToolRelease, &s.object.metadata, &s.source);
+        }
+        for s in &set.bindings {
+            note(Kind::ToolBinding, &s.object.metadata, &s.source);
+        }
+        for s in &set.middleware {
+            note(Kind::Middleware, &s.object.metadata, &s.source);
+        }
+        for s in &set.agents {
+            note(Kind::Agent, &s.object.metadata, &s.source);
+        }
+        for s in &set.pools {
+            note(Kind::WorkerPool, &s.object.metadata, &s.source);
+        }
+        for doc in &set.invalid {
+            if let (Some(kind), Some(name)) = (doc.kind, &doc.name) {
+                places
+                    .entry(ResourceId {
+                        kind,
+                        key: ObjectKey::new(doc.namespace.clone(), name.clone()),
+                    })
+                    .or_default()
+                    .push(doc.source.to_string());
+            }
+        }
+        self.duplicates = places.into_iter().filter(|(_, p)| p.len() > 1).collect();
+    }
+
+    fn record_duplicates_and_invalid_documents(&mut self) {
+        for (id, places) in self.duplicates.clone() {
+            let message = format!(
+                "{} {} is declared more than once: {}",
+                id.kind,
+                id.key,
+                places.join(", ")
+            );
+            tracing::warn!("{message}");
+            let previous_generation = self
+                .input
+                .previous
+                .get(&id)
+                .map(|p| p.generation)
+                .unwrap_or(1);
+            let source = Source {
+                file: places[0].clone().into(),
+                document: 0,
+            };
+            self.record(
+                (&id, &source, previous_generation, ""),
+                Desired::not_ready("DuplicateName", message),
+                Map::new(),
+                Vec::new(),
+            );
+            if let Some(state) = self.snapshot.resources.get_mut(&id) {
+                state.source = places.join(", ");
+            }
+        }
+        for doc in &self.input.set.invalid {
+            match (doc.kind, &doc.name) {
+                (Some(kind), Some(name)) => {
+                    let id = ResourceId {
+                        kind,
+                        key: ObjectKey::new(doc.namespace.clone(), name.clone()),
+                    };
+                    if self.duplicates.contains_key(&id) {
+                        continue;
+                    }
+                    tracing::warn!("{doc}");
+                    let generation = self
+                        .input
+                        .previous
+                        .get(&id)
+                        .map(|p| p.generation)
+                        .unwrap_or(1);
+                    let message = if doc.field.is_empty() {
+                        format!("{} in {}", doc.message, doc.source)
+                    } else {
+                        format!("{}: {} in {}", doc.field, doc.message, doc.source)
+                    };
+                    self.record(
+                        (&id, &doc.source, generation, ""),
+                        Desired::not_ready("InvalidSpec", message),
+                        Map::new(),
+                        Vec::new(),
+                    );
+                }
+                _ => {
+                    tracing::warn!("{doc}");
+                    self.snapshot.problems.push(doc.to_string());
+                }
+            }
+        }
+    }
+
+    fn pools(&mut self) {
+        for d in self.declared(Kind::WorkerPool, &self.input.set.pools) {
+            match check_pool(d.object) {
+                Err(e) => self.invalid(&d, e),
+                Ok((desired, slots)) => {
+                    let columns = vec![
+                        ("Desired".into(), desired.to_string()),
+                        ("Slots".into(), slots.to_string()),
+                    ];
+                    let mut extra = Map::new();
+                    extra.insert("desiredWorkers".into(), json!(desired));
+                    self.record_declared(
+                        &d,
+                        Desired::ready("Resolved", format!("{desired} workers of {slots} slots")),
+                        extra,
+                        columns,
+                    );
+                    self.snapshot.pools.insert(
+                        d.id.key.clone(),
+                        ResolvedPool {
+                            key: d.id.key.clone(),
+                            spec: d.object.spec.clone(),
+                            desired_workers: desired,
+                            slots_per_worker: slots,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn tools(&mut self) -> BTreeMap<ObjectKey, (Declared<'a, Tool>, ResolvedTool)> {
+        let mut valid = BTreeMap::new();
+        for d in self.declared(Kind::Tool, &self.input.set.tools) {
+            match check_tool(d.object, &d.id.key) {
+                Err(e) => self.invalid(&d, e),
+                Ok(tool) => {
+                    valid.insert(d.id.key.clone(), (d, tool));
+                }
+            }
+        }
+        valid
+    }
+
+    fn releases(&mut self, tools: &BTreeMap<ObjectKey, (Declared<'a, Tool>, ResolvedTool)>) {
+        let mut versions: BTreeMap<(String, String, semver::Version), ObjectKey> = BTreeMap::new();
+        for d in self.declared(Kind::ToolRelease, &self.input.set.releases) {
+            let spec = &d.object.spec;
+            let ns = d.id.key.namespace.clone();
+            let previous_digest = self
+                .input
+                .previous
+                .get(&d.id)
+                .and_then(|p| p.status.get("digest"))
+                .and_then(Value::as_str)
+                .map(String::from);
+            let was_ready = self
+                .input
+                .previous
+                .get(&d.id)
+                .and_then(|p| p.status.get("conditions"))
+                .and_then(|c| serde_json::from_value::<Vec<Condition>>(c.clone()).ok())
+                .is_some_and(|c| conditions::is_ready(&c));
+            let mut extra = Map::new();
+            let mut columns = vec![
+                ("Tool".into(), spec.tool.clone()),
+                ("Version".into(), spec.version.clone()),
+            ];
+            let outcome = (|| -> Result<ResolvedRelease, (Desired, Option<FieldError>)> {
+                let spec_error = |e: FieldError| (Desired::not_ready("InvalidSpec", ""), Some(e));
+                if !is_dns_subdomain(&d.id.key.name) {
+                    return Err(spec_error(FieldError::new(
+                        "metadata.name",
+                        "must be a DNS subdomain (lowercase letters, digits, - and .)",
+                    )));
+                }
+                let version = semver::Version::parse(&spec.version).map_err(|e| {
+                    spec_error(FieldError::new(
+                        "spec.version",
+                        format!("{:?} is not a semantic version: {e}", spec.version),
+                    ))
+                })?;
+                source_kind(&spec.artifact)
+                    .map_err(|m| spec_error(FieldError::new("spec.artifact", m)))?;
+                if let Some(digest) = &spec.artifact.digest
+                    && !is_valid_digest(digest)
+                {
+                    return Err(spec_error(FieldError::new(
+                        "spec.artifact.digest",
+                        format!("{digest:?} is not of the form sha256:<64 lowercase hex digits>"),
+                    )));
+                }
+                let limits = release_limits(d.object).map_err(spec_error)?;
+                for (i, rule) in spec.network.iter().flat_map(|n| &n.egress).enumerate() {
+                    if rule.host.trim().is_empty() {
+                        return Err(spec_error(FieldError::new(
+                            format!("spec.network.egress[{i}].host"),
+                            "must not be empty",
+                        )));
+                    }
+                }
+                let tool_key = ObjectKey::new(ns.clone(), spec.tool.clone());
+                if !tools.contains_key(&tool_key) {
+                    let reason = if self.snapshot.resources.contains_key(&ResourceId {
+                        kind: Kind::Tool,
+                        key: tool_key.clone(),
+                    }) {
+                        (
+                            "ToolNotValid",
+                            format!("spec.tool: Tool {tool_key} is not valid (see its status)"),
+                        )
+                    } else {
+                        (
+                            "UnknownTool",
+                            format!(
+                                "spec.tool: there is no Tool {:?} in namespace {ns:?}",
+                                spec.tool
+                            ),
+                        )
+                    };
+                    return Err((Desired::not_ready(reason.0, reason.1), None));
+                }
+                let pool = spec
+                    .pool
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_POOL.to_string());
+                if !self
+                    .snapshot
+                    .pools
+                    .contains_key(&ObjectKey::new(ns.clone(), pool.clone()))
+                {
+                    return Err((
+                        Desired::not_ready(
+                            "UnknownPool",
+                            format!(
+                                "spec.pool: there is no valid WorkerPool {pool:?} in namespace {ns:?}"
+                            ),
+                        ),
+                        None,
+                    ));
+                }
+                let (digest, size, kind) = match self.input.artifacts.get(&d.id.key) {
+                    Some(ArtifactOutcome::Ready { digest, size, kind }) => {
+                        (digest.clone(), *size, *kind)
+                    }
+                    Some(ArtifactOutcome::Failed { reason, message }) => {
+                        return Err((Desired::not_ready(*reason, message.clone()), None));
+                    }
+                    None => {
+                        return Err((
+                            Desired::not_ready(
+                                "ArtifactPending",
+                                "the artifact has not been loaded yet",
+                            ),
+                            None,
+                        ));
+                    }
+                };
+                if let Some(previous) = &previous_digest
+                    && was_ready
+                    && previous != &digest
+                {
+                    return Err((
+                        Desired::not_ready(
+                            "ImmutableRelease",
+                            format!(
+                                "release {} was Ready with artifact {previous} and is immutable; its artifact is now {digest}: publish a new version instead",
+                                d.id.key
+                            ),
+                        ),
+                        None,
+                    ));
+                }
+                let version_key = (ns.clone(), spec.tool.clone(), version.clone());
+                if let Some(other) = versions.get(&version_key) {
+                    return Err((
+                        Desired::not_ready(
+                            "DuplicateVersion",
+                            format!(
+                                "version {version} of tool {:?} is also released by {}",
+                                spec.tool, other.name
+                            ),
+                        ),
+                        None,
+                    ));
+                }
+                versions.insert(version_key, d.id.key.clone());
+                Ok(ResolvedRelease {
+                    key: d.id.key.clone(),
+                    tool: spec.tool.clone(),
+                    version,
+                    digest,
+                    size,
+                    artifact_kind: kind,
+                    pool,
+                    limits,
+                    network: spec.network.clone().unwrap_or_default(),
+                })
+            })();
+            match outcome {
+                Ok(release) => {
+                    extra.insert("digest".into(), json!(release.digest));
+                    extra.insert("size".into(), json!(release.size));
+                    extra.insert("artifactKind".into(), json!(release.artifact_kind));
+                    columns.push(("Digest".into(), short_digest(&release.digest)));
+                    let message = format!(
+                        "{} {} of {} bytes",
+                        release.artifact_kind, release.digest, release.size
+                    );
+                    self.record_declared(
+                        &d,
+                        Desired::ready("ArtifactReady", message),
+                        extra,
+                        columns,
+                    );
+                    self.snapshot
+                        .releases
+                        .insert(d.id.key.clone(), Arc::new(release));
+                }
+                Err((_, Some(error))) => self.invalid(&d, error),
+                Err((mut desired, None)) => {
+                    if let Some(previous) = previous_digest {
+                        extra.insert("digest".into(), json!(previous));
+                    }
+                    desired.message = format!("{} ({})", desired.message, d.source);
+                    tracing::warn!(resource = %d.id.key, reason = %desired.reason, "ToolRelease not ready: {}", desired.message);
+                    self.record_declared(&d, desired, extra, columns);
+                }
+            }
+        }
+    }
+
+    fn finish_tools(&mut self, tools: BTreeMap<ObjectKey, (Declared<'a, Tool>, ResolvedTool)>) {
+        for (key, (d, mut tool)) in tools {
+            let newest = self
+                .snapshot
+                .releases
+                .values()
+                .filter(|r| r.key.namespace == key.namespace && r.tool == key.name)
+                .max_by(|a, b| a.version.cmp(&b.version));
+            tool.release = newest.map(|r| r.key.clone());
+            let mut extra = Map::new();
+            let commands = tool
+                .commands
+                .iter()
+                .map(|c| c.name.clone())
+                .collect::<Vec<_>>()
+                .join(",");
+            let mut columns = vec![
+                ("Effect".into(), tool.effect.as_str().to_string()),
+                ("Commands".into(), commands),
+            ];
+            let ready = match newest {
+                Some(release) => {
+                    extra.insert("release".into(), json!(release.key.name));
+                    extra.insert("version".into(), json!(release.version.to_string()));
+                    columns.push(("Release".into(), release.key.name.clone()));
+                    Desired::ready(
+                        "Released",
+                        format!(
+                            "calls run release {} (version {})",
+                            release.key.name, release.version
+                        ),
+                    )
+                }
+                None => {
+                    columns.push(("Release".into(), "<none>".into()));
+                    Desired::not_ready(
+                        "NoReadyRelease",
+                        format!(
+                            "no Ready ToolRelease of tool {:?} in namespace {:?}",
+                            key.name, key.namespace
+                        ),
+                    )
+                }
+            };
+            self.record_declared(&d, ready, extra, columns);
+            self.snapshot.tools.insert(key, Arc::new(tool));
+        }
+    }
+
+    fn agents(&mut self) -> BTreeMap<ObjectKey, &'a Agent> {
+        let mut valid = BTreeMap::new();
+        for d in self.declared(Kind::Agent, &self.input.set.agents) {
+            match check_agent(d.object) {
+                Err(e) => self.invalid(&d, e),
+                Ok(()) => {
+                    let identity = d
+                        .object
+                        .spec
+                        .service_account
+                        .as_ref()
+                        .map(|sa| format!("serviceAccount {sa}"))
+                        .unwrap_or_else(|| "token".into());
+                    self.record_declared(
+                        &d,
+                        Desired::ready("Resolved", format!("identity: {identity}")),
+                        Map::new(),
+                        vec![("Identity".into(), identity)],
+                    );
+                    valid.insert(d.id.key.clone(), d.object);
+                }
+            }
+        }
+        valid
+    }
+
+    fn middleware(&mut self) -> BTreeMap<ObjectKey, &'a Middleware> {
+        let mut valid = BTreeMap::new();
+        for d in self.declared(Kind::Middleware, &self.input.set.middleware) {
+            match check_middleware(d.object) {
+                Err(e) => self.invalid(&d, e),
+                Ok(step) => {
+                    let columns = vec![
+                        ("Step".into(), step.to_string()),
+                        ("Enforce".into(), d.object.spec.enforce.to_string()),
+                    ];
+                    self.record_declared(
+                        &d,
+                        Desired::ready("Resolved", format!("{step} step")),
+                        Map::new(),
+                        columns,
+                    );
+                    valid.insert(d.id.key.clone(), d.object);
+                }
+            }
+        }
+        valid
+    }
+
+    fn bindings(
+        &mut self,
+        agents: &BTreeMap<ObjectKey, &Agent>,
+        middleware: &BTreeMap<ObjectKey, &Middleware>,
+    ) {
+        for d in self.declared(Kind::ToolBinding, &self.input.set.bindings) {
+            let spec = &d.object.spec;
+            let ns = d.id.key.namespace.clone();
+            if let Err(e) = check_binding(d.object) {
+                self.invalid(&d, e);
+                continue;
+            }
+            let mut columns = vec![
+                ("Tool".into(), spec.tool.clone()),
+                ("Agents".into(), spec.agents.join(",")),
+            ];
+            let problem = spec
+                .agents
+                .iter()
+                .find(|a| !agents.contains_key(&ObjectKey::new(ns.clone(), (*a).clone())))
+                .map(|a| ("UnknownAgent", format!("spec.agents: there is no valid Agent {a:?} in namespace {ns:?}")))
+                .or_else(|| {
+                    spec.middleware
+                        .iter()
+                        .find(|m| !middleware.contains_key(&ObjectKey::new(ns.clone(), (*m).clone())))
+                        .map(|m| ("UnknownMiddleware", format!("spec.middleware: there is no valid Middleware {m:?} in namespace {ns:?}")))
+                })
+                .or_else(|| {
+                    (!self.snapshot.tools.contains_key(&ObjectKey::new(ns.clone(), spec.tool.clone())))
+                        .then(|| ("UnknownTool", format!("spec.tool: there is no valid Tool {:?} in namespace {ns:?}", spec.tool)))
+                });
+            let resolved = resolve_binding_release(d.object, &self.snapshot.releases);
+            let mut extra = Map::new();
+            let ready = match (problem, resolved) {
+                (Some((reason, message)), _) => Desired::not_ready(reason, message),
+                (None, Err((reason, message))) => Desired::not_ready(reason, message),
+                (None, Ok(release)) => {
+                    extra.insert("resolvedRelease".into(), json!(release.name));
+                    columns.push(("Release".into(), release.name.clone()));
+                    Desired::ready("Resolved", format!("calls run release {}", release.name))
+                }
+            };
+            self.record_declared(&d, ready, extra, columns);
+        }
+    }
+}
+
+/// The release a binding resolves to: the one it names, or the newest Ready release in its
+/// version range (all releases when it gives none).
+pub fn resolve_binding_release<'r>(
+    binding: &ToolBinding,
+    releases: &'r BTreeMap<ObjectKey, Arc<ResolvedRelease>>,
+) -> Result<&'r ObjectKey, (&'static str, String)> {
+    let ns = binding.metadata.namespace.clone().unwrap_or_default();
+    let spec = &binding.spec;
+    let candidates = releases
+        .values()
+        .filter(|r| r.key.namespace == ns && r.tool == spec.tool);
+    let selector = spec.release.clone().unwrap_or(crate::api::ReleaseSelector {
+        version: None,
+        name: None,
+    });
+    if let Some(name) = &selector.name {
+        return candidates
+            .into_iter()
+            .find(|r| &r.key.name == name)
+            .map(|r| &r.key)
+            .ok_or_else(|| {
+                (
+                    "NoMatchingRelease",
+                    format!(
+                        "spec.release.name: no Ready ToolRelease {name:?} of tool {:?}",
+                        spec.tool
+                    ),
+                )
+            });
+    }
+    let range = match &selector.version {
+        Some(v) => Some(semver::VersionReq::parse(v).map_err(|e| {
+            (
+                "InvalidSpec",
+                format!("spec.release.version: {v:?} is not a version range: {e}"),
+            )
+        })?),
+        None => None,
+    };
+    candidates
+        .filter(|r| range.as_ref().is_none_or(|req| req.matches(&r.version)))
+        .max_by(|a, b| a.version.cmp(&b.version))
+        .map(|r| &r.key)
+        .ok_or_else(|| {
+            (
+                "NoMatchingRelease",
+                format!(
+                    "no Ready ToolRelease of tool {:?} matches {}",
+                    spec.tool,
+                    selector.version.as_deref().unwrap_or("any version")
+                ),
+            )
+        })
+}
+
+fn short_digest(digest: &str) -> String {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    format!("sha256:{}", &hex[..hex.len().min(12)])
+}
+
+/// Checks a Tool and compiles its commands.
+pub fn check_tool(tool: &Tool, key: &ObjectKey) -> Result<ResolvedTool, FieldError> {
+    if !is_kebab(&key.name) {
+        return Err(FieldError::new(
+            "metadata.name",
+            format!(
+                "{:?} is not a valid tool name (lowercase letters, digits and dashes, at most 63)",
+                key.name
+            ),
+        ));
+    }
+    let spec = &tool.spec;
+    if spec.commands.is_empty() {
+        return Err(FieldError::new(
+            "spec.commands",
+            "a tool needs at least one command",
+        ));
+    }
+    let mut commands: Vec<Arc<CommandInterface>> = Vec::new();
+    for (i, command) in spec.commands.iter().enumerate() {
+        let field = format!("spec.commands[{i}]");
+        if commands.iter().any(|c| c.name == command.name) {
+            return Err(FieldError::new(
+                format!("{field}.name"),
+                format!("command {:?} is declared twice", command.name),
+            ));
+        }
+        commands.push(Arc::new(CommandInterface::compile(command, &field)?));
+    }
+    let timeout = spec.timeout.map(|t| t.get()).unwrap_or(DEFAULT_TIMEOUT);
+    if timeout.is_zero() {
+        return Err(FieldError::new("spec.timeout", "must be longer than zero"));
+    }
+    if let Some(max) = spec.max_timeout
+        && max.get() < timeout
+    {
+        return Err(FieldError::new(
+            "spec.maxTimeout",
+            format!(
+                "{max} is shorter than the timeout ({})",
+                crate::api::units::GoDuration(timeout)
+            ),
+        ));
+    }
+    if let Some(retry) = &spec.retry
+        && retry.attempts == 0
+    {
+        return Err(FieldError::new("spec.retry.attempts", "must be at least 1"));
+    }
+    Ok(ResolvedTool {
+        key: key.clone(),
+        spec: spec.clone(),
+        effect: spec.effect,
+        timeout,
+        commands,
+        release: None,
+    })
+}
+
+fn release_limits(release: &ToolRelease) -> Result<Limits, FieldError> {
+    let limits = release.spec.limits.clone().unwrap_or_default();
+    let memory = limits.memory.map(|m| m.bytes()).unwrap_or(DEFAULT_MEMORY);
+    if memory < 64 * 1024 || memory > MAX_MEMORY {
+        return Err(FieldError::new(
+            "spec.limits.memory",
+            format!("must be between 64Ki and 4Gi (one wasm page at least), not {memory} bytes"),
+        ));
+    }
+    let cpu_time = limits.cpu_time.map(|c| c.get()).unwrap_or(DEFAULT_CPU_TIME);
+    if cpu_time.is_zero() {
+        return Err(FieldError::new(
+            "spec.limits.cpuTime",
+            "must be longer than zero",
+        ));
+    }
+    let output_bytes = limits
+        .output_bytes
+        .map(|o| o.bytes())
+        .unwrap_or(DEFAULT_OUTPUT);
+    if output_bytes == 0 {
+        return Err(FieldError::new(
+            "spec.limits.outputBytes",
+            "must be at least 1 byte",
+        ));
+    }
+    Ok(Limits {
+        memory_bytes: memory,
+        cpu_time,
+        output_bytes,
+        instances: limits.instances.unwrap_or(0),
+    })
+}
+
+/// Checks a WorkerPool; returns the workers wanted and the slots of each.
+pub fn check_pool(pool: &WorkerPool) -> Result<(u32, u32), FieldError> {
+    let spec = &pool.spec;
+    let slots = spec.slots();
+    if slots == 0 || slots > 4096 {
+        return Err(FieldError::new(
+            "spec.slotsPerWorker",
+            format!("must be between 1 and 4096, not {slots}"),
+        ));
+    }
+    match (&spec.replicas, &spec.autoscale) {
+        (Some(_), Some(_)) => Err(FieldError::new(
+            "spec",
+            "set replicas or autoscale, not both",
+        )),
+        (_, Some(a)) if a.min > a.max => Err(FieldError::new(
+            "spec.autoscale",
+            format!("min ({}) is above max ({})", a.min, a.max),
+        )),
+        (_, Some(a)) if a.max == 0 => {
+            Err(FieldError::new("spec.autoscale.max", "must be at least 1"))
+        }
+        (_, Some(a)) => Ok((a.min, slots)),
+        (Some(r), None) => Ok((*r, slots)),
+        (None, None) => Ok((1, slots)),
+    }
+}
+
+fn check_agent(agent: &Agent) -> Result<(), FieldError> {
+    let spec = &agent.spec;
+    if spec.service_account.is_none() && spec.token_secret_ref.is_none() {
+        return Err(FieldError::new(
+            "spec",
+            "name an identity: serviceAccount or tokenSecretRef",
+        ));
+    }
+    for (i, p) in spec.permissions.iter().enumerate() {
+        if p.tools.is_empty() {
+            return Err(FieldError::new(
+                format!("spec.permissions[{i}].tools"),
+                "list at least one tool (or \"*\")",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_middleware(middleware: &Middleware) -> Result<&'static str, FieldError> {
+    let spec = &middleware.spec;
+    let steps = spec.steps();
+    let [step] = steps.as_slice() else {
+        return Err(FieldError::new(
+            "spec",
+            format!(
+                "set exactly one of policy, approval, redact, audit, rateLimit or wasm (found {})",
+                if steps.is_empty() {
+                    "none".to_string()
+                } else {
+                    steps.join(", ")
+                }
+            ),
+        ));
+    };
+    if let Some(policy) = &spec.policy
+        && policy.allow.is_none()
+        && policy.deny.is_none()
+    {
+        return Err(FieldError::new(
+            "spec.policy",
+            "give an allow or a deny expression",
+        ));
+    }
+    if let Some(rate) = &spec.rate_limit
+        && (rate.requests == 0 || rate.per.get().is_zero())
+    {
+        return Err(FieldError::new(
+            "spec.rateLimit",
+            "requests and per must be above zero",
+        ));
+    }
+    if let Some(redact) = &spec.redact {
+        for (i, path) in redact.paths.iter().enumerate() {
+            if !path.is_empty() && !path.starts_with('/') {
+                return Err(FieldError::new(
+                    format!("spec.redact.paths[{i}]"),
+                    format!("{path:?} is not a JSON pointer (it starts with /)"),
+                ));
+            }
+        }
+    }
+    Ok(step)
+}
+
+fn check_binding(binding: &ToolBinding) -> Result<(), FieldError> {
+    let spec = &binding.spec;
+    if spec.agents.is_empty() {
+        return Err(FieldError::new("spec.agents", "bind at least one agent"));
+    }
+    if let Some(selector) = &spec.release {
+        if selector.name.is_some() && selector.version.is_some() {
+            return Err(FieldError::new(
+                "spec.release",
+                "give a version range or a name, not both",
+            ));
+        }
+        if let Some(v) = &selector.version {
+            semver::VersionReq::parse(v).map_err(|e| {
+                FieldError::new(
+                    "spec.release.version",
+                    format!("{v:?} is not a version range: {e}"),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Resolves everything declared into a snapshot.
+pub fn resolve(input: &ResolveInput<'_>) -> Snapshot {
+    let mut resolver = Resolver {
+        input,
+        snapshot: Snapshot::default(),
+        duplicates: BTreeMap::new(),
+    };
+    resolver.find_duplicates();
+    resolver.record_duplicates_and_invalid_documents();
+    resolver.pools();
+    let tools = resolver.tools();
+    resolver.releases(&tools);
+    resolver.finish_tools(tools);
+    let agents = resolver.agents();
+    let middleware = resolver.middleware();
+    resolver.bindings(&agents, &middleware);
+    resolver.snapshot
+}
+
+/// The bookkeeping to carry into the next round.
+pub fn previous_of(snapshot: &Snapshot) -> HashMap<ResourceId, PreviousState> {
+    snapshot
+        .resources
+        .values()
+        .map(|r| {
+            (
+                r.id.clone(),
+                PreviousState {
+                    spec_hash: r.spec_hash.clone(),
+                    generation: r.generation,
+                    status: r.status.clone(),
+                },
+            )
+        })
+        .collect()
+}

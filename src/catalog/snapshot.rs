@@ -1,0 +1,140 @@
+//! The resolved view that the gateway and scheduler read: what is live now, and the status
+//! of every declared resource.
+
+use super::interface::CommandInterface;
+use crate::api::conditions::Desired;
+use crate::api::{Effect, Kind, NetworkPolicy, ToolSpec, WorkerPoolSpec};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A namespaced name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ObjectKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A resource of a kind.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResourceId {
+    pub kind: Kind,
+    pub key: ObjectKey,
+}
+
+/// A Tool that passed validation.
+#[derive(Debug)]
+pub struct ResolvedTool {
+    pub key: ObjectKey,
+    pub spec: ToolSpec,
+    pub effect: Effect,
+    pub timeout: Duration,
+    /// Commands in declaration order.
+    pub commands: Vec<Arc<CommandInterface>>,
+    /// The newest Ready release, which new calls run.
+    pub release: Option<ObjectKey>,
+}
+
+impl ResolvedTool {
+    pub fn command(&self, name: &str) -> Option<&Arc<CommandInterface>> {
+        self.commands.iter().find(|c| c.name == name)
+    }
+}
+
+/// Limits of a release with defaults applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub cpu_time: Duration,
+    pub output_bytes: u64,
+    /// Calls of the release running at once; 0 for no limit.
+    pub instances: u32,
+}
+
+/// A Ready ToolRelease.
+#[derive(Clone, Debug)]
+pub struct ResolvedRelease {
+    pub key: ObjectKey,
+    pub tool: String,
+    pub version: semver::Version,
+    pub digest: String,
+    pub size: u64,
+    /// `module` or `component`.
+    pub artifact_kind: &'static str,
+    pub pool: String,
+    pub limits: Limits,
+    pub network: NetworkPolicy,
+}
+
+/// A valid WorkerPool.
+#[derive(Clone, Debug)]
+pub struct ResolvedPool {
+    pub key: ObjectKey,
+    pub spec: WorkerPoolSpec,
+    /// Workers wanted now (replicas, or the autoscale minimum).
+    pub desired_workers: u32,
+    pub slots_per_worker: u32,
+}
+
+/// What a user sees of one declared resource.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResourceState {
+    pub id: ResourceId,
+    /// Where it was declared.
+    pub source: String,
+    pub generation: i64,
+    pub spec_hash: String,
+    pub ready: Desired,
+    /// The kind's status object (conditions, observedGeneration, and its own fields).
+    pub status: Value,
+    /// Kind-specific columns for `toolgrid get`.
+    pub columns: Vec<(String, String)>,
+}
+
+/// The whole resolved catalog at one moment.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub tools: BTreeMap<ObjectKey, Arc<ResolvedTool>>,
+    pub releases: BTreeMap<ObjectKey, Arc<ResolvedRelease>>,
+    pub pools: BTreeMap<ObjectKey, ResolvedPool>,
+    pub resources: BTreeMap<ResourceId, ResourceState>,
+    /// Documents that could not be attributed to a resource (bad YAML, unknown kinds).
+    pub problems: Vec<String>,
+    /// Increases with every published snapshot.
+    pub revision: u64,
+}
+
+impl Snapshot {
+    pub fn tool(&self, namespace: &str, name: &str) -> Option<&Arc<ResolvedTool>> {
+        self.tools.get(&ObjectKey::new(namespace, name))
+    }
+
+    pub fn release(&self, key: &ObjectKey) -> Option<&Arc<ResolvedRelease>> {
+        self.releases.get(key)
+    }
+
+    /// The release with this digest, for artifact fetches.
+    pub fn has_digest(&self, digest: &str) -> bool {
+        self.releases.values().any(|r| r.digest == digest)
+    }
+
+    pub fn resources_of(&self, kind: Kind) -> impl Iterator<Item = &ResourceState> {
+        self.resources.values().filter(move |r| r.id.kind == kind)
+    }
+}

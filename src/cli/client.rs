@@ -1,0 +1,684 @@
+//! The client commands: `call`, `get`, `calls`, `oplog`, `approve`, `deny`.
+
+use super::{exit, table};
+use crate::error::{ApiError, ErrorKind};
+use crate::proto::{self, tools_client::ToolsClient};
+use serde_json::{Value, json};
+use std::io::Read;
+use std::process::ExitCode;
+use tonic::transport::Channel;
+
+/// The default control plane address.
+pub const DEFAULT_ENDPOINT: &str = "127.0.0.1:7070";
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Endpoint {
+    /// The control plane's gRPC address.
+    #[arg(long, env = "TOOLGRID_ENDPOINT", default_value = DEFAULT_ENDPOINT, global = true)]
+    endpoint: String,
+}
+
+async fn connect(endpoint: &str) -> Result<ToolsClient<Channel>, ApiError> {
+    let url = if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    };
+    let channel = Channel::from_shared(url.clone())
+        .map_err(|e| {
+            ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!("bad endpoint {endpoint:?}: {e}"),
+            )
+        })?
+        .connect_timeout(std::time::Duration::from_secs(3))
+        .connect()
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "cannot reach the control plane at {endpoint} ({e}); is `toolgrid up` running?"
+                ),
+            )
+        })?;
+    Ok(ToolsClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20))
+}
+
+fn exit_code_of(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::InvalidArgument | ErrorKind::IdempotencyConflict => exit::USAGE,
+        ErrorKind::Unavailable => exit::UNAVAILABLE,
+        ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => exit::NOT_FOUND,
+        ErrorKind::Internal => exit::INTERNAL,
+        _ => exit::CALL_FAILED,
+    }
+}
+
+/// Prints a one-line error and returns the exit code for its kind.
+fn fail(error: ApiError) -> ExitCode {
+    eprintln!(
+        "toolgrid: {}: {}",
+        error.kind,
+        error.message.replace('\n', " ")
+    );
+    ExitCode::from(exit_code_of(error.kind))
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CallArgs {
+    /// Read stdin for the tool from FILE, or `-` for this process's stdin.
+    #[arg(long, value_name = "FILE|-")]
+    stdin: Option<String>,
+    /// Return the earlier call with this key instead of running the tool again.
+    #[arg(long, value_name = "K")]
+    idempotency_key: Option<String>,
+    /// Arguments as a JSON object, merged over the command-line ones.
+    #[arg(long, value_name = "JSON")]
+    args: Option<String>,
+    #[arg(long, short = 'n', default_value = "default")]
+    namespace: String,
+    /// Print `result` (the tool's JSON) or the whole `call` record.
+    #[arg(long, short = 'o', default_value = "result")]
+    output: String,
+    /// Show progress on stderr while the call runs.
+    #[arg(long)]
+    stream: bool,
+    #[command(flatten)]
+    endpoint: Endpoint,
+    /// TOOL [COMMAND] [ARGS...]. The options above may also follow the tool's arguments;
+    /// arguments after `--` all go to the tool.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "TOOL [COMMAND] [ARGS]"
+    )]
+    words: Vec<String>,
+}
+
+/// Takes toolgrid's own options out of the words after TOOL (until `--`).
+fn split_call_options(args: &mut CallArgs) -> Result<Vec<String>, ApiError> {
+    let words = std::mem::take(&mut args.words);
+    let mut tool_words = Vec::new();
+    let mut iter = words.into_iter();
+    while let Some(word) = iter.next() {
+        if word == "--" {
+            tool_words.extend(iter.by_ref());
+            break;
+        }
+        let (name, inline) = match word.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
+            _ => (word.clone(), None),
+        };
+        let takes_value = matches!(
+            name.as_str(),
+            "--stdin" | "--idempotency-key" | "--endpoint" | "--namespace" | "--args" | "--output"
+        );
+        if name == "--stream" && inline.is_none() {
+            args.stream = true;
+            continue;
+        }
+        if !takes_value {
+            tool_words.push(word);
+            continue;
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => iter.next().ok_or_else(|| {
+                ApiError::new(ErrorKind::InvalidArgument, format!("{name} needs a value"))
+            })?,
+        };
+        match name.as_str() {
+            "--stdin" => args.stdin = Some(value),
+            "--idempotency-key" => args.idempotency_key = Some(value),
+            "--endpoint" => args.endpoint.endpoint = value,
+            "--namespace" => args.namespace = value,
+            "--args" => args.args = Some(value),
+            _ => args.output = value,
+        }
+    }
+    Ok(tool_words)
+}
+
+pub async fn call(mut args: CallArgs) -> ExitCode {
+    match try_call(&mut args).await {
+        Ok(code) => code,
+        Err(error) => fail(error),
+    }
+}
+
+async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
+    let mut words = split_call_options(args)?;
+    if words.is_empty() {
+        return Err(ApiError::new(
+            ErrorKind::InvalidArgument,
+            "name a tool: toolgrid call TOOL [COMMAND] [ARGS...]",
+        ));
+    }
+    let tool = words.remove(0);
+    let stdin = match args.stdin.as_deref() {
+        None => None,
+        Some("-") => {
+            let mut bytes = Vec::new();
+            std::io::stdin().read_to_end(&mut bytes).map_err(|e| {
+                ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("cannot read stdin: {e}"),
+                )
+            })?;
+            Some(bytes)
+        }
+        Some(path) => Some(std::fs::read(path).map_err(|e| {
+            ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!("cannot read {path}: {e}"),
+            )
+        })?),
+    };
+    let request = proto::InvokeRequest {
+        namespace: args.namespace.clone(),
+        tool,
+        command: String::new(),
+        argv: words,
+        args_json: args.args.clone().unwrap_or_default(),
+        stdin,
+        idempotency_key: args.idempotency_key.clone().unwrap_or_default(),
+    };
+    let mut client = connect(&args.endpoint.endpoint).await?;
+    let call = if args.stream {
+        let mut stream = client
+            .invoke_stream(request)
+            .await
+            .map_err(|s| ApiError::from(&s))?
+            .into_inner();
+        let mut last = None;
+        while let Some(event) = stream.message().await.map_err(|s| ApiError::from(&s))? {
+            match event.event {
+                Some(proto::invoke_event::Event::Progress(p)) => {
+                    let at = if p.worker.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" on {} (epoch {})", p.worker, p.epoch)
+                    };
+                    eprintln!(
+                        "toolgrid: call {} {}{at}{}",
+                        p.call_id,
+                        p.stage,
+                        if p.message.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {}", p.message)
+                        }
+                    );
+                }
+                Some(proto::invoke_event::Event::Call(call)) => last = Some(call),
+                None => {}
+            }
+        }
+        last.ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::Internal,
+                "the stream ended without the call's outcome",
+            )
+        })?
+    } else {
+        client
+            .invoke(request)
+            .await
+            .map_err(|s| ApiError::from(&s))?
+            .into_inner()
+    };
+    Ok(print_call(&call, &args.output))
+}
+
+fn call_json(call: &proto::Call) -> Value {
+    let state = proto::CallState::try_from(call.state).unwrap_or(proto::CallState::Unspecified);
+    let mut value = json!({
+        "id": call.id,
+        "namespace": call.namespace,
+        "tool": call.tool,
+        "command": call.command,
+        "release": call.release,
+        "releaseDigest": call.release_digest,
+        "state": state_name(state),
+        "args": serde_json::from_str::<Value>(&call.args_json).unwrap_or(Value::Null),
+        "epoch": call.epoch,
+        "worker": call.worker,
+        "createdAtMs": call.created_at_ms,
+        "deduplicated": call.deduplicated,
+    });
+    if !call.result_json.is_empty() {
+        value["result"] = serde_json::from_str(&call.result_json).unwrap_or(Value::Null);
+    }
+    if let Some(error) = &call.error {
+        value["error"] = json!({"kind": error.kind, "message": error.message, "name": error.name, "exitCode": error.exit_code, "stderrTail": error.stderr_tail});
+    }
+    if !call.idempotency_key.is_empty() {
+        value["idempotencyKey"] = json!(call.idempotency_key);
+    }
+    if call.finished_at_ms > 0 {
+        value["finishedAtMs"] = json!(call.finished_at_ms);
+        value["durationMs"] = json!(call.finished_at_ms - call.created_at_ms);
+    }
+    value
+}
+
+fn state_name(state: proto::CallState) -> &'static str {
+    match state {
+        proto::CallState::Pending => "pending",
+        proto::CallState::Running => "running",
+        proto::CallState::Succeeded => "succeeded",
+        proto::CallState::Failed => "failed",
+        proto::CallState::Unspecified => "unknown",
+    }
+}
+
+fn pretty(value: &Value) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+}
+
+fn print_call(call: &proto::Call, output: &str) -> ExitCode {
+    let state = proto::CallState::try_from(call.state).unwrap_or(proto::CallState::Unspecified);
+    if output == "call" {
+        println!("{}", pretty(&call_json(call)));
+    }
+    match state {
+        proto::CallState::Succeeded => {
+            if output != "call" {
+                let result: Value = serde_json::from_str(&call.result_json).unwrap_or(Value::Null);
+                println!("{}", pretty(&result));
+            }
+            ExitCode::SUCCESS
+        }
+        proto::CallState::Failed => {
+            let error = call.error.clone().unwrap_or_default();
+            let name = if error.name.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", error.name)
+            };
+            eprintln!(
+                "toolgrid: {}{name}: {} (call {})",
+                error.kind,
+                error.message.replace('\n', " "),
+                call.id
+            );
+            let kind = ErrorKind::parse(&error.kind).unwrap_or(ErrorKind::Internal);
+            ExitCode::from(exit_code_of(kind).max(exit::CALL_FAILED))
+        }
+        _ => {
+            eprintln!(
+                "toolgrid: call {} is still {}; see `toolgrid get calls` or `toolgrid oplog {}`",
+                call.id,
+                state_name(state),
+                call.id
+            );
+            ExitCode::from(exit::UNAVAILABLE)
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GetArgs {
+    /// tools, releases, pools, calls, bindings, agents or middleware.
+    kind: String,
+    /// Only this resource (or call id).
+    name: Option<String>,
+    /// Namespace; every namespace when not given.
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    /// `table`, `wide` (with sources) or `json`.
+    #[arg(long, short = 'o', default_value = "table")]
+    output: String,
+    /// With `get calls`: how many, newest first.
+    #[arg(long, default_value_t = 50)]
+    limit: u32,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+pub async fn get(args: GetArgs) -> ExitCode {
+    match try_get(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
+}
+
+async fn try_get(args: GetArgs) -> Result<(), ApiError> {
+    let mut client = connect(&args.endpoint.endpoint).await?;
+    if matches!(args.kind.as_str(), "calls" | "call") {
+        return print_calls(
+            &mut client,
+            args.namespace.unwrap_or_default(),
+            args.name,
+            args.limit,
+            &args.output,
+        )
+        .await;
+    }
+    let response = client
+        .list_resources(proto::ListResourcesRequest {
+            kind: args.kind.clone(),
+            namespace: args.namespace.clone().unwrap_or_default(),
+        })
+        .await
+        .map_err(|s| ApiError::from(&s))?
+        .into_inner();
+    let rows: Vec<&proto::ResourceRow> = response
+        .rows
+        .iter()
+        .filter(|r| args.name.as_ref().is_none_or(|n| &r.name == n))
+        .collect();
+    if let Some(name) = &args.name
+        && rows.is_empty()
+    {
+        return Err(ApiError::new(
+            ErrorKind::NotFound,
+            format!("no {} named {name:?}", args.kind),
+        ));
+    }
+    if args.output == "json" {
+        let items: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "kind": r.kind,
+                    "namespace": r.namespace,
+                    "name": r.name,
+                    "generation": r.generation,
+                    "source": r.source,
+                    "status": serde_json::from_str::<Value>(&r.status_json).unwrap_or(Value::Null),
+                })
+            })
+            .collect();
+        println!("{}", pretty(&json!({"items": items})));
+        return Ok(());
+    }
+    if rows.is_empty() {
+        eprintln!("No {} found.", args.kind);
+        return Ok(());
+    }
+    let mut extra: Vec<String> = Vec::new();
+    for column in rows.iter().flat_map(|r| &r.columns) {
+        let name = column.name.to_uppercase();
+        if !extra.contains(&name) {
+            extra.push(name);
+        }
+    }
+    let mut headers: Vec<&str> = vec!["NAMESPACE", "NAME", "READY", "REASON"];
+    headers.extend(extra.iter().map(String::as_str));
+    headers.push("GEN");
+    if args.output == "wide" {
+        headers.push("SOURCE");
+    }
+    headers.push("MESSAGE");
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let mut row = vec![
+                r.namespace.clone(),
+                r.name.clone(),
+                r.ready.clone(),
+                r.reason.clone(),
+            ];
+            for name in &extra {
+                let cell = r
+                    .columns
+                    .iter()
+                    .find(|c| &c.name.to_uppercase() == name)
+                    .map(|c| c.value.clone())
+                    .unwrap_or_default();
+                row.push(cell);
+            }
+            row.push(format!("{}/{}", r.observed_generation, r.generation));
+            if args.output == "wide" {
+                row.push(r.source.clone());
+            }
+            row.push(r.message.clone());
+            row
+        })
+        .collect();
+    table::print(&headers, &table);
+    Ok(())
+}
+
+fn duration_of(call: &proto::Call) -> String {
+    if call.finished_at_ms == 0 {
+        return "-".into();
+    }
+    let ms = call.finished_at_ms - call.created_at_ms;
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else {
+        format!("{:.2}s", ms as f64 / 1000.0)
+    }
+}
+
+async fn print_calls(
+    client: &mut ToolsClient<Channel>,
+    namespace: String,
+    id: Option<String>,
+    limit: u32,
+    output: &str,
+) -> Result<(), ApiError> {
+    let calls = match id {
+        Some(id) => vec![
+            client
+                .get_call(proto::GetCallRequest {
+                    id,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|s| ApiError::from(&s))?
+                .into_inner(),
+        ],
+        None => {
+            client
+                .list_calls(proto::ListCallsRequest {
+                    namespace,
+                    tool: String::new(),
+                    limit,
+                })
+                .await
+                .map_err(|s| ApiError::from(&s))?
+                .into_inner()
+                .calls
+        }
+    };
+    if output == "json" {
+        println!(
+            "{}",
+            pretty(&json!({"calls": calls.iter().map(call_json).collect::<Vec<_>>()}))
+        );
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = calls
+        .iter()
+        .map(|c| {
+            let state =
+                proto::CallState::try_from(c.state).unwrap_or(proto::CallState::Unspecified);
+            vec![
+                c.id.clone(),
+                c.tool.clone(),
+                c.command.clone(),
+                state_name(state).into(),
+                duration_of(c),
+                c.worker.clone(),
+                c.error.as_ref().map(|e| e.kind.clone()).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table::print(
+        &[
+            "ID", "TOOL", "COMMAND", "STATE", "DURATION", "WORKER", "ERROR",
+        ],
+        &rows,
+    );
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CallsArgs {
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    #[arg(long, short = 'o', default_value = "table")]
+    output: String,
+    #[arg(long, default_value_t = 50)]
+    limit: u32,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+pub async fn calls(args: CallsArgs) -> ExitCode {
+    let result = async {
+        let mut client = connect(&args.endpoint.endpoint).await?;
+        print_calls(
+            &mut client,
+            args.namespace.unwrap_or_default(),
+            None,
+            args.limit,
+            &args.output,
+        )
+        .await
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct OplogArgs {
+    call_id: String,
+    /// `table` or `json`.
+    #[arg(long, short = 'o', default_value = "table")]
+    output: String,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+pub async fn oplog(args: OplogArgs) -> ExitCode {
+    let result = async {
+        let mut client = connect(&args.endpoint.endpoint).await?;
+        let response = client
+            .get_oplog(proto::GetOplogRequest {
+                call_id: args.call_id.clone(),
+            })
+            .await
+            .map_err(|s| ApiError::from(&s))?
+            .into_inner();
+        if args.output == "json" {
+            let entries: Vec<Value> = response
+                .entries
+                .iter()
+                .map(|e| {
+                    json!({
+                        "seq": e.seq,
+                        "epoch": e.epoch,
+                        "kind": e.kind,
+                        "payload": serde_json::from_str::<Value>(&e.payload_json).unwrap_or(Value::Null),
+                        "recordedAtMs": e.recorded_at_ms,
+                    })
+                })
+                .collect();
+            println!("{}", pretty(&json!({"callId": response.call_id, "entries": entries})));
+        } else {
+            let rows: Vec<Vec<String>> = response
+                .entries
+                .iter()
+                .map(|e| vec![e.seq.to_string(), e.epoch.to_string(), e.kind.clone(), e.payload_json.clone()])
+                .collect();
+            table::print(&["SEQ", "EPOCH", "KIND", "PAYLOAD"], &rows);
+        }
+        Ok::<(), ApiError>(())
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DecisionArgs {
+    call_id: String,
+    #[arg(long, default_value = "")]
+    reason: String,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+pub async fn decide(args: DecisionArgs, approve: bool) -> ExitCode {
+    let result = async {
+        let mut client = connect(&args.endpoint.endpoint).await?;
+        let request = proto::DecisionRequest {
+            call_id: args.call_id.clone(),
+            reason: args.reason.clone(),
+        };
+        let call = if approve {
+            client.approve(request).await
+        } else {
+            client.deny(request).await
+        }
+        .map_err(|s| ApiError::from(&s))?
+        .into_inner();
+        println!("{}", pretty(&call_json(&call)));
+        Ok::<(), ApiError>(())
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn toolgrid_options_are_taken_from_anywhere_before_the_separator() {
+        let cli = crate::cli::Cli::try_parse_from([
+            "toolgrid",
+            "call",
+            "fetch",
+            "get",
+            "https://x.org",
+            "--max-bytes",
+            "5",
+            "--stdin",
+            "-",
+            "--idempotency-key=k1",
+            "--endpoint",
+            "127.0.0.1:9",
+            "--",
+            "--endpoint",
+            "tool's",
+        ])
+        .unwrap();
+        let crate::cli::Commands::Call(mut args) = cli.command else {
+            panic!("not a call")
+        };
+        let words = split_call_options(&mut args).unwrap();
+        assert_eq!(
+            words,
+            [
+                "fetch",
+                "get",
+                "https://x.org",
+                "--max-bytes",
+                "5",
+                "--endpoint",
+                "tool's"
+            ]
+        );
+        assert_eq!(args.stdin.as_deref(), Some("-"));
+        assert_eq!(args.idempotency_key.as_deref(), Some("k1"));
+        assert_eq!(args.endpoint.endpoint, "127.0.0.1:9");
+    }
+}

@@ -1,0 +1,120 @@
+//! The `toolgrid` command line: the platform (`up`, `worker`) and the client side.
+
+mod bench;
+mod client;
+mod componentize;
+mod table;
+mod up;
+mod worker;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Runs typed WebAssembly tools for AI agents, each call in a fresh sandbox, every side
+/// effect in a durable oplog.
+#[derive(Parser, Debug)]
+#[command(name = "toolgrid", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand, Debug)]
+enum Commands {
+    /// Run the whole platform on this machine: control plane on an embedded SQLite store,
+    /// manifests from a directory (watched), and local worker processes.
+    Up(up::UpArgs),
+    /// Run one sandbox worker attached to a control plane.
+    Worker(worker::WorkerArgs),
+    /// Call a tool: `toolgrid call TOOL [COMMAND] [ARGS...] [--stdin FILE|-]
+    /// [--idempotency-key K] [--endpoint ADDR]`. Prints the result as JSON.
+    Call(client::CallArgs),
+    /// List what is live: tools, releases, pools, calls, bindings, agents, middleware.
+    Get(client::GetArgs),
+    /// Recent calls (same as `get calls`).
+    Calls(client::CallsArgs),
+    /// Print a call's oplog.
+    Oplog(client::OplogArgs),
+    /// Approve a call waiting for approval.
+    Approve(client::DecisionArgs),
+    /// Deny a call waiting for approval.
+    Deny(client::DecisionArgs),
+    /// Print the CustomResourceDefinitions of every kind as one YAML stream.
+    Crds,
+    /// Measure the platform (see BENCHMARKS.md).
+    Bench(bench::BenchArgs),
+    /// Wrap a WASI preview 1 module into a preview 2 component (`wasi:cli/run`).
+    Componentize(componentize::ComponentizeArgs),
+}
+
+/// Exit codes of the client commands.
+pub mod exit {
+    /// The call ran and failed (tool error, limit, trap, ...).
+    pub const CALL_FAILED: u8 = 1;
+    /// Bad usage or arguments.
+    pub const USAGE: u8 = 2;
+    /// The platform cannot take the call now (unreachable, no release, no worker).
+    pub const UNAVAILABLE: u8 = 3;
+    /// No such tool, command or call.
+    pub const NOT_FOUND: u8 = 4;
+    /// Anything else.
+    pub const INTERNAL: u8 = 5;
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let server = matches!(cli.command, Commands::Up(_) | Commands::Worker(_));
+    init_logging(if server { "info" } else { "warn" });
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("toolgrid: cannot start the async runtime: {error}");
+            return ExitCode::from(exit::INTERNAL);
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Commands::Up(args) => report(up::run(args).await),
+            Commands::Worker(args) => report(worker::run(args).await),
+            Commands::Call(args) => client::call(args).await,
+            Commands::Get(args) => client::get(args).await,
+            Commands::Calls(args) => client::calls(args).await,
+            Commands::Oplog(args) => client::oplog(args).await,
+            Commands::Approve(args) => client::decide(args, true).await,
+            Commands::Deny(args) => client::decide(args, false).await,
+            Commands::Crds => match crate::api::crds_yaml() {
+                Ok(yaml) => {
+                    print!("{yaml}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => report(Err(error.into())),
+            },
+            Commands::Bench(args) => report(bench::run(args).await),
+            Commands::Componentize(args) => report(componentize::run(args)),
+        }
+    })
+}
+
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("toolgrid: {error:#}");
+            ExitCode::from(exit::INTERNAL)
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! `toolgrid up`: the whole platform on one machine.
+
+use crate::api::units::GoDuration;
+use crate::catalog::ManifestSource;
+use crate::platform::{ControlPlane, Listeners, LocalPools};
+use crate::scheduler::SchedulerConfig;
+use anyhow::Context;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct UpArgs {
+    /// Directory of manifests (YAML, multi-document files too), watched for changes.
+    #[arg(long, env = "TOOLGRID_MANIFESTS", default_value = "examples/manifests")]
+    manifests: PathBuf,
+    /// Directory of the embedded store and the compiled-code cache.
+    #[arg(long, env = "TOOLGRID_DATA", default_value = ".toolgrid")]
+    data: PathBuf,
+    /// gRPC address; HTTP listens on the next port (an ephemeral one when this port is 0).
+    #[arg(long, env = "TOOLGRID_LISTEN", default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// HTTP address, instead of the port after gRPC's.
+    #[arg(long, env = "TOOLGRID_HTTP_LISTEN")]
+    http_listen: Option<SocketAddr>,
+    /// Store URL instead of `sqlite://DATA/toolgrid.db` (`postgres://...` also works).
+    #[arg(long, env = "TOOLGRID_STORE")]
+    store: Option<String>,
+    /// Start no worker processes; workers attach on their own (`toolgrid worker`).
+    #[arg(long)]
+    no_workers: bool,
+    /// A worker silent this long loses its calls to another worker.
+    #[arg(long, default_value = "2s")]
+    lease: GoDuration,
+    /// How often workers heartbeat.
+    #[arg(long, default_value = "500ms")]
+    heartbeat: GoDuration,
+    /// How long to wait for every pool's first worker before saying ready anyway.
+    #[arg(long, default_value = "60s")]
+    ready_timeout: GoDuration,
+}
+
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    if !args.manifests.is_dir() {
+        anyhow::bail!(
+            "the manifest directory {} does not exist (pass --manifests DIR)",
+            args.manifests.display()
+        );
+    }
+    let manifests = args.manifests.canonicalize()?;
+    std::fs::create_dir_all(&args.data)
+        .with_context(|| format!("cannot create {}", args.data.display()))?;
+    let data = args.data.canonicalize()?;
+    let store_url = args
+        .store
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", data.join("toolgrid.db").display()));
+    let store = crate::store::open(&store_url)
+        .await
+        .with_context(|| format!("cannot open the store at {store_url}"))?;
+    let config = SchedulerConfig {
+        heartbeat_interval: args.heartbeat.get(),
+        lease: args.lease.get(),
+        reattach_grace: (args.lease.get() * 2).max(Duration::from_secs(2)),
+        ..SchedulerConfig::default()
+    };
+    let control_plane = ControlPlane::start(store.clone(), config).await?;
+    let source = ManifestSource::new(manifests.clone(), store, control_plane.catalog.clone());
+    source.reload().await.context("cannot load the manifests")?;
+    tokio::spawn({
+        let source = source.clone();
+        async move {
+            if let Err(error) = source.watch().await {
+                tracing::error!(%error, "cannot watch the manifest directory; changes need a restart");
+            }
+        }
+    });
+
+    let listeners = Listeners::bind(args.listen, args.http_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let (grpc, http, server) = control_plane.serve(listeners)?;
+
+    let _pools = if args.no_workers {
+        None
+    } else {
+        let exe = std::env::current_exe()?;
+        let pools = LocalPools::new(exe, format!("http://{grpc}"), data.join("cache"));
+        Some(tokio::spawn(pools.run(control_plane.catalog.clone())))
+    };
+    wait_for_workers(&control_plane, args.ready_timeout.get()).await;
+
+    let snapshot = control_plane.catalog.current();
+    let not_ready = snapshot
+        .resources
+        .values()
+        .filter(|r| !r.ready.status)
+        .count();
+    println!(
+        "toolgrid is ready: grpc={grpc} http={http} tools={} not-ready={not_ready} manifests={} data={}",
+        snapshot.tools.len(),
+        manifests.display(),
+        data.display()
+    );
+    std::io::stdout().flush()?;
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+        _ = terminate.recv() => tracing::info!("terminated; stopping"),
+        _ = server => tracing::error!("the servers stopped"),
+    }
+    Ok(())
+}
+
+/// Waits until every pool that wants workers has one attached.
+async fn wait_for_workers(control_plane: &ControlPlane, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        let snapshot = control_plane.catalog.current();
+        let workers = control_plane.scheduler.workers();
+        let missing: Vec<String> = snapshot
+            .pools
+            .values()
+            .filter(|p| p.desired_workers > 0)
+            .map(|p| p.key.to_string())
+            .filter(|pool| !workers.iter().any(|w| &w.pool == pool))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        if start.elapsed() > limit {
+            tracing::warn!(pools = ?missing, "no worker attached yet; calls to these pools wait");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,68 @@
+//! `toolgrid worker`: one sandbox worker process.
+
+use crate::api::units::{ByteSize, GoDuration};
+use crate::worker::WorkerConfig;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct WorkerArgs {
+    /// The control plane's gRPC address.
+    #[arg(
+        long,
+        env = "TOOLGRID_CONTROL_PLANE",
+        default_value = "http://127.0.0.1:7070"
+    )]
+    control_plane: String,
+    /// This worker's id (stable across restarts of the same worker).
+    #[arg(long, env = "TOOLGRID_WORKER_ID")]
+    id: Option<String>,
+    /// The WorkerPool it serves, `namespace/name` or `name` (namespace `default`).
+    #[arg(long, env = "TOOLGRID_POOL", default_value = "default")]
+    pool: String,
+    /// Calls run at once.
+    #[arg(long, env = "TOOLGRID_SLOTS", default_value_t = 16)]
+    slots: u32,
+    /// Cache of compiled releases.
+    #[arg(long, env = "TOOLGRID_CACHE", default_value = ".toolgrid/cache")]
+    cache: PathBuf,
+    /// Largest linear memory a call may have (the pooling allocator's reservation).
+    #[arg(long, default_value = "4Gi")]
+    max_memory: ByteSize,
+    /// Use on-demand allocation instead of the pooling allocator.
+    #[arg(long)]
+    no_pooling: bool,
+    /// Exit after the control plane has been unreachable this long.
+    #[arg(long, default_value = "30s")]
+    reconnect_timeout: GoDuration,
+    /// Exit when this process stops being the parent (set by `toolgrid up`).
+    #[arg(long, hide = true)]
+    parent_pid: Option<u32>,
+}
+
+pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    let pool = if args.pool.contains('/') {
+        args.pool.clone()
+    } else {
+        format!("{}/{}", crate::api::DEFAULT_NAMESPACE, args.pool)
+    };
+    let id = args
+        .id
+        .unwrap_or_else(|| format!("{}-{}", pool.replace('/', "-"), std::process::id()));
+    let control_plane = if args.control_plane.contains("://") {
+        args.control_plane
+    } else {
+        format!("http://{}", args.control_plane)
+    };
+    crate::worker::run(WorkerConfig {
+        control_plane,
+        worker_id: id,
+        pool,
+        slots: args.slots.max(1),
+        cache_dir: args.cache,
+        max_memory_bytes: args.max_memory.bytes(),
+        pooling: !args.no_pooling,
+        reconnect_timeout: args.reconnect_timeout.get(),
+        parent_pid: args.parent_pid,
+    })
+    .await
+}

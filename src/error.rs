@@ -1,0 +1,236 @@
+//! The error kinds callers see. Each is a stable kebab-case name on every front door
+//! (gRPC metadata and `CallError.kind`, HTTP JSON, the CLI's one-line errors).
+
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// Arguments or stdin break the Tool's schema.
+    InvalidArgument,
+    /// No such tool in the namespace.
+    UnknownTool,
+    /// The tool has no such command.
+    UnknownCommand,
+    /// The tool has no Ready release (or its pool has no workers).
+    Unavailable,
+    /// The caller may not make this call.
+    PermissionDenied,
+    /// The caller is not known.
+    Unauthenticated,
+    /// The idempotency key was used for a different request.
+    IdempotencyConflict,
+    /// No such call.
+    NotFound,
+    /// The tool exited non-zero (with a declared error, or a generic one).
+    ToolError,
+    /// The tool's stdout is not JSON or breaks the result schema.
+    InvalidResult,
+    /// The call ran past its timeout.
+    Timeout,
+    /// The guest used up its CPU time.
+    CpuLimit,
+    /// The guest grew its memory past the limit.
+    MemoryLimit,
+    /// The guest wrote more output than allowed.
+    OutputLimit,
+    /// The guest trapped (unreachable, out-of-bounds access, stack overflow, ...).
+    Trap,
+    /// The release's artifact is not a runnable WASI command.
+    InvalidArtifact,
+    /// A re-run call made a host call the oplog does not have.
+    ReplayDivergence,
+    /// A request may have reached its destination, and repeating it is not safe.
+    OutcomeUnknown,
+    /// The guest's outgoing request was refused by the egress policy.
+    EgressDenied,
+    /// A person or policy refused the call.
+    Denied,
+    Cancelled,
+    Internal,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 22] = [
+        ErrorKind::InvalidArgument,
+        ErrorKind::UnknownTool,
+        ErrorKind::UnknownCommand,
+        ErrorKind::Unavailable,
+        ErrorKind::PermissionDenied,
+        ErrorKind::Unauthenticated,
+        ErrorKind::IdempotencyConflict,
+        ErrorKind::NotFound,
+        ErrorKind::ToolError,
+        ErrorKind::InvalidResult,
+        ErrorKind::Timeout,
+        ErrorKind::CpuLimit,
+        ErrorKind::MemoryLimit,
+        ErrorKind::OutputLimit,
+        ErrorKind::Trap,
+        ErrorKind::InvalidArtifact,
+        ErrorKind::ReplayDivergence,
+        ErrorKind::OutcomeUnknown,
+        ErrorKind::EgressDenied,
+        ErrorKind::Denied,
+        ErrorKind::Cancelled,
+        ErrorKind::Internal,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidArgument => "invalid-argument",
+            ErrorKind::UnknownTool => "unknown-tool",
+            ErrorKind::UnknownCommand => "unknown-command",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::PermissionDenied => "permission-denied",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::IdempotencyConflict => "idempotency-conflict",
+            ErrorKind::NotFound => "not-found",
+            ErrorKind::ToolError => "tool-error",
+            ErrorKind::InvalidResult => "invalid-result",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::CpuLimit => "cpu-limit",
+            ErrorKind::MemoryLimit => "memory-limit",
+            ErrorKind::OutputLimit => "output-limit",
+            ErrorKind::Trap => "trap",
+            ErrorKind::InvalidArtifact => "invalid-artifact",
+            ErrorKind::ReplayDivergence => "replay-divergence",
+            ErrorKind::OutcomeUnknown => "outcome-unknown",
+            ErrorKind::EgressDenied => "egress-denied",
+            ErrorKind::Denied => "denied",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Internal => "internal",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        ErrorKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The gRPC status code of a call refused with this kind.
+    pub fn grpc_code(self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            ErrorKind::InvalidArgument => Code::InvalidArgument,
+            ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => {
+                Code::NotFound
+            }
+            ErrorKind::Unavailable => Code::Unavailable,
+            ErrorKind::PermissionDenied | ErrorKind::Denied | ErrorKind::EgressDenied => {
+                Code::PermissionDenied
+            }
+            ErrorKind::Unauthenticated => Code::Unauthenticated,
+            ErrorKind::IdempotencyConflict => Code::AlreadyExists,
+            ErrorKind::Timeout => Code::DeadlineExceeded,
+            ErrorKind::CpuLimit | ErrorKind::MemoryLimit | ErrorKind::OutputLimit => {
+                Code::ResourceExhausted
+            }
+            ErrorKind::Cancelled => Code::Cancelled,
+            ErrorKind::Internal => Code::Internal,
+            ErrorKind::ToolError
+            | ErrorKind::InvalidResult
+            | ErrorKind::Trap
+            | ErrorKind::InvalidArtifact
+            | ErrorKind::ReplayDivergence
+            | ErrorKind::OutcomeUnknown => Code::Aborted,
+        }
+    }
+
+    /// The HTTP status of a response carrying this kind.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorKind::InvalidArgument => 400,
+            ErrorKind::Unauthenticated => 401,
+            ErrorKind::PermissionDenied | ErrorKind::Denied | ErrorKind::EgressDenied => 403,
+            ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => 404,
+            ErrorKind::IdempotencyConflict => 409,
+            ErrorKind::Cancelled => 499,
+            ErrorKind::Internal => 500,
+            ErrorKind::Unavailable => 503,
+            ErrorKind::Timeout => 504,
+            // The call ran and failed: the request itself was fine.
+            _ => 422,
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// gRPC metadata key that carries the kind of a refused request.
+pub const GRPC_KIND_KEY: &str = "toolgrid-error-kind";
+
+/// An error a front door returns before or instead of a call record.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ApiError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ApiError> for tonic::Status {
+    fn from(error: ApiError) -> Self {
+        let mut status = tonic::Status::new(error.kind.grpc_code(), error.message);
+        if let Ok(value) = error.kind.as_str().parse() {
+            status.metadata_mut().insert(GRPC_KIND_KEY, value);
+        }
+        status
+    }
+}
+
+impl From<&tonic::Status> for ApiError {
+    fn from(status: &tonic::Status) -> Self {
+        let kind = status
+            .metadata()
+            .get(GRPC_KIND_KEY)
+            .and_then(|v| v.to_str().ok())
+            .and_then(ErrorKind::parse)
+            .unwrap_or(match status.code() {
+                tonic::Code::InvalidArgument => ErrorKind::InvalidArgument,
+                tonic::Code::NotFound => ErrorKind::NotFound,
+                tonic::Code::PermissionDenied => ErrorKind::PermissionDenied,
+                tonic::Code::Unauthenticated => ErrorKind::Unauthenticated,
+                tonic::Code::Unavailable => ErrorKind::Unavailable,
+                tonic::Code::DeadlineExceeded => ErrorKind::Timeout,
+                _ => ErrorKind::Internal,
+            });
+        ApiError::new(kind, status.message())
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(error: crate::store::StoreError) -> Self {
+        use crate::store::StoreError;
+        let kind = match &error {
+            StoreError::IdempotencyConflict { .. } => ErrorKind::IdempotencyConflict,
+            StoreError::NotFound(_) => ErrorKind::NotFound,
+            _ => ErrorKind::Internal,
+        };
+        ApiError::new(kind, error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_round_trip_through_their_names_and_grpc() {
+        for kind in ErrorKind::ALL {
+            assert_eq!(ErrorKind::parse(kind.as_str()), Some(kind));
+            let status: tonic::Status = ApiError::new(kind, "x").into();
+            assert_eq!(ApiError::from(&status).kind, kind);
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Call records as the front doors return them: protobuf for gRPC, JSON for HTTP.
+
+use crate::proto;
+use crate::store::{CallRecord, CallState, OplogRecord};
+use serde_json::{Value, json};
+
+pub fn state_to_proto(state: CallState) -> proto::CallState {
+    match state {
+        CallState::Pending => proto::CallState::Pending,
+        CallState::Running => proto::CallState::Running,
+        CallState::Succeeded => proto::CallState::Succeeded,
+        CallState::Failed => proto::CallState::Failed,
+    }
+}
+
+pub fn call_to_proto(record: &CallRecord, deduplicated: bool) -> proto::Call {
+    proto::Call {
+        id: record.id.clone(),
+        namespace: record.namespace.clone(),
+        tool: record.tool.clone(),
+        command: record.command.clone(),
+        release: record.release.clone(),
+        release_digest: record.release_digest.clone(),
+        state: state_to_proto(record.state) as i32,
+        result_json: record
+            .result
+            .as_ref()
+            .map(Value::to_string)
+            .unwrap_or_default(),
+        error: record.error.as_ref().map(|e| proto::CallError {
+            kind: e.kind.clone(),
+            message: e.message.clone(),
+            name: e.name.clone(),
+            exit_code: e.exit_code,
+            stderr_tail: e.stderr_tail.clone(),
+        }),
+        args_json: record.args.to_string(),
+        idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
+        created_at_ms: record.created_at_ms,
+        finished_at_ms: record.finished_at_ms.unwrap_or_default(),
+        epoch: record.epoch,
+        worker: record.worker.clone().unwrap_or_default(),
+        deduplicated,
+    }
+}
+
+pub fn call_to_json(record: &CallRecord, deduplicated: bool) -> Value {
+    let mut call = json!({
+        "id": record.id,
+        "namespace": record.namespace,
+        "tool": record.tool,
+        "command": record.command,
+        "release": record.release,
+        "releaseDigest": record.release_digest,
+        "state": record.state.as_str(),
+        "args": record.args,
+        "createdAtMs": record.created_at_ms,
+        "epoch": record.epoch,
+        "deduplicated": deduplicated,
+    });
+    if let Some(result) = &record.result {
+        call["result"] = result.clone();
+    }
+    if let Some(error) = &record.error {
+        call["error"] = serde_json::to_value(error).unwrap_or_default();
+    }
+    if let Some(key) = &record.idempotency_key {
+        call["idempotencyKey"] = json!(key);
+    }
+    if let Some(finished) = record.finished_at_ms {
+        call["finishedAtMs"] = json!(finished);
+        call["durationMs"] = json!(finished - record.created_at_ms);
+    }
+    if let Some(worker) = &record.worker {
+        call["worker"] = json!(worker);
+    }
+    call
+}
+
+pub fn oplog_to_proto(entry: &OplogRecord) -> proto::OplogRecord {
+    proto::OplogRecord {
+        seq: entry.seq,
+        epoch: entry.epoch,
+        kind: entry.kind.clone(),
+        payload_json: entry.payload.to_string(),
+        recorded_at_ms: entry.recorded_at_ms,
+    }
+}

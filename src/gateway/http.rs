@@ -1,0 +1,198 @@
+//! The HTTP front door: the same operations as gRPC, as JSON.
+//!
+//! - `POST /v1/namespaces/{ns}/tools/{tool}/{command}:call` with
+//!   `{"args": {...}, "argv": [...], "stdin": "...", "idempotencyKey": "..."}` (or an
+//!   `Idempotency-Key` header): the call record once it ends. 200 when it succeeded; a
+//!   failed call comes with the status of its error kind (422 for a tool's own failure).
+//! - `GET /v1/calls/{id}` (`?wait=true` blocks until it ends), `GET /v1/calls/{id}/oplog`,
+//!   `GET /v1/calls`, `GET /v1/namespaces/{ns}/tools`, `/healthz`, `/readyz`.
+
+use super::convert::call_to_json;
+use super::{Gateway, Invocation};
+use crate::error::{ApiError, ErrorKind};
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.kind.http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = json!({"error": {"kind": self.kind.as_str(), "message": self.message}});
+        (status, Json(body)).into_response()
+    }
+}
+
+/// The HTTP API over a gateway; `ready` says whether the platform takes calls yet.
+pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/namespaces/{ns}/tools/{tool}/{command}", post(call))
+        .route("/v1/namespaces/{ns}/tools", get(list_tools))
+        .route("/v1/calls", get(list_calls))
+        .route("/v1/calls/{id}", get(get_call))
+        .route("/v1/calls/{id}/oplog", get(get_oplog))
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    if ready() {
+                        (StatusCode::OK, "ready")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                    }
+                }
+            }),
+        )
+        .with_state(gateway)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CallBody {
+    #[serde(default)]
+    args: Option<Value>,
+    #[serde(default)]
+    argv: Vec<String>,
+    /// Text stdin.
+    #[serde(default)]
+    stdin: Option<String>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+fn failure_status(record: &crate::store::CallRecord) -> StatusCode {
+    match &record.error {
+        None if record.state.is_terminal() => StatusCode::OK,
+        // Still running when the wait ended.
+        None => StatusCode::ACCEPTED,
+        Some(error) => {
+            let kind = ErrorKind::parse(&error.kind).unwrap_or(ErrorKind::Internal);
+            StatusCode::from_u16(kind.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        }
+    }
+}
+
+async fn call(
+    State(gateway): State<Arc<Gateway>>,
+    Path((ns, tool, command)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Option<Json<Value>>,
+) -> Result<Response, ApiError> {
+    let Some(command) = command.strip_suffix(":call") else {
+        return Err(ApiError::new(
+            ErrorKind::NotFound,
+            format!("no route: use POST /v1/namespaces/{ns}/tools/{tool}/{command}:call"),
+        ));
+    };
+    let body: CallBody = match body {
+        None => CallBody::default(),
+        Some(Json(value)) => serde_json::from_value(value)
+            .map_err(|e| ApiError::new(ErrorKind::InvalidArgument, format!("request body: {e}")))?,
+    };
+    let header_key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    let invocation = Invocation {
+        namespace: ns,
+        tool,
+        command: Some(command.to_string()),
+        argv: body.argv,
+        args: body.args,
+        stdin: body.stdin.map(String::into_bytes),
+        idempotency_key: body.idempotency_key.or(header_key),
+    };
+    let admitted = gateway.invoke(invocation).await?;
+    let status = failure_status(&admitted.record);
+    let mut response = (
+        status,
+        Json(call_to_json(&admitted.record, admitted.deduplicated)),
+    )
+        .into_response();
+    if let Ok(id) = admitted.record.id.parse() {
+        response.headers_mut().insert("toolgrid-call-id", id);
+    }
+    Ok(response)
+}
+
+#[derive(Deserialize)]
+struct WaitQuery {
+    #[serde(default)]
+    wait: bool,
+}
+
+async fn get_call(
+    State(gateway): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    Query(query): Query<WaitQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let mut record = gateway.get_call(&id).await?;
+    if query.wait && !record.state.is_terminal() {
+        let limit = gateway.wait_limit(&record).min(Duration::from_secs(600));
+        record = gateway.wait(&id, limit).await?;
+    }
+    Ok(Json(call_to_json(&record, false)))
+}
+
+async fn get_oplog(
+    State(gateway): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let entries = gateway.oplog(&id).await?;
+    Ok(Json(json!({"callId": id, "entries": entries})))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    tool: String,
+    #[serde(default)]
+    limit: u32,
+}
+
+async fn list_calls(
+    State(gateway): State<Arc<Gateway>>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let calls = gateway
+        .list_calls(&query.namespace, &query.tool, query.limit)
+        .await?;
+    Ok(Json(
+        json!({"calls": calls.iter().map(|c| call_to_json(c, false)).collect::<Vec<_>>()}),
+    ))
+}
+
+async fn list_tools(State(gateway): State<Arc<Gateway>>, Path(ns): Path<String>) -> Json<Value> {
+    let tools: Vec<Value> = gateway
+        .list_tools(&ns)
+        .into_iter()
+        .map(|t| {
+            json!({
+                "name": t.name,
+                "namespace": t.namespace,
+                "description": t.description,
+                "effect": t.effect,
+                "release": t.release,
+                "version": t.version,
+                "commands": t.commands.iter().map(|c| json!({
+                    "name": c.name,
+                    "description": c.description,
+                    "argsSchema": serde_json::from_str::<Value>(&c.args_schema_json).unwrap_or(Value::Null),
+                    "stdinSchema": serde_json::from_str::<Value>(&c.stdin_schema_json).ok(),
+                    "resultSchema": serde_json::from_str::<Value>(&c.result_schema_json).ok(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Json(json!({"tools": tools}))
+}

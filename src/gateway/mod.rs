@@ -1,0 +1,534 @@
+//! The front doors (gRPC and HTTP) and what they share: admitting a call (find the tool,
+//! pick the release, validate arguments and stdin, record it under its idempotency key),
+//! waiting for its end, and reading calls, oplogs and resources.
+
+pub mod completion;
+pub mod convert;
+mod grpc;
+mod http;
+
+pub use grpc::ToolsService;
+pub use http::router;
+
+use crate::api::Kind;
+use crate::catalog::{Catalog, ResolvedTool, ResourceState, Snapshot};
+use crate::error::{ApiError, ErrorKind};
+use crate::proto;
+use crate::scheduler::{CallUpdate, CallWatch, Scheduler};
+use crate::store::{
+    CallFilter, CallRecord, CallSpec, Created, NewCall, OplogRecord, RunLimits, Store, now_ms,
+};
+use serde_json::{Map, Value, json};
+use sha2::{Digest as _, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// A call as a caller asks for it, from any front door.
+#[derive(Clone, Debug, Default)]
+pub struct Invocation {
+    pub namespace: String,
+    pub tool: String,
+    /// None: the first argv token when it names a command, else the tool's only command.
+    pub command: Option<String>,
+    /// Command-line tokens, parsed against the Tool definition.
+    pub argv: Vec<String>,
+    /// Or arguments by name; merged over argv.
+    pub args: Option<Value>,
+    pub stdin: Option<Vec<u8>>,
+    pub idempotency_key: Option<String>,
+}
+
+/// A recorded call, and whether it is an earlier one returned for the same key.
+#[derive(Clone, Debug)]
+pub struct Admitted {
+    pub record: CallRecord,
+    pub deduplicated: bool,
+}
+
+pub struct Gateway {
+    catalog: Arc<Catalog>,
+    store: Arc<dyn Store>,
+    scheduler: Arc<Scheduler>,
+    calls: Arc<CallWatch>,
+}
+
+impl Gateway {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        store: Arc<dyn Store>,
+        scheduler: Arc<Scheduler>,
+        calls: Arc<CallWatch>,
+    ) -> Arc<Self> {
+        Arc::new(Gateway {
+            catalog,
+            store,
+            scheduler,
+            calls,
+        })
+    }
+
+    fn namespace(ns: &str) -> String {
+        if ns.is_empty() {
+            crate::api::DEFAULT_NAMESPACE.to_string()
+        } else {
+            ns.to_string()
+        }
+    }
+
+    /// Finds the tool, or explains why it cannot be called.
+    fn tool(
+        &self,
+        snapshot: &Snapshot,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Arc<ResolvedTool>, ApiError> {
+        if let Some(tool) = snapshot.tool(namespace, name) {
+            return Ok(tool.clone());
+        }
+        let id = crate::catalog::ResourceId {
+            kind: Kind::Tool,
+            key: crate::catalog::ObjectKey::new(namespace, name),
+        };
+        if let Some(state) = snapshot.resources.get(&id) {
+            return Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "tool {name:?} is not ready ({}): {}",
+                    state.ready.reason, state.ready.message
+                ),
+            ));
+        }
+        let known: Vec<&str> = snapshot
+            .tools
+            .keys()
+            .filter(|k| k.namespace == namespace)
+            .map(|k| k.name.as_str())
+            .collect();
+        Err(ApiError::new(
+            ErrorKind::UnknownTool,
+            format!(
+                "no tool {name:?} in namespace {namespace:?}{}",
+                if known.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (tools: {})", known.join(", "))
+                }
+            ),
+        ))
+    }
+
+    /// Validates and records a call, and queues it for a worker. The same idempotency key
+    /// returns the earlier call instead.
+    pub async fn admit(&self, invocation: Invocation) -> Result<Admitted, ApiError> {
+        let namespace = Self::namespace(&invocation.namespace);
+        let snapshot = self.catalog.current();
+        let tool = self.tool(&snapshot, &namespace, &invocation.tool)?;
+
+        let mut argv = invocation.argv;
+        let command_name = match invocation.command.filter(|c| !c.is_empty()) {
+            Some(name) => name,
+            None => {
+                if let Some(first) = argv.first()
+                    && tool.command(first).is_some()
+                {
+                    argv.remove(0)
+                } else if tool.commands.len() == 1 {
+                    tool.commands[0].name.clone()
+                } else {
+                    let names: Vec<&str> = tool.commands.iter().map(|c| c.name.as_str()).collect();
+                    return Err(ApiError::new(
+                        ErrorKind::UnknownCommand,
+                        format!(
+                            "tool {:?} has several commands; name one of: {}",
+                            tool.key.name,
+                            names.join(", ")
+                        ),
+                    ));
+                }
+            }
+        };
+        let Some(command) = tool.command(&command_name).cloned() else {
+            let names: Vec<&str> = tool.commands.iter().map(|c| c.name.as_str()).collect();
+            return Err(ApiError::new(
+                ErrorKind::UnknownCommand,
+                format!(
+                    "tool {:?} has no command {command_name:?} (commands: {})",
+                    tool.key.name,
+                    names.join(", ")
+                ),
+            ));
+        };
+
+        let mut args = command.parse_argv(&argv)?;
+        match invocation.args {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(map)) => args.extend(map),
+            Some(other) => {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("args must be a JSON object of arguments by name, not {other}"),
+                ));
+            }
+        }
+        let args = command.validate(args)?;
+        command.check_stdin(invocation.stdin.as_deref())?;
+
+        let Some(release_key) = &tool.release else {
+            return Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!("tool {:?} has no Ready release", tool.key.name),
+            ));
+        };
+        let Some(release) = snapshot.release(release_key).cloned() else {
+            return Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!("release {release_key} is not ready"),
+            ));
+        };
+        let pool_key = crate::catalog::ObjectKey::new(namespace.clone(), release.pool.clone());
+        if !snapshot.pools.contains_key(&pool_key) {
+            return Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!("worker pool {pool_key} is not ready"),
+            ));
+        }
+
+        let stdin = invocation.stdin.unwrap_or_default();
+        let argv = command.build_argv(&tool.key.name, &args);
+        let args_value = Value::Object(args.0.clone());
+        let request_hash = request_hash(
+            &namespace,
+            &tool.key.name,
+            &command.name,
+            &args_value,
+            &stdin,
+        );
+        let created = now_ms();
+        let timeout_ms = tool.timeout.as_millis() as u64;
+        let id = uuid::Uuid::now_v7().to_string();
+        let command_def = tool
+            .spec
+            .command(&command.name)
+            .map(|c| serde_json::to_value(c).unwrap_or_default())
+            .unwrap_or_default();
+        let idempotency_key = invocation.idempotency_key.filter(|k| !k.is_empty());
+        if let Some(key) = &idempotency_key
+            && key.len() > 255
+        {
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                "the idempotency key is longer than 255 bytes",
+            ));
+        }
+        let started = json!({
+            "namespace": namespace,
+            "tool": tool.key.name,
+            "command": command.name,
+            "release": release.key.name,
+            "version": release.version.to_string(),
+            "digest": release.digest,
+            "args": args_value,
+            "argv": argv,
+            "stdinBytes": stdin.len(),
+            "idempotencyKey": idempotency_key,
+        });
+        let new = NewCall {
+            id,
+            namespace: namespace.clone(),
+            tool: tool.key.name.clone(),
+            command: command.name.clone(),
+            release: release.key.name.clone(),
+            release_digest: release.digest.clone(),
+            args: args_value,
+            spec: CallSpec {
+                pool: pool_key.to_string(),
+                argv,
+                env: Default::default(),
+                limits: RunLimits {
+                    memory_bytes: release.limits.memory_bytes,
+                    cpu_time_ms: release.limits.cpu_time.as_millis() as u64,
+                    output_bytes: release.limits.output_bytes,
+                    timeout_ms,
+                    instances: release.limits.instances,
+                },
+                effect: tool.effect.as_str().into(),
+                command: command_def,
+                deadline_ms: created + timeout_ms as i64,
+            },
+            stdin,
+            idempotency_key,
+            request_hash,
+            started,
+        };
+        match self.store.create_call(new).await? {
+            Created::New(record) => {
+                tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, "call accepted");
+                self.scheduler.submit(record.clone(), command);
+                Ok(Admitted {
+                    record,
+                    deduplicated: false,
+                })
+            }
+            Created::Existing(record) => {
+                tracing::info!(call = %record.id, "idempotency key matched an earlier call");
+                Ok(Admitted {
+                    record,
+                    deduplicated: true,
+                })
+            }
+        }
+    }
+
+    /// Subscribes to a call's news (progress and end).
+    pub fn watch(&self, call_id: &str) -> watch::Receiver<CallUpdate> {
+        self.calls.subscribe(call_id)
+    }
+
+    /// Waits until the call ends, or `limit` passes; returns the call as it then is.
+    pub async fn wait(&self, call_id: &str, limit: Duration) -> Result<CallRecord, ApiError> {
+        let mut updates = self.calls.subscribe(call_id);
+        let record = self.get_call(call_id).await?;
+        if record.state.is_terminal() {
+            return Ok(record);
+        }
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(done) = updates.borrow_and_update().finished.clone() {
+                return Ok(done);
+            }
+            match tokio::time::timeout_at(deadline, updates.changed()).await {
+                Ok(Ok(())) => continue,
+                // The sender went away (finished and pruned) or time ran out: read the store.
+                _ => return self.get_call(call_id).await,
+            }
+        }
+    }
+
+    /// The longest a caller waits for a call: its deadline plus the scheduler's grace.
+    pub fn wait_limit(&self, record: &CallRecord) -> Duration {
+        let remaining = (record.spec.deadline_ms - now_ms()).max(0) as u64;
+        Duration::from_millis(remaining)
+            + self.scheduler.config().deadline_grace
+            + Duration::from_secs(2)
+    }
+
+    /// Admits a call and waits for its end.
+    pub async fn invoke(&self, invocation: Invocation) -> Result<Admitted, ApiError> {
+        let admitted = self.admit(invocation).await?;
+        let record = if admitted.record.state.is_terminal() {
+            admitted.record
+        } else {
+            let limit = self.wait_limit(&admitted.record);
+            self.wait(&admitted.record.id, limit).await?
+        };
+        Ok(Admitted {
+            record,
+            deduplicated: admitted.deduplicated,
+        })
+    }
+
+    pub async fn get_call(&self, id: &str) -> Result<CallRecord, ApiError> {
+        self.store
+            .get_call(id)
+            .await?
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no call {id:?}")))
+    }
+
+    pub async fn find_call(&self, namespace: &str, key: &str) -> Result<CallRecord, ApiError> {
+        let namespace = Self::namespace(namespace);
+        self.store
+            .find_call_by_key(&namespace, key)
+            .await?
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorKind::NotFound,
+                    format!("no call with idempotency key {key:?} in {namespace:?}"),
+                )
+            })
+    }
+
+    pub async fn list_calls(
+        &self,
+        namespace: &str,
+        tool: &str,
+        limit: u32,
+    ) -> Result<Vec<CallRecord>, ApiError> {
+        let filter = CallFilter {
+            namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
+            tool: (!tool.is_empty()).then(|| tool.to_string()),
+            limit,
+        };
+        Ok(self.store.list_calls(&filter).await?)
+    }
+
+    pub async fn oplog(&self, call_id: &str) -> Result<Vec<OplogRecord>, ApiError> {
+        self.get_call(call_id).await?;
+        Ok(self.store.oplog(call_id).await?)
+    }
+
+    /// The tools of a namespace with their commands' schemas, as agents see them.
+    pub fn list_tools(&self, namespace: &str) -> Vec<proto::ToolInfo> {
+        let namespace = Self::namespace(namespace);
+        let snapshot = self.catalog.current();
+        snapshot
+            .tools
+            .values()
+            .filter(|t| t.key.namespace == namespace)
+            .map(|t| {
+                let release = t.release.as_ref().and_then(|k| snapshot.release(k));
+                proto::ToolInfo {
+                    namespace: t.key.namespace.clone(),
+                    name: t.key.name.clone(),
+                    description: t.spec.description.clone(),
+                    effect: t.effect.as_str().into(),
+                    release: release.map(|r| r.key.name.clone()).unwrap_or_default(),
+                    version: release.map(|r| r.version.to_string()).unwrap_or_default(),
+                    commands: t
+                        .commands
+                        .iter()
+                        .map(|c| proto::CommandInfo {
+                            name: c.name.clone(),
+                            description: c.description.clone(),
+                            args_schema_json: c.args_schema().to_string(),
+                            stdin_schema_json: c
+                                .stdin_schema()
+                                .map(Value::to_string)
+                                .unwrap_or_default(),
+                            result_schema_json: c
+                                .result_schema()
+                                .map(Value::to_string)
+                                .unwrap_or_default(),
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Resources of a kind with their status; pools carry their live workers.
+    pub fn list_resources(
+        &self,
+        kind: &str,
+        namespace: &str,
+    ) -> Result<Vec<proto::ResourceRow>, ApiError> {
+        let kind = Kind::parse(kind).or_else(|| match kind {
+            "releases" | "release" => Some(Kind::ToolRelease),
+            "bindings" | "binding" => Some(Kind::ToolBinding),
+            "pools" | "pool" => Some(Kind::WorkerPool),
+            _ => None,
+        });
+        let Some(kind) = kind else {
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                "unknown kind: use tools, releases, bindings, middleware, agents or pools",
+            ));
+        };
+        let snapshot = self.catalog.current();
+        let workers = self.scheduler.workers();
+        let queued = self.scheduler.queued();
+        Ok(snapshot
+            .resources_of(kind)
+            .filter(|r| namespace.is_empty() || r.id.key.namespace == namespace)
+            .map(|r| {
+                if kind == Kind::WorkerPool {
+                    live_pool_row(r, &workers, &queued)
+                } else {
+                    row_of(
+                        r,
+                        r.ready.status,
+                        &r.ready.reason,
+                        &r.ready.message,
+                        r.columns.clone(),
+                        r.status.clone(),
+                    )
+                }
+            })
+            .collect())
+    }
+}
+
+fn row_of(
+    state: &ResourceState,
+    ready: bool,
+    reason: &str,
+    message: &str,
+    columns: Vec<(String, String)>,
+    status: Value,
+) -> proto::ResourceRow {
+    proto::ResourceRow {
+        kind: state.id.kind.as_str().into(),
+        namespace: state.id.key.namespace.clone(),
+        name: state.id.key.name.clone(),
+        ready: if ready { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: message.into(),
+        generation: state.generation,
+        observed_generation: state
+            .status
+            .get("observedGeneration")
+            .and_then(Value::as_i64)
+            .unwrap_or_default(),
+        source: state.source.clone(),
+        columns: columns
+            .into_iter()
+            .map(|(name, value)| proto::Column { name, value })
+            .collect(),
+        status_json: status.to_string(),
+    }
+}
+
+/// A pool's row: valid in the catalog, and Ready only with a worker attached.
+fn live_pool_row(
+    state: &ResourceState,
+    workers: &[crate::scheduler::WorkerInfo],
+    queued: &std::collections::HashMap<String, usize>,
+) -> proto::ResourceRow {
+    let pool = state.id.key.to_string();
+    let attached: Vec<_> = workers.iter().filter(|w| w.pool == pool).collect();
+    let busy: u32 = attached.iter().map(|w| w.busy).sum();
+    let queue = queued.get(&pool).copied().unwrap_or_default();
+    let mut columns = state.columns.clone();
+    columns.push(("Attached".into(), attached.len().to_string()));
+    columns.push(("Busy".into(), busy.to_string()));
+    columns.push(("Queued".into(), queue.to_string()));
+    let mut status = state.status.clone();
+    if let Some(obj) = status.as_object_mut() {
+        obj.insert("attachedWorkers".into(), json!(attached.len()));
+        obj.insert("busySlots".into(), json!(busy));
+        obj.insert("queuedCalls".into(), json!(queue));
+    }
+    if !state.ready.status {
+        return row_of(
+            state,
+            false,
+            &state.ready.reason,
+            &state.ready.message,
+            columns,
+            status,
+        );
+    }
+    if attached.is_empty() {
+        return row_of(
+            state,
+            false,
+            "NoWorkers",
+            "no worker is attached yet",
+            columns,
+            status,
+        );
+    }
+    let message = format!("{} workers attached, {busy} slots busy", attached.len());
+    row_of(state, true, "WorkersAttached", &message, columns, status)
+}
+
+/// Fingerprint of a request: the same key with a different request is a conflict.
+fn request_hash(namespace: &str, tool: &str, command: &str, args: &Value, stdin: &[u8]) -> String {
+    let mut map = Map::new();
+    map.insert("namespace".into(), json!(namespace));
+    map.insert("tool".into(), json!(tool));
+    map.insert("command".into(), json!(command));
+    map.insert("args".into(), args.clone());
+    map.insert("stdin".into(), json!(hex::encode(Sha256::digest(stdin))));
+    hex::encode(Sha256::digest(Value::Object(map).to_string().as_bytes()))
+}

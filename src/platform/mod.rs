@@ -1,0 +1,116 @@
+//! Assembly of a control plane: store, catalog, scheduler, gateway, and the gRPC and HTTP
+//! servers. `toolgrid up` adds a manifest directory and local worker processes; the cluster
+//! controller adds the Kubernetes source.
+
+mod local_pools;
+
+pub use local_pools::LocalPools;
+
+use crate::catalog::Catalog;
+use crate::gateway::{Gateway, ToolsService};
+use crate::proto::tools_server::ToolsServer;
+use crate::proto::worker_link_server::WorkerLinkServer;
+use crate::scheduler::{CallWatch, Scheduler, SchedulerConfig, WorkerLinkService};
+use crate::store::Store;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// The parts of a running control plane.
+pub struct ControlPlane {
+    pub store: Arc<dyn Store>,
+    pub catalog: Arc<Catalog>,
+    pub scheduler: Arc<Scheduler>,
+    pub gateway: Arc<Gateway>,
+}
+
+/// Where a control plane listens.
+pub struct Listeners {
+    pub grpc: TcpListener,
+    pub http: TcpListener,
+}
+
+impl Listeners {
+    /// Binds gRPC on `grpc` and HTTP on `http`, or on the port after gRPC's (an ephemeral
+    /// port when gRPC's is 0).
+    pub async fn bind(grpc: SocketAddr, http: Option<SocketAddr>) -> std::io::Result<Self> {
+        let grpc_listener = TcpListener::bind(grpc).await?;
+        let bound = grpc_listener.local_addr()?;
+        let http = http.unwrap_or_else(|| {
+            let port = if grpc.port() == 0 {
+                0
+            } else {
+                bound.port().saturating_add(1)
+            };
+            SocketAddr::new(bound.ip(), port)
+        });
+        let http = TcpListener::bind(http).await?;
+        Ok(Listeners {
+            grpc: grpc_listener,
+            http,
+        })
+    }
+}
+
+impl ControlPlane {
+    /// Wires the parts together over an open store and recovers unfinished calls.
+    pub async fn start(store: Arc<dyn Store>, config: SchedulerConfig) -> anyhow::Result<Self> {
+        let catalog = Catalog::new();
+        let calls = Arc::new(CallWatch::default());
+        let scheduler = Scheduler::new(
+            store.clone(),
+            calls.clone(),
+            config,
+            crate::gateway::completion::judge,
+        );
+        scheduler.recover().await?;
+        tokio::spawn(scheduler.clone().run());
+        let gateway = Gateway::new(catalog.clone(), store.clone(), scheduler.clone(), calls);
+        Ok(ControlPlane {
+            store,
+            catalog,
+            scheduler,
+            gateway,
+        })
+    }
+
+    /// Serves gRPC (Tools and WorkerLink) and HTTP until the process ends.
+    pub fn serve(
+        &self,
+        listeners: Listeners,
+    ) -> anyhow::Result<(SocketAddr, SocketAddr, JoinHandle<()>)> {
+        let grpc_addr = listeners.grpc.local_addr()?;
+        let http_addr = listeners.http.local_addr()?;
+        let tools = ToolsServer::new(ToolsService::new(self.gateway.clone()))
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        let link = WorkerLinkServer::new(WorkerLinkService::new(
+            self.scheduler.clone(),
+            self.store.clone(),
+        ))
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listeners.grpc);
+        let grpc = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+            .add_service(tools)
+            .add_service(link)
+            .serve_with_incoming(incoming);
+        let catalog = self.catalog.clone();
+        let ready: Arc<dyn Fn() -> bool + Send + Sync> =
+            Arc::new(move || catalog.current().revision > 0);
+        let http = axum::serve(
+            listeners.http,
+            crate::gateway::router(self.gateway.clone(), ready),
+        );
+        let handle = tokio::spawn(async move {
+            tokio::select! {
+                result = grpc => if let Err(error) = result { tracing::error!(%error, "gRPC server stopped") },
+                result = http => if let Err(error) = result { tracing::error!(%error, "HTTP server stopped") },
+            }
+        });
+        Ok((grpc_addr, http_addr, handle))
+    }
+}

@@ -1,0 +1,142 @@
+//! The control plane's side of `WorkerLink`: one `Attach` stream per worker session, and
+//! artifact downloads by digest.
+
+use super::Scheduler;
+use crate::proto::worker_link_server::WorkerLink;
+use crate::proto::{self, ControlEvent, WorkerEvent, control_event, worker_event};
+use crate::store::Store;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+/// Bytes per artifact chunk.
+const CHUNK: usize = 1 << 20;
+
+pub struct WorkerLinkService {
+    scheduler: Arc<Scheduler>,
+    store: Arc<dyn Store>,
+}
+
+impl WorkerLinkService {
+    pub fn new(scheduler: Arc<Scheduler>, store: Arc<dyn Store>) -> Self {
+        WorkerLinkService { scheduler, store }
+    }
+}
+
+type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn event(event: control_event::Event) -> Result<ControlEvent, Status> {
+    Ok(ControlEvent { event: Some(event) })
+}
+
+#[tonic::async_trait]
+impl WorkerLink for WorkerLinkService {
+    type AttachStream = EventStream<ControlEvent>;
+    type FetchArtifactStream = EventStream<proto::ArtifactChunk>;
+
+    async fn attach(
+        &self,
+        request: Request<Streaming<WorkerEvent>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .next()
+            .await
+            .ok_or_else(|| Status::invalid_argument("the stream ended before Register"))??;
+        let Some(worker_event::Event::Register(register)) = first.event else {
+            return Err(Status::invalid_argument(
+                "the first event of a worker stream must be Register",
+            ));
+        };
+        if register.worker_id.is_empty() || register.pool.is_empty() {
+            return Err(Status::invalid_argument(
+                "Register needs a worker id and a pool",
+            ));
+        }
+        let (tx, rx) = mpsc::channel(1024);
+        let (session, abandon) = self.scheduler.register(&register, tx.clone()).await;
+        let config = self.scheduler.config();
+        let registered = proto::Registered {
+            heartbeat_interval_ms: config.heartbeat_interval.as_millis() as u32,
+            lease_ms: config.lease.as_millis() as u32,
+            abandon,
+        };
+        tx.send(event(control_event::Event::Registered(registered)))
+            .await
+            .map_err(|_| Status::unavailable("worker stream closed"))?;
+
+        let scheduler = self.scheduler.clone();
+        let worker = register.worker_id.clone();
+        tokio::spawn(async move {
+            let reason = loop {
+                let message = match inbound.next().await {
+                    None => break "stream closed".to_string(),
+                    Some(Err(status)) => break format!("stream broke: {}", status.message()),
+                    Some(Ok(message)) => message,
+                };
+                if !scheduler.is_current(&worker, session) {
+                    // A newer session or a lapsed lease replaced this one: refuse the rest.
+                    break "session replaced".to_string();
+                }
+                match message.event {
+                    Some(worker_event::Event::Heartbeat(heartbeat)) => {
+                        scheduler.heartbeat(&worker, session, &heartbeat);
+                    }
+                    Some(worker_event::Event::Append(append)) => {
+                        let (scheduler, tx) = (scheduler.clone(), tx.clone());
+                        tokio::spawn(async move {
+                            let ack = scheduler.append(&append).await;
+                            let _ = tx.send(event(control_event::Event::Ack(ack))).await;
+                        });
+                    }
+                    Some(worker_event::Event::Result(result)) => {
+                        let (scheduler, tx, worker) =
+                            (scheduler.clone(), tx.clone(), worker.clone());
+                        tokio::spawn(async move {
+                            let call_id = result.call_id.clone();
+                            let ok = scheduler.complete(&worker, result).await;
+                            let ack = proto::ResultAck { call_id, ok };
+                            let _ = tx.send(event(control_event::Event::ResultAck(ack))).await;
+                        });
+                    }
+                    Some(worker_event::Event::Progress(progress)) => {
+                        scheduler.progress(&worker, &progress)
+                    }
+                    Some(worker_event::Event::Register(_)) => {
+                        break "a second Register on one stream".to_string();
+                    }
+                    None => {}
+                }
+            };
+            scheduler.worker_lost(&worker, session, &reason).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn fetch_artifact(
+        &self,
+        request: Request<proto::FetchArtifactRequest>,
+    ) -> Result<Response<Self::FetchArtifactStream>, Status> {
+        let digest = request.into_inner().digest;
+        let bytes = self
+            .store
+            .get_artifact(&digest)
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .ok_or_else(|| Status::not_found(format!("no artifact {digest}")))?;
+        let total = bytes.len() as u64;
+        let chunks: Vec<Result<proto::ArtifactChunk, Status>> = bytes
+            .chunks(CHUNK)
+            .map(|c| {
+                Ok(proto::ArtifactChunk {
+                    data: c.to_vec(),
+                    total_size: total,
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+    }
+}

@@ -1,0 +1,142 @@
+//! The worker's side of one attachment: sending events and waiting for oplog acks.
+
+use crate::proto::{self, WorkerEvent, worker_event};
+use crate::store::NewEntry;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::transport::Channel;
+
+/// Why an append was not committed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AppendError {
+    /// The call was reassigned: stop before doing anything more.
+    #[error("the call was reassigned (stale epoch): abandoning it")]
+    Fenced,
+    /// The stream broke before the control plane answered: the entries may or may not be
+    /// durable, so nothing may act as if they were.
+    #[error("the control plane did not acknowledge the append: {0}")]
+    Unacknowledged(String),
+}
+
+/// One attachment's stream.
+pub struct Link {
+    tx: mpsc::Sender<WorkerEvent>,
+    channel: Channel,
+    acks: Mutex<HashMap<u64, oneshot::Sender<proto::AppendAck>>>,
+    next_request: AtomicU64,
+}
+
+impl Link {
+    pub fn new(tx: mpsc::Sender<WorkerEvent>, channel: Channel) -> Self {
+        Link {
+            tx,
+            channel,
+            acks: Mutex::default(),
+            next_request: AtomicU64::new(1),
+        }
+    }
+
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    pub async fn send(&self, event: worker_event::Event) -> bool {
+        self.tx
+            .send(WorkerEvent { event: Some(event) })
+            .await
+            .is_ok()
+    }
+
+    /// Commits entries and waits until the control plane says they are durable.
+    pub async fn append(
+        &self,
+        call_id: &str,
+        epoch: u64,
+        entries: Vec<NewEntry>,
+    ) -> Result<(), AppendError> {
+        let request_id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let (ack_tx, ack_rx) = oneshot::channel();
+        self.acks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(request_id, ack_tx);
+        let append = proto::OplogAppend {
+            call_id: call_id.to_string(),
+            epoch,
+            request_id,
+            entries: entries
+                .into_iter()
+                .map(|e| proto::OplogEntry {
+                    kind: e.kind,
+                    payload: e.payload.to_string().into_bytes(),
+                })
+                .collect(),
+            sync: true,
+        };
+        if !self.send(worker_event::Event::Append(append)).await {
+            self.acks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&request_id);
+            return Err(AppendError::Unacknowledged("the stream is closed".into()));
+        }
+        match ack_rx.await {
+            Ok(ack) if ack.ok => Ok(()),
+            Ok(ack) if ack.error == "stale-epoch" => Err(AppendError::Fenced),
+            Ok(ack) => Err(AppendError::Unacknowledged(ack.error)),
+            Err(_) => Err(AppendError::Unacknowledged(
+                "the stream closed before the ack".into(),
+            )),
+        }
+    }
+
+    pub fn acknowledge(&self, ack: proto::AppendAck) {
+        if let Some(waiter) = self
+            .acks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&ack.request_id)
+        {
+            let _ = waiter.send(ack);
+        }
+    }
+
+    /// Fails every append still waiting: the stream is gone.
+    pub fn close(&self) {
+        self.acks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+/// The current attachment, if any; calls outlive attachments.
+#[derive(Clone)]
+pub struct LinkSlot {
+    current: Arc<watch::Sender<Option<Arc<Link>>>>,
+}
+
+impl LinkSlot {
+    pub fn new() -> Self {
+        LinkSlot {
+            current: Arc::new(watch::Sender::new(None)),
+        }
+    }
+
+    pub fn get(&self) -> Option<Arc<Link>> {
+        self.current.borrow().clone()
+    }
+
+    pub fn set(&self, link: Arc<Link>) {
+        self.current.send_replace(Some(link));
+    }
+
+    pub fn clear(&self) {
+        self.current.send_replace(None);
+    }
+}
+
+impl Default for LinkSlot {
+    fn default() -> Self {
+        Self::new()
+    }
+}

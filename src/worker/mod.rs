@@ -1,0 +1,11 @@
+//! Sandbox workers: a process that attaches to the control plane over the worker link and
+//! runs each assigned call in a fresh wasmtime sandbox, recording every host result.
+
+mod limits;
+pub mod link;
+pub mod process;
+pub mod recorder;
+pub mod runtime;
+
+pub use process::{WorkerConfig, run};
+pub use runtime::{Compiled, Failure, RunOutcome, RunRequest, Runtime, RuntimeConfig};

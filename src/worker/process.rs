@@ -1,0 +1,425 @@
+//! The worker process: attach to the control plane, run what it assigns, report results,
+//! and re-attach after a broken stream with the calls still in flight.
+
+use super::link::{Link, LinkSlot};
+use super::runtime::{PrepareError, RunRequest, Runtime, RuntimeConfig};
+use crate::proto::worker_link_client::WorkerLinkClient;
+use crate::proto::{self, WorkerEvent, control_event, worker_event};
+use crate::store::{NewEntry, RunLimits};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+use tracing::Instrument;
+
+/// Settings of one worker process.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// The control plane's gRPC address (`http://127.0.0.1:7070`).
+    pub control_plane: String,
+    pub worker_id: String,
+    /// `namespace/name` of the WorkerPool.
+    pub pool: String,
+    pub slots: u32,
+    pub cache_dir: PathBuf,
+    pub max_memory_bytes: u64,
+    pub pooling: bool,
+    /// Exit after this long without reaching the control plane.
+    pub reconnect_timeout: Duration,
+    /// Exit when this process is no longer our parent (workers started by `toolgrid up`).
+    pub parent_pid: Option<u32>,
+}
+
+/// A call this worker holds: running, or finished with its result not yet acknowledged.
+struct Held {
+    epoch: u64,
+    task: Option<AbortHandle>,
+    result: Option<proto::CallResult>,
+}
+
+#[derive(Default)]
+struct InFlight {
+    calls: Mutex<HashMap<String, Held>>,
+}
+
+impl InFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn reported(&self) -> Vec<proto::InFlightCall> {
+        self.lock()
+            .iter()
+            .map(|(id, held)| proto::InFlightCall {
+                call_id: id.clone(),
+                epoch: held.epoch,
+            })
+            .collect()
+    }
+
+    fn busy(&self) -> u32 {
+        self.lock().values().filter(|h| h.result.is_none()).count() as u32
+    }
+
+    fn abandon(&self, call_id: &str) {
+        if let Some(held) = self.lock().remove(call_id)
+            && let Some(task) = held.task
+        {
+            task.abort();
+        }
+    }
+}
+
+/// Runs the worker until the control plane stays unreachable past the reconnect timeout.
+pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
+    let runtime = Arc::new(Runtime::new(&RuntimeConfig {
+        cache_dir: config.cache_dir.clone(),
+        slots: config.slots,
+        max_memory_bytes: config.max_memory_bytes,
+        pooling: config.pooling,
+    })?);
+    if let Some(parent) = config.parent_pid {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if std::os::unix::process::parent_id() != parent {
+                    tracing::warn!("parent process {parent} is gone; exiting");
+                    std::process::exit(0);
+                }
+            }
+        });
+    }
+    let in_flight = Arc::new(InFlight::default());
+    let slot = LinkSlot::new();
+    let mut last_attached = Instant::now();
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match session(&config, &runtime, &in_flight, &slot).await {
+            Ok(attached) => {
+                if attached {
+                    last_attached = Instant::now();
+                    backoff = Duration::from_millis(50);
+                }
+            }
+            Err(error) => tracing::debug!(%error, "cannot attach to the control plane"),
+        }
+        slot.clear();
+        if last_attached.elapsed() > config.reconnect_timeout {
+            anyhow::bail!(
+                "the control plane at {} has been unreachable for {:?}",
+                config.control_plane,
+                config.reconnect_timeout
+            );
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// One attachment; returns whether it registered before it ended.
+async fn session(
+    config: &WorkerConfig,
+    runtime: &Arc<Runtime>,
+    in_flight: &Arc<InFlight>,
+    slot: &LinkSlot,
+) -> anyhow::Result<bool> {
+    let channel = Endpoint::from_shared(config.control_plane.clone())?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    let mut client = WorkerLinkClient::new(channel.clone())
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    let (tx, rx) = mpsc::channel::<WorkerEvent>(4096);
+    let mut cached = runtime.cached_digests();
+    cached.extend(runtime.compiled_digests());
+    let register = proto::Register {
+        worker_id: config.worker_id.clone(),
+        pool: config.pool.clone(),
+        slots: config.slots,
+        cached_digests: cached,
+        in_flight: in_flight.reported(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    };
+    tx.send(WorkerEvent {
+        event: Some(worker_event::Event::Register(register)),
+    })
+    .await?;
+    let mut inbound = client.attach(ReceiverStream::new(rx)).await?.into_inner();
+    let Some(first) = inbound.message().await? else {
+        anyhow::bail!("the control plane closed the stream before Registered");
+    };
+    let Some(control_event::Event::Registered(registered)) = first.event else {
+        anyhow::bail!("the control plane did not answer Register with Registered");
+    };
+    for call_id in &registered.abandon {
+        tracing::warn!(call = %call_id, "abandoning a call the control plane moved elsewhere");
+        in_flight.abandon(call_id);
+    }
+    tracing::info!(worker = %config.worker_id, pool = %config.pool, "attached to {}", config.control_plane);
+
+    let link = Arc::new(Link::new(tx.clone(), channel));
+    slot.set(link.clone());
+    // Results that finished while detached go now.
+    let pending: Vec<proto::CallResult> = in_flight
+        .lock()
+        .values()
+        .filter_map(|h| h.result.clone())
+        .collect();
+    for result in pending {
+        link.send(worker_event::Event::Result(result)).await;
+    }
+
+    let heartbeat = {
+        let (tx, in_flight, runtime) = (tx.clone(), in_flight.clone(), runtime.clone());
+        let every = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(50)));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let beat = proto::Heartbeat {
+                    busy: in_flight.busy(),
+                    cached_digests: runtime.compiled_digests(),
+                };
+                if tx
+                    .send(WorkerEvent {
+                        event: Some(worker_event::Event::Heartbeat(beat)),
+                    })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        })
+    };
+
+    let outcome = loop {
+        let message = match inbound.message().await {
+            Ok(Some(message)) => message,
+            Ok(None) => break Ok(true),
+            Err(status) => {
+                tracing::warn!(status = %status.message(), "worker stream broke");
+                break Ok(true);
+            }
+        };
+        match message.event {
+            Some(control_event::Event::Assign(assign)) => {
+                start_call(config, runtime, in_flight, slot, assign)
+            }
+            Some(control_event::Event::Ack(ack)) => link.acknowledge(ack),
+            Some(control_event::Event::ResultAck(ack)) => {
+                let mut calls = in_flight.lock();
+                if calls.get(&ack.call_id).is_some_and(|h| h.result.is_some()) {
+                    calls.remove(&ack.call_id);
+                }
+            }
+            Some(control_event::Event::Cancel(cancel)) => {
+                tracing::warn!(call = %cancel.call_id, reason = %cancel.reason, "call cancelled");
+                let matches = in_flight
+                    .lock()
+                    .get(&cancel.call_id)
+                    .is_some_and(|h| h.epoch == cancel.epoch);
+                if matches {
+                    in_flight.abandon(&cancel.call_id);
+                }
+            }
+            Some(control_event::Event::Drain(_))
+            | Some(control_event::Event::Registered(_))
+            | None => {}
+        }
+    };
+    heartbeat.abort();
+    link.close();
+    outcome
+}
+
+fn start_call(
+    config: &WorkerConfig,
+    runtime: &Arc<Runtime>,
+    in_flight: &Arc<InFlight>,
+    slot: &LinkSlot,
+    assign: proto::Assign,
+) {
+    let call_id = assign.call_id.clone();
+    let epoch = assign.epoch;
+    let span = tracing::info_span!("call", call = %call_id, tool = %assign.tool, command = %assign.command, worker = %config.worker_id, epoch);
+    {
+        // A newer assignment of a call replaces an older one still held here.
+        let mut calls = in_flight.lock();
+        if let Some(old) = calls.remove(&call_id)
+            && let Some(task) = old.task
+        {
+            task.abort();
+        }
+        calls.insert(
+            call_id.clone(),
+            Held {
+                epoch,
+                task: None,
+                result: None,
+            },
+        );
+    }
+    let (runtime, in_flight_task, slot) = (runtime.clone(), in_flight.clone(), slot.clone());
+    let task = tokio::spawn(
+        async move {
+            let result = run_call(&runtime, &slot, assign).await;
+            let held = {
+                let mut calls = in_flight_task.lock();
+                match calls.get_mut(&result.call_id) {
+                    Some(held) if held.epoch == result.epoch => {
+                        held.result = Some(result.clone());
+                        held.task = None;
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if held && let Some(link) = slot.get() {
+                link.send(worker_event::Event::Result(result)).await;
+            }
+        }
+        .instrument(span),
+    );
+    if let Some(held) = in_flight.lock().get_mut(&call_id)
+        && held.epoch == epoch
+    {
+        held.task = Some(task.abort_handle());
+    }
+}
+
+async fn run_call(runtime: &Runtime, slot: &LinkSlot, assign: proto::Assign) -> proto::CallResult {
+    let mut result = proto::CallResult {
+        call_id: assign.call_id.clone(),
+        epoch: assign.epoch,
+        ..Default::default()
+    };
+    if let Some(link) = slot.get() {
+        let progress = proto::WorkerProgress {
+            call_id: assign.call_id.clone(),
+            epoch: assign.epoch,
+            stage: "running".into(),
+            message: String::new(),
+        };
+        link.send(worker_event::Event::Progress(progress)).await;
+    }
+    let digest = assign.digest.clone();
+    let compiled = runtime
+        .prepare(&digest, || fetch_artifact(slot.clone(), digest.clone()))
+        .await;
+    let compiled = match compiled {
+        Ok(compiled) => compiled,
+        Err(error) => {
+            let kind = match error {
+                PrepareError::Compile(_) => "invalid-artifact",
+                PrepareError::Fetch(_) => "unavailable",
+            };
+            tracing::error!(%error, "cannot prepare the release");
+            result.failure_kind = kind.into();
+            result.failure_message = error.to_string();
+            return result;
+        }
+    };
+    let limits = assign.limits.unwrap_or_default();
+    let request = RunRequest {
+        call_id: assign.call_id.clone(),
+        argv: assign.argv,
+        env: assign.env.into_iter().collect(),
+        stdin: assign.stdin,
+        limits: RunLimits {
+            memory_bytes: limits.memory_bytes,
+            cpu_time_ms: limits.cpu_time_ms,
+            output_bytes: limits.output_bytes,
+            timeout_ms: limits.timeout_ms,
+            instances: 0,
+        },
+        replay: assign
+            .replay
+            .into_iter()
+            .map(|e| {
+                NewEntry::new(
+                    e.kind,
+                    serde_json::from_slice(&e.payload).unwrap_or(serde_json::Value::Null),
+                )
+            })
+            .collect(),
+    };
+    let replayed = request.replay.len();
+    let outcome = runtime.run(&compiled, request).await;
+    let (_, recorded) = outcome.log.counts();
+    tracing::info!(
+        exit = outcome.exit_code,
+        failure = outcome
+            .failure
+            .as_ref()
+            .map(|f| f.kind.as_str())
+            .unwrap_or(""),
+        replayed,
+        recorded,
+        micros = outcome.elapsed.as_micros() as u64,
+        "call ran"
+    );
+    result.exit_code = outcome.exit_code;
+    result.stdout = outcome.stdout.to_vec();
+    result.stderr_tail = outcome.stderr_tail.to_vec();
+    if let Some(failure) = outcome.failure {
+        result.failure_kind = failure.kind.as_str().into();
+        result.failure_message = failure.message;
+    }
+    result.entries = outcome
+        .log
+        .take_pending()
+        .into_iter()
+        .map(|e| proto::OplogEntry {
+            kind: e.kind,
+            payload: e.payload.to_string().into_bytes(),
+        })
+        .collect();
+    result.run_micros = outcome.elapsed.as_micros() as u64;
+    result
+}
+
+/// Downloads an artifact from the control plane, riding out a reconnect or two.
+async fn fetch_artifact(slot: LinkSlot, digest: String) -> Result<Vec<u8>, PrepareError> {
+    let mut last_error = String::from("not attached to the control plane");
+    for attempt in 0..20 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let Some(link) = slot.get() else { continue };
+        let mut client = WorkerLinkClient::new(link.channel()).max_decoding_message_size(64 << 20);
+        let request = proto::FetchArtifactRequest {
+            digest: digest.clone(),
+        };
+        let mut stream = match client.fetch_artifact(request).await {
+            Ok(response) => response.into_inner(),
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                return Err(PrepareError::Fetch(status.message().to_string()));
+            }
+            Err(status) => {
+                last_error = status.message().to_string();
+                continue;
+            }
+        };
+        let mut bytes = Vec::new();
+        let complete = loop {
+            match stream.message().await {
+                Ok(Some(chunk)) => bytes.extend_from_slice(&chunk.data),
+                Ok(None) => break true,
+                Err(status) => {
+                    last_error = status.message().to_string();
+                    break false;
+                }
+            }
+        };
+        if complete {
+            return Ok(bytes);
+        }
+    }
+    Err(PrepareError::Fetch(last_error))
+}
