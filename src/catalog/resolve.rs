@@ -412,6 +412,23 @@ impl<'a> Resolver<'a> {
                     };
                     return Err((Desired::not_ready(reason.0, reason.1), None));
                 }
+                let (digest, size, kind) = match self.input.artifacts.get(&d.id.key) {
+                    Some(ArtifactOutcome::Ready { digest, size, kind }) => {
+                        (digest.clone(), *size, *kind)
+                    }
+                    Some(ArtifactOutcome::Failed { reason, message }) => {
+                        return Err((Desired::not_ready(*reason, message.clone()), None));
+                    }
+                    None => {
+                        return Err((
+                            Desired::not_ready(
+                                "ArtifactPending",
+                                "the artifact has not been loaded yet",
+                            ),
+                            None,
+                        ));
+                    }
+                };
                 let pool = spec
                     .pool
                     .clone()
@@ -431,23 +448,6 @@ impl<'a> Resolver<'a> {
                         None,
                     ));
                 }
-                let (digest, size, kind) = match self.input.artifacts.get(&d.id.key) {
-                    Some(ArtifactOutcome::Ready { digest, size, kind }) => {
-                        (digest.clone(), *size, *kind)
-                    }
-                    Some(ArtifactOutcome::Failed { reason, message }) => {
-                        return Err((Desired::not_ready(*reason, message.clone()), None));
-                    }
-                    None => {
-                        return Err((
-                            Desired::not_ready(
-                                "ArtifactPending",
-                                "the artifact has not been loaded yet",
-                            ),
-                            None,
-                        ));
-                    }
-                };
                 if let Some(previous) = &previous_digest
                     && was_ready
                     && previous != &digest

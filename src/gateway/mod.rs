@@ -175,9 +175,27 @@ impl Gateway {
         command.check_stdin(invocation.stdin.as_deref())?;
 
         let Some(release_key) = &tool.release else {
+            let why: Vec<String> = snapshot
+                .resources_of(Kind::ToolRelease)
+                .filter(|r| {
+                    r.id.key.namespace == namespace
+                        && r.columns
+                            .iter()
+                            .any(|(column, value)| column == "Tool" && value == &tool.key.name)
+                })
+                .map(|r| format!("{}: {}: {}", r.id.key.name, r.ready.reason, r.ready.message))
+                .collect();
             return Err(ApiError::new(
                 ErrorKind::Unavailable,
-                format!("tool {:?} has no Ready release", tool.key.name),
+                format!(
+                    "tool {:?} has no Ready release{}",
+                    tool.key.name,
+                    if why.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", why.join("; "))
+                    }
+                ),
             ));
         };
         let Some(release) = snapshot.release(release_key).cloned() else {

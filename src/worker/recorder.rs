@@ -36,6 +36,8 @@ struct LogState {
     pending: Vec<NewEntry>,
     recorded: usize,
     diverged: Option<String>,
+    /// The recorded random entry being replayed: its source, bytes, and how many are used.
+    random: Option<(String, Vec<u8>, usize)>,
     /// Added to live monotonic readings after a replay, so time never runs backwards
     /// across workers.
     monotonic_offset: i128,
@@ -73,6 +75,17 @@ impl HostLog {
         if state.diverged.is_some() {
             return Replayed::Diverged;
         }
+        if let Some((_, bytes, used)) = &state.random
+            && *used < bytes.len()
+        {
+            let reason = format!(
+                "the guest made a {kind:?} host call while {} recorded random bytes were still unread",
+                bytes.len() - used
+            );
+            state.diverged = Some(reason);
+            return Replayed::Diverged;
+        }
+        state.random = None;
         match state.replay.front() {
             None => Replayed::Live,
             Some(entry) if entry.kind == kind => {
@@ -133,9 +146,15 @@ impl HostLog {
         (state.replayed, state.recorded)
     }
 
-    /// Host calls left unanswered by a run that ended early: also a divergence.
+    /// Host calls (or random bytes) left unanswered by a run that ended early: also a
+    /// divergence.
     pub fn unreplayed(&self) -> usize {
-        self.lock().replay.len()
+        let state = self.lock();
+        let partial = state
+            .random
+            .as_ref()
+            .is_some_and(|(_, bytes, used)| *used < bytes.len());
+        state.replay.len() + usize::from(partial)
     }
 
     fn monotonic(&self, live: u64) -> u64 {
@@ -194,18 +213,54 @@ impl HostLog {
         }
     }
 
+    /// Random draws are recorded as a byte stream: consecutive draws of one source share
+    /// an entry, and a replay hands the bytes out again in the same order.
     fn random(&self, source: &'static str, buf: &mut [u8], live: impl FnOnce(&mut [u8])) {
+        let mut state = self.lock();
+        if state.diverged.is_some() {
+            drop(state);
+            live(buf);
+            return;
+        }
+        // Continue the entry being replayed.
+        if let Some((recorded_source, bytes, used)) = &mut state.random
+            && *used < bytes.len()
+        {
+            let left = bytes.len() - *used;
+            if recorded_source != source || left < buf.len() {
+                let reason = format!(
+                    "the guest asked for {} {source} random bytes but the oplog has {left} {recorded_source} bytes left",
+                    buf.len()
+                );
+                state.diverged = Some(reason);
+                drop(state);
+                live(buf);
+                return;
+            }
+            buf.copy_from_slice(&bytes[*used..*used + buf.len()]);
+            *used += buf.len();
+            return;
+        }
+        drop(state);
         match self.replay_next(RANDOM) {
             Replayed::Recorded(payload) => {
                 let bytes = payload
                     .get("hex")
                     .and_then(Value::as_str)
                     .and_then(|h| hex::decode(h).ok());
+                let recorded_source = payload
+                    .get("source")
+                    .and_then(Value::as_str)
+                    .unwrap_or("secure")
+                    .to_string();
                 match bytes {
-                    Some(bytes) if bytes.len() == buf.len() => buf.copy_from_slice(&bytes),
+                    Some(bytes) if bytes.len() >= buf.len() && recorded_source == source => {
+                        buf.copy_from_slice(&bytes[..buf.len()]);
+                        self.lock().random = Some((recorded_source, bytes, buf.len()));
+                    }
                     _ => {
                         self.diverge(format!(
-                            "the guest asked for {} random bytes but the oplog has a different draw",
+                            "the guest asked for {} {source} random bytes but the oplog has a different draw",
                             buf.len()
                         ));
                         live(buf);
@@ -215,10 +270,20 @@ impl HostLog {
             Replayed::Diverged => live(buf),
             Replayed::Live => {
                 live(buf);
-                self.record(
+                let mut state = self.lock();
+                state.recorded += 1;
+                if let Some(last) = state.pending.last_mut()
+                    && last.kind == RANDOM
+                    && last.payload.get("source").and_then(Value::as_str) == Some(source)
+                    && let Some(Value::String(hex_bytes)) = last.payload.get_mut("hex")
+                {
+                    hex_bytes.push_str(&hex::encode(&*buf));
+                    return;
+                }
+                state.pending.push(NewEntry::new(
                     RANDOM,
                     json!({ "source": source, "hex": hex::encode(&*buf) }),
-                );
+                ));
             }
         }
     }
@@ -374,6 +439,44 @@ mod tests {
         let _ = rng.next_u32();
         let reason = log.divergence().expect("diverged");
         assert!(reason.contains("wall-clock"), "{reason}");
+    }
+
+    #[test]
+    fn consecutive_random_draws_share_an_entry_and_replay_byte_for_byte() {
+        let log = HostLog::new(Vec::new());
+        let mut rng = RecordedRng::secure(log.clone());
+        let draws: Vec<u32> = (0..5).map(|_| rng.next_u32()).collect();
+        let wide = rng.next_u64();
+        let entries = log.take_pending();
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        assert_eq!(
+            entries[0].payload["hex"].as_str().unwrap().len(),
+            2 * (5 * 4 + 8)
+        );
+
+        let replay = HostLog::new(entries);
+        let mut rng = RecordedRng::secure(replay.clone());
+        let again: Vec<u32> = (0..5).map(|_| rng.next_u32()).collect();
+        assert_eq!(again, draws);
+        assert_eq!(rng.next_u64(), wide);
+        assert_eq!(replay.unreplayed(), 0);
+        assert!(replay.divergence().is_none());
+    }
+
+    #[test]
+    fn unread_random_bytes_before_another_host_call_are_a_divergence() {
+        let log = HostLog::new(vec![
+            NewEntry::new(
+                RANDOM,
+                json!({"source": "secure", "hex": "0102030405060708"}),
+            ),
+            NewEntry::new(WALL_CLOCK, json!({"secs": 1, "nanos": 0})),
+        ]);
+        let mut rng = RecordedRng::secure(log.clone());
+        let wall = RecordedWallClock(log.clone());
+        let _ = rng.next_u32();
+        let _ = wall.now();
+        assert!(log.divergence().is_some());
     }
 
     #[test]

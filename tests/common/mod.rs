@@ -1,0 +1,251 @@
+//! Test harness: real `toolgrid up` processes on temporary directories, real gRPC and HTTP
+//! clients, and real WebAssembly fixtures.
+
+#![allow(dead_code)]
+
+pub mod fixtures;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+use toolgrid::error::ApiError;
+use toolgrid::proto::{self, tools_client::ToolsClient};
+
+pub const TOOLGRID: &str = env!("CARGO_BIN_EXE_toolgrid");
+
+/// A `toolgrid up` process and its directories.
+pub struct Platform {
+    child: Option<Child>,
+    pub grpc: String,
+    pub http: String,
+    pub manifests: PathBuf,
+    pub data: PathBuf,
+    pub log: PathBuf,
+    extra_args: Vec<String>,
+    starts: u32,
+}
+
+impl Platform {
+    /// Starts `toolgrid up` on `manifests` with a fresh data directory under `root`.
+    pub fn start(root: &Path, manifests: &Path, extra_args: &[&str]) -> Platform {
+        let data = root.join("data");
+        let mut platform = Platform {
+            child: None,
+            grpc: String::new(),
+            http: String::new(),
+            manifests: manifests.to_path_buf(),
+            log: root.join("up.log"),
+            data,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            starts: 0,
+        };
+        platform.spawn("127.0.0.1:0");
+        platform
+    }
+
+    fn spawn(&mut self, listen: &str) {
+        self.starts += 1;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let mut child = Command::new(TOOLGRID)
+            .arg("up")
+            .arg("--manifests")
+            .arg(&self.manifests)
+            .arg("--data")
+            .arg(&self.data)
+            .arg("--listen")
+            .arg(listen)
+            .args(&self.extra_args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start toolgrid up");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with("toolgrid is ready:") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("toolgrid up did not become ready; log:\n{}", self.logs());
+            }
+        };
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+                .to_string()
+        };
+        self.grpc = field("grpc");
+        self.http = field("http");
+        self.child = Some(child);
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or_default()
+    }
+
+    /// Kills the platform with `signal` and waits for it to exit.
+    pub fn kill(&mut self, signal: i32) {
+        if let Some(mut child) = self.child.take() {
+            unsafe {
+                libc::kill(child.id() as i32, signal);
+            }
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the platform and starts it again on the same data and ports.
+    pub fn restart(&mut self, signal: i32) {
+        let grpc = self.grpc.clone();
+        self.kill(signal);
+        // Give the old workers time to notice their parent is gone.
+        std::thread::sleep(Duration::from_millis(700));
+        self.spawn(&grpc);
+    }
+
+    pub async fn client(&self) -> ToolsClient<Channel> {
+        ToolsClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connect gRPC")
+    }
+
+    /// Calls a tool over gRPC with command-line tokens.
+    pub async fn call(&self, tool: &str, argv: &[&str]) -> Result<proto::Call, ApiError> {
+        self.invoke(proto::InvokeRequest {
+            tool: tool.into(),
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })
+        .await
+    }
+
+    pub async fn invoke(&self, request: proto::InvokeRequest) -> Result<proto::Call, ApiError> {
+        let mut client = self.client().await;
+        client
+            .invoke(request)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| ApiError::from(&s))
+    }
+
+    pub async fn resources(&self, kind: &str) -> Vec<proto::ResourceRow> {
+        let mut client = self.client().await;
+        client
+            .list_resources(proto::ListResourcesRequest {
+                kind: kind.into(),
+                namespace: String::new(),
+            })
+            .await
+            .expect("list resources")
+            .into_inner()
+            .rows
+    }
+
+    pub async fn resource(&self, kind: &str, name: &str) -> Option<proto::ResourceRow> {
+        self.resources(kind)
+            .await
+            .into_iter()
+            .find(|r| r.name == name)
+    }
+
+    pub async fn oplog(&self, call_id: &str) -> Vec<proto::OplogRecord> {
+        let mut client = self.client().await;
+        client
+            .get_oplog(proto::GetOplogRequest {
+                call_id: call_id.into(),
+            })
+            .await
+            .expect("oplog")
+            .into_inner()
+            .entries
+    }
+
+    /// Waits until `check` holds, polling; panics with `what` after `limit`.
+    pub async fn eventually<F, Fut>(&self, what: &str, limit: Duration, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if check().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("timed out waiting for {what}; log:\n{}", self.logs());
+    }
+
+    /// Runs the `toolgrid` CLI against this platform.
+    pub fn cli(&self, args: &[&str], stdin: Option<&[u8]>) -> std::process::Output {
+        use std::io::Write;
+        let mut child = Command::new(TOOLGRID)
+            .args(args)
+            .env("TOOLGRID_ENDPOINT", &self.grpc)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run toolgrid");
+        if let Some(bytes) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(bytes)
+                .expect("write stdin");
+        }
+        drop(child.stdin.take());
+        child.wait_with_output().expect("toolgrid output")
+    }
+}
+
+impl Drop for Platform {
+    fn drop(&mut self) {
+        self.kill(libc::SIGKILL);
+    }
+}
+
+/// The result of a succeeded call as JSON.
+pub fn result_of(call: &proto::Call) -> serde_json::Value {
+    assert_eq!(
+        call.state,
+        proto::CallState::Succeeded as i32,
+        "call {} did not succeed: {:?}",
+        call.id,
+        call.error
+    );
+    serde_json::from_str(&call.result_json).expect("result is JSON")
+}
+
+/// The error kind of a failed call.
+pub fn error_kind(call: &proto::Call) -> String {
+    assert_eq!(
+        call.state,
+        proto::CallState::Failed as i32,
+        "call {} did not fail",
+        call.id
+    );
+    call.error
+        .as_ref()
+        .map(|e| e.kind.clone())
+        .unwrap_or_default()
+}
