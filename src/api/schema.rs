@@ -27,7 +27,6 @@ pub fn any_value(_: &mut SchemaGenerator) -> Schema {
 pub fn int_or_string(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "x-kubernetes-int-or-string": true,
-        "anyOf": [{"type": "integer"}, {"type": "string"}],
     })
 }
 

@@ -973,3 +973,319 @@ pub fn previous_of(snapshot: &Snapshot) -> HashMap<ResourceId, PreviousState> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::manifest::{ResourceSet, load_text};
+    use std::path::Path;
+
+    const BASE: &str = r#"
+apiVersion: toolgrid.dev/v1alpha1
+kind: WorkerPool
+metadata: {name: default}
+spec: {replicas: 2, slotsPerWorker: 8}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {name: echo}
+spec: {effect: read, commands: [{name: default}]}
+"#;
+
+    fn release(name: &str, tool: &str, version: &str) -> String {
+        format!(
+            "---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: {name}}}\nspec: {{tool: {tool}, version: \"{version}\", artifact: {{file: x.wasm}}}}\n"
+        )
+    }
+
+    fn set_of(text: &str) -> ResourceSet {
+        let mut set = ResourceSet::default();
+        load_text(Path::new("m.yaml"), text, &mut set);
+        set
+    }
+
+    fn ready_artifacts(set: &ResourceSet, digest: &str) -> HashMap<ObjectKey, ArtifactOutcome> {
+        set.releases
+            .iter()
+            .map(|r| {
+                (
+                    ObjectKey::new("default", r.object.metadata.name.clone().unwrap()),
+                    ArtifactOutcome::Ready {
+                        digest: digest.into(),
+                        size: 10,
+                        kind: "module",
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn run(
+        set: &ResourceSet,
+        artifacts: &HashMap<ObjectKey, ArtifactOutcome>,
+        previous: &HashMap<ResourceId, PreviousState>,
+        at: &str,
+    ) -> Snapshot {
+        resolve(&ResolveInput {
+            set,
+            artifacts,
+            previous,
+            now: at.parse().unwrap(),
+        })
+    }
+
+    const T0: &str = "2026-01-01T00:00:00Z";
+    const T1: &str = "2026-01-01T00:05:00Z";
+
+    fn state<'s>(snapshot: &'s Snapshot, kind: Kind, name: &str) -> &'s ResourceState {
+        snapshot
+            .resources
+            .get(&ResourceId {
+                kind,
+                key: ObjectKey::new("default", name),
+            })
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+    }
+
+    #[test]
+    fn the_newest_ready_release_serves_the_tool() {
+        let text = format!(
+            "{BASE}{}{}",
+            release("echo-1.2.0", "echo", "1.2.0"),
+            release("echo-1.10.0", "echo", "1.10.0")
+        );
+        let set = set_of(&text);
+        let snapshot = run(
+            &set,
+            &ready_artifacts(&set, "sha256:a"),
+            &HashMap::new(),
+            T0,
+        );
+        let tool = snapshot.tool("default", "echo").unwrap();
+        assert_eq!(tool.release.as_ref().unwrap().name, "echo-1.10.0");
+        let status = &state(&snapshot, Kind::Tool, "echo").status;
+        assert_eq!(status["release"], "echo-1.10.0");
+        assert_eq!(status["observedGeneration"], 1);
+        assert_eq!(status["conditions"][0]["type"], "Ready");
+        assert_eq!(status["conditions"][0]["status"], "True");
+        let release = state(&snapshot, Kind::ToolRelease, "echo-1.2.0");
+        assert_eq!(release.status["digest"], "sha256:a");
+        assert_eq!(snapshot.pools.values().next().unwrap().desired_workers, 2);
+    }
+
+    #[test]
+    fn releases_say_why_they_are_not_ready() {
+        let text = format!(
+            "{BASE}{}{}{}{}{}",
+            release("ghost-1.0.0", "ghost", "1.0.0"),
+            release("echo-bad", "echo", "one"),
+            release("echo-1.0.0", "echo", "1.0.0"),
+            release("echo-again", "echo", "1.0.0"),
+            "---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {name: echo-2.0.0}\nspec: {tool: echo, version: 2.0.0, pool: gpu, artifact: {file: x.wasm}}\n",
+        );
+        let set = set_of(&text);
+        let mut artifacts = ready_artifacts(&set, "sha256:a");
+        artifacts.insert(
+            ObjectKey::new("default", "echo-1.0.0"),
+            ArtifactOutcome::Failed {
+                reason: "InvalidArtifact",
+                message: "bad magic".into(),
+            },
+        );
+        let snapshot = run(&set, &artifacts, &HashMap::new(), T0);
+        let reason = |name: &str| {
+            state(&snapshot, Kind::ToolRelease, name)
+                .ready
+                .reason
+                .clone()
+        };
+        assert_eq!(reason("ghost-1.0.0"), "UnknownTool");
+        assert_eq!(reason("echo-bad"), "InvalidSpec");
+        assert!(
+            state(&snapshot, Kind::ToolRelease, "echo-bad")
+                .ready
+                .message
+                .contains("spec.version")
+        );
+        assert_eq!(reason("echo-1.0.0"), "InvalidArtifact");
+        assert_eq!(reason("echo-again"), "ArtifactReady");
+        assert_eq!(reason("echo-2.0.0"), "UnknownPool");
+        assert_eq!(
+            snapshot
+                .tool("default", "echo")
+                .unwrap()
+                .release
+                .as_ref()
+                .unwrap()
+                .name,
+            "echo-again"
+        );
+    }
+
+    #[test]
+    fn two_releases_of_one_version_conflict() {
+        let text = format!(
+            "{BASE}{}{}",
+            release("a", "echo", "1.0.0"),
+            release("b", "echo", "1.0.0")
+        );
+        let set = set_of(&text);
+        let snapshot = run(
+            &set,
+            &ready_artifacts(&set, "sha256:a"),
+            &HashMap::new(),
+            T0,
+        );
+        assert_eq!(
+            state(&snapshot, Kind::ToolRelease, "a").ready.reason,
+            "ArtifactReady"
+        );
+        assert_eq!(
+            state(&snapshot, Kind::ToolRelease, "b").ready.reason,
+            "DuplicateVersion"
+        );
+    }
+
+    #[test]
+    fn a_ready_release_is_immutable() {
+        let text = format!("{BASE}{}", release("echo-1.0.0", "echo", "1.0.0"));
+        let set = set_of(&text);
+        let first = run(
+            &set,
+            &ready_artifacts(&set, "sha256:a"),
+            &HashMap::new(),
+            T0,
+        );
+        let previous = previous_of(&first);
+        let second = run(&set, &ready_artifacts(&set, "sha256:b"), &previous, T1);
+        let release = state(&second, Kind::ToolRelease, "echo-1.0.0");
+        assert_eq!(release.ready.reason, "ImmutableRelease");
+        assert_eq!(
+            release.status["digest"], "sha256:a",
+            "the status keeps the digest it was Ready with"
+        );
+        assert!(second.tool("default", "echo").unwrap().release.is_none());
+    }
+
+    #[test]
+    fn generations_and_transition_times_follow_changes() {
+        let text = format!("{BASE}{}", release("echo-1.0.0", "echo", "1.0.0"));
+        let set = set_of(&text);
+        let artifacts = ready_artifacts(&set, "sha256:a");
+        let first = run(&set, &artifacts, &HashMap::new(), T0);
+        let unchanged = run(&set, &artifacts, &previous_of(&first), T1);
+        let tool = state(&unchanged, Kind::Tool, "echo");
+        assert_eq!(tool.generation, 1);
+        assert_eq!(
+            tool.status["conditions"][0]["lastTransitionTime"],
+            "2026-01-01T00:00:00Z"
+        );
+
+        let changed = set_of(&format!(
+            "{}{}",
+            BASE.replace("effect: read", "effect: write"),
+            release("echo-1.0.0", "echo", "1.0.0")
+        ));
+        let third = run(&changed, &artifacts, &previous_of(&unchanged), T1);
+        let tool = state(&third, Kind::Tool, "echo");
+        assert_eq!(tool.generation, 2);
+        assert_eq!(tool.status["observedGeneration"], 2);
+        assert_eq!(tool.status["conditions"][0]["observedGeneration"], 2);
+        assert_eq!(
+            tool.status["conditions"][0]["lastTransitionTime"], "2026-01-01T00:00:00Z",
+            "still Ready"
+        );
+
+        // A tool losing its release transitions.
+        let bare = set_of(BASE);
+        let fourth = run(&bare, &HashMap::new(), &previous_of(&third), T1);
+        let tool = state(&fourth, Kind::Tool, "echo");
+        assert_eq!(tool.ready.reason, "NoReadyRelease");
+        assert_eq!(
+            tool.status["conditions"][0]["lastTransitionTime"],
+            "2026-01-01T00:05:00Z"
+        );
+    }
+
+    #[test]
+    fn a_name_declared_twice_serves_neither() {
+        let mut set = set_of(BASE);
+        load_text(Path::new("other.yaml"), BASE, &mut set);
+        let snapshot = run(&set, &HashMap::new(), &HashMap::new(), T0);
+        let tool = state(&snapshot, Kind::Tool, "echo");
+        assert_eq!(tool.ready.reason, "DuplicateName");
+        assert!(tool.ready.message.contains("m.yaml") && tool.ready.message.contains("other.yaml"));
+        assert!(snapshot.tool("default", "echo").is_none());
+        assert!(snapshot.pools.is_empty());
+    }
+
+    #[test]
+    fn pools_agents_middleware_and_bindings_are_validated() {
+        let text = format!(
+            r#"{BASE}{}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: WorkerPool
+metadata: {{name: both}}
+spec: {{replicas: 1, autoscale: {{min: 1, max: 2}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {{name: reporter}}
+spec: {{serviceAccount: reporter, permissions: [{{tools: [echo]}}]}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {{name: nobody}}
+spec: {{permissions: []}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: two-steps}}
+spec: {{audit: {{}}, rateLimit: {{requests: 1, per: 1s}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: audit}}
+spec: {{audit: {{includeArgs: true}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: ok}}
+spec: {{agents: [reporter], tool: echo, release: {{version: "^1.1"}}, middleware: [audit]}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: too-new}}
+spec: {{agents: [reporter], tool: echo, release: {{version: "^2"}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: stranger}}
+spec: {{agents: [nobody], tool: echo}}
+"#,
+            release("echo-1.2.0", "echo", "1.2.0")
+        );
+        let set = set_of(&text);
+        assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+        let snapshot = run(
+            &set,
+            &ready_artifacts(&set, "sha256:a"),
+            &HashMap::new(),
+            T0,
+        );
+        let reason = |kind, name: &str| state(&snapshot, kind, name).ready.reason.clone();
+        assert_eq!(reason(Kind::WorkerPool, "both"), "InvalidSpec");
+        assert_eq!(reason(Kind::Agent, "reporter"), "Resolved");
+        assert_eq!(reason(Kind::Agent, "nobody"), "InvalidSpec");
+        assert_eq!(reason(Kind::Middleware, "two-steps"), "InvalidSpec");
+        assert_eq!(reason(Kind::Middleware, "audit"), "Resolved");
+        assert_eq!(reason(Kind::ToolBinding, "ok"), "Resolved");
+        assert_eq!(
+            state(&snapshot, Kind::ToolBinding, "ok").status["resolvedRelease"],
+            "echo-1.2.0"
+        );
+        assert_eq!(reason(Kind::ToolBinding, "too-new"), "NoMatchingRelease");
+        assert_eq!(reason(Kind::ToolBinding, "stranger"), "UnknownAgent");
+    }
+}
