@@ -30,16 +30,20 @@ mod tests {
     use super::*;
 
     /// `crds/` and the chart's CRDs are generated; regenerate them with
-    /// `cargo run -- crds > crds/toolgrid.yaml && cp crds/toolgrid.yaml charts/toolgrid/crds/`.
+    /// `cargo run -- crds > crds/toolgrid.yaml && cp crds/toolgrid.yaml charts/toolgrid/crds/ && cp crds/toolgrid.yaml deploy/crds/`.
     #[test]
     fn committed_crds_are_current() {
         let generated = crds_yaml().unwrap();
-        for path in ["crds/toolgrid.yaml", "charts/toolgrid/crds/toolgrid.yaml"] {
+        for path in [
+            "crds/toolgrid.yaml",
+            "charts/toolgrid/crds/toolgrid.yaml",
+            "deploy/crds/toolgrid.yaml",
+        ] {
             let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
             let committed = std::fs::read_to_string(&full).unwrap_or_default();
             assert!(
                 committed == generated,
-                "{path} is stale: run `cargo run -- crds > crds/toolgrid.yaml && cp crds/toolgrid.yaml charts/toolgrid/crds/`"
+                "{path} is stale: run `cargo run -- crds > crds/toolgrid.yaml && cp crds/toolgrid.yaml charts/toolgrid/crds/ && cp crds/toolgrid.yaml deploy/crds/`"
             );
         }
     }

@@ -4,14 +4,22 @@
 //! chart are generated from them (`toolgrid crds`), and both resource sources (the
 //! Kubernetes watcher and the manifest directory) deserialize into them.
 
+// kube's `printcolumn(...)` repeats its keys once per column, which clippy takes for
+// duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 mod agent;
+#[allow(clippy::duplicated_attributes)]
 mod binding;
 pub mod conditions;
 mod crds;
+#[allow(clippy::duplicated_attributes)]
 mod middleware;
+#[allow(clippy::duplicated_attributes)]
 mod pool;
+#[allow(clippy::duplicated_attributes)]
 mod release;
 mod schema;
+#[allow(clippy::duplicated_attributes)]
 mod tool;
 pub mod units;
 

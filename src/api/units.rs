@@ -69,7 +69,7 @@ impl fmt::Display for ByteSize {
             ("Ki", 1 << 10),
         ];
         for (unit, size) in UNITS {
-            if self.0 >= size && self.0 % size == 0 {
+            if self.0 >= size && self.0.is_multiple_of(size) {
                 return write!(f, "{}{unit}", self.0 / size);
             }
         }
@@ -150,10 +150,10 @@ impl fmt::Display for GoDuration {
             return f.write_str("0s");
         }
         let ms = d.as_millis();
-        if d.subsec_nanos() % 1_000_000 != 0 {
+        if !d.subsec_nanos().is_multiple_of(1_000_000) {
             return write!(f, "{}ns", d.as_nanos());
         }
-        if ms % 1000 != 0 {
+        if !ms.is_multiple_of(1000) {
             return write!(f, "{ms}ms");
         }
         let mut secs = d.as_secs();

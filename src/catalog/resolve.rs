@@ -789,7 +789,7 @@ pub fn check_tool(tool: &Tool, key: &ObjectKey) -> Result<ResolvedTool, FieldErr
 fn release_limits(release: &ToolRelease) -> Result<Limits, FieldError> {
     let limits = release.spec.limits.clone().unwrap_or_default();
     let memory = limits.memory.map(|m| m.bytes()).unwrap_or(DEFAULT_MEMORY);
-    if memory < 64 * 1024 || memory > MAX_MEMORY {
+    if !(64 * 1024..=MAX_MEMORY).contains(&memory) {
         return Err(FieldError::new(
             "spec.limits.memory",
             format!("must be between 64Ki and 4Gi (one wasm page at least), not {memory} bytes"),

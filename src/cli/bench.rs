@@ -1,12 +1,390 @@
 //! `toolgrid bench`: measurements against a real platform, next to a baseline measured in
-//! the same run.
+//! the same run, printed so runs can be compared (see BENCHMARKS.md).
+
+use crate::proto::{self, tools_client::ToolsClient};
+use anyhow::Context;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// What to measure: `calls`.
-    what: String,
+    #[command(subcommand)]
+    what: Bench,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Bench {
+    /// Call latency and throughput end to end, against wasmtime in-process.
+    Calls(CallsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct CallsArgs {
+    /// Calls to make (after a warm-up).
+    #[arg(long, default_value_t = 2000)]
+    calls: usize,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Manifests of the platform to start (its pools decide the workers).
+    #[arg(long, default_value = "examples/manifests")]
+    manifests: PathBuf,
+    /// Measure an already running platform instead of starting one.
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// The tool and its arguments.
+    #[arg(long, default_value = "semver")]
+    tool: String,
+    #[arg(long, num_args = 1.., default_values = ["compare", "1.0.0", "2.0.0"], allow_hyphen_values = true)]
+    args: Vec<String>,
+    /// The tool's artifact, for the in-process baseline.
+    #[arg(long, default_value = "examples/tools/semver/semver.wasm")]
+    wasm: PathBuf,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("unknown benchmark {:?}", args.what)
+    match args.what {
+        Bench::Calls(args) => calls(args).await,
+    }
+}
+
+/// Latencies of a run, and its wall time.
+struct Sample {
+    latencies: Vec<Duration>,
+    wall: Duration,
+}
+
+impl Sample {
+    fn percentile(&self, p: f64) -> f64 {
+        let mut sorted = self.latencies.clone();
+        sorted.sort();
+        let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+        sorted
+            .get(index)
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .unwrap_or_default()
+    }
+
+    fn mean(&self) -> f64 {
+        let total: f64 = self.latencies.iter().map(Duration::as_secs_f64).sum();
+        total * 1000.0 / self.latencies.len().max(1) as f64
+    }
+
+    fn rate(&self) -> f64 {
+        self.latencies.len() as f64 / self.wall.as_secs_f64()
+    }
+
+    fn row(&self, name: &str) -> String {
+        format!(
+            "{name:<44} {:>9.3} {:>9.3} {:>9.3} {:>11.1}",
+            self.percentile(0.5),
+            self.percentile(0.99),
+            self.mean(),
+            self.rate()
+        )
+    }
+}
+
+fn header() -> String {
+    format!(
+        "{:<44} {:>9} {:>9} {:>9} {:>11}",
+        "", "p50 ms", "p99 ms", "mean ms", "calls/s"
+    )
+}
+
+/// A platform started for the benchmark, stopped on drop.
+struct Started {
+    child: Child,
+    grpc: String,
+    _data: tempfile::TempDir,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_platform(manifests: &std::path::Path) -> anyhow::Result<Started> {
+    let data = tempfile::tempdir()?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("up")
+        .arg("--manifests")
+        .arg(manifests)
+        .arg("--data")
+        .arg(data.path())
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("cannot start toolgrid up")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = loop {
+        match lines.next() {
+            Some(Ok(line)) if line.starts_with("toolgrid is ready:") => break line,
+            Some(Ok(_)) => continue,
+            _ => anyhow::bail!("toolgrid up exited before it was ready"),
+        }
+    };
+    let grpc = ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("grpc="))
+        .context("no grpc= in the ready line")?
+        .to_string();
+    Ok(Started {
+        child,
+        grpc,
+        _data: data,
+    })
+}
+
+async fn calls(args: CallsArgs) -> anyhow::Result<()> {
+    let started = match &args.endpoint {
+        Some(_) => None,
+        None => Some(start_platform(&args.manifests)?),
+    };
+    let endpoint = args
+        .endpoint
+        .clone()
+        .or_else(|| started.as_ref().map(|s| s.grpc.clone()))
+        .unwrap_or_default();
+    let url = if endpoint.contains("://") {
+        endpoint.clone()
+    } else {
+        format!("http://{endpoint}")
+    };
+    let request = proto::InvokeRequest {
+        tool: args.tool.clone(),
+        argv: args.args.clone(),
+        ..Default::default()
+    };
+    let mut clients = Vec::new();
+    for _ in 0..args.concurrency.max(1) {
+        let channel = Channel::from_shared(url.clone())?.connect().await?;
+        clients.push(ToolsClient::new(channel));
+    }
+    let workers = {
+        let mut client = clients[0].clone();
+        let rows = client
+            .list_resources(proto::ListResourcesRequest {
+                kind: "pools".into(),
+                namespace: String::new(),
+            })
+            .await?
+            .into_inner()
+            .rows;
+        rows.iter()
+            .flat_map(|r| {
+                r.columns
+                    .iter()
+                    .filter(|c| c.name == "Attached")
+                    .map(|c| c.value.clone())
+            })
+            .collect::<Vec<_>>()
+            .join("+")
+    };
+    // Warm up: every worker compiles the release, every connection is open.
+    let warmup = (args.concurrency * 4).max(32);
+    run_clients(&clients, &request, warmup).await?;
+    let platform = run_clients(&clients, &request, args.calls).await?;
+
+    let wasm = std::fs::read(&args.wasm)
+        .with_context(|| format!("cannot read {}", args.wasm.display()))?;
+    let mut argv = vec![args.tool.clone()];
+    argv.extend(args.args.iter().cloned());
+    let baseline = baseline::Baseline::new(&wasm, argv)?;
+    baseline.run_concurrent(warmup, args.concurrency).await?;
+    let in_process = baseline
+        .run_concurrent(args.calls, args.concurrency)
+        .await?;
+    let sequential = baseline.run_concurrent(args.calls, 1).await?;
+    let instantiate = baseline.instantiate_only(args.calls).await?;
+
+    println!(
+        "toolgrid bench calls: {} calls of `{} {}`, {} concurrent clients, {} workers, {} cores",
+        args.calls,
+        args.tool,
+        args.args.join(" "),
+        args.concurrency,
+        if workers.is_empty() {
+            "?".into()
+        } else {
+            workers
+        },
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    println!("{}", header());
+    println!("{}", platform.row("toolgrid: gRPC Invoke, end to end"));
+    println!(
+        "{}",
+        in_process.row(&format!(
+            "baseline: wasmtime in-process, {} tasks",
+            args.concurrency
+        ))
+    );
+    println!(
+        "{}",
+        sequential.row("baseline: wasmtime in-process, 1 task")
+    );
+    println!(
+        "{}",
+        instantiate.row("baseline: wasmtime instantiate only, 1 task")
+    );
+    println!(
+        "end-to-end p50 overhead over in-process run: {:.3} ms; throughput {:.0}% of in-process",
+        platform.percentile(0.5) - sequential.percentile(0.5),
+        100.0 * platform.rate() / in_process.rate()
+    );
+    Ok(())
+}
+
+async fn run_clients(
+    clients: &[ToolsClient<Channel>],
+    request: &proto::InvokeRequest,
+    calls: usize,
+) -> anyhow::Result<Sample> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for client in clients {
+        let (mut client, request, next) = (client.clone(), request.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < calls {
+                let begin = Instant::now();
+                let call = client.invoke(request.clone()).await?.into_inner();
+                if call.state != proto::CallState::Succeeded as i32 {
+                    anyhow::bail!("a benchmark call failed: {:?}", call.error);
+                }
+                latencies.push(begin.elapsed());
+            }
+            Ok::<_, anyhow::Error>(latencies)
+        }));
+    }
+    let mut latencies = Vec::with_capacity(calls);
+    for task in tasks {
+        latencies.extend(task.await??);
+    }
+    Ok(Sample {
+        latencies,
+        wall: start.elapsed(),
+    })
+}
+
+/// The same tool run with plain wasmtime and WASI, in this process: no store, no oplog,
+/// no network.
+mod baseline {
+    use super::Sample;
+    use std::sync::Arc;
+    use std::time::Instant;
+    use wasmtime::{
+        Config, Engine, InstanceAllocationStrategy, Linker, Module, PoolingAllocationConfig, Store,
+    };
+    use wasmtime_wasi::p1::WasiP1Ctx;
+    use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+
+    pub struct Baseline {
+        engine: Engine,
+        pre: wasmtime::InstancePre<WasiP1Ctx>,
+        argv: Vec<String>,
+    }
+
+    impl Baseline {
+        pub fn new(wasm: &[u8], argv: Vec<String>) -> anyhow::Result<Arc<Self>> {
+            let mut config = Config::new();
+            config.allocation_strategy(InstanceAllocationStrategy::Pooling(
+                PoolingAllocationConfig::default(),
+            ));
+            let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            let module = Module::new(&engine, wasm).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            let mut linker: Linker<WasiP1Ctx> = Linker::new(&engine);
+            wasmtime_wasi::p1::add_to_linker_async(&mut linker, |c| c)
+                .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            let pre = linker
+                .instantiate_pre(&module)
+                .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            Ok(Arc::new(Baseline { engine, pre, argv }))
+        }
+
+        async fn once(&self, run: bool) -> anyhow::Result<()> {
+            let wasi = wasmtime_wasi::WasiCtxBuilder::new()
+                .args(&self.argv)
+                .stdout(MemoryOutputPipe::new(1 << 20))
+                .build_p1();
+            let mut store = Store::new(&self.engine, wasi);
+            let instance = self
+                .pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            if run {
+                let start = instance
+                    .get_typed_func::<(), ()>(&mut store, "_start")
+                    .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+                if let Err(error) = start.call_async(&mut store, ()).await
+                    && error
+                        .downcast_ref::<wasmtime_wasi::I32Exit>()
+                        .is_none_or(|e| e.0 != 0)
+                {
+                    anyhow::bail!("the baseline run failed: {error:#}");
+                }
+            }
+            Ok(())
+        }
+
+        pub async fn run_concurrent(
+            self: &Arc<Self>,
+            calls: usize,
+            tasks: usize,
+        ) -> anyhow::Result<Sample> {
+            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let start = Instant::now();
+            let mut handles = Vec::new();
+            for _ in 0..tasks.max(1) {
+                let (this, next) = (self.clone(), next.clone());
+                handles.push(tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < calls {
+                        let begin = Instant::now();
+                        this.once(true).await?;
+                        latencies.push(begin.elapsed());
+                    }
+                    Ok::<_, anyhow::Error>(latencies)
+                }));
+            }
+            let mut latencies = Vec::new();
+            for handle in handles {
+                latencies.extend(handle.await??);
+            }
+            Ok(Sample {
+                latencies,
+                wall: start.elapsed(),
+            })
+        }
+
+        pub async fn instantiate_only(&self, calls: usize) -> anyhow::Result<Sample> {
+            let start = Instant::now();
+            let mut latencies = Vec::with_capacity(calls);
+            for _ in 0..calls {
+                let begin = Instant::now();
+                self.once(false).await?;
+                latencies.push(begin.elapsed());
+            }
+            Ok(Sample {
+                latencies,
+                wall: start.elapsed(),
+            })
+        }
+    }
 }

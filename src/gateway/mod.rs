@@ -44,6 +44,8 @@ pub struct Invocation {
 pub struct Admitted {
     pub record: CallRecord,
     pub deduplicated: bool,
+    /// News of a new call, subscribed before it was queued so its end cannot be missed.
+    pub updates: Option<watch::Receiver<CallUpdate>>,
 }
 
 pub struct Gateway {
@@ -282,10 +284,12 @@ impl Gateway {
         match self.store.create_call(new).await? {
             Created::New(record) => {
                 tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, "call accepted");
+                let updates = self.calls.subscribe(&record.id);
                 self.scheduler.submit(record.clone(), command);
                 Ok(Admitted {
                     record,
                     deduplicated: false,
+                    updates: Some(updates),
                 })
             }
             Created::Existing(record) => {
@@ -293,6 +297,7 @@ impl Gateway {
                 Ok(Admitted {
                     record,
                     deduplicated: true,
+                    updates: None,
                 })
             }
         }
@@ -305,11 +310,21 @@ impl Gateway {
 
     /// Waits until the call ends, or `limit` passes; returns the call as it then is.
     pub async fn wait(&self, call_id: &str, limit: Duration) -> Result<CallRecord, ApiError> {
-        let mut updates = self.calls.subscribe(call_id);
+        let updates = self.calls.subscribe(call_id);
         let record = self.get_call(call_id).await?;
         if record.state.is_terminal() {
             return Ok(record);
         }
+        self.wait_for(updates, call_id, limit).await
+    }
+
+    /// Waits on a subscription taken before the call could end.
+    async fn wait_for(
+        &self,
+        mut updates: watch::Receiver<CallUpdate>,
+        call_id: &str,
+        limit: Duration,
+    ) -> Result<CallRecord, ApiError> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             if let Some(done) = updates.borrow_and_update().finished.clone() {
@@ -334,15 +349,16 @@ impl Gateway {
     /// Admits a call and waits for its end.
     pub async fn invoke(&self, invocation: Invocation) -> Result<Admitted, ApiError> {
         let admitted = self.admit(invocation).await?;
-        let record = if admitted.record.state.is_terminal() {
-            admitted.record
-        } else {
-            let limit = self.wait_limit(&admitted.record);
-            self.wait(&admitted.record.id, limit).await?
+        let limit = self.wait_limit(&admitted.record);
+        let record = match admitted.updates {
+            _ if admitted.record.state.is_terminal() => admitted.record,
+            Some(updates) => self.wait_for(updates, &admitted.record.id, limit).await?,
+            None => self.wait(&admitted.record.id, limit).await?,
         };
         Ok(Admitted {
             record,
             deduplicated: admitted.deduplicated,
+            updates: None,
         })
     }
 
@@ -430,7 +446,7 @@ impl Gateway {
         kind: &str,
         namespace: &str,
     ) -> Result<Vec<proto::ResourceRow>, ApiError> {
-        let kind = Kind::parse(kind).or_else(|| match kind {
+        let kind = Kind::parse(kind).or(match kind {
             "releases" | "release" => Some(Kind::ToolRelease),
             "bindings" | "binding" => Some(Kind::ToolBinding),
             "pools" | "pool" => Some(Kind::WorkerPool),

@@ -91,7 +91,9 @@ impl ControlPlane {
         ))
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listeners.grpc);
+        // Small request/response frames must not wait for Nagle's algorithm.
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
         let grpc = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))

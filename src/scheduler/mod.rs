@@ -93,6 +93,9 @@ struct State {
     orphans: HashMap<String, Orphan>,
 }
 
+/// A running call past its deadline: its record, its worker's stream, its epoch.
+type LateCall = (Arc<CallRecord>, Option<ControlSender>, u64);
+
 /// A snapshot of one worker, for status and `toolgrid get pools`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerInfo {
@@ -539,10 +542,7 @@ impl Scheduler {
     async fn expire_deadlines(&self) {
         let now = now_ms();
         let grace = self.config.deadline_grace.as_millis() as i64;
-        let (queued, running): (
-            Vec<Arc<CallRecord>>,
-            Vec<(Arc<CallRecord>, Option<ControlSender>, u64)>,
-        ) = {
+        let (queued, running): (Vec<Arc<CallRecord>>, Vec<LateCall>) = {
             let mut state = self.lock();
             let mut queued = Vec::new();
             state.queue.retain(|q| {

@@ -58,7 +58,7 @@ enum WriteOp {
 }
 
 enum Reply {
-    Created(Created),
+    Created(Box<Created>),
     Epoch(u64),
     Record(Box<CallRecord>),
     Done,
@@ -256,7 +256,9 @@ async fn commit_batch(
 
 async fn execute(conn: &mut AnyConnection, op: &WriteOp) -> Result<Reply, StoreError> {
     match op {
-        WriteOp::Create(call) => create(conn, call).await.map(Reply::Created),
+        WriteOp::Create(call) => create(conn, call)
+            .await
+            .map(|c| Reply::Created(Box::new(c))),
         WriteOp::Assign { call_id, worker } => {
             assign(conn, call_id, worker).await.map(Reply::Epoch)
         }
@@ -279,8 +281,7 @@ async fn execute(conn: &mut AnyConnection, op: &WriteOp) -> Result<Reply, StoreE
             entries,
             outcome,
         } => {
-            reserve_and_insert(conn, call_id, *epoch, entries, Some(outcome)).await?;
-            let record = select_call(conn, call_id)
+            let record = reserve_and_insert(conn, call_id, *epoch, entries, Some(outcome))
                 .await?
                 .ok_or_else(|| StoreError::NotFound(call_id.clone()))?;
             Ok(Reply::Record(Box::new(record)))
@@ -331,13 +332,14 @@ fn json_text(value: &impl serde::Serialize) -> String {
 
 async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, StoreError> {
     let now = now_ms();
-    let inserted = sqlx::query(
+    let inserted = sqlx::query(concat!(
         "INSERT INTO calls (id, namespace, tool, command, release, release_digest, state, args_json, \
          spec_json, stdin, idempotency_key, request_hash, epoch, worker, next_seq, result_json, \
          error_json, created_at_ms, finished_at_ms) \
          VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $9, $10, $11, 0, NULL, 1, NULL, NULL, $12, NULL) \
-         ON CONFLICT DO NOTHING",
-    )
+         ON CONFLICT DO NOTHING RETURNING ",
+        call_columns!()
+    ))
     .bind(call.id.as_str())
     .bind(call.namespace.as_str())
     .bind(call.tool.as_str())
@@ -350,9 +352,9 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
     .bind(call.idempotency_key.as_deref())
     .bind(call.request_hash.as_str())
     .bind(now)
-    .execute(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?;
-    if inserted.rows_affected() == 0 {
+    let Some(inserted) = inserted else {
         let key = call.idempotency_key.clone().unwrap_or_default();
         let existing = select_by_key(conn, &call.namespace, &key)
             .await?
@@ -364,12 +366,9 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
             });
         }
         return Ok(Created::Existing(existing));
-    }
+    };
     insert_entry(conn, &call.id, 0, 0, "call-started", &call.started, now).await?;
-    let record = select_call(conn, &call.id)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(call.id.clone()))?;
-    Ok(Created::New(record))
+    Ok(Created::New(call_from_row(&inserted)?))
 }
 
 async fn insert_entry(
@@ -457,14 +456,14 @@ async fn fence(
 }
 
 /// Reserves sequence numbers under the caller's epoch (the conditional update is the fence)
-/// and writes `entries`, then the outcome when there is one.
+/// and writes `entries`, then the outcome when there is one (returning the ended call).
 async fn reserve_and_insert(
     conn: &mut AnyConnection,
     call_id: &str,
     epoch: u64,
     entries: &[NewEntry],
     outcome: Option<&CallOutcome>,
-) -> Result<(), StoreError> {
+) -> Result<Option<CallRecord>, StoreError> {
     let count = entries.len() as i64 + i64::from(outcome.is_some());
     let now = now_ms();
     let row = match outcome {
@@ -484,10 +483,11 @@ async fn reserve_and_insert(
                 Ok(value) => (CallState::Succeeded, Some(value.to_string()), None),
                 Err(error) => (CallState::Failed, None, Some(json_text(error))),
             };
-            sqlx::query(
+            sqlx::query(concat!(
                 "UPDATE calls SET next_seq = next_seq + $3, state = $4, result_json = $5, error_json = $6, \
-                 finished_at_ms = $7 WHERE id = $1 AND epoch = $2 AND state = 'running' RETURNING next_seq",
-            )
+                 finished_at_ms = $7 WHERE id = $1 AND epoch = $2 AND state = 'running' RETURNING next_seq, ",
+                call_columns!()
+            ))
             .bind(call_id)
             .bind(epoch as i64)
             .bind(count)
@@ -502,31 +502,65 @@ async fn reserve_and_insert(
     let Some(row) = row else {
         return Err(refusal(conn, call_id, epoch).await);
     };
-    let mut seq: i64 = row.try_get::<i64, _>("next_seq")? - count;
-    for entry in entries {
-        insert_entry(
-            conn,
-            call_id,
-            seq,
-            epoch as i64,
-            &entry.kind,
-            &entry.payload,
-            now,
-        )
-        .await?;
-        seq += 1;
-    }
+    let first = row.try_get::<i64, _>("next_seq")? - count;
+    let mut rows: Vec<(&str, &Value)> = entries
+        .iter()
+        .map(|e| (e.kind.as_str(), &e.payload))
+        .collect();
     if let Some(outcome) = outcome {
-        insert_entry(
-            conn,
-            call_id,
-            seq,
-            epoch as i64,
-            "outcome",
-            &outcome.entry,
-            now,
-        )
-        .await?;
+        rows.push(("outcome", &outcome.entry));
+    }
+    insert_entries(conn, call_id, first, epoch as i64, &rows, now).await?;
+    match outcome {
+        Some(_) => Ok(Some(call_from_row(&row)?)),
+        None => Ok(None),
+    }
+}
+
+/// Entries per INSERT statement (6 parameters each, well under every backend's limit).
+const ENTRIES_PER_INSERT: usize = 100;
+
+/// Writes consecutive entries from sequence number `first`, many rows per statement.
+async fn insert_entries(
+    conn: &mut AnyConnection,
+    call_id: &str,
+    first: i64,
+    epoch: i64,
+    rows: &[(&str, &Value)],
+    now: i64,
+) -> Result<(), StoreError> {
+    for (chunk_index, chunk) in rows.chunks(ENTRIES_PER_INSERT).enumerate() {
+        let mut sql = String::from(
+            "INSERT INTO oplog (call_id, seq, epoch, kind, payload, recorded_at_ms) VALUES ",
+        );
+        for i in 0..chunk.len() {
+            let p = i * 6;
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!(
+                "(${}, ${}, ${}, ${}, ${}, ${})",
+                p + 1,
+                p + 2,
+                p + 3,
+                p + 4,
+                p + 5,
+                p + 6
+            ));
+        }
+        // Only numbered placeholders are formatted into the statement.
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for (i, (kind, payload)) in chunk.iter().enumerate() {
+            let seq = first + (chunk_index * ENTRIES_PER_INSERT + i) as i64;
+            query = query
+                .bind(call_id)
+                .bind(seq)
+                .bind(epoch)
+                .bind(*kind)
+                .bind(payload.to_string())
+                .bind(now);
+        }
+        query.execute(&mut *conn).await?;
     }
     Ok(())
 }
@@ -639,7 +673,7 @@ fn call_from_row(row: &AnyRow) -> Result<CallRecord, StoreError> {
 impl Store for SqlStore {
     async fn create_call(&self, call: NewCall) -> Result<Created, StoreError> {
         match self.write(WriteOp::Create(Box::new(call))).await? {
-            Reply::Created(created) => Ok(created),
+            Reply::Created(created) => Ok(*created),
             _ => Err(StoreError::Corrupt("unexpected writer reply".into())),
         }
     }

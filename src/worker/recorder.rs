@@ -159,13 +159,13 @@ impl HostLog {
 
     fn monotonic(&self, live: u64) -> u64 {
         let kind = MONOTONIC_CLOCK;
-        let value = match self.replay_next(kind) {
+        match self.replay_next(kind) {
             Replayed::Recorded(payload) => match payload.get("ns").and_then(Value::as_u64) {
                 Some(ns) => {
                     let mut state = self.lock();
                     state.monotonic_offset = i128::from(ns) - i128::from(live);
                     state.last_monotonic = ns;
-                    return ns;
+                    ns
                 }
                 None => {
                     self.diverge(format!("recorded {kind} entry has no ns"));
@@ -184,8 +184,7 @@ impl HostLog {
                 self.record(kind, json!({ "ns": adjusted }));
                 adjusted
             }
-        };
-        value
+        }
     }
 
     fn wall(&self, live: Duration) -> Duration {
