@@ -8,6 +8,11 @@
 #   examples/build.sh --check      build into a temporary directory and fail if the
 #                                  result differs from the committed .wasm files or
 #                                  if a manifest digest is stale (for CI)
+#   examples/build.sh --regenerate-bindings
+#                                  only regenerate the committed wit-bindgen C bindings
+#                                  (tools/<name>/bindings/ from tools/<name>/wit/) of
+#                                  the tools that have them, then stop; needs
+#                                  wit-bindgen-cli 0.46.0 (see below)
 #
 # Prerequisites (this script installs nothing):
 #   - zig 0.17.1 (C compiler + bundled wasi-libc):  pip install ziglang==0.17.1
@@ -16,6 +21,19 @@
 #     module into a preview 2 component): `cargo build` in the repository root,
 #     or TOOLGRID=/path/to/toolgrid.
 #   - sha256sum (coreutils) or shasum.
+#   - only for --regenerate-bindings: wit-bindgen 0.46.0 (C generator):
+#       cargo install wit-bindgen-cli --version 0.46.0 --locked \
+#           --no-default-features --features c
+#     or WIT_BINDGEN=/path/to/wit-bindgen. A normal build uses the committed
+#     bindings and does not need it.
+#
+# A tool with a bindings/ directory (fetch) is built from <name>.c plus the
+# generated bindings/<world>.c and bindings/<world>_component_type.o; the
+# latter embeds the component type of its WIT world (a custom section, kept by
+# -s), which `toolgrid componentize` uses for the wasi:http imports. Its wit/
+# directory holds the world and, in wit/deps/, a verbatim copy of the WASI WIT
+# files of the wasmtime-wasi-http 48.0.8 crate (wasi:http@0.2.12 and its deps),
+# so the imports match what toolgrid's wasmtime provides.
 #
 # The build is deterministic: the same sources, zig version and toolgrid
 # version give byte-identical .wasm files (no debug info, no paths, no
@@ -24,7 +42,12 @@ set -euo pipefail
 
 ZIG_VERSION=0.17.1
 TOOLS_P1=(textstats semver)   # shipped as WASI preview 1 modules
-TOOLS_P2=(uuid)               # shipped as WASI preview 2 components (wasi:cli/run)
+TOOLS_P2=(uuid fetch)         # shipped as WASI preview 2 components (wasi:cli/run)
+WIT_BINDGEN_VERSION=0.46.0
+# --features for wit-bindgen: wit-parser 0.239 (in wit-bindgen 0.46) cannot
+# resolve the @unstable wasi:clocks/timezone import in the wasi:cli@0.2.12 WIT
+# without it; it does not change the bindings (no world here imports it).
+WIT_FEATURES=clocks-timezone
 # -s strips all custom sections (names, producers, debug info). zig's default
 # wasm stack is 16 MiB and is part of the initial memory of every instance;
 # these tools need far less, so use 256 KiB (the stack sits below the data,
@@ -44,16 +67,55 @@ usage() {
 
 OUT=""
 CHECK=0
+REGEN=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --out) [ $# -ge 2 ] || die "--out needs a directory"; OUT=$2; shift 2 ;;
         --out=*) OUT=${1#--out=}; shift ;;
         --check) CHECK=1; shift ;;
+        --regenerate-bindings) REGEN=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument: $1 (see --help)" ;;
     esac
 done
 [ "$CHECK" = 1 ] && [ -n "$OUT" ] && die "--check and --out cannot be combined"
+[ "$REGEN" = 1 ] && { [ "$CHECK" = 1 ] || [ -n "$OUT" ]; } &&
+    die "--regenerate-bindings cannot be combined with --check or --out"
+
+# The WIT world of a tool with generated bindings: the `world NAME {` in
+# tools/<name>/wit/world.wit ("" if the tool has none).
+bindings_world() {
+    local wit=$EXAMPLES/tools/$1/wit/world.wit
+    [ -f "$wit" ] || return 0
+    sed -n -E 's/^[[:space:]]*world[[:space:]]+([a-z0-9-]+)[[:space:]]*\{.*/\1/p' "$wit" | head -n 1
+}
+
+# ---------------------------------------------------------- regenerate bindings
+if [ "$REGEN" = 1 ]; then
+    WIT_BINDGEN=${WIT_BINDGEN:-wit-bindgen}
+    command -v "$WIT_BINDGEN" >/dev/null 2>&1 || die "wit-bindgen not found. Install it with:
+       cargo install wit-bindgen-cli --version $WIT_BINDGEN_VERSION --locked --no-default-features --features c
+       (or point WIT_BINDGEN at a wit-bindgen $WIT_BINDGEN_VERSION binary)"
+    wb_version=$("$WIT_BINDGEN" --version 2>/dev/null | awk '{print $2}')
+    if [ "$wb_version" != "$WIT_BINDGEN_VERSION" ]; then
+        [ "${ALLOW_ANY_WIT_BINDGEN:-0}" = 1 ] ||
+            die "wit-bindgen $WIT_BINDGEN_VERSION is required, found '$wb_version' (or set ALLOW_ANY_WIT_BINDGEN=1)"
+        note "warning: wit-bindgen $wb_version instead of $WIT_BINDGEN_VERSION"
+    fi
+    for t in "${TOOLS_P2[@]}"; do
+        world=$(bindings_world "$t")
+        [ -n "$world" ] || continue
+        note "generating bindings for $t (world $world)"
+        tmp=$(mktemp -d "${TMPDIR:-/tmp}/toolgrid-bindings.XXXXXX")
+        "$WIT_BINDGEN" c "$EXAMPLES/tools/$t/wit" --world "$world" --features "$WIT_FEATURES" \
+            --out-dir "$tmp" >/dev/null || { rm -rf -- "$tmp"; die "wit-bindgen failed for $t"; }
+        rm -rf -- "$EXAMPLES/tools/$t/bindings"
+        mv -- "$tmp" "$EXAMPLES/tools/$t/bindings"
+        chmod 755 "$EXAMPLES/tools/$t/bindings"
+        ls -l "$EXAMPLES/tools/$t/bindings" >&2
+    done
+    exit 0
+fi
 
 # ---------------------------------------------------------------- prerequisites
 if [ -n "${ZIG:-}" ]; then
@@ -94,8 +156,18 @@ trap 'rm -rf -- "$WORK"' EXIT
 STAGE=$WORK/out            # same layout as examples/: tools/<name>/<name>.wasm
 
 compile() { # name output.wasm
+    local world sources=("$EXAMPLES/tools/$1/$1.c") extra=()
+    world=$(bindings_world "$1")
+    if [ -n "$world" ]; then
+        local b=$EXAMPLES/tools/$1/bindings
+        local w=${world//-/_}
+        [ -f "$b/$w.c" ] && [ -f "$b/$w.h" ] && [ -f "$b/${w}_component_type.o" ] ||
+            die "missing generated bindings in ${b#"$REPO"/} (run: examples/build.sh --regenerate-bindings)"
+        sources+=("$b/$w.c" "$b/${w}_component_type.o")
+        extra=(-I "$b")
+    fi
     note "compiling $1"
-    "${ZIG_CMD[@]}" cc "${CFLAGS[@]}" "$EXAMPLES/tools/$1/$1.c" -o "$2"
+    "${ZIG_CMD[@]}" cc "${CFLAGS[@]}" "${extra[@]}" "${sources[@]}" -o "$2"
 }
 
 for t in "${TOOLS_P1[@]}"; do

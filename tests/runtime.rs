@@ -42,11 +42,16 @@ fn limits() -> RunLimits {
 fn request(call_id: &str, argv: &[&str], replay: Vec<NewEntry>) -> RunRequest {
     RunRequest {
         call_id: call_id.into(),
+        attempt: 1,
         argv: argv.iter().map(|s| s.to_string()).collect(),
         env: Vec::new(),
         stdin: Vec::new(),
         limits: limits(),
         replay,
+        repeatable: false,
+        egress: Vec::new(),
+        sink: None,
+        prelude: Vec::new(),
     }
 }
 
@@ -246,4 +251,252 @@ async fn artifacts_are_checked_before_they_run() {
         toolgrid::worker::runtime::validate_artifact(&component).unwrap(),
         "component"
     );
+}
+
+/// A preview 1 module that sends the given request documents in order through the
+/// `toolgrid` import and prints each response document on its own line.
+fn http_module(requests: &[String]) -> Vec<u8> {
+    let mut data = String::new();
+    let mut calls = String::new();
+    let mut offset = 4096u32;
+    for request in requests {
+        let escaped: String = request.bytes().map(|b| format!("\\{b:02x}")).collect();
+        data += &format!("(data (i32.const {offset}) \"{escaped}\")\n");
+        calls += &format!(
+            r#"
+    (call $send (i32.const {offset}) (i32.const {len}) (i32.const 0) (i32.const 4))
+    (drop)
+    (drop (call $take (i32.load (i32.const 0)) (i32.const 65536) (i32.const 65536)))
+    (i32.store (i32.const 8) (i32.const 65536))
+    (i32.store (i32.const 12) (i32.load (i32.const 4)))
+    (drop (call $fd_write (i32.const 1) (i32.const 8) (i32.const 1) (i32.const 16)))
+    (i32.store (i32.const 8) (i32.const 32))
+    (i32.store (i32.const 12) (i32.const 1))
+    (drop (call $fd_write (i32.const 1) (i32.const 8) (i32.const 1) (i32.const 16)))"#,
+            len = request.len()
+        );
+        offset += request.len() as u32 + 16;
+    }
+    let wat = format!(
+        r#"(module
+  (import "toolgrid" "http_send" (func $send (param i32 i32 i32 i32) (result i32)))
+  (import "toolgrid" "http_take" (func $take (param i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 4)
+  (data (i32.const 32) "\0a")
+  {data}
+  (func (export "_start") {calls}))"#
+    );
+    wat::parse_str(&wat).expect("valid WAT")
+}
+
+fn http_request(run: &RunRequest) -> RunRequest {
+    run.clone()
+}
+
+#[tokio::test]
+async fn outgoing_requests_are_committed_first_carry_keys_and_replay_from_the_oplog() {
+    use std::sync::Arc;
+    use toolgrid::api::EgressRule;
+    use toolgrid::worker::runtime::MemorySink;
+
+    let witness = common::witness::Witness::start().await;
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let requests = vec![
+        format!(
+            r#"{{"method": "POST", "url": "{}/effects", "body": "one"}}"#,
+            witness.base()
+        ),
+        format!(
+            r#"{{"method": "GET", "url": "{}/effects/x"}}"#,
+            witness.base()
+        ),
+    ];
+    let bytes = http_module(&requests);
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+    let compiled = runtime.compile(&digest, bytes).await.unwrap();
+    let egress = vec![EgressRule {
+        host: "127.0.0.1".into(),
+        ports: vec![witness.addr.port()],
+        allow_private: true,
+    }];
+    let sink = Arc::new(MemorySink::default());
+    let mut first = request("h1", &["h"], vec![]);
+    first.egress = egress.clone();
+    first.sink = Some(sink.clone());
+    let live = runtime.run(&compiled, http_request(&first)).await;
+    assert!(live.failure.is_none(), "{:?}", live.failure);
+    let printed = String::from_utf8_lossy(&live.stdout).to_string();
+    assert!(
+        printed.lines().all(|l| l.contains("\"status\":200")),
+        "{printed}"
+    );
+
+    // Each request reached the witness once, with the call's key for its number.
+    let seen = witness.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].key.as_deref(), Some("toolgrid-h1-1"));
+    assert_eq!(seen[1].key.as_deref(), Some("toolgrid-h1-2"));
+    assert_eq!(seen[0].body, "one");
+    // The start of each request was committed before it left; its response after it came.
+    let committed = sink.entries.lock().unwrap().clone();
+    let kinds: Vec<&str> = committed.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "http-request",
+            "http-response",
+            "http-request",
+            "http-response"
+        ]
+    );
+    assert_eq!(committed[0].payload["idempotencyKey"], "toolgrid-h1-1");
+
+    // A replay with the full oplog answers both from it: nothing reaches the witness.
+    let mut again = first.clone();
+    again.replay = committed.clone();
+    again.attempt = 2;
+    let replayed = runtime.run(&compiled, again).await;
+    assert!(replayed.failure.is_none(), "{:?}", replayed.failure);
+    assert_eq!(replayed.stdout, live.stdout);
+    assert_eq!(witness.seen().len(), 2, "nothing was sent again");
+
+    // Lost after the POST started but before its response was recorded: a write tool
+    // must not send it again.
+    let in_flight = vec![committed[0].clone()];
+    let mut write = first.clone();
+    write.replay = in_flight.clone();
+    write.attempt = 2;
+    write.repeatable = false;
+    let outcome = runtime.run(&compiled, write).await;
+    let failure = outcome.failure.expect("outcome unknown");
+    assert_eq!(failure.kind, ErrorKind::OutcomeUnknown);
+    assert!(
+        failure.message.contains("request 1 (POST"),
+        "{}",
+        failure.message
+    );
+    assert_eq!(witness.seen().len(), 2, "the POST was not repeated");
+
+    // An idempotent tool re-sends it with the same key.
+    let mut idempotent = first.clone();
+    idempotent.replay = in_flight;
+    idempotent.attempt = 2;
+    idempotent.repeatable = true;
+    let outcome = runtime.run(&compiled, idempotent).await;
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+    let seen = witness.seen();
+    assert_eq!(seen.len(), 4);
+    assert_eq!(
+        seen[2].key.as_deref(),
+        Some("toolgrid-h1-1"),
+        "the same key as the first time"
+    );
+    assert_eq!(seen[2].attempt.as_deref(), Some("2"));
+
+    // A replay that sends something else at the same number diverges before sending it.
+    let other = http_module(&[format!(
+        r#"{{"method": "POST", "url": "{}/other", "body": "one"}}"#,
+        witness.base()
+    )]);
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(&other)));
+    let other = runtime.compile(&digest, other).await.unwrap();
+    let mut diverging = first.clone();
+    diverging.replay = committed;
+    let outcome = runtime.run(&other, diverging).await;
+    assert_eq!(
+        outcome.failure.expect("diverged").kind,
+        ErrorKind::ReplayDivergence
+    );
+    assert_eq!(witness.seen().len(), 4);
+}
+
+#[tokio::test]
+async fn a_refused_commit_stops_the_guest_before_the_request_leaves() {
+    use std::sync::Arc;
+    use toolgrid::api::EgressRule;
+    use toolgrid::store::NewEntry;
+    use toolgrid::worker::http::OplogSink;
+    use toolgrid::worker::link::AppendError;
+
+    struct Refusing;
+    #[async_trait::async_trait]
+    impl OplogSink for Refusing {
+        async fn append(&self, _: Vec<NewEntry>) -> Result<(), AppendError> {
+            Err(AppendError::Fenced)
+        }
+    }
+
+    let witness = common::witness::Witness::start().await;
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let bytes = http_module(&[format!(
+        r#"{{"method": "POST", "url": "{}/effects", "body": "x"}}"#,
+        witness.base()
+    )]);
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+    let compiled = runtime.compile(&digest, bytes).await.unwrap();
+    let mut fenced = request("f1", &["f"], vec![]);
+    fenced.egress = vec![EgressRule {
+        host: "127.0.0.1".into(),
+        ports: vec![witness.addr.port()],
+        allow_private: true,
+    }];
+    fenced.sink = Some(Arc::new(Refusing));
+    let outcome = runtime.run(&compiled, fenced).await;
+    assert!(outcome.fenced, "the worker abandons the call");
+    assert!(witness.seen().is_empty(), "nothing left the sandbox");
+}
+
+#[tokio::test]
+async fn egress_refusals_reach_the_guest_and_the_oplog() {
+    use toolgrid::api::EgressRule;
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let bytes = http_module(&[
+        r#"{"url": "http://localhost:9/x"}"#.to_string(),
+        r#"{"url": "http://10.11.12.13/x"}"#.to_string(),
+        r#"{"url": "https://unlisted.test/x"}"#.to_string(),
+        r#"{"url": "not a url"}"#.to_string(),
+    ]);
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+    let compiled = runtime.compile(&digest, bytes).await.unwrap();
+    let mut run = request("e1", &["e"], vec![]);
+    run.egress = vec![
+        EgressRule {
+            host: "localhost".into(),
+            ports: vec![9],
+            allow_private: false,
+        },
+        EgressRule {
+            host: "10.11.12.13".into(),
+            ports: vec![],
+            allow_private: false,
+        },
+    ];
+    let outcome = runtime.run(&compiled, run).await;
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+    let printed = String::from_utf8_lossy(&outcome.stdout).to_string();
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(lines.len(), 4, "{printed}");
+    assert!(
+        lines[0].contains("egress-denied") && lines[0].contains("loopback"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].contains("egress-denied") && lines[1].contains("private"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[2].contains("egress-denied") && lines[2].contains("unlisted.test:443"),
+        "{}",
+        lines[2]
+    );
+    assert!(lines[3].contains("invalid-request"), "{}", lines[3]);
+    let entries = outcome.log.take_pending();
+    let denied = entries.iter().filter(|e| e.kind == "http-denied").count();
+    assert_eq!(denied, 3, "each refusal is in the oplog: {entries:?}");
 }

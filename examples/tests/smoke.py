@@ -7,7 +7,9 @@
 Runs each tool with the argv layout toolgrid uses ([tool, command,
 positional..., --option value..., --flag...]) and checks stdout (one JSON
 value), exit codes and stderr. textstats and semver are also compared with
-small Python reference implementations on generated inputs.
+small Python reference implementations on generated inputs. fetch is run with
+wasmtime's wasi:http against a local HTTP server on 127.0.0.1 (no other
+network is used).
 """
 import json
 import os
@@ -22,7 +24,7 @@ EXAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = EXAMPLES
 if "--dir" in sys.argv:
     ROOT = sys.argv[sys.argv.index("--dir") + 1]
-WASM = {t: os.path.join(ROOT, "tools", t, t + ".wasm") for t in ("textstats", "semver", "uuid")}
+WASM = {t: os.path.join(ROOT, "tools", t, t + ".wasm") for t in ("textstats", "semver", "uuid", "fetch")}
 
 failures = 0
 checks = 0
@@ -55,7 +57,7 @@ def check(cond, what):
 
 
 def call(tool, argv, stdin=b"", expect_code=0, memory_limit=32 << 20):
-    code, out, err = wasirun.run(WASM[tool], [tool] + argv, stdin, memory_limit)
+    code, out, err = wasirun.run(WASM[tool], [tool] + argv, stdin, memory_limit, http=tool == "fetch")
     what = "%s %s (stdin %d bytes)" % (tool, argv, len(stdin))
     check(code == expect_code, "%s: exit %d, expected %d; stderr=%r" % (what, code, expect_code, err))
     if code == 0:
@@ -318,8 +320,141 @@ def test_uuid():
         call("uuid", bad, expect_code=1)
 
 
+# ---------------------------------------------------------------------- fetch
+
+def fetch_server():
+    """A local HTTP server for fetch; returns (server, base URL, list of
+    (path, request headers) it received)."""
+    import http.server
+    import threading
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def reply(self, status, body=b"", headers=()):
+            self.send_response(status)
+            for k, v in headers:
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+            p = self.path
+            if p == "/hello":
+                self.reply(200, b"hello \xc3\xa9 \"world\"\n", [("Content-Type", "text/plain; charset=utf-8"),
+                                                        ("X-Multi", "a"), ("X-Multi", "b")])
+            elif p == "/invalid":
+                self.reply(200, b"a\xffb\xe2\x82c\xed\xa0\x80\x01")
+            elif p == "/big":
+                self.reply(200, "é".encode() * 50000)
+            elif p.startswith("/hop/"):
+                n = int(p[5:])
+                if n == 0:
+                    self.reply(200, b"landed")
+                else:
+                    self.reply(302, b"", [("Location", "/hop/%d" % (n - 1))])
+            elif p == "/relative/a/b":
+                self.reply(301, b"", [("Location", "../c/./d?x=1#frag")])
+            elif p == "/cross":
+                self.reply(307, b"", [("Location", "http://localhost:%d/hello" % port)])
+            elif p == "/missing":
+                self.reply(404, b"no such page")
+            else:
+                self.reply(200, ("path=" + p).encode())
+
+    class Server(http.server.ThreadingHTTPServer):
+        def handle_error(self, request, client_address):
+            # fetch stops reading a truncated body and drops the connection
+            if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):
+                super().handle_error(request, client_address)
+
+    srv = Server(("127.0.0.1", 0), Handler)
+    port = srv.server_address[1]
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, "http://127.0.0.1:%d" % port, seen
+
+
+def test_fetch():
+    import socket
+    srv, base, seen = fetch_server()
+    try:
+        r = call("fetch", ["get", base + "/hello", "--max-bytes", "20000", "--header", "X-Token: abc ",
+                           "--header", "Accept: text/plain"])
+        check(r["url"] == base + "/hello" and r["status"] == 200 and r["truncated"] is False, "fetch hello: %r" % r)
+        check(r["body"] == 'hello é "world"\n', "fetch hello body: %r" % r["body"])
+        check(r["headers"].get("content-type") == "text/plain; charset=utf-8" and r["headers"].get("x-multi") == "a, b"
+              and r["headers"].get("content-length") == "17", "fetch hello headers: %r" % r["headers"])
+        path, hdrs = seen[-1]
+        check(path == "/hello" and hdrs.get("x-token") == "abc" and hdrs.get("accept") == "text/plain"
+              and hdrs.get("user-agent") == "toolgrid-fetch/1.0", "fetch request headers: %r" % hdrs)
+        call("fetch", ["get", base + "/ua", "--max-bytes", "20000", "--header", "User-Agent: me/2"])
+        check(seen[-1][1].get("user-agent") == "me/2", "fetch custom user-agent: %r" % seen[-1][1])
+        r = call("fetch", ["get", base + "/q?a=1&b=%20#frag", "--max-bytes", "20000"])
+        check(r["body"] == "path=/q?a=1&b=%20" and seen[-1][0] == "/q?a=1&b=%20", "fetch query: %r" % r)
+        r = call("fetch", ["get", base, "--max-bytes", "20000"])
+        check(r["body"] == "path=/", "fetch empty path: %r" % r)
+
+        # lossy UTF-8 (one U+FFFD per maximal invalid subpart) and truncation
+        r = call("fetch", ["get", base + "/invalid", "--max-bytes", "20000"])
+        check(r["body"] == "a\ufffdb\ufffdc\ufffd\ufffd\ufffd\x01", "fetch invalid utf-8: %r" % r["body"])
+        r = call("fetch", ["get", base + "/big", "--max-bytes", "5"])
+        check(r["body"] == "éé" and r["truncated"] is True, "fetch cut at a character: %r" % r)
+        r = call("fetch", ["get", base + "/big", "--max-bytes", "100000"])
+        check(r["body"] == "é" * 50000 and r["truncated"] is False, "fetch exact size: %r" % r["truncated"])
+        r = call("fetch", ["get", base + "/big", "--max-bytes", "99999"])
+        check(r["body"] == "é" * 49999 and r["truncated"] is True, "fetch one byte short: %r" % r["truncated"])
+        r = call("fetch", ["get", base + "/big", "--max-bytes", "10485760"])
+        check(len(r["body"]) == 50000 and r["truncated"] is False, "fetch max limit")
+
+        # statuses and redirects
+        r = call("fetch", ["get", base + "/missing", "--max-bytes", "20000"])
+        check(r["status"] == 404 and r["body"] == "no such page", "fetch 404: %r" % r)
+        r = call("fetch", ["get", base + "/hop/2", "--max-bytes", "20000"])
+        check(r["status"] == 302 and r["headers"].get("location") == "/hop/1" and r["url"] == base + "/hop/2",
+              "fetch redirect not followed: %r" % r)
+        r = call("fetch", ["get", base + "/hop/5", "--max-bytes", "20000", "--follow-redirects"])
+        check(r["status"] == 200 and r["body"] == "landed" and r["url"] == base + "/hop/0", "fetch 5 hops: %r" % r)
+        r = call("fetch", ["get", base + "/hop/6", "--max-bytes", "20000", "--follow-redirects"])
+        check(r["status"] == 302 and r["url"] == base + "/hop/1", "fetch 6 hops: %r" % r)
+        r = call("fetch", ["get", base + "/relative/a/b", "--max-bytes", "20000", "--follow-redirects"])
+        check(r["url"] == base + "/relative/c/d?x=1" and r["body"] == "path=/relative/c/d?x=1", "fetch relative: %r" % r)
+        n = len(seen)
+        r = call("fetch", ["get", base + "/cross", "--max-bytes", "20000", "--follow-redirects",
+                           "--header", "Authorization: Bearer secret"])
+        if r is not None:
+            check(r["url"] == base.replace("127.0.0.1", "localhost") + "/hello" and r["status"] == 200,
+                  "fetch cross-origin redirect: %r" % r)
+            check("authorization" in seen[n][1] and "authorization" not in seen[n + 1][1]
+                  and seen[n + 1][1].get("user-agent") == "toolgrid-fetch/1.0",
+                  "fetch drops --header on another origin: %r" % seen[n:])
+
+        # failures: exit 1, one line on stderr
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        dead = "http://127.0.0.1:%d/" % s.getsockname()[1]
+        s.close()
+        err = call("fetch", ["get", dead, "--max-bytes", "20000"], expect_code=1)
+        check("request-failed" in err and "connection-refused" in err, "fetch refused: %r" % err)
+        for bad in (["get", "ftp://example.com/", "--max-bytes", "20000"], ["get", "http://", "--max-bytes", "1"],
+                    ["get", "http://user@example.com/"], ["get", base, "--header", "NoColon"],
+                    ["get", base, "--header", "Bad Name: x"], ["get", base, "--header", "Host: example.com"],
+                    ["get", base, "--max-bytes", "0"], ["get", base, "--max-bytes", "10485761"],
+                    ["get", base, "--max-bytes"], ["get"], ["get", base, base], ["post", base], []):
+            call("fetch", bad, expect_code=1)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 if __name__ == "__main__":
-    for name, fn in (("textstats", test_textstats), ("semver", test_semver), ("uuid", test_uuid)):
+    for name, fn in (("textstats", test_textstats), ("semver", test_semver), ("uuid", test_uuid),
+                     ("fetch", test_fetch)):
         before = failures
         fn()
         print("%-10s %s" % (name, "ok" if failures == before else "FAILED"))

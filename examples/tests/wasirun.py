@@ -1,7 +1,8 @@
 """Minimal runner for toolgrid example tools (test helper, not used by toolgrid).
 
 Runs a WASI preview 1 command module or a WASI preview 2 command component
-with the given argv and stdin, and returns (exit_code, stdout, stderr).
+(optionally with wasi:http) with the given argv and stdin, and returns
+(exit_code, stdout, stderr).
 Needs the Python bindings of wasmtime: pip install wasmtime
 """
 import os
@@ -27,8 +28,9 @@ def _load(path):
     return _cache[path]
 
 
-def run(path, argv, stdin=b"", memory_limit=None):
-    """memory_limit: maximum linear memory in bytes (like a ToolRelease's limits.memory)."""
+def run(path, argv, stdin=b"", memory_limit=None, http=False):
+    """memory_limit: maximum linear memory in bytes (like a ToolRelease's limits.memory).
+    http: give a component wasmtime's wasi:http (outgoing requests go out for real)."""
     is_component, artifact = _load(path)
     with tempfile.TemporaryDirectory() as tmp:
         paths = {n: os.path.join(tmp, n) for n in ("stdin", "stdout", "stderr")}
@@ -47,6 +49,9 @@ def run(path, argv, stdin=b"", memory_limit=None):
         if is_component:
             linker = wc.Linker(_engine)
             linker.add_wasip2()
+            if http:
+                store.set_wasi_http()
+                linker.add_wasi_http()
             inst = linker.instantiate(store, artifact)
             iface = None
             for v in range(20, -1, -1):  # wasi:cli/run@0.2.x

@@ -12,6 +12,7 @@ pub fn judge(
     interface: &CommandInterface,
     record: &CallRecord,
     result: &proto::CallResult,
+    worker: &str,
 ) -> CallOutcome {
     let stderr = String::from_utf8_lossy(&result.stderr_tail)
         .trim_end()
@@ -34,6 +35,8 @@ pub fn judge(
             "stdoutBytes": result.stdout.len(),
             "runMicros": result.run_micros,
             "epoch": result.epoch,
+            "worker": worker,
+            "replayed": result.replayed,
         }),
         Err(error) => json!({
             "state": "failed",
@@ -42,6 +45,8 @@ pub fn judge(
             "stdoutBytes": result.stdout.len(),
             "runMicros": result.run_micros,
             "epoch": result.epoch,
+            "worker": worker,
+            "replayed": result.replayed,
         }),
     };
     tracing::debug!(call = %record.id, "judged");

@@ -275,6 +275,7 @@ impl Gateway {
                 effect: tool.effect.as_str().into(),
                 command: command_def,
                 deadline_ms: created + timeout_ms as i64,
+                egress: release.network.egress.clone(),
             },
             stdin,
             idempotency_key,

@@ -57,7 +57,11 @@ impl WorkerLink for WorkerLinkService {
             ));
         }
         let (tx, rx) = mpsc::channel(1024);
-        let (session, abandon) = self.scheduler.register(&register, tx.clone()).await;
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let (session, abandon) = self
+            .scheduler
+            .register(&register, tx.clone(), stop.clone())
+            .await;
         let config = self.scheduler.config();
         let registered = proto::Registered {
             heartbeat_interval_ms: config.heartbeat_interval.as_millis() as u32,
@@ -72,7 +76,11 @@ impl WorkerLink for WorkerLinkService {
         let worker = register.worker_id.clone();
         tokio::spawn(async move {
             let reason = loop {
-                let message = match inbound.next().await {
+                let next = tokio::select! {
+                    next = inbound.next() => next,
+                    _ = stop.notified() => break "session ended by the control plane".to_string(),
+                };
+                let message = match next {
                     None => break "stream closed".to_string(),
                     Some(Err(status)) => break format!("stream broke: {}", status.message()),
                     Some(Ok(message)) => message,

@@ -49,7 +49,7 @@ impl Default for SchedulerConfig {
 
 /// Judges a finished run into the call's outcome (the gateway's completion step).
 pub type Judge =
-    fn(&CommandInterface, &CallRecord, &proto::CallResult) -> crate::store::CallOutcome;
+    fn(&CommandInterface, &CallRecord, &proto::CallResult, &str) -> crate::store::CallOutcome;
 
 /// The outbound half of a worker's stream.
 pub type ControlSender = mpsc::Sender<Result<ControlEvent, Status>>;
@@ -62,6 +62,9 @@ struct WorkerEntry {
     cached: HashSet<String>,
     tx: ControlSender,
     lease_until: Instant,
+    /// Ends the session's stream at once (a lapsed lease), so a paused worker that wakes
+    /// up finds its stream gone and its commits unacknowledged.
+    stop: Arc<Notify>,
 }
 
 struct Queued {
@@ -224,6 +227,7 @@ impl Scheduler {
         &self,
         register: &proto::Register,
         tx: ControlSender,
+        stop: Arc<Notify>,
     ) -> (u64, Vec<String>) {
         let mut abandon = Vec::new();
         let mut adopted = Vec::new();
@@ -293,6 +297,7 @@ impl Scheduler {
                     cached: register.cached_digests.iter().cloned().collect(),
                     tx,
                     lease_until: Instant::now() + self.config.lease,
+                    stop,
                 },
             );
             (session, stale)
@@ -394,7 +399,7 @@ impl Scheduler {
                 }
             },
         };
-        let outcome = (self.judge)(&interface, &record, &result);
+        let outcome = (self.judge)(&interface, &record, &result, worker);
         let entries = result.entries.iter().map(entry_from_proto).collect();
         let accepted = match self
             .store
@@ -445,7 +450,9 @@ impl Scheduler {
             if !current {
                 return;
             }
-            state.workers.remove(worker);
+            if let Some(entry) = state.workers.remove(worker) {
+                entry.stop.notify_one();
+            }
             let ids: Vec<String> = state
                 .running
                 .iter()
@@ -622,25 +629,36 @@ impl Scheduler {
             let call_id = queued.record.id.clone();
             match self.store.assign_call(&call_id, &worker).await {
                 Ok(epoch) => {
-                    let replay = if queued.record.epoch > 0
-                        || queued.record.state == crate::store::CallState::Running
-                    {
+                    // Epoch 1 is a call's first assignment; any later one re-runs it from its
+                    // oplog. Without the oplog it must not run at all.
+                    let (replay, attempt) = if epoch > 1 {
                         match self.store.oplog(&call_id).await {
-                            Ok(entries) => entries
-                                .into_iter()
-                                .filter(|e| is_host_entry(&e.kind))
-                                .map(|e| proto::OplogEntry {
-                                    kind: e.kind,
-                                    payload: e.payload.to_string().into_bytes(),
-                                })
-                                .collect(),
+                            Ok(entries) => {
+                                let attempt =
+                                    entries.iter().filter(|e| e.kind == "assigned").count() as u32;
+                                let replay = entries
+                                    .into_iter()
+                                    .filter(|e| is_host_entry(&e.kind))
+                                    .map(|e| proto::OplogEntry {
+                                        kind: e.kind,
+                                        payload: e.payload.to_string().into_bytes(),
+                                    })
+                                    .collect();
+                                (replay, attempt.max(1))
+                            }
                             Err(error) => {
-                                tracing::error!(call = %call_id, %error, "cannot read the oplog to replay");
-                                Vec::new()
+                                tracing::error!(call = %call_id, %error, "cannot read the oplog to replay; retrying");
+                                let mut state = self.lock();
+                                state.running.remove(&call_id);
+                                if let Some(w) = state.workers.get_mut(&worker) {
+                                    w.busy.remove(&call_id);
+                                }
+                                state.queue.push_front(queued);
+                                return;
                             }
                         }
                     } else {
-                        Vec::new()
+                        (Vec::new(), 1)
                     };
                     {
                         let mut state = self.lock();
@@ -650,7 +668,7 @@ impl Scheduler {
                             running.epoch = epoch;
                         }
                     }
-                    let assign = assign_of(&queued.record, epoch, replay);
+                    let assign = assign_of(&queued.record, epoch, attempt, replay);
                     tracing::info!(call = %call_id, tool = %queued.record.tool, worker, epoch, "call assigned");
                     self.calls.progress(
                         &call_id,
@@ -757,7 +775,12 @@ fn entry_from_proto(entry: &proto::OplogEntry) -> NewEntry {
     NewEntry::new(entry.kind.clone(), payload)
 }
 
-fn assign_of(record: &CallRecord, epoch: u64, replay: Vec<proto::OplogEntry>) -> proto::Assign {
+fn assign_of(
+    record: &CallRecord,
+    epoch: u64,
+    attempt: u32,
+    replay: Vec<proto::OplogEntry>,
+) -> proto::Assign {
     let spec = &record.spec;
     let remaining = if spec.deadline_ms > 0 {
         (spec.deadline_ms - now_ms()).max(1) as u64
@@ -784,5 +807,7 @@ fn assign_of(record: &CallRecord, epoch: u64, replay: Vec<proto::OplogEntry>) ->
         replay,
         effect: spec.effect.clone(),
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
+        attempt,
+        egress_json: serde_json::to_string(&spec.egress).unwrap_or_default(),
     }
 }

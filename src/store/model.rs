@@ -99,6 +99,9 @@ pub struct CallSpec {
     /// Unix milliseconds by which the whole call must end.
     #[serde(default)]
     pub deadline_ms: i64,
+    /// The release's egress rules when the call was admitted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<crate::api::EgressRule>,
 }
 
 /// A call as the gateway admits it.

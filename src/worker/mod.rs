@@ -1,6 +1,8 @@
 //! Sandbox workers: a process that attaches to the control plane over the worker link and
 //! runs each assigned call in a fresh wasmtime sandbox, recording every host result.
 
+pub mod egress;
+pub mod http;
 mod limits;
 pub mod link;
 pub mod process;

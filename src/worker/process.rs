@@ -1,7 +1,8 @@
 //! The worker process: attach to the control plane, run what it assigns, report results,
 //! and re-attach after a broken stream with the calls still in flight.
 
-use super::link::{Link, LinkSlot};
+use super::http::OplogSink;
+use super::link::{AppendError, Link, LinkSlot};
 use super::runtime::{PrepareError, RunRequest, Runtime, RuntimeConfig};
 use crate::proto::worker_link_client::WorkerLinkClient;
 use crate::proto::{self, WorkerEvent, control_event, worker_event};
@@ -265,10 +266,23 @@ fn start_call(
             },
         );
     }
-    let (runtime, in_flight_task, slot) = (runtime.clone(), in_flight.clone(), slot.clone());
+    let (runtime, in_flight_task, slot, worker_id) = (
+        runtime.clone(),
+        in_flight.clone(),
+        slot.clone(),
+        config.worker_id.clone(),
+    );
     let task = tokio::spawn(
         async move {
-            let result = run_call(&runtime, &slot, assign).await;
+            let call_id = assign.call_id.clone();
+            let Some(result) = run_call(&runtime, &slot, &worker_id, assign).await else {
+                // Fenced: the call belongs to another worker now; forget it quietly.
+                let mut calls = in_flight_task.lock();
+                if calls.get(&call_id).is_some_and(|h| h.epoch == epoch) {
+                    calls.remove(&call_id);
+                }
+                return;
+            };
             let held = {
                 let mut calls = in_flight_task.lock();
                 match calls.get_mut(&result.call_id) {
@@ -293,7 +307,13 @@ fn start_call(
     }
 }
 
-async fn run_call(runtime: &Runtime, slot: &LinkSlot, assign: proto::Assign) -> proto::CallResult {
+/// Runs one assignment; `None` when the call was fenced away mid-run.
+async fn run_call(
+    runtime: &Runtime,
+    slot: &LinkSlot,
+    worker_id: &str,
+    assign: proto::Assign,
+) -> Option<proto::CallResult> {
     let mut result = proto::CallResult {
         call_id: assign.call_id.clone(),
         epoch: assign.epoch,
@@ -322,14 +342,48 @@ async fn run_call(runtime: &Runtime, slot: &LinkSlot, assign: proto::Assign) -> 
             tracing::error!(%error, "cannot prepare the release");
             result.failure_kind = kind.into();
             result.failure_message = error.to_string();
-            return result;
+            return Some(result);
         }
     };
     let limits = assign.limits.unwrap_or_default();
+    let attempt = assign.attempt.max(1);
+    let egress: Vec<crate::api::EgressRule> = if assign.egress_json.is_empty() {
+        Vec::new()
+    } else {
+        match serde_json::from_str(&assign.egress_json) {
+            Ok(rules) => rules,
+            Err(error) => {
+                result.failure_kind = "internal".into();
+                result.failure_message =
+                    format!("the assignment's egress rules do not parse: {error}");
+                return Some(result);
+            }
+        }
+    };
+    let mut env: Vec<(String, String)> = assign.env.into_iter().collect();
+    env.push(("TOOLGRID_CALL_ID".into(), assign.call_id.clone()));
+    env.push(("TOOLGRID_ATTEMPT".into(), attempt.to_string()));
+    let mut prelude = Vec::new();
+    if !assign.replay.is_empty() || attempt > 1 {
+        prelude.push(NewEntry::new(
+            "replay",
+            serde_json::json!({"worker": worker_id, "attempt": attempt, "epoch": assign.epoch, "entries": assign.replay.len()}),
+        ));
+    }
+    let sink: Arc<dyn OplogSink> = Arc::new(LinkSink {
+        slot: slot.clone(),
+        call_id: assign.call_id.clone(),
+        epoch: assign.epoch,
+    });
     let request = RunRequest {
         call_id: assign.call_id.clone(),
+        attempt,
+        repeatable: matches!(assign.effect.as_str(), "read" | "idempotent"),
+        egress,
+        sink: Some(sink),
+        prelude,
         argv: assign.argv,
-        env: assign.env.into_iter().collect(),
+        env,
         stdin: assign.stdin,
         limits: RunLimits {
             memory_bytes: limits.memory_bytes,
@@ -349,9 +403,15 @@ async fn run_call(runtime: &Runtime, slot: &LinkSlot, assign: proto::Assign) -> 
             })
             .collect(),
     };
-    let replayed = request.replay.len();
     let outcome = runtime.run(&compiled, request).await;
-    let (_, recorded) = outcome.log.counts();
+    let (replayed, recorded) = outcome.log.counts();
+    if outcome.fenced {
+        tracing::warn!(
+            reason = outcome.log.aborted().map(|(_, r)| r).unwrap_or_default(),
+            "call abandoned: its assignment was taken away"
+        );
+        return None;
+    }
     tracing::info!(
         exit = outcome.exit_code,
         failure = outcome
@@ -381,7 +441,28 @@ async fn run_call(runtime: &Runtime, slot: &LinkSlot, assign: proto::Assign) -> 
         })
         .collect();
     result.run_micros = outcome.elapsed.as_micros() as u64;
-    result
+    result.replayed = replayed as u64;
+    result.recorded = recorded as u64;
+    Some(result)
+}
+
+/// Commits a call's entries over the current attachment under its epoch.
+struct LinkSink {
+    slot: LinkSlot,
+    call_id: String,
+    epoch: u64,
+}
+
+#[async_trait::async_trait]
+impl OplogSink for LinkSink {
+    async fn append(&self, entries: Vec<NewEntry>) -> Result<(), AppendError> {
+        match self.slot.get() {
+            Some(link) => link.append(&self.call_id, self.epoch, entries).await,
+            None => Err(AppendError::Unacknowledged(
+                "not attached to the control plane".into(),
+            )),
+        }
+    }
 }
 
 /// Downloads an artifact from the control plane, riding out a reconnect or two.

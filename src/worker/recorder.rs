@@ -16,10 +16,37 @@ use wasmtime_wasi::{HostMonotonicClock, HostWallClock};
 pub const WALL_CLOCK: &str = "wall-clock";
 pub const MONOTONIC_CLOCK: &str = "monotonic-clock";
 pub const RANDOM: &str = "random";
+/// The start of an outgoing request, committed before it leaves.
+pub const HTTP_REQUEST: &str = "http-request";
+/// Its response.
+pub const HTTP_RESPONSE: &str = "http-response";
+/// Its refusal by the egress policy.
+pub const HTTP_DENIED: &str = "http-denied";
+/// Its failure (DNS, connection, protocol).
+pub const HTTP_ERROR: &str = "http-error";
 
 /// Host-call entry kinds that are replayed (everything a guest can observe).
 pub fn is_host_entry(kind: &str) -> bool {
     matches!(kind, WALL_CLOCK | MONOTONIC_CLOCK | RANDOM) || kind.starts_with("http-")
+}
+
+/// Why a run must stop at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AbortKind {
+    /// It made a host call its oplog does not have.
+    Diverged,
+    /// Its assignment was taken away: do nothing more, report nothing.
+    Fenced,
+    /// A request may have been applied and repeating it is not safe.
+    OutcomeUnknown,
+}
+
+/// An outgoing request of an earlier attempt, matched by its number.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedHttp {
+    pub request: Value,
+    /// `http-response`, `http-denied` or `http-error`, when one was recorded.
+    pub outcome: Option<NewEntry>,
 }
 
 /// The oplog of one running call, as the worker sees it.
@@ -35,7 +62,10 @@ struct LogState {
     /// Entries recorded live and not yet handed to the control plane.
     pending: Vec<NewEntry>,
     recorded: usize,
-    diverged: Option<String>,
+    aborted: Option<(AbortKind, String)>,
+    /// Outgoing requests of earlier attempts, by number: matched by number rather than by
+    /// position, because when a response arrives relative to other host calls is timing.
+    http: std::collections::BTreeMap<u64, RecordedHttp>,
     /// The recorded random entry being replayed: its source, bytes, and how many are used.
     random: Option<(String, Vec<u8>, usize)>,
     /// Added to live monotonic readings after a replay, so time never runs backwards
@@ -56,12 +86,56 @@ pub enum Replayed {
 
 impl HostLog {
     pub fn new(replay: Vec<NewEntry>) -> Arc<Self> {
+        let mut ordered = VecDeque::new();
+        let mut http: std::collections::BTreeMap<u64, RecordedHttp> = Default::default();
+        for entry in replay {
+            if entry.kind.starts_with("http-") {
+                let Some(seq) = entry.payload.get("seq").and_then(Value::as_u64) else {
+                    continue;
+                };
+                if entry.kind == HTTP_REQUEST {
+                    http.insert(
+                        seq,
+                        RecordedHttp {
+                            request: entry.payload,
+                            outcome: None,
+                        },
+                    );
+                } else if let Some(recorded) = http.get_mut(&seq) {
+                    recorded.outcome = Some(entry);
+                }
+            } else {
+                ordered.push_back(entry);
+            }
+        }
         Arc::new(HostLog {
             state: Mutex::new(LogState {
-                replay: replay.into(),
+                replay: ordered,
+                http,
                 ..LogState::default()
             }),
         })
+    }
+
+    /// The recorded request number `seq`, if an earlier attempt made it.
+    pub fn take_http(&self, seq: u64) -> Option<RecordedHttp> {
+        let mut state = self.lock();
+        let recorded = state.http.remove(&seq);
+        if recorded.is_some() {
+            state.replayed += 1;
+        }
+        recorded
+    }
+
+    /// Stops the run: the epoch callback traps at its next tick, and every host call that
+    /// could have an effect refuses. The first reason wins.
+    pub fn abort(&self, kind: AbortKind, reason: String) {
+        let mut state = self.lock();
+        state.aborted.get_or_insert((kind, reason));
+    }
+
+    pub fn aborted(&self) -> Option<(AbortKind, String)> {
+        self.lock().aborted.clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, LogState> {
@@ -72,7 +146,7 @@ impl HostLog {
     /// Answers the next host call of `kind` from the replay, if any is left.
     pub fn replay_next(&self, kind: &str) -> Replayed {
         let mut state = self.lock();
-        if state.diverged.is_some() {
+        if state.aborted.is_some() {
             return Replayed::Diverged;
         }
         if let Some((_, bytes, used)) = &state.random
@@ -82,7 +156,7 @@ impl HostLog {
                 "the guest made a {kind:?} host call while {} recorded random bytes were still unread",
                 bytes.len() - used
             );
-            state.diverged = Some(reason);
+            state.aborted = Some((AbortKind::Diverged, reason));
             return Replayed::Diverged;
         }
         state.random = None;
@@ -103,7 +177,7 @@ impl HostLog {
                     state.replayed + 1,
                     entry.kind
                 );
-                state.diverged = Some(reason);
+                state.aborted = Some((AbortKind::Diverged, reason));
                 Replayed::Diverged
             }
         }
@@ -118,12 +192,14 @@ impl HostLog {
 
     /// Marks the run as diverged (for host calls whose recorded payload does not fit).
     pub fn diverge(&self, reason: String) {
-        let mut state = self.lock();
-        state.diverged.get_or_insert(reason);
+        self.abort(AbortKind::Diverged, reason);
     }
 
     pub fn divergence(&self) -> Option<String> {
-        self.lock().diverged.clone()
+        match self.lock().aborted.clone() {
+            Some((AbortKind::Diverged, reason)) => Some(reason),
+            _ => None,
+        }
     }
 
     /// True while recorded entries remain to be replayed.
@@ -154,7 +230,7 @@ impl HostLog {
             .random
             .as_ref()
             .is_some_and(|(_, bytes, used)| *used < bytes.len());
-        state.replay.len() + usize::from(partial)
+        state.replay.len() + state.http.len() + usize::from(partial)
     }
 
     fn monotonic(&self, live: u64) -> u64 {
@@ -216,7 +292,7 @@ impl HostLog {
     /// an entry, and a replay hands the bytes out again in the same order.
     fn random(&self, source: &'static str, buf: &mut [u8], live: impl FnOnce(&mut [u8])) {
         let mut state = self.lock();
-        if state.diverged.is_some() {
+        if state.aborted.is_some() {
             drop(state);
             live(buf);
             return;
@@ -231,7 +307,7 @@ impl HostLog {
                     "the guest asked for {} {source} random bytes but the oplog has {left} {recorded_source} bytes left",
                     buf.len()
                 );
-                state.diverged = Some(reason);
+                state.aborted = Some((AbortKind::Diverged, reason));
                 drop(state);
                 live(buf);
                 return;

@@ -1,10 +1,13 @@
 //! The wasmtime runtime of a worker: one engine, compiled releases cached on disk and in
 //! memory as `InstancePre`s, and a fresh `Store` and instance for every call.
 
+use super::egress::Egress;
+use super::http::{HttpFailure, HttpHost, OplogSink, OutgoingRequest};
 use super::limits::{
     CappedOutput, MemoryLimitExceeded, MemoryLimiter, OutputLimitExceeded, TailOutput, Tripwires,
 };
-use super::recorder::{HostLog, RecordedMonotonicClock, RecordedRng, RecordedWallClock};
+use super::link::AppendError;
+use super::recorder::{AbortKind, HostLog, RecordedMonotonicClock, RecordedRng, RecordedWallClock};
 use crate::error::ErrorKind;
 use crate::store::{NewEntry, RunLimits};
 use bytes::Bytes;
@@ -25,6 +28,9 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{
+    Error as HttpError, WasiBody, WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView,
+};
 
 /// How often the engine's epoch advances: the granularity of CPU-time accounting and of
 /// yielding to other calls on the same thread.
@@ -87,6 +93,11 @@ impl Compiled {
 pub struct ModuleState {
     wasi: WasiP1Ctx,
     limiter: MemoryLimiter,
+    /// Outgoing HTTP through the `toolgrid` import.
+    http: Arc<HttpHost>,
+    /// Response documents not yet taken by the guest, by handle.
+    responses: HashMap<u32, Vec<u8>>,
+    next_handle: u32,
 }
 
 /// The state of a preview 2 call.
@@ -94,6 +105,91 @@ pub struct ComponentState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: MemoryLimiter,
+    http_ctx: WasiHttpCtx,
+    http_hooks: HttpHooks,
+}
+
+impl WasiHttpView for ComponentState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http_ctx,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
+        }
+    }
+}
+
+/// `wasi:http/outgoing-handler` through the call's [`HttpHost`].
+struct HttpHooks {
+    host: Arc<HttpHost>,
+}
+
+impl WasiHttpHooks for HttpHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        _options: Option<wasmtime_wasi_http::RequestOptions>,
+        _fut: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send>,
+    ) -> Box<
+        dyn std::future::Future<
+                Output = wasmtime_wasi_http::Result<(
+                    http::Response<WasiBody>,
+                    Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send>,
+                )>,
+            > + Send,
+    > {
+        let host = self.host.clone();
+        Box::new(async move {
+            use http_body_util::BodyExt;
+            let (parts, body) = request.into_parts();
+            let body = body.collect().await?.to_bytes();
+            let headers = parts
+                .headers
+                .iter()
+                .filter(|(name, _)| {
+                    !matches!(
+                        name.as_str(),
+                        "host" | "content-length" | "transfer-encoding" | "connection"
+                    )
+                })
+                .map(|(name, value)| {
+                    (
+                        name.as_str().to_string(),
+                        String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                    )
+                })
+                .collect();
+            let outgoing = OutgoingRequest {
+                method: parts.method.as_str().to_string(),
+                url: parts.uri.to_string(),
+                headers,
+                body,
+            };
+            match host.send(outgoing).await {
+                Ok(response) => {
+                    let mut builder = http::Response::builder().status(response.status);
+                    for (name, value) in &response.headers {
+                        builder = builder.header(name, value);
+                    }
+                    let body = http_body_util::Full::new(response.body)
+                        .map_err(|never| match never {})
+                        .boxed_unsync();
+                    let response = builder
+                        .body(body)
+                        .map_err(|e| HttpError::InternalError(Some(e.to_string())))?;
+                    let io: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send> =
+                        Box::new(async { Ok(()) });
+                    Ok((response, io))
+                }
+                Err(HttpFailure::Denied(_)) => Err(HttpError::HttpRequestDenied),
+                Err(HttpFailure::Invalid(_)) => Err(HttpError::HttpRequestUriInvalid),
+                Err(HttpFailure::Failed(message)) => Err(HttpError::InternalError(Some(message))),
+                Err(HttpFailure::Abort) => Err(HttpError::InternalError(Some(
+                    "the call is being stopped".into(),
+                ))),
+            }
+        })
+    }
 }
 
 impl WasiView for ComponentState {
@@ -109,12 +205,28 @@ impl WasiView for ComponentState {
 #[derive(Clone, Debug, Default)]
 pub struct RunRequest {
     pub call_id: String,
+    /// 1 for a call's first run, then one more for each re-run elsewhere.
+    pub attempt: u32,
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub stdin: Vec<u8>,
     pub limits: RunLimits,
     /// Host-call entries of earlier attempts, answered before going live.
     pub replay: Vec<NewEntry>,
+    /// The tool's effect is `read` or `idempotent`: an in-flight request may be re-sent.
+    pub repeatable: bool,
+    /// Where the tool may send requests.
+    pub egress: Vec<crate::api::EgressRule>,
+    /// Where commits go (the worker link); `None` keeps them in memory.
+    pub sink: Option<Arc<dyn OplogSink>>,
+    /// Entries to record before the guest starts (a replay marker).
+    pub prelude: Vec<NewEntry>,
+}
+
+impl std::fmt::Debug for dyn OplogSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OplogSink")
+    }
 }
 
 /// How a sandbox stopped other than by exiting.
@@ -133,17 +245,36 @@ pub struct RunOutcome {
     /// Entries recorded and not yet committed.
     pub log: Arc<HostLog>,
     pub elapsed: Duration,
+    /// The call was taken from this worker mid-run: report nothing.
+    pub fenced: bool,
 }
+
+/// A sink that keeps commits in memory (tests, and runs without a control plane).
+#[derive(Default)]
+pub struct MemorySink {
+    pub entries: Mutex<Vec<NewEntry>>,
+}
+
+#[async_trait::async_trait]
+impl OplogSink for MemorySink {
+    async fn append(&self, entries: Vec<NewEntry>) -> Result<(), AppendError> {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(entries);
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("stopped: {0}")]
+struct Stopped(String);
 
 #[derive(Debug, thiserror::Error)]
 #[error("CPU time limit of {limit_ms} ms exceeded")]
 struct CpuLimitExceeded {
     limit_ms: u64,
 }
-
-#[derive(Debug, thiserror::Error)]
-#[error("replay diverged: {0}")]
-struct ReplayDiverged(String);
 
 /// The engine, its linkers, and the compiled releases.
 pub struct Runtime {
@@ -164,6 +295,8 @@ impl Drop for Runtime {
 
 impl Runtime {
     pub fn new(config: &RuntimeConfig) -> anyhow::Result<Self> {
+        // TLS for outgoing requests; a second install (another runtime) is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut wasm = Config::new();
         wasm.epoch_interruption(true).wasm_component_model(true);
         if config.pooling {
@@ -182,8 +315,10 @@ impl Runtime {
         wasmtime_wasi::p1::add_to_linker_async(&mut module_linker, |s: &mut ModuleState| {
             &mut s.wasi
         })?;
+        add_toolgrid_http(&mut module_linker)?;
         let mut component_linker = wasmtime::component::Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut component_linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut component_linker)?;
 
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
@@ -372,6 +507,9 @@ impl Runtime {
         let started = Instant::now();
         let trips = Arc::new(Tripwires::default());
         let log = HostLog::new(request.replay);
+        for entry in request.prelude {
+            log.record(&entry.kind, entry.payload);
+        }
         let stdout = CappedOutput::new(request.limits.output_bytes, trips.clone());
         let stderr = TailOutput::new(STDERR_TAIL);
         let mut builder = WasiCtxBuilder::new();
@@ -389,12 +527,28 @@ impl Runtime {
         let limiter = MemoryLimiter::new(request.limits.memory_bytes, trips.clone());
         let timeout = Duration::from_millis(request.limits.timeout_ms.max(1));
         let cpu_limit_ms = request.limits.cpu_time_ms.max(1);
+        let sink: Arc<dyn OplogSink> = request
+            .sink
+            .clone()
+            .unwrap_or_else(|| Arc::new(MemorySink::default()));
+        let http = Arc::new(HttpHost::new(
+            request.call_id.clone(),
+            request.attempt.max(1),
+            request.repeatable,
+            Egress::new(request.egress.clone()),
+            log.clone(),
+            sink,
+            timeout,
+        ));
 
         let result = match compiled {
             Compiled::Module(pre) => {
                 let state = ModuleState {
                     wasi: builder.build_p1(),
                     limiter,
+                    http,
+                    responses: HashMap::new(),
+                    next_handle: 1,
                 };
                 let mut store = Store::new(&self.engine, state);
                 store.limiter(|s| &mut s.limiter);
@@ -411,6 +565,8 @@ impl Runtime {
                     wasi: builder.build(),
                     table: ResourceTable::new(),
                     limiter,
+                    http_ctx: WasiHttpCtx::new(),
+                    http_hooks: HttpHooks { host: http },
                 };
                 let mut store = Store::new(&self.engine, state);
                 store.limiter(|s| &mut s.limiter);
@@ -439,6 +595,7 @@ impl Runtime {
             ),
             Ok(result) => classify(result, &trips, &log),
         };
+        let fenced = matches!(log.aborted(), Some((AbortKind::Fenced, _)));
         RunOutcome {
             exit_code,
             stdout: stdout.contents(),
@@ -446,6 +603,7 @@ impl Runtime {
             failure,
             log,
             elapsed: started.elapsed(),
+            fenced,
         }
     }
 }
@@ -545,8 +703,8 @@ fn arm_cpu_budget<T: 'static>(store: &mut Store<T>, limit_ms: u64, log: Arc<Host
         if used > budget {
             return Err(CpuLimitExceeded { limit_ms }.into());
         }
-        if let Some(reason) = log.divergence() {
-            return Err(ReplayDiverged(reason).into());
+        if let Some((_, reason)) = log.aborted() {
+            return Err(Stopped(reason).into());
         }
         Ok(UpdateDeadline::Yield(1))
     });
@@ -558,8 +716,13 @@ fn classify(
     log: &HostLog,
 ) -> (i32, Option<Failure>) {
     let failure = |kind, message: String| (-1, Some(Failure { kind, message }));
-    if let Some(reason) = log.divergence() {
-        return failure(ErrorKind::ReplayDivergence, reason);
+    match log.aborted() {
+        Some((AbortKind::Diverged, reason)) => return failure(ErrorKind::ReplayDivergence, reason),
+        Some((AbortKind::OutcomeUnknown, reason)) => {
+            return failure(ErrorKind::OutcomeUnknown, reason);
+        }
+        Some((AbortKind::Fenced, reason)) => return failure(ErrorKind::Cancelled, reason),
+        None => {}
     }
     let exit_code = match &result {
         Ok(()) => Some(0),
@@ -593,9 +756,6 @@ fn classify(
     if let Some(cpu) = error.downcast_ref::<CpuLimitExceeded>() {
         return failure(ErrorKind::CpuLimit, cpu.to_string());
     }
-    if let Some(diverged) = error.downcast_ref::<ReplayDiverged>() {
-        return failure(ErrorKind::ReplayDivergence, diverged.0.clone());
-    }
     failure(ErrorKind::Trap, format!("the guest trapped: {error:#}"))
 }
 
@@ -605,4 +765,155 @@ fn seed_of(call_id: &str) -> u128 {
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
     u128::from_le_bytes(bytes)
+}
+
+/// The `toolgrid` import of preview 1 modules: `http_send` and `http_take` (see
+/// `include/toolgrid_http.h` and docs/host-abi.md).
+fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Result<()> {
+    linker.func_wrap_async(
+        "toolgrid",
+        "http_send",
+        |mut caller: wasmtime::Caller<'_, ModuleState>,
+         (request, request_len, handle_out, len_out): (u32, u32, u32, u32)| {
+            Box::new(async move {
+                let memory = guest_memory(&mut caller)?;
+                let mut bytes = vec![0u8; request_len as usize];
+                memory.read(&caller, request as usize, &mut bytes)?;
+                let host = caller.data().http.clone();
+                let (code, document) = match parse_guest_request(&bytes) {
+                    Err(message) => (2, error_document("invalid-request", &message)),
+                    Ok(outgoing) => match host.send(outgoing).await {
+                        Ok(response) => (0, response_document(&response)),
+                        Err(HttpFailure::Denied(message)) => {
+                            (1, error_document("egress-denied", &message))
+                        }
+                        Err(HttpFailure::Invalid(message)) => {
+                            (2, error_document("invalid-request", &message))
+                        }
+                        Err(HttpFailure::Failed(message)) => {
+                            (3, error_document("failed", &message))
+                        }
+                        Err(HttpFailure::Abort) => {
+                            let reason = host_abort_reason(&caller);
+                            return Err(wasmtime::Error::new(Stopped(reason)));
+                        }
+                    },
+                };
+                let document = serde_json::to_vec(&document).unwrap_or_default();
+                let state = caller.data_mut();
+                let handle = state.next_handle;
+                state.next_handle = state.next_handle.wrapping_add(1).max(1);
+                let len = document.len() as u32;
+                state.responses.insert(handle, document);
+                memory.write(&mut caller, handle_out as usize, &handle.to_le_bytes())?;
+                memory.write(&mut caller, len_out as usize, &len.to_le_bytes())?;
+                Ok(code)
+            })
+        },
+    )?;
+    linker.func_wrap(
+        "toolgrid",
+        "http_take",
+        |mut caller: wasmtime::Caller<'_, ModuleState>,
+         handle: u32,
+         buf: u32,
+         len: u32|
+         -> wasmtime::Result<i32> {
+            let memory = guest_memory(&mut caller)?;
+            let fits = caller
+                .data()
+                .responses
+                .get(&handle)
+                .map(|d| d.len() <= len as usize);
+            match fits {
+                Some(true) => {
+                    let document = caller
+                        .data_mut()
+                        .responses
+                        .remove(&handle)
+                        .unwrap_or_default();
+                    memory.write(&mut caller, buf as usize, &document)?;
+                    Ok(0)
+                }
+                _ => Ok(4),
+            }
+        },
+    )?;
+    Ok(())
+}
+
+fn guest_memory(
+    caller: &mut wasmtime::Caller<'_, ModuleState>,
+) -> wasmtime::Result<wasmtime::Memory> {
+    caller
+        .get_export("memory")
+        .and_then(|e| e.into_memory())
+        .ok_or_else(|| wasmtime::Error::msg("the module exports no memory"))
+}
+
+fn host_abort_reason(caller: &wasmtime::Caller<'_, ModuleState>) -> String {
+    caller
+        .data()
+        .http
+        .aborted()
+        .map(|(_, reason)| reason)
+        .unwrap_or_else(|| "the call is being stopped".into())
+}
+
+fn error_document(kind: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({"error": {"kind": kind, "message": message}})
+}
+
+fn response_document(response: &super::http::Response) -> serde_json::Value {
+    let mut document = serde_json::json!({"status": response.status, "headers": response.headers});
+    match std::str::from_utf8(&response.body) {
+        Ok(text) => document["body"] = serde_json::json!(text),
+        Err(_) => {
+            use base64::Engine as _;
+            document["bodyBase64"] =
+                serde_json::json!(base64::engine::general_purpose::STANDARD.encode(&response.body));
+        }
+    }
+    document
+}
+
+/// Reads the request document of `toolgrid.http_send`.
+fn parse_guest_request(bytes: &[u8]) -> Result<OutgoingRequest, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Document {
+        #[serde(default = "get")]
+        method: String,
+        url: String,
+        #[serde(default)]
+        headers: Vec<(String, String)>,
+        #[serde(default)]
+        body: Option<String>,
+        #[serde(default)]
+        body_base64: Option<String>,
+    }
+    fn get() -> String {
+        "GET".into()
+    }
+    let document: Document =
+        serde_json::from_slice(bytes).map_err(|e| format!("the request is not valid JSON: {e}"))?;
+    let body = match (document.body, document.body_base64) {
+        (Some(text), None) => Bytes::from(text),
+        (None, Some(encoded)) => {
+            use base64::Engine as _;
+            Bytes::from(
+                base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|e| format!("bodyBase64 is not base64: {e}"))?,
+            )
+        }
+        (None, None) => Bytes::new(),
+        (Some(_), Some(_)) => return Err("give body or bodyBase64, not both".into()),
+    };
+    Ok(OutgoingRequest {
+        method: document.method,
+        url: document.url,
+        headers: document.headers,
+        body,
+    })
 }

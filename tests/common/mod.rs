@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fixtures;
+pub mod witness;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -248,4 +249,78 @@ pub fn error_kind(call: &proto::Call) -> String {
         .as_ref()
         .map(|e| e.kind.clone())
         .unwrap_or_default()
+}
+
+/// A `toolgrid worker` process started by a test (beside `toolgrid up --no-workers`).
+pub struct WorkerProcess {
+    pub id: String,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl WorkerProcess {
+    pub fn start(platform: &Platform, id: &str, slots: u32, root: &Path) -> WorkerProcess {
+        let log = root.join(format!("worker-{id}.log"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(TOOLGRID)
+            .arg("worker")
+            .arg("--control-plane")
+            .arg(format!("http://{}", platform.grpc))
+            .arg("--id")
+            .arg(id)
+            .arg("--pool")
+            .arg("default")
+            .arg("--slots")
+            .arg(slots.to_string())
+            .arg("--cache")
+            .arg(root.join("worker-cache"))
+            .arg("--reconnect-timeout")
+            .arg("60s")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .expect("start toolgrid worker");
+        WorkerProcess {
+            id: id.to_string(),
+            child: Some(child),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child
+            .as_ref()
+            .map(|c| c.id() as i32)
+            .unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: i32) {
+        unsafe {
+            libc::kill(self.pid(), signal);
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        self.kill();
+    }
 }

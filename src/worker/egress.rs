@@ -1,0 +1,249 @@
+//! The egress policy of a release: which destinations a tool may reach.
+//!
+//! Nothing is reachable unless a rule names its host and port. Destinations are checked by
+//! the addresses they resolve to, and the request then connects to exactly those addresses,
+//! so DNS rebinding cannot slip past: a name that resolves to a loopback, private,
+//! link-local (cloud metadata) or otherwise special address is refused unless its rule says
+//! `allowPrivate`.
+
+use crate::api::EgressRule;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// Where a request may go, decided before it leaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Connect to these addresses (and only these) for `host`.
+    Allowed {
+        host: String,
+        addrs: Vec<SocketAddr>,
+    },
+    Denied(String),
+}
+
+/// The rules of one release.
+#[derive(Clone, Debug, Default)]
+pub struct Egress {
+    rules: Vec<EgressRule>,
+}
+
+/// Ports a rule allows when it lists none.
+const DEFAULT_PORTS: [u16; 2] = [80, 443];
+
+impl Egress {
+    pub fn new(rules: Vec<EgressRule>) -> Self {
+        Egress { rules }
+    }
+
+    fn rule_for(&self, host: &str, port: u16) -> Option<&EgressRule> {
+        self.rules.iter().find(|rule| {
+            let ports_ok = if rule.ports.is_empty() {
+                DEFAULT_PORTS.contains(&port)
+            } else {
+                rule.ports.contains(&port)
+            };
+            ports_ok && host_matches(&rule.host, host)
+        })
+    }
+
+    /// Checks a URL: scheme, rule, and every address the host resolves to.
+    pub async fn check(&self, url: &url::Url) -> Verdict {
+        let scheme = url.scheme();
+        if scheme != "http" && scheme != "https" {
+            return Verdict::Denied(format!(
+                "scheme {scheme:?} is not allowed (use http or https)"
+            ));
+        }
+        let Some(host) = url.host_str() else {
+            return Verdict::Denied("the URL has no host".into());
+        };
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
+        let Some(port) = url.port_or_known_default() else {
+            return Verdict::Denied("the URL has no port".into());
+        };
+        let Some(rule) = self.rule_for(&host, port) else {
+            return Verdict::Denied(format!(
+                "egress to {host}:{port} is not allowed by the release's network.egress"
+            ));
+        };
+        let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => match tokio::net::lookup_host((host.as_str(), port)).await {
+                Ok(addrs) => addrs.collect(),
+                Err(error) => return Verdict::Denied(format!("cannot resolve {host}: {error}")),
+            },
+        };
+        if addrs.is_empty() {
+            return Verdict::Denied(format!("{host} resolves to no address"));
+        }
+        if !rule.allow_private
+            && let Some(bad) = addrs.iter().find(|a| is_restricted(a.ip()))
+        {
+            return Verdict::Denied(format!(
+                "{host} resolves to {}, a loopback, private, link-local or reserved address \
+                 (allow it with allowPrivate on its egress rule)",
+                bad.ip()
+            ));
+        }
+        Verdict::Allowed { host, addrs }
+    }
+}
+
+/// `example.org` matches itself; `*.example.org` matches its subdomains; `*` matches all.
+pub fn host_matches(pattern: &str, host: &str) -> bool {
+    let pattern = pattern.trim().to_ascii_lowercase();
+    let pattern = pattern.trim_start_matches('[').trim_end_matches(']');
+    if pattern == "*" {
+        return true;
+    }
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => {
+            host.len() > suffix.len() + 1
+                && host.ends_with(suffix)
+                && host[..host.len() - suffix.len()].ends_with('.')
+        }
+        None => pattern == host,
+    }
+}
+
+/// Addresses a tool may not reach without `allowPrivate`: loopback, private, link-local
+/// (cloud metadata lives there), carrier-grade NAT, unspecified, broadcast, multicast and
+/// other reserved ranges.
+pub fn is_restricted(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_restricted_v4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => is_restricted_v4(v4),
+            None => is_restricted_v6(v6),
+        },
+    }
+}
+
+fn is_restricted_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, ..] = ip.octets();
+    ip.is_loopback()
+        || ip.is_private()
+        || ip.is_link_local()
+        || ip.is_unspecified()
+        || ip.is_broadcast()
+        || ip.is_multicast()
+        || ip.is_documentation()
+        || a == 0
+        || (a == 100 && (64..128).contains(&b))
+        || (a == 192 && b == 0 && ip.octets()[2] == 0)
+        || (a == 198 && (b == 18 || b == 19))
+        || a >= 240
+}
+
+fn is_restricted_v6(ip: Ipv6Addr) -> bool {
+    let first = ip.segments()[0];
+    ip.is_loopback()
+        || ip.is_unspecified()
+        || ip.is_multicast()
+        || (first & 0xfe00) == 0xfc00
+        || (first & 0xffc0) == 0xfe80
+        || (first == 0x2001 && ip.segments()[1] == 0x0db8)
+        || (first == 0x0064 && ip.segments()[1] == 0xff9b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(host: &str, ports: &[u16], allow_private: bool) -> EgressRule {
+        EgressRule {
+            host: host.into(),
+            ports: ports.to_vec(),
+            allow_private,
+        }
+    }
+
+    #[test]
+    fn host_patterns() {
+        assert!(host_matches("example.org", "example.org"));
+        assert!(host_matches("Example.ORG", "example.org"));
+        assert!(!host_matches("example.org", "api.example.org"));
+        assert!(host_matches("*.example.org", "api.example.org"));
+        assert!(host_matches("*.example.org", "a.b.example.org"));
+        assert!(!host_matches("*.example.org", "example.org"));
+        assert!(!host_matches("*.example.org", "badexample.org"));
+        assert!(host_matches("*", "anything.test"));
+        assert!(host_matches("10.0.0.1", "10.0.0.1"));
+    }
+
+    #[test]
+    fn restricted_addresses() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "224.0.0.1",
+            "::1",
+            "::",
+            "fd00:ec2::254",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+        ] {
+            assert!(is_restricted(ip.parse().unwrap()), "{ip} is restricted");
+        }
+        for ip in [
+            "93.184.216.34",
+            "1.1.1.1",
+            "2606:4700:4700::1111",
+            "::ffff:8.8.8.8",
+        ] {
+            assert!(!is_restricted(ip.parse().unwrap()), "{ip} is public");
+        }
+    }
+
+    #[tokio::test]
+    async fn checks_rules_ports_and_resolved_addresses() {
+        let egress = Egress::new(vec![
+            rule("localhost", &[8080], false),
+            rule("127.0.0.1", &[8080], true),
+            rule("10.9.9.9", &[], false),
+            rule("*.example.org", &[443], false),
+        ]);
+        let check = |u: &str| {
+            let url = url::Url::parse(u).unwrap();
+            let egress = egress.clone();
+            async move { egress.check(&url).await }
+        };
+        assert!(matches!(
+            check("http://127.0.0.1:8080/x").await,
+            Verdict::Allowed { .. }
+        ));
+        let Verdict::Denied(why) = check("http://localhost:8080/").await else {
+            panic!("a name resolving to loopback")
+        };
+        assert!(why.contains("loopback"), "{why}");
+        let Verdict::Denied(why) = check("http://10.9.9.9/").await else {
+            panic!("a private address")
+        };
+        assert!(why.contains("private"), "{why}");
+        let Verdict::Denied(why) = check("http://127.0.0.1:9090/").await else {
+            panic!("another port")
+        };
+        assert!(why.contains("not allowed"), "{why}");
+        let Verdict::Denied(why) = check("https://elsewhere.test/").await else {
+            panic!("no rule")
+        };
+        assert!(why.contains("elsewhere.test:443"), "{why}");
+        assert!(matches!(
+            check("ftp://127.0.0.1:8080/").await,
+            Verdict::Denied(_)
+        ));
+        assert!(
+            matches!(check("http://api.example.org/").await, Verdict::Denied(_)),
+            "port 80 is not in the rule"
+        );
+    }
+}

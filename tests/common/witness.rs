@@ -1,0 +1,123 @@
+//! An independent witness: an HTTP server on loopback that records every request with its
+//! `Idempotency-Key`, attempt and body, so tests can check that no effect ran twice (unless
+//! with the same key) and that no effect happened that the oplog does not know.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, Uri};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// One request as the witness saw it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub key: Option<String>,
+    pub attempt: Option<String>,
+    pub body: String,
+    pub at: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    seen: Mutex<Vec<Seen>>,
+    delay: Mutex<Duration>,
+    count: watch::Sender<usize>,
+}
+
+/// A running witness; it stops with the test's runtime.
+#[derive(Clone)]
+pub struct Witness {
+    pub addr: SocketAddr,
+    inner: Arc<Inner>,
+}
+
+impl Witness {
+    pub async fn start() -> Witness {
+        let inner = Arc::new(Inner::default());
+        let app = axum::Router::new()
+            .fallback(record)
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Witness { addr, inner }
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every response waits this long (to widen the window of in-flight requests).
+    pub fn set_delay(&self, delay: Duration) {
+        *self.inner.delay.lock().unwrap() = delay;
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.inner.seen.lock().unwrap().clone()
+    }
+
+    /// Waits until `predicate` holds for what was seen, or `limit` passes.
+    pub async fn wait_for(&self, limit: Duration, predicate: impl Fn(&[Seen]) -> bool) -> bool {
+        let mut count = self.inner.count.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if predicate(&self.seen()) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, count.changed())
+                .await
+                .is_err()
+            {
+                return predicate(&self.seen());
+            }
+        }
+    }
+}
+
+async fn record(
+    State(inner): State<Arc<Inner>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> String {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    };
+    let seen = Seen {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+        key: header("idempotency-key"),
+        attempt: header("toolgrid-attempt"),
+        body: String::from_utf8_lossy(&body).into_owned(),
+        at: Instant::now(),
+    };
+    let delay = *inner.delay.lock().unwrap();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let total = {
+        let mut seen_all = inner.seen.lock().unwrap();
+        seen_all.push(seen.clone());
+        let prefix = seen.path.clone();
+        seen_all
+            .iter()
+            .filter(|s| {
+                s.method == "POST"
+                    && prefix.starts_with("/effects/")
+                    && s.body.contains(&prefix["/effects/".len()..])
+            })
+            .count()
+    };
+    inner.count.send_modify(|c| *c += 1);
+    format!("{{\"ok\": true, \"posted\": {total}}}")
+}
