@@ -20,6 +20,23 @@ pub struct BenchArgs {
 enum Bench {
     /// Call latency and throughput end to end, against wasmtime in-process.
     Calls(CallsArgs),
+    /// Oplog commit latency and throughput, against a raw write + fdatasync loop.
+    Oplog(OplogArgs),
+    /// Time from SIGKILL of a worker to the call's completion on another one.
+    Failover(super::failover::FailoverArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct OplogArgs {
+    /// How long each measurement runs.
+    #[arg(long, default_value = "3s")]
+    duration: crate::api::units::GoDuration,
+    /// Concurrent calls appending, one measurement each.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 64])]
+    concurrency: Vec<usize>,
+    /// Directory for the store and the baseline file (the disk being measured).
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -49,17 +66,19 @@ struct CallsArgs {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         Bench::Calls(args) => calls(args).await,
+        Bench::Oplog(args) => oplog(args).await,
+        Bench::Failover(args) => super::failover::run(args).await,
     }
 }
 
 /// Latencies of a run, and its wall time.
-struct Sample {
-    latencies: Vec<Duration>,
-    wall: Duration,
+pub struct Sample {
+    pub latencies: Vec<Duration>,
+    pub wall: Duration,
 }
 
 impl Sample {
-    fn percentile(&self, p: f64) -> f64 {
+    pub fn percentile(&self, p: f64) -> f64 {
         let mut sorted = self.latencies.clone();
         sorted.sort();
         let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -74,11 +93,11 @@ impl Sample {
         total * 1000.0 / self.latencies.len().max(1) as f64
     }
 
-    fn rate(&self) -> f64 {
+    pub fn rate(&self) -> f64 {
         self.latencies.len() as f64 / self.wall.as_secs_f64()
     }
 
-    fn row(&self, name: &str) -> String {
+    pub fn row(&self, name: &str) -> String {
         format!(
             "{name:<44} {:>9.3} {:>9.3} {:>9.3} {:>11.1}",
             self.percentile(0.5),
@@ -387,4 +406,108 @@ mod baseline {
             })
         }
     }
+}
+
+/// Appends one small entry at a time from each of `concurrency` calls for `duration`.
+async fn oplog(args: OplogArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.dir)?;
+    let dir = tempfile::tempdir_in(&args.dir)?;
+    let duration = args.duration.get();
+    let baseline = fdatasync_loop(&dir.path().join("raw.bin"), duration)?;
+    println!(
+        "toolgrid bench oplog: {:?} per row, store and baseline in {}",
+        duration,
+        args.dir.canonicalize().unwrap_or(args.dir.clone()).display()
+    );
+    println!("{:<44} {:>9} {:>9} {:>9} {:>11}", "", "p50 ms", "p99 ms", "mean ms", "commits/s");
+    println!("{}", baseline.row("baseline: 4 KiB write + fdatasync, 1 writer"));
+    for concurrency in &args.concurrency {
+        let url = format!("sqlite://{}", dir.path().join(format!("store-{concurrency}.db")).display());
+        let store = crate::store::open(&url).await?;
+        let sample = append_loop(store, *concurrency, duration).await?;
+        println!("{}", sample.row(&format!("toolgrid oplog (SQLite), {concurrency} calls")));
+        if *concurrency == 1 {
+            println!(
+                "  one writer commits at {:.0}% of the raw fdatasync rate",
+                100.0 * sample.rate() / baseline.rate()
+            );
+        }
+    }
+    if let Ok(url) = std::env::var("TOOLGRID_BENCH_POSTGRES_URL") {
+        for concurrency in &args.concurrency {
+            let store = crate::store::open(&url).await?;
+            let sample = append_loop(store, *concurrency, duration).await?;
+            println!("{}", sample.row(&format!("toolgrid oplog (PostgreSQL), {concurrency} calls")));
+        }
+    }
+    Ok(())
+}
+
+fn fdatasync_loop(path: &std::path::Path, duration: Duration) -> anyhow::Result<Sample> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(path)?;
+    let block = vec![7u8; 4096];
+    let start = Instant::now();
+    let mut latencies = Vec::new();
+    while start.elapsed() < duration {
+        let begin = Instant::now();
+        file.write_all(&block)?;
+        file.sync_data()?;
+        latencies.push(begin.elapsed());
+    }
+    Ok(Sample {
+        latencies,
+        wall: start.elapsed(),
+    })
+}
+
+async fn append_loop(store: Arc<dyn crate::store::Store>, concurrency: usize, duration: Duration) -> anyhow::Result<Sample> {
+    use crate::store::{CallSpec, NewCall, NewEntry};
+    let prefix = uuid::Uuid::now_v7().simple().to_string();
+    for i in 0..concurrency {
+        let id = format!("bench-{prefix}-{i}");
+        store
+            .create_call(NewCall {
+                id: id.clone(),
+                namespace: "bench".into(),
+                tool: "bench".into(),
+                command: "default".into(),
+                release: "bench".into(),
+                release_digest: "sha256:0".into(),
+                args: serde_json::json!({}),
+                spec: CallSpec::default(),
+                stdin: Vec::new(),
+                idempotency_key: None,
+                request_hash: String::new(),
+                started: serde_json::json!({}),
+            })
+            .await?;
+        store.assign_call(&id, "bench").await?;
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..concurrency {
+        let store = store.clone();
+        let id = format!("bench-{prefix}-{i}");
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut n = 0u64;
+            while start.elapsed() < duration {
+                let entry = NewEntry::new("wall-clock", serde_json::json!({"secs": n, "nanos": 0}));
+                let begin = Instant::now();
+                store.append_oplog(&id, 1, vec![entry]).await?;
+                latencies.push(begin.elapsed());
+                n += 1;
+            }
+            Ok::<_, anyhow::Error>(latencies)
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await??);
+    }
+    Ok(Sample {
+        latencies,
+        wall: start.elapsed(),
+    })
 }

@@ -3,6 +3,7 @@
 mod bench;
 mod client;
 mod componentize;
+mod failover;
 mod table;
 mod up;
 mod worker;
