@@ -417,15 +417,30 @@ async fn oplog(args: OplogArgs) -> anyhow::Result<()> {
     println!(
         "toolgrid bench oplog: {:?} per row, store and baseline in {}",
         duration,
-        args.dir.canonicalize().unwrap_or(args.dir.clone()).display()
+        args.dir
+            .canonicalize()
+            .unwrap_or(args.dir.clone())
+            .display()
     );
-    println!("{:<44} {:>9} {:>9} {:>9} {:>11}", "", "p50 ms", "p99 ms", "mean ms", "commits/s");
-    println!("{}", baseline.row("baseline: 4 KiB write + fdatasync, 1 writer"));
+    println!(
+        "{:<44} {:>9} {:>9} {:>9} {:>11}",
+        "", "p50 ms", "p99 ms", "mean ms", "commits/s"
+    );
+    println!(
+        "{}",
+        baseline.row("baseline: 4 KiB write + fdatasync, 1 writer")
+    );
     for concurrency in &args.concurrency {
-        let url = format!("sqlite://{}", dir.path().join(format!("store-{concurrency}.db")).display());
+        let url = format!(
+            "sqlite://{}",
+            dir.path().join(format!("store-{concurrency}.db")).display()
+        );
         let store = crate::store::open(&url).await?;
         let sample = append_loop(store, *concurrency, duration).await?;
-        println!("{}", sample.row(&format!("toolgrid oplog (SQLite), {concurrency} calls")));
+        println!(
+            "{}",
+            sample.row(&format!("toolgrid oplog (SQLite), {concurrency} calls"))
+        );
         if *concurrency == 1 {
             println!(
                 "  one writer commits at {:.0}% of the raw fdatasync rate",
@@ -437,7 +452,10 @@ async fn oplog(args: OplogArgs) -> anyhow::Result<()> {
         for concurrency in &args.concurrency {
             let store = crate::store::open(&url).await?;
             let sample = append_loop(store, *concurrency, duration).await?;
-            println!("{}", sample.row(&format!("toolgrid oplog (PostgreSQL), {concurrency} calls")));
+            println!(
+                "{}",
+                sample.row(&format!("toolgrid oplog (PostgreSQL), {concurrency} calls"))
+            );
         }
     }
     Ok(())
@@ -445,7 +463,11 @@ async fn oplog(args: OplogArgs) -> anyhow::Result<()> {
 
 fn fdatasync_loop(path: &std::path::Path, duration: Duration) -> anyhow::Result<Sample> {
     use std::io::Write;
-    let mut file = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(path)?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(path)?;
     let block = vec![7u8; 4096];
     let start = Instant::now();
     let mut latencies = Vec::new();
@@ -461,7 +483,11 @@ fn fdatasync_loop(path: &std::path::Path, duration: Duration) -> anyhow::Result<
     })
 }
 
-async fn append_loop(store: Arc<dyn crate::store::Store>, concurrency: usize, duration: Duration) -> anyhow::Result<Sample> {
+async fn append_loop(
+    store: Arc<dyn crate::store::Store>,
+    concurrency: usize,
+    duration: Duration,
+) -> anyhow::Result<Sample> {
     use crate::store::{CallSpec, NewCall, NewEntry};
     let prefix = uuid::Uuid::now_v7().simple().to_string();
     for i in 0..concurrency {

@@ -77,9 +77,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         }
     });
 
-    let listeners = Listeners::bind(args.listen, args.http_listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let listeners = Listeners::bind(args.listen, args.http_listen).await?;
     let (grpc, http, server) = control_plane.serve(listeners)?;
 
     let _pools = if args.no_workers {
@@ -89,7 +87,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         let pools = LocalPools::new(exe, format!("http://{grpc}"), data.join("cache"));
         Some(tokio::spawn(pools.run(control_plane.catalog.clone())))
     };
-    wait_for_workers(&control_plane, args.ready_timeout.get()).await;
+    if !args.no_workers {
+        // External workers attach when they will; local ones are waited for.
+        wait_for_workers(&control_plane, args.ready_timeout.get()).await;
+    }
 
     let snapshot = control_plane.catalog.current();
     let not_ready = snapshot

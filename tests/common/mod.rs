@@ -42,11 +42,11 @@ impl Platform {
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             starts: 0,
         };
-        platform.spawn("127.0.0.1:0");
+        platform.spawn("127.0.0.1:0", None);
         platform
     }
 
-    fn spawn(&mut self, listen: &str) {
+    fn spawn(&mut self, listen: &str, http: Option<&str>) {
         self.starts += 1;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -61,6 +61,10 @@ impl Platform {
             .arg(&self.data)
             .arg("--listen")
             .arg(listen)
+            .args(
+                http.map(|h| vec!["--http-listen".to_string(), h.to_string()])
+                    .unwrap_or_default(),
+            )
             .args(&self.extra_args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -115,11 +119,11 @@ impl Platform {
 
     /// Stops the platform and starts it again on the same data and ports.
     pub fn restart(&mut self, signal: i32) {
-        let grpc = self.grpc.clone();
+        let (grpc, http) = (self.grpc.clone(), self.http.clone());
         self.kill(signal);
         // Give the old workers time to notice their parent is gone.
         std::thread::sleep(Duration::from_millis(700));
-        self.spawn(&grpc);
+        self.spawn(&grpc, Some(&http));
     }
 
     pub async fn client(&self) -> ToolsClient<Channel> {

@@ -1,0 +1,851 @@
+//! Exactly-once calls under fire: workers and the control plane are killed (SIGKILL) or
+//! paused (SIGSTOP) mid-call, against real processes, with an independent witness (an HTTP
+//! server on loopback) that records every request with its idempotency key.
+
+mod common;
+
+use common::witness::{Seen, Witness};
+use common::{Platform, WorkerProcess, fixtures};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use toolgrid::proto;
+
+fn fixture(name: &str) -> PathBuf {
+    fixtures::repo().join(format!("tests/fixtures/tools/{name}/{name}.wasm"))
+}
+
+/// A Tool like the `effects` fixtures (`run --base --run --steps --work`) and its release.
+fn effects_tool(name: &str, wasm: &str, effect: &str, port: u16, egress: &str) -> String {
+    let egress = if egress.is_empty() {
+        format!("[{{host: 127.0.0.1, ports: [{port}], allowPrivate: true}}]")
+    } else {
+        egress.to_string()
+    };
+    format!(
+        r#"---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {{name: {name}}}
+spec:
+  effect: {effect}
+  timeout: 60s
+  commands:
+    - name: run
+      options:
+        - {{name: base, schema: {{type: string}}, required: true}}
+        - {{name: run, schema: {{type: string}}, required: true}}
+        - {{name: steps, schema: {{type: integer, minimum: 1}}, default: 5}}
+        - {{name: work, schema: {{type: integer, minimum: 0}}, default: 2000000}}
+      result: {{type: object, required: [run]}}
+      errors:
+        - {{name: request-failed, exitCode: 3}}
+        - {{name: egress-denied, exitCode: 4}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolRelease
+metadata: {{name: {name}-1.0.0}}
+spec:
+  tool: {name}
+  version: 1.0.0
+  artifact: {{file: {}}}
+  network: {{egress: {egress}}}
+"#,
+        fixture(wasm).display()
+    )
+}
+
+fn divergent_tool(port: u16) -> String {
+    format!(
+        r#"---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {{name: divergent}}
+spec:
+  effect: write
+  timeout: 60s
+  commands:
+    - name: run
+      options:
+        - {{name: base, schema: {{type: string}}, required: true}}
+        - {{name: run, schema: {{type: string}}, required: true}}
+        - {{name: work, schema: {{type: integer, minimum: 0}}, default: 2000000}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolRelease
+metadata: {{name: divergent-1.0.0}}
+spec:
+  tool: divergent
+  version: 1.0.0
+  artifact: {{file: {}}}
+  network: {{egress: [{{host: 127.0.0.1, ports: [{port}], allowPrivate: true}}]}}
+"#,
+        fixture("divergent").display()
+    )
+}
+
+const POOL: &str = "apiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {name: default}\nspec: {replicas: 2, slotsPerWorker: 4}\n";
+
+/// The platform's manifests: a pool and the HTTP tools, allowed to reach the witness.
+fn manifests(root: &Path, witness: &Witness) -> PathBuf {
+    let dir = root.join("manifests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = witness.addr.port();
+    let mut text = POOL.to_string();
+    text += &effects_tool("write-p1", "effects", "write", port, "");
+    text += &effects_tool("idempotent-p1", "effects", "idempotent", port, "");
+    text += &effects_tool("idempotent-p2", "effects-http", "idempotent", port, "");
+    text += &effects_tool("write-p2", "effects-http", "write", port, "");
+    text += &divergent_tool(port);
+    std::fs::write(dir.join("tools.yaml"), text).unwrap();
+    dir
+}
+
+/// A small deterministic generator, so a failing run can be repeated from its seed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn from_time() -> Lcg {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        eprintln!("random seed: {seed}");
+        Lcg(seed)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n.max(1)
+    }
+}
+
+fn request(tool: &str, run: &str, base: &str, steps: u32, work: u64) -> proto::InvokeRequest {
+    proto::InvokeRequest {
+        tool: tool.into(),
+        command: "run".into(),
+        args_json: serde_json::json!({"base": base, "run": run, "steps": steps, "work": work})
+            .to_string(),
+        idempotency_key: format!("key-{run}"),
+        ..Default::default()
+    }
+}
+
+/// News of a streamed call.
+enum News {
+    Accepted(String),
+    Running(String),
+    Done(proto::Call),
+    Broken,
+}
+
+/// Starts a call over `InvokeStream`, forwarding its news.
+async fn start_call(
+    platform: &Platform,
+    request: proto::InvokeRequest,
+) -> tokio::sync::mpsc::UnboundedReceiver<News> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut client = platform.client().await;
+    tokio::spawn(async move {
+        let mut stream = match client.invoke_stream(request).await {
+            Ok(response) => response.into_inner(),
+            Err(_) => {
+                let _ = tx.send(News::Broken);
+                return;
+            }
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(event)) => match event.event {
+                    Some(proto::invoke_event::Event::Progress(p)) if p.stage == "accepted" => {
+                        let _ = tx.send(News::Accepted(p.call_id));
+                    }
+                    Some(proto::invoke_event::Event::Progress(p)) if p.stage == "running" => {
+                        let _ = tx.send(News::Running(p.worker));
+                    }
+                    Some(proto::invoke_event::Event::Call(call)) => {
+                        let _ = tx.send(News::Done(call));
+                        return;
+                    }
+                    _ => {}
+                },
+                _ => {
+                    let _ = tx.send(News::Broken);
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// The call once it has ended.
+async fn get_call(platform: &Platform, id: &str) -> proto::Call {
+    fetch_call(platform, id, true).await
+}
+
+async fn fetch_call(platform: &Platform, id: &str, wait: bool) -> proto::Call {
+    let mut client = platform.client().await;
+    client
+        .get_call(proto::GetCallRequest {
+            id: id.into(),
+            wait,
+            ..Default::default()
+        })
+        .await
+        .expect("get call")
+        .into_inner()
+}
+
+fn payload(entry: &proto::OplogRecord) -> Value {
+    serde_json::from_str(&entry.payload_json).unwrap()
+}
+
+/// The checks every test makes of what the witness saw against the oplogs.
+struct Ledger {
+    /// Oplog of every call, by id.
+    oplogs: HashMap<String, Vec<proto::OplogRecord>>,
+    /// Tool of every call, by id.
+    tools: HashMap<String, String>,
+}
+
+impl Ledger {
+    fn new() -> Ledger {
+        Ledger {
+            oplogs: HashMap::new(),
+            tools: HashMap::new(),
+        }
+    }
+
+    async fn add(&mut self, platform: &Platform, call: &proto::Call) {
+        self.oplogs
+            .insert(call.id.clone(), platform.oplog(&call.id).await);
+        self.tools.insert(call.id.clone(), call.tool.clone());
+    }
+
+    /// No effect was applied twice without the same key; the oplog knows every request the
+    /// witness saw; a write tool's POST was never sent twice.
+    fn check(&self, seen: &[Seen]) {
+        // An effect is a POST with its body (each names its run and step).
+        let mut keys_by_effect: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
+        for request in seen {
+            let key = request
+                .key
+                .clone()
+                .expect("every request carries an Idempotency-Key");
+            if request.method == "POST" {
+                keys_by_effect
+                    .entry((
+                        request.method.clone(),
+                        request.path.clone(),
+                        request.body.clone(),
+                    ))
+                    .or_default()
+                    .push(key.clone());
+            }
+            // toolgrid-<call id>-<n>
+            let rest = key.strip_prefix("toolgrid-").expect("a toolgrid key");
+            let (call_id, seq) = rest.rsplit_once('-').unwrap();
+            let oplog = self
+                .oplogs
+                .get(call_id)
+                .unwrap_or_else(|| panic!("the witness saw {key} of an unknown call"));
+            let started = oplog
+                .iter()
+                .filter(|e| e.kind == "http-request")
+                .map(payload)
+                .find(|p| {
+                    p["seq"].as_u64() == seq.parse().ok() && p["method"] == request.method.as_str()
+                });
+            let started = started.unwrap_or_else(|| {
+                panic!(
+                    "the witness saw {} {} with {key}, which the oplog does not know",
+                    request.method, request.path
+                )
+            });
+            assert!(
+                started["url"].as_str().unwrap().ends_with(&request.path),
+                "{started} vs {}",
+                request.path
+            );
+        }
+        for ((method, path, body), keys) in &keys_by_effect {
+            let first = &keys[0];
+            assert!(
+                keys.iter().all(|k| k == first),
+                "{method} {path} {body} was applied with different keys: {keys:?}"
+            );
+        }
+        for request in seen.iter().filter(|r| r.method == "POST") {
+            let key = request.key.clone().unwrap();
+            let call_id = key
+                .strip_prefix("toolgrid-")
+                .unwrap()
+                .rsplit_once('-')
+                .unwrap()
+                .0;
+            if self
+                .tools
+                .get(call_id)
+                .is_some_and(|t| t.starts_with("write"))
+            {
+                let times = seen
+                    .iter()
+                    .filter(|r| r.key.as_deref() == Some(key.as_str()))
+                    .count();
+                assert_eq!(
+                    times, 1,
+                    "a write tool's POST {key} reached the witness {times} times"
+                );
+            }
+        }
+    }
+}
+
+/// An ended call is either complete (every step's POST reached the witness) or ended
+/// `outcome-unknown` exactly where the rules say: a write tool with a POST whose start was
+/// committed and whose outcome was not.
+fn check_outcome(
+    call: &proto::Call,
+    oplog: &[proto::OplogRecord],
+    seen: &[Seen],
+    run: &str,
+    steps: u32,
+) {
+    if call.state == proto::CallState::Succeeded as i32 {
+        let result: Value = serde_json::from_str(&call.result_json).unwrap();
+        assert_eq!(result["run"], run);
+        for step in 1..=steps {
+            let body = format!("{{\"run\":\"{run}\",\"step\":{step}}}");
+            assert!(
+                seen.iter().any(|s| s.method == "POST" && s.body == body),
+                "call {} succeeded but step {step} never reached the witness",
+                call.id
+            );
+        }
+        return;
+    }
+    let error = call.error.clone().unwrap_or_default();
+    assert_eq!(
+        error.kind, "outcome-unknown",
+        "call {} ({}) failed: {error:?}",
+        call.id, call.tool
+    );
+    assert!(
+        call.tool.starts_with("write"),
+        "an idempotent tool never ends outcome-unknown"
+    );
+    assert!(error.message.contains("POST"), "{}", error.message);
+    // The request it names was started under an earlier epoch and never finished.
+    let seq: u64 = error
+        .message
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("names the request");
+    let started = oplog
+        .iter()
+        .any(|e| e.kind == "http-request" && payload(e)["seq"] == seq);
+    let finished = oplog.iter().any(|e| {
+        matches!(
+            e.kind.as_str(),
+            "http-response" | "http-error" | "http-denied"
+        ) && payload(e)["seq"] == seq
+    });
+    assert!(
+        started && !finished,
+        "request {seq} of {} must be started and unfinished",
+        call.id
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_killed_at_random_points_never_apply_an_effect_twice() {
+    let witness = Witness::start().await;
+    witness.set_delay(Duration::from_millis(15));
+    let root = tempfile::tempdir().unwrap();
+    let manifests = manifests(root.path(), &witness);
+    let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    let mut workers: Vec<WorkerProcess> = (0..3)
+        .map(|i| WorkerProcess::start(&platform, &format!("w{i}"), 4, root.path()))
+        .collect();
+    let mut rng = Lcg::from_time();
+    let tools = ["write-p1", "idempotent-p2", "idempotent-p1", "write-p2"];
+    let steps = 4;
+    let mut ledger = Ledger::new();
+    let mut outcomes = Vec::new();
+    let mut kills = 0;
+    let mut attempt = 0;
+    while kills < 20 {
+        attempt += 1;
+        assert!(
+            attempt <= 60,
+            "could not land 20 kills mid-call in 60 calls"
+        );
+        let tool = tools[attempt % tools.len()];
+        let run = format!("r{attempt}");
+        let loop_start = Instant::now();
+        let mut news = start_call(
+            &platform,
+            request(tool, &run, &witness.base(), steps, 2_000_000),
+        )
+        .await;
+        let mut call_id = String::new();
+        let worker = loop {
+            match tokio::time::timeout(Duration::from_secs(30), news.recv())
+                .await
+                .expect("news of the call")
+            {
+                Some(News::Accepted(id)) => call_id = id,
+                Some(News::Running(worker)) => break worker,
+                Some(News::Done(call)) => panic!("the call ended before it ran: {call:?}"),
+                _ => panic!("the call stream broke"),
+            }
+        };
+        if std::env::var("TIMELINE").is_ok() {
+            eprintln!("running after {:?}", loop_start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(180))).await;
+        let index = workers
+            .iter()
+            .position(|w| w.id == worker)
+            .expect("a worker of ours");
+        let was_running = fetch_call(&platform, &call_id, false).await;
+        workers[index].signal(libc::SIGKILL);
+        let kill_at = toolgrid::store::now_ms();
+        workers[index].kill();
+        if was_running.finished_at_ms == 0 {
+            kills += 1;
+        }
+        workers[index] = WorkerProcess::start(&platform, &worker, 4, root.path());
+        if std::env::var("TIMELINE").is_ok() {
+            eprintln!("killed and restarted after {:?}", loop_start.elapsed());
+        }
+        let call = loop {
+            match tokio::time::timeout(Duration::from_secs(60), news.recv())
+                .await
+                .expect("the call ends")
+            {
+                Some(News::Done(call)) => break call,
+                Some(News::Broken) | None => break get_call(&platform, &call_id).await,
+                _ => {}
+            }
+        };
+        assert_ne!(call.state, proto::CallState::Running as i32);
+        ledger.add(&platform, &call).await;
+        if std::env::var("TIMELINE").is_ok() {
+            eprintln!("done after {:?}", loop_start.elapsed());
+            let t0 = ledger.oplogs[&call.id][0].recorded_at_ms;
+            let line: Vec<String> = ledger.oplogs[&call.id]
+                .iter()
+                .map(|e| format!("{}@{}", e.kind, e.recorded_at_ms - t0))
+                .collect();
+            eprintln!(
+                "{} {:?} kill@{}: {}",
+                call.tool,
+                call.state,
+                kill_at - t0,
+                line.join(" ")
+            );
+        }
+        outcomes.push((call, run));
+    }
+    let seen = witness.seen();
+    for (call, run) in &outcomes {
+        check_outcome(call, &ledger.oplogs[&call.id], &seen, run, steps);
+    }
+    ledger.check(&seen);
+
+    // Failed-over calls show each assignment, the fence, the replay and who finished.
+    let moved: Vec<&proto::Call> = outcomes
+        .iter()
+        .map(|(c, _)| c)
+        .filter(|c| {
+            ledger.oplogs[&c.id]
+                .iter()
+                .filter(|e| e.kind == "assigned")
+                .count()
+                > 1
+        })
+        .collect();
+    assert!(
+        moved.len() >= 10,
+        "most killed calls moved to another worker ({} did)",
+        moved.len()
+    );
+    for call in moved {
+        let oplog = &ledger.oplogs[&call.id];
+        let kinds: Vec<&str> = oplog.iter().map(|e| e.kind.as_str()).collect();
+        assert!(kinds.contains(&"fenced"), "{kinds:?}");
+        assert!(kinds.contains(&"replay"), "{kinds:?}");
+        let last_assigned = oplog.iter().rev().find(|e| e.kind == "assigned").unwrap();
+        let outcome = oplog.last().unwrap();
+        assert_eq!(outcome.kind, "outcome");
+        assert_eq!(
+            payload(outcome)["worker"],
+            payload(last_assigned)["worker"],
+            "the outcome names the finishing worker"
+        );
+        assert_eq!(outcome.epoch, last_assigned.epoch);
+        let epochs: Vec<u64> = oplog.iter().map(|e| e.epoch).collect();
+        assert!(
+            epochs.windows(2).all(|w| w[0] <= w[1]),
+            "epochs only grow: {epochs:?}"
+        );
+    }
+    let unknown = outcomes
+        .iter()
+        .filter(|(c, _)| c.state == proto::CallState::Failed as i32)
+        .count();
+    eprintln!(
+        "{kills} kills mid-call over {} calls; {unknown} ended outcome-unknown",
+        outcomes.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_worker_loses_its_call_and_is_fenced_when_it_wakes() {
+    let witness = Witness::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let manifests = manifests(root.path(), &witness);
+    let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    let workers: Vec<WorkerProcess> = (0..2)
+        .map(|i| WorkerProcess::start(&platform, &format!("p{i}"), 4, root.path()))
+        .collect();
+    let steps = 8;
+    let mut news = start_call(
+        &platform,
+        request(
+            "idempotent-p1",
+            "paused",
+            &witness.base(),
+            steps,
+            40_000_000,
+        ),
+    )
+    .await;
+    let mut call_id = String::new();
+    let worker = loop {
+        match news.recv().await {
+            Some(News::Accepted(id)) => call_id = id,
+            Some(News::Running(worker)) => break worker,
+            _ => panic!("the call did not start"),
+        }
+    };
+    let paused = workers.iter().find(|w| w.id == worker).unwrap();
+    assert!(
+        witness
+            .wait_for(Duration::from_secs(30), |seen| seen
+                .iter()
+                .any(|s| s.body.contains("paused")))
+            .await
+    );
+    paused.signal(libc::SIGSTOP);
+
+    // The lease lapses and the call finishes on the other worker.
+    let call = loop {
+        match tokio::time::timeout(Duration::from_secs(60), news.recv())
+            .await
+            .expect("the call ends")
+        {
+            Some(News::Done(call)) => break call,
+            Some(News::Broken) | None => break get_call(&platform, &call_id).await,
+            _ => {}
+        }
+    };
+    assert_eq!(
+        call.state,
+        proto::CallState::Succeeded as i32,
+        "{:?}",
+        call.error
+    );
+    assert_ne!(call.worker, worker, "another worker finished it");
+    let oplog = platform.oplog(&call.id).await;
+    let fenced = oplog
+        .iter()
+        .find(|e| e.kind == "fenced")
+        .expect("the paused worker was fenced");
+    assert!(
+        payload(fenced)["reason"]
+            .as_str()
+            .unwrap()
+            .contains("lease"),
+        "{}",
+        fenced.payload_json
+    );
+
+    // It wakes up: its next commit is refused and nothing more leaves it.
+    let woke = Instant::now();
+    paused.signal(libc::SIGCONT);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let late: Vec<Seen> = witness
+        .seen()
+        .into_iter()
+        .filter(|s| s.at > woke && s.attempt.as_deref() == Some("1"))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the fenced worker still reached the witness: {late:?}"
+    );
+    let logs = paused.logs();
+    assert!(
+        logs.contains("abandon"),
+        "the paused worker abandons the call:\n{logs}"
+    );
+    let mut ledger = Ledger::new();
+    ledger.add(&platform, &call).await;
+    ledger.check(&witness.seen());
+    check_outcome(&call, &oplog, &witness.seen(), "paused", steps);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_control_plane_killed_mid_call_loses_no_accepted_call() {
+    let witness = Witness::start().await;
+    witness.set_delay(Duration::from_millis(20));
+    let root = tempfile::tempdir().unwrap();
+    let manifests = manifests(root.path(), &witness);
+    let mut platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    let workers: Vec<WorkerProcess> = (0..2)
+        .map(|i| WorkerProcess::start(&platform, &format!("c{i}"), 4, root.path()))
+        .collect();
+    let tools = [
+        "idempotent-p1",
+        "idempotent-p2",
+        "write-p1",
+        "write-p2",
+        "idempotent-p1",
+        "idempotent-p2",
+    ];
+    let steps = 6;
+    let mut accepted = Vec::new();
+    let mut streams = Vec::new();
+    for (i, tool) in tools.iter().enumerate() {
+        let run = format!("cp{i}");
+        let mut news = start_call(
+            &platform,
+            request(tool, &run, &witness.base(), steps, 8_000_000),
+        )
+        .await;
+        match news.recv().await {
+            Some(News::Accepted(id)) => accepted.push((id, run, tool.to_string())),
+            _ => panic!("call {i} was not accepted"),
+        }
+        streams.push(news);
+    }
+    // Let them get going, then kill the control plane under them and start it again.
+    assert!(
+        witness
+            .wait_for(Duration::from_secs(30), |seen| seen.len() >= 6)
+            .await
+    );
+    platform.restart(libc::SIGKILL);
+
+    let mut ledger = Ledger::new();
+    let mut client = platform.client().await;
+    for (id, run, tool) in &accepted {
+        let call = get_call(&platform, id).await;
+        assert!(
+            call.state == proto::CallState::Succeeded as i32
+                || call.state == proto::CallState::Failed as i32,
+            "{call:?}"
+        );
+        if tool.starts_with("idempotent") {
+            assert_eq!(
+                call.state,
+                proto::CallState::Succeeded as i32,
+                "{tool}: {:?}",
+                call.error
+            );
+        }
+        // The caller can find it again by its idempotency key, too.
+        let by_key = client
+            .get_call(proto::GetCallRequest {
+                idempotency_key: format!("key-{run}"),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(&by_key.id, id);
+        ledger.add(&platform, &call).await;
+        check_outcome(&call, &ledger.oplogs[id], &witness.seen(), run, steps);
+    }
+    ledger.check(&witness.seen());
+    // The workers outlived the control plane and attached to the new one.
+    for worker in &workers {
+        let attached = worker.logs().matches("attached to").count();
+        assert!(
+            attached >= 2,
+            "worker {} re-attached:\n{}",
+            worker.id,
+            worker.logs()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_survive_a_restart_of_toolgrid_up_with_its_own_workers() {
+    let witness = Witness::start().await;
+    witness.set_delay(Duration::from_millis(20));
+    let root = tempfile::tempdir().unwrap();
+    let manifests = manifests(root.path(), &witness);
+    let mut platform = Platform::start(root.path(), &manifests, &["--lease", "1s"]);
+    let steps = 6;
+    let mut accepted = Vec::new();
+    for i in 0..3 {
+        let run = format!("own{i}");
+        let mut news = start_call(
+            &platform,
+            request("idempotent-p1", &run, &witness.base(), steps, 8_000_000),
+        )
+        .await;
+        match news.recv().await {
+            Some(News::Accepted(id)) => accepted.push((id, run)),
+            _ => panic!("not accepted"),
+        }
+    }
+    assert!(
+        witness
+            .wait_for(Duration::from_secs(30), |seen| seen.len() >= 3)
+            .await
+    );
+    platform.restart(libc::SIGKILL);
+    let mut ledger = Ledger::new();
+    for (id, run) in &accepted {
+        let call = get_call(&platform, id).await;
+        assert_eq!(
+            call.state,
+            proto::CallState::Succeeded as i32,
+            "{:?}",
+            call.error
+        );
+        ledger.add(&platform, &call).await;
+        check_outcome(&call, &ledger.oplogs[id], &witness.seen(), run, steps);
+    }
+    ledger.check(&witness.seen());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn egress_refuses_denied_hosts_private_addresses_and_names_of_loopback() {
+    let witness = Witness::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let port = witness.addr.port();
+    let dir = root.path().join("manifests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = format!(
+        "[{{host: 127.0.0.1, ports: [{port}], allowPrivate: true}}, {{host: localhost, ports: [{port}]}}, {{host: 10.20.30.40, ports: [80]}}]"
+    );
+    let text = format!(
+        "{POOL}{}",
+        effects_tool("fenced-in", "effects", "read", port, &rules)
+    );
+    std::fs::write(dir.join("tools.yaml"), text).unwrap();
+    let platform = Platform::start(root.path(), &dir, &[]);
+
+    let ok = platform
+        .invoke(request("fenced-in", "allowed", &witness.base(), 1, 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        ok.state,
+        proto::CallState::Succeeded as i32,
+        "{:?}",
+        ok.error
+    );
+    for (base, why) in [
+        (format!("http://localhost:{port}"), "loopback"),
+        ("http://10.20.30.40".to_string(), "private"),
+        (format!("http://elsewhere.invalid:{port}"), "not allowed"),
+    ] {
+        let mut req = request("fenced-in", "denied", &base, 1, 0);
+        req.idempotency_key.clear();
+        let call = platform.invoke(req).await.unwrap();
+        let error = call.error.clone().unwrap();
+        assert_eq!(
+            (error.kind.as_str(), error.name.as_str()),
+            ("tool-error", "egress-denied"),
+            "{base}: {error:?}"
+        );
+        let oplog = platform.oplog(&call.id).await;
+        let denied = oplog
+            .iter()
+            .find(|e| e.kind == "http-denied")
+            .unwrap_or_else(|| panic!("{base}: no http-denied entry"));
+        assert!(
+            payload(denied)["message"].as_str().unwrap().contains(why),
+            "{base}: {}",
+            denied.payload_json
+        );
+    }
+    let seen = witness.seen();
+    assert!(
+        seen.iter()
+            .all(|s| s.body.contains("allowed") || s.path.contains("allowed")),
+        "{seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tool_that_depends_on_something_outside_the_oplog_is_caught() {
+    let witness = Witness::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let manifests = manifests(root.path(), &witness);
+    let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    let mut workers: Vec<WorkerProcess> = (0..2)
+        .map(|i| WorkerProcess::start(&platform, &format!("d{i}"), 4, root.path()))
+        .collect();
+    let req = proto::InvokeRequest {
+        tool: "divergent".into(),
+        command: "run".into(),
+        args_json:
+            serde_json::json!({"base": witness.base(), "run": "div", "work": 100_000_000u64})
+                .to_string(),
+        ..Default::default()
+    };
+    let mut news = start_call(&platform, req).await;
+    let mut call_id = String::new();
+    let worker = loop {
+        match news.recv().await {
+            Some(News::Accepted(id)) => call_id = id,
+            Some(News::Running(worker)) => break worker,
+            _ => panic!("the call did not start"),
+        }
+    };
+    // Once its first request is out, the worker dies during the computation after it.
+    assert!(
+        witness
+            .wait_for(Duration::from_secs(30), |seen| seen
+                .iter()
+                .any(|s| s.path == "/first"))
+            .await
+    );
+    let index = workers.iter().position(|w| w.id == worker).unwrap();
+    workers[index].kill();
+    let call = loop {
+        match tokio::time::timeout(Duration::from_secs(60), news.recv())
+            .await
+            .expect("the call ends")
+        {
+            Some(News::Done(call)) => break call,
+            Some(News::Broken) | None => break get_call(&platform, &call_id).await,
+            _ => {}
+        }
+    };
+    let error = call.error.clone().expect("the replay diverged");
+    assert_eq!(error.kind, "replay-divergence", "{error:?}");
+    assert!(
+        error.message.contains("/first") && error.message.contains("/retry-2"),
+        "{}",
+        error.message
+    );
+    let paths: Vec<String> = witness.seen().iter().map(|s| s.path.clone()).collect();
+    assert_eq!(
+        paths,
+        ["/first"],
+        "the diverging request never left the sandbox"
+    );
+}
