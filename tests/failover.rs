@@ -139,7 +139,7 @@ fn request(tool: &str, run: &str, base: &str, steps: u32, work: u64) -> proto::I
 enum News {
     Accepted(String),
     Running(String),
-    Done(proto::Call),
+    Done(Box<proto::Call>),
     Broken,
 }
 
@@ -168,7 +168,7 @@ async fn start_call(
                         let _ = tx.send(News::Running(p.worker));
                     }
                     Some(proto::invoke_event::Event::Call(call)) => {
-                        let _ = tx.send(News::Done(call));
+                        let _ = tx.send(News::Done(Box::new(call)));
                         return;
                     }
                     _ => {}
@@ -430,7 +430,7 @@ async fn workers_killed_at_random_points_never_apply_an_effect_twice() {
                 .await
                 .expect("the call ends")
             {
-                Some(News::Done(call)) => break call,
+                Some(News::Done(call)) => break *call,
                 Some(News::Broken) | None => break get_call(&platform, &call_id).await,
                 _ => {}
             }
@@ -552,7 +552,7 @@ async fn a_paused_worker_loses_its_call_and_is_fenced_when_it_wakes() {
             .await
             .expect("the call ends")
         {
-            Some(News::Done(call)) => break call,
+            Some(News::Done(call)) => break *call,
             Some(News::Broken) | None => break get_call(&platform, &call_id).await,
             _ => {}
         }
@@ -830,7 +830,7 @@ async fn a_tool_that_depends_on_something_outside_the_oplog_is_caught() {
             .await
             .expect("the call ends")
         {
-            Some(News::Done(call)) => break call,
+            Some(News::Done(call)) => break *call,
             Some(News::Broken) | None => break get_call(&platform, &call_id).await,
             _ => {}
         }

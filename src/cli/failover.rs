@@ -51,7 +51,17 @@ impl Drop for Processes {
 
 fn spawn_worker(grpc: &str, id: &str, cache: &Path) -> anyhow::Result<Child> {
     Ok(Command::new(std::env::current_exe()?)
-        .args(["worker", "--control-plane", &format!("http://{grpc}"), "--id", id, "--pool", "default", "--slots", "4"])
+        .args([
+            "worker",
+            "--control-plane",
+            &format!("http://{grpc}"),
+            "--id",
+            id,
+            "--pool",
+            "default",
+            "--slots",
+            "4",
+        ])
         .arg("--cache")
         .arg(cache)
         .env("RUST_LOG", "error")
@@ -109,12 +119,18 @@ spec:
 }
 
 pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
-    let wasm = args.wasm.canonicalize().with_context(|| format!("cannot find {}", args.wasm.display()))?;
+    let wasm = args
+        .wasm
+        .canonicalize()
+        .with_context(|| format!("cannot find {}", args.wasm.display()))?;
     let witness = serve_witness(args.server_delay.get()).await?;
     let dir = tempfile::tempdir()?;
     let manifests = dir.path().join("manifests");
     std::fs::create_dir_all(&manifests)?;
-    std::fs::write(manifests.join("effects.yaml"), manifest(&wasm, witness.port()))?;
+    std::fs::write(
+        manifests.join("effects.yaml"),
+        manifest(&wasm, witness.port()),
+    )?;
     let mut up = Command::new(std::env::current_exe()?)
         .arg("up")
         .arg("--manifests")
@@ -139,12 +155,19 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         .context("no grpc= in the ready line")?
         .to_string();
     let cache = dir.path().join("cache");
-    let mut processes = Processes { up, workers: Vec::new() };
+    let mut processes = Processes {
+        up,
+        workers: Vec::new(),
+    };
     for i in 0..args.workers.max(2) {
         let id = format!("bench-{i}");
-        processes.workers.push((id.clone(), spawn_worker(&grpc, &id, &cache)?));
+        processes
+            .workers
+            .push((id.clone(), spawn_worker(&grpc, &id, &cache)?));
     }
-    let channel = Channel::from_shared(format!("http://{grpc}"))?.connect().await?;
+    let channel = Channel::from_shared(format!("http://{grpc}"))?
+        .connect()
+        .await?;
     let mut client = ToolsClient::new(channel);
     let request = |run: &str| proto::InvokeRequest {
         tool: "effects".into(),
@@ -159,8 +182,15 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let mut clean = Vec::new();
     for i in 0..(args.workers * 3).max(6) {
         let begin = Instant::now();
-        let call = client.invoke(request(&format!("warm-{i}"))).await?.into_inner();
-        anyhow::ensure!(call.state == proto::CallState::Succeeded as i32, "a clean run failed: {:?}", call.error);
+        let call = client
+            .invoke(request(&format!("warm-{i}")))
+            .await?
+            .into_inner();
+        anyhow::ensure!(
+            call.state == proto::CallState::Succeeded as i32,
+            "a clean run failed: {:?}",
+            call.error
+        );
         clean.push(begin.elapsed());
     }
     let clean = Sample {
@@ -169,26 +199,42 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     };
     let window = Duration::from_secs_f64(clean.percentile(0.5) / 1000.0 * 0.8);
 
-    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as u64;
     let mut overheads = Vec::new();
     let mut to_fence = Vec::new();
     let mut to_reassign = Vec::new();
     let mut attempts = 0;
     while overheads.len() < args.runs {
         attempts += 1;
-        anyhow::ensure!(attempts <= args.runs * 4, "could not kill enough calls mid-run");
-        let mut stream = client.invoke_stream(request(&format!("kill-{attempts}"))).await?.into_inner();
+        anyhow::ensure!(
+            attempts <= args.runs * 4,
+            "could not kill enough calls mid-run"
+        );
+        let mut stream = client
+            .invoke_stream(request(&format!("kill-{attempts}")))
+            .await?
+            .into_inner();
         let mut call_id = String::new();
         let worker = loop {
             let event = stream.message().await?.context("the stream ended early")?;
             match event.event {
-                Some(proto::invoke_event::Event::Progress(p)) if p.stage == "accepted" => call_id = p.call_id,
-                Some(proto::invoke_event::Event::Progress(p)) if p.stage == "running" => break p.worker,
-                Some(proto::invoke_event::Event::Call(_)) => anyhow::bail!("the call ended before it ran"),
+                Some(proto::invoke_event::Event::Progress(p)) if p.stage == "accepted" => {
+                    call_id = p.call_id
+                }
+                Some(proto::invoke_event::Event::Progress(p)) if p.stage == "running" => {
+                    break p.worker;
+                }
+                Some(proto::invoke_event::Event::Call(_)) => {
+                    anyhow::bail!("the call ended before it ran")
+                }
                 _ => {}
             }
         };
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let pause = window.mul_f64((seed >> 11) as f64 / (1u64 << 53) as f64);
         tokio::time::sleep(pause).await;
         let index = processes
@@ -209,7 +255,9 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         };
         let total = killed_at.elapsed();
         let oplog = client
-            .get_oplog(proto::GetOplogRequest { call_id: call_id.clone() })
+            .get_oplog(proto::GetOplogRequest {
+                call_id: call_id.clone(),
+            })
             .await?
             .into_inner()
             .entries;
@@ -217,15 +265,28 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         if assignments < 2 {
             continue; // It finished before the kill: not a failover.
         }
-        anyhow::ensure!(call.state == proto::CallState::Succeeded as i32, "a failed-over call failed: {:?}", call.error);
-        let outcome: serde_json::Value = serde_json::from_str(&oplog.last().map(|e| e.payload_json.clone()).unwrap_or_default())?;
+        anyhow::ensure!(
+            call.state == proto::CallState::Succeeded as i32,
+            "a failed-over call failed: {:?}",
+            call.error
+        );
+        let outcome: serde_json::Value = serde_json::from_str(
+            &oplog
+                .last()
+                .map(|e| e.payload_json.clone())
+                .unwrap_or_default(),
+        )?;
         let run = Duration::from_micros(outcome["runMicros"].as_u64().unwrap_or_default());
         overheads.push(total.saturating_sub(run));
         if let Some(fenced) = oplog.iter().find(|e| e.kind == "fenced") {
-            to_fence.push(Duration::from_millis((fenced.recorded_at_ms - killed_ms).max(0) as u64));
+            to_fence.push(Duration::from_millis(
+                (fenced.recorded_at_ms - killed_ms).max(0) as u64,
+            ));
         }
         if let Some(assigned) = oplog.iter().rev().find(|e| e.kind == "assigned") {
-            to_reassign.push(Duration::from_millis((assigned.recorded_at_ms - killed_ms).max(0) as u64));
+            to_reassign.push(Duration::from_millis(
+                (assigned.recorded_at_ms - killed_ms).max(0) as u64,
+            ));
         }
     }
     let sample = |latencies: Vec<Duration>| Sample {
@@ -238,12 +299,31 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     );
     println!("{:<52} {:>9} {:>9} {:>9}", "", "p50 ms", "p99 ms", "max ms");
     let row = |name: &str, s: &Sample| {
-        let max = s.latencies.iter().max().map(|d| d.as_secs_f64() * 1000.0).unwrap_or_default();
-        println!("{name:<52} {:>9.1} {:>9.1} {:>9.1}", s.percentile(0.5), s.percentile(0.99), max);
+        let max = s
+            .latencies
+            .iter()
+            .max()
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .unwrap_or_default();
+        println!(
+            "{name:<52} {:>9.1} {:>9.1} {:>9.1}",
+            s.percentile(0.5),
+            s.percentile(0.99),
+            max
+        );
     };
-    row("SIGKILL -> completion, minus the tool's own run", &sample(overheads));
-    row("SIGKILL -> call fenced (store clock, ms)", &sample(to_fence));
-    row("SIGKILL -> reassigned (store clock, ms)", &sample(to_reassign));
+    row(
+        "SIGKILL -> completion, minus the tool's own run",
+        &sample(overheads),
+    );
+    row(
+        "SIGKILL -> call fenced (store clock, ms)",
+        &sample(to_fence),
+    );
+    row(
+        "SIGKILL -> reassigned (store clock, ms)",
+        &sample(to_reassign),
+    );
     row("baseline: a whole clean call, no kill", &clean);
     Ok(())
 }

@@ -18,6 +18,8 @@ pub enum Verdict {
         addrs: Vec<SocketAddr>,
     },
     Denied(String),
+    /// The host does not resolve: not a refusal, a failure to reach it.
+    Unresolved(String),
 }
 
 /// The rules of one release.
@@ -72,11 +74,13 @@ impl Egress {
             Ok(ip) => vec![SocketAddr::new(ip, port)],
             Err(_) => match tokio::net::lookup_host((host.as_str(), port)).await {
                 Ok(addrs) => addrs.collect(),
-                Err(error) => return Verdict::Denied(format!("cannot resolve {host}: {error}")),
+                Err(error) => {
+                    return Verdict::Unresolved(format!("cannot resolve {host}: {error}"));
+                }
             },
         };
         if addrs.is_empty() {
-            return Verdict::Denied(format!("{host} resolves to no address"));
+            return Verdict::Unresolved(format!("{host} resolves to no address"));
         }
         if !rule.allow_private
             && let Some(bad) = addrs.iter().find(|a| is_restricted(a.ip()))

@@ -58,8 +58,10 @@ pub enum HttpFailure {
     Denied(String),
     /// The request itself is malformed (told to the guest).
     Invalid(String),
-    /// DNS, connection, TLS or protocol failure (told to the guest).
+    /// Connection, TLS or protocol failure (told to the guest).
     Failed(String),
+    /// The host name does not resolve (told to the guest).
+    Unresolved(String),
     /// The run must stop: fenced, diverged, or outcome unknown (see the log's abort).
     Abort,
 }
@@ -184,7 +186,14 @@ impl HttpHost {
                     return Err(HttpFailure::Denied(message_of(&entry.payload)));
                 }
                 Some(entry) if entry.kind == HTTP_ERROR => {
-                    return Err(HttpFailure::Failed(message_of(&entry.payload)));
+                    let message = message_of(&entry.payload);
+                    return Err(
+                        if entry.payload.get("unresolved") == Some(&Value::Bool(true)) {
+                            HttpFailure::Unresolved(message)
+                        } else {
+                            HttpFailure::Failed(message)
+                        },
+                    );
                 }
                 _ => {}
             }
@@ -222,10 +231,8 @@ impl HttpHost {
                 "attempt": self.attempt,
             }),
         );
-        if let Verdict::Denied(reason) = &verdict {
-            self.log
-                .record(HTTP_DENIED, json!({ "seq": seq, "message": reason }));
-            return Err(HttpFailure::Denied(reason.clone()));
+        if let Some(failure) = self.refusal(seq, &verdict) {
+            return Err(failure);
         }
         // Commit before the effect: nothing leaves until the start is durable.
         self.commit().await?;
@@ -240,13 +247,30 @@ impl HttpHost {
     ) -> Result<Response, HttpFailure> {
         let url = url::Url::parse(&request.url).map_err(|e| HttpFailure::Invalid(e.to_string()))?;
         let verdict = self.egress.check(&url).await;
-        if let Verdict::Denied(reason) = &verdict {
-            self.log
-                .record(HTTP_DENIED, json!({ "seq": seq, "message": reason }));
+        if let Some(failure) = self.refusal(seq, &verdict) {
             self.commit().await?;
-            return Err(HttpFailure::Denied(reason.clone()));
+            return Err(failure);
         }
         self.transmit_to(seq, method, request, verdict).await
+    }
+
+    /// Records why a request cannot go (a policy refusal, or a name that does not resolve).
+    fn refusal(&self, seq: u64, verdict: &Verdict) -> Option<HttpFailure> {
+        match verdict {
+            Verdict::Denied(reason) => {
+                self.log
+                    .record(HTTP_DENIED, json!({ "seq": seq, "message": reason }));
+                Some(HttpFailure::Denied(reason.clone()))
+            }
+            Verdict::Unresolved(reason) => {
+                self.log.record(
+                    HTTP_ERROR,
+                    json!({ "seq": seq, "message": reason, "unresolved": true }),
+                );
+                Some(HttpFailure::Unresolved(reason.clone()))
+            }
+            Verdict::Allowed { .. } => None,
+        }
     }
 
     /// Sends to the checked addresses, records the outcome, and commits it before the guest

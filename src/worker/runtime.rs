@@ -184,6 +184,7 @@ impl WasiHttpHooks for HttpHooks {
                 Err(HttpFailure::Denied(_)) => Err(HttpError::HttpRequestDenied),
                 Err(HttpFailure::Invalid(_)) => Err(HttpError::HttpRequestUriInvalid),
                 Err(HttpFailure::Failed(message)) => Err(HttpError::InternalError(Some(message))),
+                Err(HttpFailure::Unresolved(_)) => Err(HttpError::DestinationNotFound),
                 Err(HttpFailure::Abort) => Err(HttpError::InternalError(Some(
                     "the call is being stopped".into(),
                 ))),
@@ -790,7 +791,8 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
                         Err(HttpFailure::Invalid(message)) => {
                             (2, error_document("invalid-request", &message))
                         }
-                        Err(HttpFailure::Failed(message)) => {
+                        Err(HttpFailure::Failed(message))
+                        | Err(HttpFailure::Unresolved(message)) => {
                             (3, error_document("failed", &message))
                         }
                         Err(HttpFailure::Abort) => {

@@ -16,6 +16,11 @@ use toolgrid::proto::{self, tools_client::ToolsClient};
 
 pub const TOOLGRID: &str = env!("CARGO_BIN_EXE_toolgrid");
 
+/// TLS for the tests' own HTTP clients (reqwest is built without a default provider).
+pub fn install_tls() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// A `toolgrid up` process and its directories.
 pub struct Platform {
     child: Option<Child>,
@@ -31,6 +36,7 @@ pub struct Platform {
 impl Platform {
     /// Starts `toolgrid up` on `manifests` with a fresh data directory under `root`.
     pub fn start(root: &Path, manifests: &Path, extra_args: &[&str]) -> Platform {
+        install_tls();
         let data = root.join("data");
         let mut platform = Platform {
             child: None,
