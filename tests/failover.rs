@@ -183,6 +183,24 @@ async fn start_call(
     rx
 }
 
+/// Follows a streamed call to its end (asking the store if the stream breaks).
+async fn wait_done(
+    news: &mut tokio::sync::mpsc::UnboundedReceiver<News>,
+    platform: &Platform,
+    call_id: &str,
+) -> proto::Call {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), news.recv())
+            .await
+            .expect("the call ends")
+        {
+            Some(News::Done(call)) => return *call,
+            Some(News::Broken) | None => return get_call(platform, call_id).await,
+            _ => {}
+        }
+    }
+}
+
 /// The call once it has ended.
 async fn get_call(platform: &Platform, id: &str) -> proto::Call {
     fetch_call(platform, id, true).await
@@ -425,16 +443,7 @@ async fn workers_killed_at_random_points_never_apply_an_effect_twice() {
         if std::env::var("TIMELINE").is_ok() {
             eprintln!("killed and restarted after {:?}", loop_start.elapsed());
         }
-        let call = loop {
-            match tokio::time::timeout(Duration::from_secs(60), news.recv())
-                .await
-                .expect("the call ends")
-            {
-                Some(News::Done(call)) => break *call,
-                Some(News::Broken) | None => break get_call(&platform, &call_id).await,
-                _ => {}
-            }
-        };
+        let call = wait_done(&mut news, &platform, &call_id).await;
         assert_ne!(call.state, proto::CallState::Running as i32);
         ledger.add(&platform, &call).await;
         if std::env::var("TIMELINE").is_ok() {
@@ -547,16 +556,7 @@ async fn a_paused_worker_loses_its_call_and_is_fenced_when_it_wakes() {
     paused.signal(libc::SIGSTOP);
 
     // The lease lapses and the call finishes on the other worker.
-    let call = loop {
-        match tokio::time::timeout(Duration::from_secs(60), news.recv())
-            .await
-            .expect("the call ends")
-        {
-            Some(News::Done(call)) => break *call,
-            Some(News::Broken) | None => break get_call(&platform, &call_id).await,
-            _ => {}
-        }
-    };
+    let call = wait_done(&mut news, &platform, &call_id).await;
     assert_eq!(
         call.state,
         proto::CallState::Succeeded as i32,
@@ -825,16 +825,7 @@ async fn a_tool_that_depends_on_something_outside_the_oplog_is_caught() {
     );
     let index = workers.iter().position(|w| w.id == worker).unwrap();
     workers[index].kill();
-    let call = loop {
-        match tokio::time::timeout(Duration::from_secs(60), news.recv())
-            .await
-            .expect("the call ends")
-        {
-            Some(News::Done(call)) => break *call,
-            Some(News::Broken) | None => break get_call(&platform, &call_id).await,
-            _ => {}
-        }
-    };
+    let call = wait_done(&mut news, &platform, &call_id).await;
     let error = call.error.clone().expect("the replay diverged");
     assert_eq!(error.kind, "replay-divergence", "{error:?}");
     assert!(
