@@ -8,10 +8,13 @@
 pub mod api;
 pub mod catalog;
 pub mod cli;
+pub mod controller;
 pub mod error;
 pub mod gateway;
+pub mod metrics;
 pub mod platform;
 pub mod proto;
 pub mod scheduler;
 pub mod store;
+pub mod telemetry;
 pub mod worker;

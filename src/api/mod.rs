@@ -27,7 +27,7 @@ pub use agent::{Agent, AgentSpec, AgentStatus, LocalObjectRef, Permission, Secre
 pub use binding::{
     FilesystemAccess, ReleaseSelector, ToolBinding, ToolBindingSpec, ToolBindingStatus,
 };
-pub use crds::{all_crds, crds_yaml};
+pub use crds::{all_crds, crds_helm_yaml, crds_yaml};
 pub use middleware::{
     ApprovalStep, AuditStep, Middleware, MiddlewareSpec, MiddlewareStatus, OnTimeout, PolicyStep,
     RateLimitStep, RedactStep, WasmStep,

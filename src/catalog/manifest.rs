@@ -17,11 +17,23 @@ pub struct Source {
 
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (document {})", self.file.display(), self.document)
+        if self.document == 0 {
+            write!(f, "{}", self.file.display())
+        } else {
+            write!(f, "{} (document {})", self.file.display(), self.document)
+        }
     }
 }
 
 impl Source {
+    /// A resource read from the Kubernetes API rather than a file.
+    pub fn cluster(kind: &str, namespace: &str, name: &str) -> Source {
+        Source {
+            file: PathBuf::from(format!("the cluster ({kind} {namespace}/{name})")),
+            document: 0,
+        }
+    }
+
     /// The directory a relative artifact path is resolved against.
     pub fn dir(&self) -> &Path {
         self.file.parent().unwrap_or(Path::new("."))

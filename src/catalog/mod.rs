@@ -8,6 +8,8 @@ pub mod resolve;
 pub mod snapshot;
 mod source;
 
+pub use resolve::Identities;
+
 pub use snapshot::{
     Limits, ObjectKey, ResolvedPool, ResolvedRelease, ResolvedTool, ResourceId, ResourceState,
     Snapshot,

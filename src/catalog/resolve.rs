@@ -41,6 +41,63 @@ pub struct ResolveInput<'a> {
     pub artifacts: &'a HashMap<ObjectKey, ArtifactOutcome>,
     pub previous: &'a HashMap<ResourceId, PreviousState>,
     pub now: Timestamp,
+    /// What exists in the cluster for Agents to refer to; `None` where there is no cluster
+    /// (a manifest directory), and the references are not checked.
+    pub identities: Option<&'a Identities>,
+}
+
+/// ServiceAccounts, Secrets and ConfigMaps that exist, by namespace and name.
+#[derive(Clone, Debug, Default)]
+pub struct Identities {
+    pub service_accounts: std::collections::HashSet<ObjectKey>,
+    pub secrets: std::collections::HashSet<ObjectKey>,
+    pub config_maps: std::collections::HashSet<ObjectKey>,
+}
+
+/// The first reference of an Agent to something missing, as a condition reason and message.
+fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(&'static str, String)> {
+    let ns = agent.metadata.namespace.clone().unwrap_or_default();
+    let key = |name: &str| ObjectKey::new(ns.clone(), name);
+    let spec = &agent.spec;
+    if let Some(sa) = &spec.service_account
+        && !identities.service_accounts.contains(&key(sa))
+    {
+        return Some((
+            "MissingServiceAccount",
+            format!("spec.serviceAccount: there is no ServiceAccount {ns}/{sa}"),
+        ));
+    }
+    if let Some(secret) = &spec.token_secret_ref
+        && !identities.secrets.contains(&key(&secret.name))
+    {
+        return Some((
+            "MissingSecret",
+            format!(
+                "spec.tokenSecretRef: there is no Secret {ns}/{}",
+                secret.name
+            ),
+        ));
+    }
+    if let Some(secret) = &spec.secret_ref
+        && !identities.secrets.contains(&key(&secret.name))
+    {
+        return Some((
+            "MissingSecret",
+            format!("spec.secretRef: there is no Secret {ns}/{}", secret.name),
+        ));
+    }
+    if let Some(config) = &spec.config_map_ref
+        && !identities.config_maps.contains(&key(&config.name))
+    {
+        return Some((
+            "MissingConfigMap",
+            format!(
+                "spec.configMapRef: there is no ConfigMap {ns}/{}",
+                config.name
+            ),
+        ));
+    }
+    None
 }
 
 /// One declaration of a resource, before its checks.
@@ -574,8 +631,21 @@ impl<'a> Resolver<'a> {
     fn agents(&mut self) -> BTreeMap<ObjectKey, &'a Agent> {
         let mut valid = BTreeMap::new();
         for d in self.declared(Kind::Agent, &self.input.set.agents) {
+            let missing = self
+                .input
+                .identities
+                .and_then(|ids| missing_reference(d.object, ids));
             match check_agent(d.object) {
                 Err(e) => self.invalid(&d, e),
+                Ok(()) if missing.is_some() => {
+                    let (reason, message) = missing.unwrap_or_default();
+                    self.record_declared(
+                        &d,
+                        Desired::not_ready(reason, message),
+                        Map::new(),
+                        Vec::new(),
+                    );
+                }
                 Ok(()) => {
                     let identity = d
                         .object
@@ -1031,6 +1101,7 @@ spec: {effect: read, commands: [{name: default}]}
             artifacts,
             previous,
             now: at.parse().unwrap(),
+            identities: None,
         })
     }
 

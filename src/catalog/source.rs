@@ -100,6 +100,7 @@ impl ManifestSource {
             artifacts: &artifacts,
             previous: &previous,
             now: k8s_openapi::jiff::Timestamp::now(),
+            identities: None,
         });
         self.store.save_resources(records_of(&snapshot)).await?;
         let published = self.catalog.publish(snapshot);

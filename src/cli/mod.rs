@@ -3,6 +3,7 @@
 mod bench;
 mod client;
 mod componentize;
+mod controller;
 mod failover;
 mod table;
 mod up;
@@ -27,6 +28,9 @@ enum Commands {
     Up(up::UpArgs),
     /// Run one sandbox worker attached to a control plane.
     Worker(worker::WorkerArgs),
+    /// Run the control plane in a Kubernetes cluster: watch the CRDs, write status, own the
+    /// worker Deployments, leader-elected.
+    Controller(controller::ControllerArgs),
     /// Call a tool: `toolgrid call TOOL [COMMAND] [ARGS...] [--stdin FILE|-]
     /// [--idempotency-key K] [--endpoint ADDR]`. Prints the result as JSON.
     Call(client::CallArgs),
@@ -41,7 +45,11 @@ enum Commands {
     /// Deny a call waiting for approval.
     Deny(client::DecisionArgs),
     /// Print the CustomResourceDefinitions of every kind as one YAML stream.
-    Crds,
+    Crds {
+        /// As the Helm chart's `templates/crds.yaml` (kept on uninstall, optional).
+        #[arg(long)]
+        helm: bool,
+    },
     /// Measure the platform (see BENCHMARKS.md).
     Bench(bench::BenchArgs),
     /// Wrap a WASI preview 1 module into a preview 2 component (`wasi:cli/run`).
@@ -62,21 +70,27 @@ pub mod exit {
     pub const INTERNAL: u8 = 5;
 }
 
-fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
-}
-
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let server = matches!(cli.command, Commands::Up(_) | Commands::Worker(_));
-    init_logging(if server { "info" } else { "warn" });
+    let server = matches!(
+        cli.command,
+        Commands::Up(_) | Commands::Worker(_) | Commands::Controller(_)
+    );
+    let otlp = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok();
+    let otlp = match &cli.command {
+        Commands::Controller(args) => args.otlp_endpoint().or(otlp),
+        _ => otlp,
+    };
+    let service = match &cli.command {
+        Commands::Worker(_) => "toolgrid-worker",
+        Commands::Controller(_) => "toolgrid-controller",
+        _ => "toolgrid",
+    };
+    let _telemetry = crate::telemetry::init(
+        if server { "info" } else { "warn" },
+        service,
+        otlp.as_deref(),
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -91,13 +105,18 @@ pub fn main() -> ExitCode {
         match cli.command {
             Commands::Up(args) => report(up::run(args).await),
             Commands::Worker(args) => report(worker::run(args).await),
+            Commands::Controller(args) => report(controller::run(args).await),
             Commands::Call(args) => client::call(args).await,
             Commands::Get(args) => client::get(args).await,
             Commands::Calls(args) => client::calls(args).await,
             Commands::Oplog(args) => client::oplog(args).await,
             Commands::Approve(args) => client::decide(args, true).await,
             Commands::Deny(args) => client::decide(args, false).await,
-            Commands::Crds => match crate::api::crds_yaml() {
+            Commands::Crds { helm } => match if helm {
+                crate::api::crds_helm_yaml()
+            } else {
+                crate::api::crds_yaml()
+            } {
                 Ok(yaml) => {
                     print!("{yaml}");
                     ExitCode::SUCCESS

@@ -39,6 +39,10 @@ pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>)
         .route("/v1/calls/{id}/oplog", get(get_oplog))
         .route("/healthz", get(|| async { "ok" }))
         .route(
+            "/metrics",
+            get(|| async { crate::metrics::global().encode() }),
+        )
+        .route(
             "/readyz",
             get(move || {
                 let ready = ready.clone();

@@ -196,6 +196,44 @@ impl Scheduler {
         workers
     }
 
+    /// Calls of a release not yet ended (queued or running), e.g. before deleting it.
+    pub fn calls_of_release(&self, namespace: &str, release: &str) -> usize {
+        let state = self.lock();
+        let matches = |r: &CallRecord| r.namespace == namespace && r.release == release;
+        state.queue.iter().filter(|q| matches(&q.record)).count()
+            + state
+                .running
+                .values()
+                .filter(|r| matches(&r.record))
+                .count()
+            + state
+                .orphans
+                .values()
+                .filter(|o| matches(&o.record))
+                .count()
+    }
+
+    fn export_gauges(&self) {
+        use crate::metrics::PoolLabel;
+        let metrics = crate::metrics::global();
+        let state = self.lock();
+        let mut pools: HashMap<String, (i64, i64, i64)> = HashMap::new();
+        for worker in state.workers.values() {
+            let entry = pools.entry(worker.pool.clone()).or_default();
+            entry.0 += 1;
+            entry.1 += worker.busy.len() as i64;
+        }
+        for queued in &state.queue {
+            pools.entry(queued.record.spec.pool.clone()).or_default().2 += 1;
+        }
+        for (pool, (workers, busy, queued)) in pools {
+            let label = PoolLabel { pool };
+            metrics.workers.get_or_create(&label).set(workers);
+            metrics.busy_slots.get_or_create(&label).set(busy);
+            metrics.queue_depth.get_or_create(&label).set(queued);
+        }
+    }
+
     /// Calls waiting for a slot, by pool.
     pub fn queued(&self) -> HashMap<String, usize> {
         let mut out = HashMap::new();
@@ -218,6 +256,7 @@ impl Scheduler {
             self.expire_deadlines().await;
             self.dispatch().await;
             self.calls.prune();
+            self.export_gauges();
         }
     }
 
@@ -411,6 +450,13 @@ impl Scheduler {
                     call = %done.id, tool = %done.tool, command = %done.command, worker, epoch = result.epoch,
                     state = done.state.as_str(), "call finished"
                 );
+                crate::metrics::call_ended(
+                    &done.tool,
+                    done.error
+                        .as_ref()
+                        .map(|e| e.kind.as_str())
+                        .unwrap_or("succeeded"),
+                );
                 self.calls.finish(done);
                 true
             }
@@ -491,6 +537,7 @@ impl Scheduler {
         }
         match self.store.fence_call(&record.id, epoch, reason).await {
             Ok(new_epoch) => {
+                crate::metrics::global().failovers.inc();
                 tracing::info!(call = %record.id, epoch = new_epoch, "call fenced and queued for another worker: {reason}");
                 self.lock().queue.push_front(Queued { record, interface });
             }
@@ -614,7 +661,10 @@ impl Scheduler {
             ..CallError::default()
         };
         match self.store.fail_call(&record.id, error).await {
-            Ok(done) => self.calls.finish(done),
+            Ok(done) => {
+                crate::metrics::call_ended(&done.tool, kind.as_str());
+                self.calls.finish(done)
+            }
             Err(error) => tracing::error!(call = %record.id, %error, "cannot fail call"),
         }
     }

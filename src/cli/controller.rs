@@ -1,0 +1,89 @@
+//! `toolgrid controller`: the control plane in a Kubernetes cluster.
+
+use crate::api::units::GoDuration;
+use crate::controller::Settings;
+use std::net::SocketAddr;
+
+#[derive(clap::Args, Debug)]
+pub struct ControllerArgs {
+    /// gRPC address: the Tools API for agents and the worker link for worker pods.
+    #[arg(long, env = "TOOLGRID_LISTEN", default_value = "0.0.0.0:7070")]
+    listen: SocketAddr,
+    /// HTTP JSON API address.
+    #[arg(long, env = "TOOLGRID_HTTP_LISTEN", default_value = "0.0.0.0:7071")]
+    http_listen: SocketAddr,
+    /// `/health`, `/ready` and `/metrics`.
+    #[arg(long, env = "TOOLGRID_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    metrics_listen: SocketAddr,
+    /// `sqlite://PATH` (on a volume) or `postgres://...`.
+    #[arg(
+        long,
+        env = "TOOLGRID_STORE",
+        default_value = "sqlite:///var/lib/toolgrid/toolgrid.db"
+    )]
+    store: String,
+    /// Watch only this namespace (default: all).
+    #[arg(long, env = "TOOLGRID_WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
+    /// Image of the worker pods (default: `TOOLGRID_IMAGE`, the controller's own).
+    #[arg(long, env = "TOOLGRID_WORKER_IMAGE")]
+    worker_image: Option<String>,
+    /// What worker pods dial (default: `http://toolgrid.<POD_NAMESPACE>.svc:7070`).
+    #[arg(long, env = "TOOLGRID_CONTROL_PLANE_ADDRESS")]
+    control_plane_address: Option<String>,
+    /// OpenTelemetry traces over OTLP/gRPC to this endpoint.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// A worker silent this long loses its calls.
+    #[arg(long, env = "TOOLGRID_WORKER_LEASE", default_value = "2s")]
+    lease: GoDuration,
+    /// How often workers heartbeat.
+    #[arg(long, default_value = "500ms")]
+    heartbeat: GoDuration,
+    /// This replica's identity in the leader election.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
+    /// The namespace of the leader election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "toolgrid")]
+    pod_namespace: String,
+    /// Name of the leader election Lease.
+    #[arg(long, default_value = "toolgrid-controller")]
+    lease_name: String,
+}
+
+impl ControllerArgs {
+    pub fn otlp_endpoint(&self) -> Option<String> {
+        self.otlp_endpoint.clone().filter(|e| !e.is_empty())
+    }
+}
+
+pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    let pod_name = args
+        .pod_name
+        .clone()
+        .unwrap_or_else(|| format!("toolgrid-controller-{}", std::process::id()));
+    let image = args
+        .worker_image
+        .clone()
+        .or_else(|| std::env::var("TOOLGRID_IMAGE").ok())
+        .unwrap_or_else(|| format!("ghcr.io/toolgrid/toolgrid:{}", env!("CARGO_PKG_VERSION")));
+    let control_plane_address = args
+        .control_plane_address
+        .clone()
+        .unwrap_or_else(|| format!("http://toolgrid.{}.svc:7070", args.pod_namespace));
+    crate::controller::run(Settings {
+        listen: args.listen,
+        http_listen: args.http_listen,
+        metrics_listen: args.metrics_listen,
+        store_url: args.store,
+        watch_namespace: args.watch_namespace.filter(|n| !n.is_empty()),
+        worker_image: image,
+        control_plane_address,
+        worker_lease: args.lease.get(),
+        heartbeat: args.heartbeat.get(),
+        pod_name,
+        pod_namespace: args.pod_namespace,
+        lease_name: args.lease_name,
+    })
+    .await
+}

@@ -1,0 +1,220 @@
+//! `toolgrid controller`: the control plane in a Kubernetes cluster. It watches the six
+//! CRDs (and the ConfigMaps, Secrets and ServiceAccounts they refer to), feeds the same
+//! catalog as `toolgrid up` through the same reconcile logic, writes every status through
+//! the status subresource, owns the worker Deployments, and serves the same gRPC and HTTP
+//! APIs and worker link. Replicas elect a leader with a Lease; only the leader works.
+
+pub mod deployment;
+pub mod health;
+pub mod leader;
+#[cfg(test)]
+mod mock;
+pub mod reconcile;
+pub mod source;
+pub mod status;
+
+use crate::platform::{ControlPlane, Listeners};
+use crate::scheduler::SchedulerConfig;
+use anyhow::Context as _;
+use health::Readiness;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use leader::{LeaderElector, LeaseSettings};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Everything `toolgrid controller` is told.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub http_listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    pub store_url: String,
+    /// Watch one namespace, or all.
+    pub watch_namespace: Option<String>,
+    pub worker_image: String,
+    /// What worker pods dial.
+    pub control_plane_address: String,
+    pub worker_lease: Duration,
+    pub heartbeat: Duration,
+    pub pod_name: String,
+    pub pod_namespace: String,
+    pub lease_name: String,
+}
+
+/// Runs the controller until it stops leading or is told to stop.
+pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    let readiness = Arc::new(Readiness::default());
+    let probes = tokio::net::TcpListener::bind(settings.metrics_listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen for probes and metrics on {}",
+                settings.metrics_listen
+            )
+        })?;
+    let probe_router = health::router(readiness.clone());
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(probes, probe_router).await {
+            tracing::error!(%error, "the probe server stopped");
+        }
+    });
+
+    let client = Client::try_default()
+        .await
+        .context("cannot reach the Kubernetes API")?;
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "toolgrid-controller".into(),
+            instance: Some(settings.pod_name.clone()),
+        },
+    );
+    wait_for_crds(&client, &readiness, &recorder, &settings).await;
+
+    let elector = LeaderElector::new(
+        Api::namespaced(client.clone(), &settings.pod_namespace),
+        LeaseSettings {
+            name: settings.lease_name.clone(),
+            namespace: settings.pod_namespace.clone(),
+            identity: settings.pod_name.clone(),
+            duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+        },
+    );
+    let mut leading = elector.run();
+    tracing::info!(identity = %settings.pod_name, "campaigning for leadership");
+    while !*leading.borrow_and_update() {
+        leading.changed().await?;
+    }
+    readiness.set_leader(true);
+
+    let store = crate::store::open(&settings.store_url)
+        .await
+        .with_context(|| format!("cannot open the store at {}", settings.store_url))?;
+    let control_plane = ControlPlane::start(
+        store.clone(),
+        SchedulerConfig {
+            heartbeat_interval: settings.heartbeat,
+            lease: settings.worker_lease,
+            reattach_grace: (settings.worker_lease * 2).max(Duration::from_secs(5)),
+            ..SchedulerConfig::default()
+        },
+    )
+    .await?;
+    let source = source::ClusterSource::start(
+        &client,
+        settings.watch_namespace.as_deref(),
+        control_plane.catalog.clone(),
+        store,
+    );
+    source.wait_synced().await?;
+    let snapshot = source.resolve_once().await?;
+    tracing::info!(
+        tools = snapshot.tools.len(),
+        releases = snapshot.releases.len(),
+        pools = snapshot.pools.len(),
+        "catalog synced"
+    );
+    let caches = source.caches.clone();
+    tokio::spawn(source.clone().drive());
+
+    let listeners = Listeners::bind(settings.listen, Some(settings.http_listen)).await?;
+    let (grpc, http, server) = control_plane.serve(listeners)?;
+    tracing::info!(%grpc, %http, metrics = %settings.metrics_listen, "serving");
+    readiness.set_synced(true);
+
+    let context = Arc::new(reconcile::Context {
+        client,
+        catalog: control_plane.catalog.clone(),
+        scheduler: control_plane.scheduler.clone(),
+        recorder,
+        workers: deployment::WorkerSettings {
+            image: settings.worker_image.clone(),
+            control_plane: settings.control_plane_address.clone(),
+        },
+        namespace: settings.watch_namespace.clone(),
+    });
+    let controllers = tokio::spawn(reconcile::run(context, caches));
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = async {
+            while leading.changed().await.is_ok() {
+                if !*leading.borrow() {
+                    break;
+                }
+            }
+        } => {
+            readiness.set_leader(false);
+            anyhow::bail!("lost leadership; exiting so that only the new leader schedules");
+        }
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+        _ = terminate.recv() => tracing::info!("terminated; stopping"),
+        _ = server => anyhow::bail!("the servers stopped"),
+        _ = controllers => anyhow::bail!("the controllers stopped"),
+    }
+    Ok(())
+}
+
+/// Waits (readiness 503, a log line and an event) until the six CRDs exist, instead of
+/// crash-looping.
+async fn wait_for_crds(
+    client: &Client,
+    readiness: &Readiness,
+    recorder: &Recorder,
+    settings: &Settings,
+) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let names: Vec<String> = crate::api::all_crds()
+        .into_iter()
+        .filter_map(|crd| crd.metadata.name)
+        .collect();
+    let mut told = false;
+    loop {
+        let mut missing = Vec::new();
+        for name in &names {
+            match api.get_opt(name).await {
+                Ok(Some(_)) => {}
+                Ok(None) => missing.push(name.clone()),
+                Err(error) => {
+                    tracing::warn!(%error, crd = %name, "cannot read the CRD");
+                    missing.push(name.clone());
+                }
+            }
+        }
+        readiness.set_crds(missing.is_empty(), &missing);
+        if missing.is_empty() {
+            if told {
+                tracing::info!("the CRDs are installed");
+            }
+            return;
+        }
+        if !told {
+            tracing::warn!(missing = ?missing, "waiting for the toolgrid CRDs (install them with the chart or `kubectl apply -f crds/`)");
+            let pod = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(settings.pod_name.clone()),
+                namespace: Some(settings.pod_namespace.clone()),
+                ..ObjectReference::default()
+            };
+            let event = KubeEvent {
+                type_: EventType::Warning,
+                reason: "MissingCRDs".into(),
+                note: Some(format!("waiting for the CRDs: {}", missing.join(", "))),
+                action: "WaitForCRDs".into(),
+                secondary: None,
+            };
+            if let Err(error) = recorder.publish(&event, &pod).await {
+                tracing::debug!(%error, "cannot publish the MissingCRDs event");
+            }
+            told = true;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}

@@ -1,0 +1,372 @@
+//! The Kubernetes source of the catalog: reflectors of the six kinds and of the ConfigMaps,
+//! Secrets and ServiceAccounts they refer to, resolved by the same reconcile logic as a
+//! manifest directory ([`crate::catalog::resolve`]) whenever anything changes.
+
+use crate::api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
+use crate::catalog::artifacts::{
+    ArtifactOutcome, LoadedArtifact, check_bytes, config_map_key, source_kind,
+};
+use crate::catalog::manifest::{ResourceSet, Source, Sourced};
+use crate::catalog::resolve::{PreviousState, ResolveInput, resolve};
+use crate::catalog::{Catalog, Identities, ObjectKey, ResourceId, Snapshot};
+use crate::store::Store;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{self, Store as Cache};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use std::collections::{HashMap, HashSet};
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// How long changes settle before the catalog is resolved again.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+/// Largest artifact fetched from a URL.
+const MAX_ARTIFACT_BYTES: usize = 256 << 20;
+
+/// An API for a kind, in one namespace or all.
+pub fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Caches of everything the catalog is resolved from.
+#[derive(Clone)]
+pub struct Caches {
+    pub tools: Cache<Tool>,
+    pub releases: Cache<ToolRelease>,
+    pub bindings: Cache<ToolBinding>,
+    pub middleware: Cache<Middleware>,
+    pub agents: Cache<Agent>,
+    pub pools: Cache<WorkerPool>,
+    pub config_maps: Cache<ConfigMap>,
+    pub secrets: Cache<PartialObjectMeta<Secret>>,
+    pub service_accounts: Cache<PartialObjectMeta<ServiceAccount>>,
+}
+
+/// Feeds the catalog from the cluster.
+pub struct ClusterSource {
+    pub caches: Caches,
+    catalog: Arc<Catalog>,
+    store: Arc<dyn Store>,
+    changed: Arc<Notify>,
+    /// Artifacts fetched from URLs, by digest.
+    fetched: Mutex<HashMap<String, ArtifactOutcome>>,
+    /// Digests already in the store.
+    stored: Mutex<HashSet<String>>,
+}
+
+fn reflect<K>(api: Api<K>, changed: Arc<Notify>) -> Cache<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default().any_semantic()).default_backoff(),
+    );
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if let Err(error) = event {
+                tracing::warn!(%error, "watch error");
+            }
+            changed.notify_one();
+        }
+    });
+    reader
+}
+
+fn key_of<K: Resource>(object: &K) -> ObjectKey {
+    ObjectKey::new(
+        object.meta().namespace.clone().unwrap_or_default(),
+        object.meta().name.clone().unwrap_or_default(),
+    )
+}
+
+fn sourced<K: Resource<DynamicType = ()> + Clone>(cache: &Cache<K>) -> Vec<Sourced<K>> {
+    cache
+        .state()
+        .iter()
+        .map(|object| {
+            let key = key_of(&**object);
+            Sourced {
+                object: (**object).clone(),
+                source: Source::cluster(&K::kind(&()), &key.namespace, &key.name),
+            }
+        })
+        .collect()
+}
+
+/// What the cluster says each resource's status is now (conditions keep their times).
+fn previous_of<K: Resource<DynamicType = ()> + serde::Serialize + Clone>(
+    kind: Kind,
+    cache: &Cache<K>,
+    into: &mut HashMap<ResourceId, PreviousState>,
+) {
+    for object in cache.state() {
+        let status = serde_json::to_value(&*object)
+            .ok()
+            .and_then(|v| v.get("status").cloned())
+            .unwrap_or(serde_json::Value::Null);
+        into.insert(
+            ResourceId {
+                kind,
+                key: key_of(&*object),
+            },
+            PreviousState {
+                spec_hash: String::new(),
+                generation: object.meta().generation.unwrap_or(1),
+                status,
+            },
+        );
+    }
+}
+
+impl ClusterSource {
+    /// Starts the watches (in `namespace`, or everywhere).
+    pub fn start(
+        client: &Client,
+        namespace: Option<&str>,
+        catalog: Arc<Catalog>,
+        store: Arc<dyn Store>,
+    ) -> Arc<Self> {
+        let changed = Arc::new(Notify::new());
+        let caches = Caches {
+            tools: reflect(api::<Tool>(client, namespace), changed.clone()),
+            releases: reflect(api::<ToolRelease>(client, namespace), changed.clone()),
+            bindings: reflect(api::<ToolBinding>(client, namespace), changed.clone()),
+            middleware: reflect(api::<Middleware>(client, namespace), changed.clone()),
+            agents: reflect(api::<Agent>(client, namespace), changed.clone()),
+            pools: reflect(api::<WorkerPool>(client, namespace), changed.clone()),
+            config_maps: reflect(api::<ConfigMap>(client, namespace), changed.clone()),
+            // Only names are needed: metadata-only watches.
+            secrets: reflect(
+                api::<PartialObjectMeta<Secret>>(client, namespace),
+                changed.clone(),
+            ),
+            service_accounts: reflect(
+                api::<PartialObjectMeta<ServiceAccount>>(client, namespace),
+                changed.clone(),
+            ),
+        };
+        Arc::new(ClusterSource {
+            caches,
+            catalog,
+            store,
+            changed,
+            fetched: Mutex::default(),
+            stored: Mutex::default(),
+        })
+    }
+
+    /// Waits until every cache has listed once.
+    pub async fn wait_synced(&self) -> anyhow::Result<()> {
+        let c = &self.caches;
+        c.tools.wait_until_ready().await?;
+        c.releases.wait_until_ready().await?;
+        c.bindings.wait_until_ready().await?;
+        c.middleware.wait_until_ready().await?;
+        c.agents.wait_until_ready().await?;
+        c.pools.wait_until_ready().await?;
+        c.config_maps.wait_until_ready().await?;
+        c.secrets.wait_until_ready().await?;
+        c.service_accounts.wait_until_ready().await?;
+        Ok(())
+    }
+
+    /// Resolves again whenever something changed, until the task is dropped.
+    pub async fn drive(self: Arc<Self>) {
+        loop {
+            if let Err(error) = self.resolve_once().await {
+                tracing::error!(%error, "cannot resolve the catalog");
+            }
+            self.changed.notified().await;
+            tokio::time::sleep(DEBOUNCE).await;
+        }
+    }
+
+    /// Everything the cluster declares, as the shared reconcile logic takes it.
+    pub fn resource_set(&self) -> ResourceSet {
+        let c = &self.caches;
+        ResourceSet {
+            tools: sourced(&c.tools),
+            releases: sourced(&c.releases),
+            bindings: sourced(&c.bindings),
+            middleware: sourced(&c.middleware),
+            agents: sourced(&c.agents),
+            pools: sourced(&c.pools),
+            config_maps: sourced(&c.config_maps),
+            invalid: Vec::new(),
+        }
+    }
+
+    fn identities(&self) -> Identities {
+        let c = &self.caches;
+        Identities {
+            service_accounts: c
+                .service_accounts
+                .state()
+                .iter()
+                .map(|o| key_of(&**o))
+                .collect(),
+            secrets: c.secrets.state().iter().map(|o| key_of(&**o)).collect(),
+            config_maps: c.config_maps.state().iter().map(|o| key_of(&**o)).collect(),
+        }
+    }
+
+    /// Loads every artifact, resolves, stores new artifacts and publishes the snapshot.
+    pub async fn resolve_once(&self) -> anyhow::Result<Arc<Snapshot>> {
+        let set = self.resource_set();
+        let mut artifacts = HashMap::new();
+        for release in &set.releases {
+            let loaded = self.load_artifact(release, &set).await;
+            if let (ArtifactOutcome::Ready { digest, .. }, Some(bytes)) =
+                (&loaded.outcome, &loaded.bytes)
+            {
+                let known = self
+                    .stored
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(digest);
+                if !known {
+                    self.store.put_artifact(digest, bytes).await?;
+                    self.stored
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(digest.clone());
+                }
+            }
+            artifacts.insert(key_of(&release.object), loaded.outcome);
+        }
+        let c = &self.caches;
+        let mut previous = HashMap::new();
+        previous_of(Kind::Tool, &c.tools, &mut previous);
+        previous_of(Kind::ToolRelease, &c.releases, &mut previous);
+        previous_of(Kind::ToolBinding, &c.bindings, &mut previous);
+        previous_of(Kind::Middleware, &c.middleware, &mut previous);
+        previous_of(Kind::Agent, &c.agents, &mut previous);
+        previous_of(Kind::WorkerPool, &c.pools, &mut previous);
+        let identities = self.identities();
+        let snapshot = resolve(&ResolveInput {
+            set: &set,
+            artifacts: &artifacts,
+            previous: &previous,
+            now: k8s_openapi::jiff::Timestamp::now(),
+            identities: Some(&identities),
+        });
+        Ok(self.catalog.publish(snapshot))
+    }
+
+    async fn load_artifact(
+        &self,
+        release: &Sourced<ToolRelease>,
+        set: &ResourceSet,
+    ) -> LoadedArtifact {
+        let artifact = &release.object.spec.artifact;
+        let failed = |reason: &'static str, message: String| LoadedArtifact {
+            outcome: ArtifactOutcome::Failed { reason, message },
+            bytes: None,
+        };
+        let source = match source_kind(artifact) {
+            Ok(source) => source,
+            Err(message) => return failed("InvalidArtifactSource", message),
+        };
+        let expected = artifact.digest.as_deref();
+        match source {
+            "configMap" => {
+                let Some(reference) = &artifact.config_map else {
+                    return failed(
+                        "InvalidArtifactSource",
+                        "spec.artifact.configMap is empty".into(),
+                    );
+                };
+                let namespace = release
+                    .object
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_default();
+                match config_map_key(
+                    &set.config_maps,
+                    &namespace,
+                    &reference.name,
+                    &reference.key,
+                ) {
+                    Ok(bytes) => check_bytes(bytes, expected),
+                    Err(message) => failed("ArtifactNotFound", message),
+                }
+            }
+            "url" => {
+                let Some(digest) = expected else {
+                    return failed(
+                        "InvalidArtifactSource",
+                        "spec.artifact.url requires spec.artifact.digest".into(),
+                    );
+                };
+                let url = artifact.url.clone().unwrap_or_default();
+                if let Some(outcome) = self
+                    .fetched
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(digest)
+                    .cloned()
+                {
+                    return LoadedArtifact {
+                        outcome,
+                        bytes: None,
+                    };
+                }
+                let loaded = match fetch(&url).await {
+                    Ok(bytes) => check_bytes(bytes, Some(digest)),
+                    Err(message) => {
+                        return failed("ArtifactNotFound", format!("spec.artifact.url: {message}"));
+                    }
+                };
+                self.fetched
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(digest.to_string(), loaded.outcome.clone());
+                loaded
+            }
+            _ => failed(
+                "UnsupportedSource",
+                "spec.artifact.file is for manifest directories; in a cluster use configMap or url"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// Downloads an artifact (the digest is checked by the caller).
+async fn fetch(url: &str) -> Result<Vec<u8>, String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut response = client.get(url).send().await.map_err(|e| e.to_string())?;
+    if !response.status().is_success() {
+        return Err(format!("GET {url} answered {}", response.status()));
+    }
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+        bytes.extend_from_slice(&chunk);
+        if bytes.len() > MAX_ARTIFACT_BYTES {
+            return Err(format!(
+                "the artifact is larger than {MAX_ARTIFACT_BYTES} bytes"
+            ));
+        }
+    }
+    Ok(bytes)
+}

@@ -1,0 +1,177 @@
+//! Status decisions of the controller as plain functions: what to write, when a change is
+//! worth an event, and a pool's live status.
+
+use crate::api::conditions::{self, Desired};
+use crate::catalog::ResourceState;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+/// The field manager of every write the controller makes (server-side apply).
+pub const MANAGER: &str = "toolgrid-controller";
+
+/// The status to write, or `None` when the object already has it.
+pub fn status_change(current: &Value, desired: &Value) -> Option<Value> {
+    (current != desired).then(|| desired.clone())
+}
+
+/// The server-side apply body that sets only the status.
+pub fn status_patch(api_version: &str, kind: &str, status: &Value) -> Value {
+    json!({"apiVersion": api_version, "kind": kind, "status": status})
+}
+
+fn ready_of(status: &Value) -> Option<Condition> {
+    let conditions: Vec<Condition> =
+        serde_json::from_value(status.get("conditions")?.clone()).ok()?;
+    conditions::ready(&conditions).cloned()
+}
+
+/// A change of the Ready condition's status: (now ready, reason, message).
+pub fn ready_transition(current: &Value, desired: &Value) -> Option<(bool, String, String)> {
+    let after = ready_of(desired)?;
+    let before = ready_of(current).map(|c| c.status);
+    if before.as_deref() == Some(after.status.as_str()) {
+        return None;
+    }
+    Some((after.status == "True", after.reason, after.message))
+}
+
+/// What the scheduler and the Deployment say about a pool right now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LivePool {
+    pub desired: u32,
+    pub attached: u32,
+    pub busy: u32,
+    pub queued: u32,
+}
+
+/// A pool's status: the resolved one, with the live counts, and Ready only while a worker
+/// is attached (or none is wanted).
+pub fn pool_status(
+    resolved: &ResourceState,
+    current: &Value,
+    live: LivePool,
+    now: Timestamp,
+) -> Value {
+    let mut status = resolved.status.clone();
+    if let Some(obj) = status.as_object_mut() {
+        obj.insert("desiredWorkers".into(), json!(live.desired));
+        obj.insert("attachedWorkers".into(), json!(live.attached));
+        obj.insert("busySlots".into(), json!(live.busy));
+        obj.insert("queuedCalls".into(), json!(live.queued));
+    }
+    if !resolved.ready.status {
+        return status;
+    }
+    let ready = if live.attached > 0 {
+        Desired::ready(
+            "WorkersAttached",
+            format!(
+                "{} of {} workers attached, {} slots busy",
+                live.attached, live.desired, live.busy
+            ),
+        )
+    } else if live.desired == 0 {
+        Desired::ready("ScaledToZero", "no workers are wanted")
+    } else {
+        Desired::not_ready(
+            "NoWorkers",
+            format!("0 of {} workers attached yet", live.desired),
+        )
+    };
+    let mut conditions: Vec<Condition> = current
+        .get("conditions")
+        .and_then(|c| serde_json::from_value(c.clone()).ok())
+        .unwrap_or_default();
+    conditions::apply(&mut conditions, &ready, Some(resolved.generation), now);
+    if let Some(obj) = status.as_object_mut() {
+        obj.insert(
+            "conditions".into(),
+            serde_json::to_value(&conditions).unwrap_or_default(),
+        );
+    }
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Kind;
+    use crate::catalog::{ObjectKey, ResourceId};
+
+    fn resolved(ready: bool) -> ResourceState {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let desired = if ready {
+            Desired::ready("Resolved", "2 workers of 16 slots")
+        } else {
+            Desired::not_ready("InvalidSpec", "spec: set replicas or autoscale, not both")
+        };
+        let mut conditions = Vec::new();
+        conditions::apply(&mut conditions, &desired, Some(3), now);
+        ResourceState {
+            id: ResourceId {
+                kind: Kind::WorkerPool,
+                key: ObjectKey::new("team", "default"),
+            },
+            source: "the cluster".into(),
+            generation: 3,
+            spec_hash: String::new(),
+            ready: desired,
+            status: json!({"conditions": conditions, "observedGeneration": 3, "desiredWorkers": 2}),
+            columns: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn writes_only_what_changed() {
+        let status = json!({"observedGeneration": 1});
+        assert_eq!(status_change(&status, &status), None);
+        assert_eq!(status_change(&json!(null), &status), Some(status.clone()));
+        assert_eq!(
+            status_patch("toolgrid.dev/v1alpha1", "Tool", &status),
+            json!({"apiVersion": "toolgrid.dev/v1alpha1", "kind": "Tool", "status": {"observedGeneration": 1}})
+        );
+    }
+
+    #[test]
+    fn pools_are_ready_with_a_worker_attached() {
+        let t1: Timestamp = "2026-01-01T00:10:00Z".parse().unwrap();
+        let live = LivePool {
+            desired: 2,
+            attached: 0,
+            busy: 0,
+            queued: 4,
+        };
+        let waiting = pool_status(&resolved(true), &json!(null), live, t1);
+        assert_eq!(waiting["conditions"][0]["reason"], "NoWorkers");
+        assert_eq!(waiting["queuedCalls"], 4);
+        let attached = pool_status(
+            &resolved(true),
+            &waiting,
+            LivePool {
+                attached: 2,
+                ..live
+            },
+            t1,
+        );
+        assert_eq!(attached["conditions"][0]["status"], "True");
+        assert_eq!(attached["attachedWorkers"], 2);
+        let (ready, reason, _) = ready_transition(&waiting, &attached).expect("a transition");
+        assert!(ready);
+        assert_eq!(reason, "WorkersAttached");
+        assert_eq!(ready_transition(&attached, &attached), None);
+        let invalid = pool_status(
+            &resolved(false),
+            &json!(null),
+            LivePool {
+                attached: 2,
+                ..live
+            },
+            t1,
+        );
+        assert_eq!(
+            invalid["conditions"][0]["reason"], "InvalidSpec",
+            "an invalid pool stays not ready"
+        );
+    }
+}

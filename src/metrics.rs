@@ -1,0 +1,150 @@
+//! Prometheus metrics of a control plane: reconciles, calls, queues and workers. One
+//! registry per process, served at `/metrics` (the controller's metrics port, or the HTTP
+//! API of `toolgrid up`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::OnceLock;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    pub tool: String,
+    /// `succeeded`, or the error kind.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    pub pool: String,
+}
+
+/// Every metric this process exports.
+pub struct Metrics {
+    registry: Registry,
+    pub reconcile_duration: Family<KindLabel, Histogram>,
+    pub reconcile_errors: Family<KindLabel, Counter>,
+    pub calls: Family<CallLabels, Counter>,
+    pub queue_depth: Family<PoolLabel, Gauge>,
+    pub workers: Family<PoolLabel, Gauge>,
+    pub busy_slots: Family<PoolLabel, Gauge>,
+    pub failovers: Counter,
+}
+
+fn reconcile_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("toolgrid");
+        let reconcile_duration = Family::<KindLabel, Histogram>::new_with_constructor(
+            reconcile_histogram as fn() -> Histogram,
+        );
+        let reconcile_errors = Family::<KindLabel, Counter>::default();
+        let calls = Family::<CallLabels, Counter>::default();
+        let queue_depth = Family::<PoolLabel, Gauge>::default();
+        let workers = Family::<PoolLabel, Gauge>::default();
+        let busy_slots = Family::<PoolLabel, Gauge>::default();
+        let failovers = Counter::default();
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time spent reconciling one resource",
+            reconcile_duration.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed",
+            reconcile_errors.clone(),
+        );
+        registry.register(
+            "calls",
+            "Calls that ended, by tool and outcome",
+            calls.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Calls waiting for a worker slot",
+            queue_depth.clone(),
+        );
+        registry.register("workers", "Workers attached", workers.clone());
+        registry.register(
+            "busy_slots",
+            "Worker slots running a call",
+            busy_slots.clone(),
+        );
+        registry.register(
+            "failovers",
+            "Calls taken from a lost worker to run elsewhere",
+            failovers.clone(),
+        );
+        Metrics {
+            registry,
+            reconcile_duration,
+            reconcile_errors,
+            calls,
+            queue_depth,
+            workers,
+            busy_slots,
+            failovers,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The process's metrics.
+pub fn global() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+/// Counts an ended call.
+pub fn call_ended(tool: &str, outcome: &str) {
+    global()
+        .calls
+        .get_or_create(&CallLabels {
+            tool: tool.to_string(),
+            outcome: outcome.to_string(),
+        })
+        .inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_exported_in_text_format() {
+        call_ended("semver", "succeeded");
+        global()
+            .reconcile_duration
+            .get_or_create(&KindLabel {
+                kind: "Tool".into(),
+            })
+            .observe(0.01);
+        let text = global().encode();
+        assert!(
+            text.contains("toolgrid_calls_total{tool=\"semver\",outcome=\"succeeded\"}"),
+            "{text}"
+        );
+        assert!(
+            text.contains("toolgrid_reconcile_duration_seconds_bucket"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
