@@ -1,0 +1,294 @@
+//! End to end on a real cluster: install the chart, apply the examples, call a tool, kill
+//! a worker pod mid-call and check the call still finishes. Runs when `KUBECONFIG` names a
+//! cluster (and `kubectl` is on the PATH); otherwise it says why it skips.
+//!
+//! - `TOOLGRID_E2E_IMAGE`: the toolgrid image the cluster can pull (default
+//!   `ghcr.io/toolgrid/toolgrid:0.1.0`); build it from the `Dockerfile`.
+//! - `TOOLGRID_E2E_NAMESPACE`: where to install (default `toolgrid-e2e`, deleted after).
+
+mod common;
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::core::{DynamicObject, GroupVersionKind};
+use kube::discovery::{ApiResource, Discovery};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use toolgrid::proto;
+
+fn skip_reason() -> Option<String> {
+    let Ok(path) = std::env::var("KUBECONFIG") else {
+        return Some("KUBECONFIG is not set: no cluster to test against".into());
+    };
+    if !std::path::Path::new(path.split(':').next().unwrap_or_default()).exists() {
+        return Some(format!("KUBECONFIG names {path}, which does not exist"));
+    }
+    if Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        return Some("kubectl is not on the PATH (needed to port-forward)".into());
+    }
+    if Command::new("python3")
+        .args(["-c", "import helm_sdkpy"])
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        return Some(
+            "helm_sdkpy is not installed (pip install --ignore-requires-python helm-sdkpy)".into(),
+        );
+    }
+    None
+}
+
+fn run(program: &str, args: &[&str]) -> std::process::Output {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// A tool that computes for a while (no host calls), to be killed mid-call.
+const SPIN: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 1024) "{\"done\": true}")
+  (func (export "_start") (local $i i64)
+    (loop (local.set $i (i64.add (local.get $i) (i64.const 1)))
+          (br_if 0 (i64.lt_u (local.get $i) (i64.const 3000000000))))
+    (i32.store (i32.const 0) (i32.const 1024))
+    (i32.store (i32.const 4) (i32.const 14))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))))"#;
+
+fn spin_manifests(namespace: &str) -> String {
+    use base64::Engine as _;
+    let wasm = wat::parse_str(SPIN).unwrap();
+    let digest = format!(
+        "sha256:{}",
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&wasm))
+    );
+    format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata: {{name: spin-wasm, namespace: {namespace}}}
+binaryData: {{spin.wasm: {}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {{name: spin, namespace: {namespace}}}
+spec: {{effect: read, timeout: 300s, commands: [{{name: default, result: {{type: object}}}}]}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolRelease
+metadata: {{name: spin-1.0.0, namespace: {namespace}}}
+spec:
+  tool: spin
+  version: 1.0.0
+  artifact: {{configMap: {{name: spin-wasm, key: spin.wasm}}, digest: "{digest}"}}
+  limits: {{cpuTime: 240s}}
+"#,
+        base64::engine::general_purpose::STANDARD.encode(&wasm)
+    )
+}
+
+async fn apply_yaml(client: &kube::Client, discovery: &Discovery, namespace: &str, text: &str) {
+    for document in serde_yaml::Deserializer::from_str(text) {
+        let value = <serde_yaml::Value as serde::Deserialize>::deserialize(document).unwrap();
+        if value.is_null() {
+            continue;
+        }
+        let mut object: DynamicObject = serde_yaml::from_value(value).unwrap();
+        let types = object.types.clone().unwrap();
+        let gvk = GroupVersionKind::try_from(&types).unwrap();
+        let (resource, _) = discovery
+            .resolve_gvk(&gvk)
+            .unwrap_or_else(|| panic!("the cluster does not know {gvk:?}"));
+        object.metadata.namespace = Some(namespace.into());
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+        let name = object.metadata.name.clone().unwrap();
+        api.patch(
+            &name,
+            &PatchParams::apply("toolgrid-e2e").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {} {name}: {e}", gvk.kind));
+    }
+}
+
+async fn wait_ready(
+    client: &kube::Client,
+    namespace: &str,
+    plural: &str,
+    name: &str,
+    limit: Duration,
+) {
+    let resource = ApiResource {
+        group: "toolgrid.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "toolgrid.dev/v1alpha1".into(),
+        kind: String::new(),
+        plural: plural.into(),
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+    let start = Instant::now();
+    loop {
+        if let Ok(object) = api.get(name).await {
+            let ready = object.data["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                });
+            if ready {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{plural}/{name} did not become Ready"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_runs_tools_and_survives_a_killed_worker_pod() {
+    if let Some(reason) = skip_reason() {
+        eprintln!("skipping the Kubernetes end-to-end test: {reason}");
+        return;
+    }
+    common::install_tls();
+    let namespace =
+        std::env::var("TOOLGRID_E2E_NAMESPACE").unwrap_or_else(|_| "toolgrid-e2e".into());
+    let image = std::env::var("TOOLGRID_E2E_IMAGE")
+        .unwrap_or_else(|_| "ghcr.io/toolgrid/toolgrid:0.1.0".into());
+    let (repository, tag) = image.rsplit_once(':').unwrap_or((&image, "0.1.0"));
+    let values = serde_json::json!({"image": {"repository": repository, "tag": tag}}).to_string();
+    let chart = common::fixtures::repo().join("charts/toolgrid");
+    let install = format!(
+        "import asyncio, json, helm_sdkpy as h\n\
+         c = h.Configuration(namespace={namespace:?})\n\
+         asyncio.run(h.Install(c).run('toolgrid', {chart:?}, values=json.loads({values:?}), create_namespace=True, wait=True, timeout=600))",
+        chart = chart.display().to_string()
+    );
+    run("python3", &["-c", &install]);
+
+    let client = kube::Client::try_default().await.unwrap();
+    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+    for file in ["artifacts.yaml", "tools.yaml"] {
+        let path = common::fixtures::repo().join("examples/k8s").join(file);
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            apply_yaml(&client, &discovery, &namespace, &text).await;
+        }
+    }
+    apply_yaml(&client, &discovery, &namespace, &spin_manifests(&namespace)).await;
+    wait_ready(
+        &client,
+        &namespace,
+        "tools",
+        "spin",
+        Duration::from_secs(300),
+    )
+    .await;
+
+    let mut forward = Command::new("kubectl")
+        .args([
+            "-n",
+            &namespace,
+            "port-forward",
+            "svc/toolgrid",
+            "17070:7070",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut tools = proto::tools_client::ToolsClient::connect("http://127.0.0.1:17070")
+        .await
+        .unwrap();
+
+    // An example tool answers.
+    if let Ok(call) = tools
+        .invoke(proto::InvokeRequest {
+            tool: "semver".into(),
+            namespace: namespace.clone(),
+            argv: vec!["compare".into(), "1.0.0".into(), "2.0.0".into()],
+            ..Default::default()
+        })
+        .await
+    {
+        assert_eq!(call.into_inner().state, proto::CallState::Succeeded as i32);
+    }
+
+    // A long call; its worker pod is killed mid-call; the call finishes elsewhere.
+    let mut stream = tools
+        .invoke_stream(proto::InvokeRequest {
+            tool: "spin".into(),
+            namespace: namespace.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut call_id = String::new();
+    let worker = loop {
+        let event = stream.message().await.unwrap().expect("news of the call");
+        match event.event {
+            Some(proto::invoke_event::Event::Progress(p)) if p.stage == "accepted" => {
+                call_id = p.call_id
+            }
+            Some(proto::invoke_event::Event::Progress(p)) if p.stage == "running" => {
+                break p.worker;
+            }
+            _ => {}
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
+    pods.delete(
+        &worker,
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    let call = tools
+        .get_call(proto::GetCallRequest {
+            id: call_id.clone(),
+            wait: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        call.state,
+        proto::CallState::Succeeded as i32,
+        "{:?}",
+        call.error
+    );
+    assert_ne!(call.worker, worker, "another worker pod finished it");
+
+    let _ = forward.kill();
+    let _ = forward.wait();
+    let uninstall = format!(
+        "import asyncio, helm_sdkpy as h\nc = h.Configuration(namespace={namespace:?})\nasyncio.run(h.Uninstall(c).run('toolgrid'))"
+    );
+    let _ = Command::new("python3").args(["-c", &uninstall]).output();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+    let _ = namespaces
+        .delete(&namespace, &DeleteParams::default())
+        .await;
+}
