@@ -184,11 +184,22 @@ async fn the_chart_runs_tools_and_survives_a_killed_worker_pod() {
 
     let client = kube::Client::try_default().await.unwrap();
     let discovery = Discovery::new(client.clone()).run().await.unwrap();
-    for file in ["artifacts.yaml", "tools.yaml"] {
-        let path = common::fixtures::repo().join("examples/k8s").join(file);
-        if let Ok(text) = std::fs::read_to_string(&path) {
-            apply_yaml(&client, &discovery, &namespace, &text).await;
-        }
+    // Every example, the artifacts (ConfigMaps) first.
+    let mut files: Vec<std::path::PathBuf> =
+        std::fs::read_dir(common::fixtures::repo().join("examples/k8s"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .collect();
+    files.sort_by_key(|p| !p.ends_with("artifacts.yaml"));
+    for path in files {
+        apply_yaml(
+            &client,
+            &discovery,
+            &namespace,
+            &std::fs::read_to_string(&path).unwrap(),
+        )
+        .await;
     }
     apply_yaml(&client, &discovery, &namespace, &spin_manifests(&namespace)).await;
     wait_ready(

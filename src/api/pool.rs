@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
         type_ = "integer",
         json_path = ".status.desiredWorkers"
     ),
+    printcolumn(name = "Pods", type_ = "integer", json_path = ".status.readyWorkers"),
     printcolumn(
         name = "Attached",
         type_ = "integer",
@@ -91,6 +92,9 @@ pub struct WorkerPoolStatus {
     pub observed_generation: Option<i64>,
     #[serde(default)]
     pub desired_workers: u32,
+    /// Worker pods the Deployment reports ready.
+    #[serde(default)]
+    pub ready_workers: u32,
     #[serde(default)]
     pub attached_workers: u32,
     #[serde(default)]

@@ -84,6 +84,8 @@ pub struct ResourceSet {
     /// ConfigMaps, for release artifacts given by `configMap`.
     pub config_maps: Vec<Sourced<ConfigMap>>,
     pub invalid: Vec<InvalidDocument>,
+    /// Documents of other APIs, left alone.
+    pub ignored: usize,
 }
 
 /// Loads every `.yaml` and `.yml` file under `dir` (sorted, hidden entries skipped).
@@ -195,14 +197,23 @@ fn load_value(source: Source, value: serde_yaml::Value, set: &mut ResourceSet) {
         return;
     }
     if api_version != api::API_VERSION {
-        set.invalid.push(invalid(
-            None,
-            "apiVersion".into(),
-            format!(
-                "{api_version:?} is not {:?} (or v1 for a ConfigMap)",
-                api::API_VERSION
-            ),
-        ));
+        if api_version.is_empty() || kind_name.is_empty() {
+            set.invalid.push(invalid(
+                None,
+                if api_version.is_empty() {
+                    "apiVersion"
+                } else {
+                    "kind"
+                }
+                .into(),
+                "every document needs an apiVersion and a kind".into(),
+            ));
+        } else {
+            // Other Kubernetes objects (ServiceAccounts, Secrets...) may share a GitOps
+            // directory; toolgrid has nothing to do with them.
+            tracing::debug!(%api_version, kind = %kind_name, "{source}: not a toolgrid resource; ignored");
+            set.ignored += 1;
+        }
         return;
     }
     let Some(kind) = Kind::ALL.into_iter().find(|k| k.as_str() == kind_name) else {
@@ -301,9 +312,14 @@ apiVersion: v1
 kind: ConfigMap
 metadata: {name: wasm}
 binaryData: {echo.wasm: AGFzbQEAAAA=}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: report-agent}
 "#,
         );
         assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+        assert_eq!(set.ignored, 1, "other Kubernetes objects are left alone");
         assert_eq!(set.tools.len(), 1);
         assert_eq!(
             set.tools[0].object.metadata.namespace.as_deref(),

@@ -133,9 +133,35 @@ impl LeaderElector {
         }
     }
 
+    /// Gives the lease up (on shutdown), so a successor need not wait for it to expire.
+    pub async fn release(&self) -> Result<(), kube::Error> {
+        let Some(current) = self.api.get_opt(&self.settings.name).await? else {
+            return Ok(());
+        };
+        let mut spec = current.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.settings.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.renew_time = None;
+        let released = Lease {
+            metadata: current.metadata.clone(),
+            spec: Some(spec),
+        };
+        match self
+            .api
+            .replace(&self.settings.name, &PostParams::default(), &released)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(error) if is_conflict(&error) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
     /// Campaigns forever; the receiver says whether we lead. A leader that cannot renew
     /// for a whole lease duration steps down.
-    pub fn run(self) -> watch::Receiver<bool> {
+    pub fn run(self: std::sync::Arc<Self>) -> watch::Receiver<bool> {
         let (tx, rx) = watch::channel(false);
         tokio::spawn(async move {
             let mut last_renewed: Option<std::time::Instant> = None;

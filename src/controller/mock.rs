@@ -237,7 +237,10 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
         _dir,
     } = fixture().await;
     let pool: WorkerPool = set.pools[0].object.clone();
-    let task = tokio::spawn(reconcile::reconcile_pool(Arc::new(pool.clone()), ctx));
+    let task = tokio::spawn(reconcile::reconcile_pool(
+        Arc::new(pool.clone()),
+        ctx.clone(),
+    ));
     let deployment = expect(
         &mut handle,
         Method::PATCH,
@@ -286,6 +289,45 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
     )
     .await;
     assert_eq!(event["type"], "Warning");
+    task.await.unwrap().expect("reconciled");
+
+    // More replicas: the same apply updates the Deployment.
+    let mut bigger = pool.clone();
+    bigger.spec.replicas = Some(3);
+    bigger.status = serde_json::from_value(status["status"].clone()).unwrap();
+    let task = tokio::spawn(reconcile::reconcile_pool(Arc::new(bigger), ctx));
+    let deployment = expect(
+        &mut handle,
+        Method::PATCH,
+        "/apis/apps/v1/namespaces/default/deployments/toolgrid-worker-default",
+        &["fieldManager=toolgrid-controller"],
+        StatusCode::OK,
+        |body| {
+            let mut applied = body.clone();
+            applied["status"] = json!({"readyReplicas": 3, "replicas": 3});
+            applied
+        },
+    )
+    .await;
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    let status = expect(
+        &mut handle,
+        Method::PATCH,
+        "/apis/toolgrid.dev/v1alpha1/namespaces/default/workerpools/default/status",
+        &[],
+        StatusCode::OK,
+        |body| {
+            let mut object = serde_json::to_value(&pool).unwrap();
+            object["status"] = body["status"].clone();
+            object
+        },
+    )
+    .await;
+    assert_eq!(
+        status["status"]["readyWorkers"], 3,
+        "the Deployment's ready pods"
+    );
+    expect_nothing(&mut handle).await;
     task.await.unwrap().expect("reconciled");
 }
 
@@ -499,4 +541,26 @@ async fn leader_election_creates_renews_follows_and_takes_over() {
     })
     .await;
     assert!(!task.await.unwrap().unwrap(), "another replica won");
+
+    // On shutdown the leader gives the lease up.
+    let task = tokio::spawn({
+        let elector = elector.clone();
+        async move { elector.release().await }
+    });
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
+        lease_held_by("pod-a", &now)
+    })
+    .await;
+    let released = expect(&mut handle, Method::PUT, path, &[], StatusCode::OK, |b| {
+        b.clone()
+    })
+    .await;
+    assert!(
+        released["spec"]
+            .get("holderIdentity")
+            .is_none_or(|h| h.is_null()),
+        "{released}"
+    );
+    task.await.unwrap().expect("released");
 }

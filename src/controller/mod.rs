@@ -76,7 +76,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     );
     wait_for_crds(&client, &readiness, &recorder, &settings).await;
 
-    let elector = LeaderElector::new(
+    let elector = Arc::new(LeaderElector::new(
         Api::namespaced(client.clone(), &settings.pod_namespace),
         LeaseSettings {
             name: settings.lease_name.clone(),
@@ -85,8 +85,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             duration: Duration::from_secs(15),
             renew_every: Duration::from_secs(5),
         },
-    );
-    let mut leading = elector.run();
+    ));
+    let mut leading = elector.clone().run();
     tracing::info!(identity = %settings.pod_name, "campaigning for leadership");
     while !*leading.borrow_and_update() {
         leading.changed().await?;
@@ -157,6 +157,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         _ = terminate.recv() => tracing::info!("terminated; stopping"),
         _ = server => anyhow::bail!("the servers stopped"),
         _ = controllers => anyhow::bail!("the controllers stopped"),
+    }
+    readiness.set_leader(false);
+    if let Err(error) = elector.release().await {
+        tracing::warn!(%error, "cannot release the lease; the next leader waits for it to expire");
     }
     Ok(())
 }

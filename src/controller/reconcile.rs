@@ -198,19 +198,25 @@ pub(crate) async fn reconcile_pool(
     let desired = desired_workers(&pool, busy, queued);
     let deployment = desired_deployment(&pool, &ctx.workers, desired);
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    deployments
+    let applied = deployments
         .patch(
             &deployment_name(&key.name),
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&deployment),
         )
         .await?;
+    let ready = applied
+        .status
+        .and_then(|s| s.ready_replicas)
+        .and_then(|r| u32::try_from(r).ok())
+        .unwrap_or_default();
     let current = serde_json::to_value(&*pool)?
         .get("status")
         .cloned()
         .unwrap_or(Value::Null);
     let live = LivePool {
         desired,
+        ready,
         attached,
         busy,
         queued,

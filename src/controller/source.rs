@@ -209,6 +209,7 @@ impl ClusterSource {
             pools: sourced(&c.pools),
             config_maps: sourced(&c.config_maps),
             invalid: Vec::new(),
+            ignored: 0,
         }
     }
 

@@ -40,6 +40,8 @@ pub fn ready_transition(current: &Value, desired: &Value) -> Option<(bool, Strin
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LivePool {
     pub desired: u32,
+    /// Pods the Deployment reports ready.
+    pub ready: u32,
     pub attached: u32,
     pub busy: u32,
     pub queued: u32,
@@ -56,6 +58,7 @@ pub fn pool_status(
     let mut status = resolved.status.clone();
     if let Some(obj) = status.as_object_mut() {
         obj.insert("desiredWorkers".into(), json!(live.desired));
+        obj.insert("readyWorkers".into(), json!(live.ready));
         obj.insert("attachedWorkers".into(), json!(live.attached));
         obj.insert("busySlots".into(), json!(live.busy));
         obj.insert("queuedCalls".into(), json!(live.queued));
@@ -138,6 +141,7 @@ mod tests {
         let t1: Timestamp = "2026-01-01T00:10:00Z".parse().unwrap();
         let live = LivePool {
             desired: 2,
+            ready: 0,
             attached: 0,
             busy: 0,
             queued: 4,

@@ -1,0 +1,62 @@
+# syntax=docker/dockerfile:1
+#
+# The toolgrid image: one binary, /usr/local/bin/toolgrid, for the controller
+# (`toolgrid controller`, the default command) and for the worker pods the controller
+# creates (`toolgrid worker`). Runs as uid/gid 65532; /var/lib/toolgrid (the SQLite store
+# and caches) is owned by it.
+#
+#   docker build -t ghcr.io/toolgrid/toolgrid:0.1.0 .
+
+# ---------------------------------------------------------------------------- build
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+ENV CARGO_TERM_COLOR=never
+
+# Dependencies first, in their own layer: a stub crate with the real manifest, lock
+# file, build script and protos, so that the layer is reused until one of those changes.
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY proto ./proto
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    mkdir -p src \
+ && echo 'fn main() {}' > src/main.rs \
+ && touch src/lib.rs \
+ && cargo build --release --locked \
+ && rm -rf src target/release/toolgrid target/release/deps/toolgrid-* \
+           target/release/deps/libtoolgrid-* target/release/.fingerprint/toolgrid-*
+
+# The crate itself. COPY keeps the files' old mtimes, so touch them: cargo must not take
+# the stub's build for up to date.
+COPY src ./src
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    find src -name '*.rs' -exec touch {} + \
+ && cargo build --release --locked \
+ && install -D -m 0755 target/release/toolgrid /out/toolgrid \
+ && /out/toolgrid --help > /dev/null
+
+# -------------------------------------------------------------------------- runtime
+FROM debian:bookworm-slim
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="toolgrid" \
+      org.opencontainers.image.description="Kubernetes operator and control plane that runs typed WebAssembly tools for AI agents, exactly once." \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}"
+
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 65532 toolgrid \
+ && useradd --system --uid 65532 --gid 65532 --home-dir /var/lib/toolgrid --no-create-home \
+            --shell /usr/sbin/nologin toolgrid \
+ && install -d -o 65532 -g 65532 -m 0750 /var/lib/toolgrid
+
+COPY --from=build /out/toolgrid /usr/local/bin/toolgrid
+
+USER 65532:65532
+# Relative paths (e.g. the worker's default cache, .toolgrid/cache) land in the data dir.
+WORKDIR /var/lib/toolgrid
+# gRPC (Tools API, WorkerLink), HTTP JSON API, metrics and health (/metrics /health /ready)
+EXPOSE 7070 7071 9090
+ENTRYPOINT ["/usr/local/bin/toolgrid"]
+CMD ["controller"]

@@ -1,0 +1,224 @@
+//! The Helm chart, rendered by real Helm (`tests/helm/check_chart.py`: Helm's library from
+//! the PyPI package helm-sdkpy, installing into a fake API server), and the plain manifests
+//! in `deploy/`: every object parses as the Kubernetes type it claims to be, and the
+//! controller's arguments are ones `toolgrid controller` accepts.
+
+use clap::Parser;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Parses an object as the type its kind names; returns the kind.
+fn parse_typed(object: &Value) -> String {
+    let kind = object["kind"]
+        .as_str()
+        .expect("every object has a kind")
+        .to_string();
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or("?")
+        .to_string();
+    let value = object.clone();
+    let parsed = match kind.as_str() {
+        "Deployment" => serde_json::from_value::<Deployment>(value).map(|_| ()),
+        "Service" => serde_json::from_value::<Service>(value).map(|_| ()),
+        "ServiceAccount" => serde_json::from_value::<ServiceAccount>(value).map(|_| ()),
+        "PersistentVolumeClaim" => {
+            serde_json::from_value::<PersistentVolumeClaim>(value).map(|_| ())
+        }
+        "Namespace" => serde_json::from_value::<Namespace>(value).map(|_| ()),
+        "ClusterRole" => serde_json::from_value::<ClusterRole>(value).map(|_| ()),
+        "ClusterRoleBinding" => serde_json::from_value::<ClusterRoleBinding>(value).map(|_| ()),
+        "Role" => serde_json::from_value::<Role>(value).map(|_| ()),
+        "RoleBinding" => serde_json::from_value::<RoleBinding>(value).map(|_| ()),
+        "CustomResourceDefinition" => {
+            serde_json::from_value::<CustomResourceDefinition>(value).map(|_| ())
+        }
+        "WorkerPool" => serde_json::from_value::<toolgrid::api::WorkerPool>(value).map(|_| ()),
+        "Kustomization" => Ok(()),
+        other => panic!("{other} {name}: an object of a kind this test does not know"),
+    };
+    if let Err(error) = parsed {
+        panic!("{kind} {name} does not parse as a {kind}: {error}");
+    }
+    kind
+}
+
+/// The controller container's arguments parse as `toolgrid controller`.
+fn check_controller_args(deployment: &Value) {
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let mut argv = vec!["toolgrid".to_string()];
+    argv.extend(args);
+    if let Err(error) = toolgrid::cli::Cli::try_parse_from(&argv) {
+        panic!(
+            "the chart runs `{}`, which toolgrid rejects: {error}",
+            argv.join(" ")
+        );
+    }
+    let probes = |probe: &str| {
+        container[probe]["httpGet"]["path"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(probes("livenessProbe"), "/health");
+    assert_eq!(probes("readinessProbe"), "/ready");
+}
+
+#[test]
+fn the_chart_renders_with_real_helm_into_valid_kubernetes_objects() {
+    let output = tempfile::NamedTempFile::new().unwrap();
+    let run = Command::new("python3")
+        .arg(repo().join("tests/helm/check_chart.py"))
+        .args(["--format", "json", "--output"])
+        .arg(output.path())
+        .output()
+        .expect("python3");
+    if run.status.code() == Some(77) {
+        eprintln!(
+            "skipping the chart test: {}",
+            String::from_utf8_lossy(&run.stderr).trim()
+        );
+        return;
+    }
+    assert!(
+        run.status.success(),
+        "the chart checks failed:\n{}\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let objects: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(output.path()).unwrap()).unwrap();
+    let kinds: Vec<String> = objects.iter().map(parse_typed).collect();
+    for expected in [
+        "CustomResourceDefinition",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+        "ClusterRole",
+        "PersistentVolumeClaim",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == expected),
+            "the chart installs a {expected}: {kinds:?}"
+        );
+    }
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| *k == "CustomResourceDefinition")
+            .count(),
+        6
+    );
+    let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+    check_controller_args(deployment);
+}
+
+#[test]
+fn the_plain_manifests_are_valid_kubernetes_objects() {
+    let mut kinds = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("deploy"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.push(repo().join("deploy/crds/toolgrid.yaml"));
+    for path in files {
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for document in serde_yaml::Deserializer::from_str(&text) {
+                let value: Value = serde_yaml::from_value(
+                    <serde_yaml::Value as serde::Deserialize>::deserialize(document).unwrap(),
+                )
+                .unwrap();
+                if value.is_null() {
+                    continue;
+                }
+                let kind = parse_typed(&value);
+                if kind == "Deployment" {
+                    check_controller_args(&value);
+                }
+                kinds.push(kind);
+            }
+        }
+    }
+    for expected in [
+        "Namespace",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+        "ClusterRole",
+        "CustomResourceDefinition",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == expected),
+            "deploy/ has a {expected}: {kinds:?}"
+        );
+    }
+}
+
+#[test]
+fn the_kubernetes_examples_load_and_resolve_with_configmap_artifacts() {
+    use toolgrid::catalog::manifest::load_dir;
+    let dir = repo().join("examples/k8s");
+    let set = load_dir(&dir).unwrap();
+    assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+    assert!(
+        set.config_maps.len() >= 4,
+        "the artifacts ship as ConfigMaps"
+    );
+    let mut artifacts = std::collections::HashMap::new();
+    for release in &set.releases {
+        let loaded = toolgrid::catalog::artifacts::load_local(release, &set.config_maps);
+        artifacts.insert(
+            toolgrid::catalog::ObjectKey::new(
+                release
+                    .object
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_default(),
+                release.object.metadata.name.clone().unwrap_or_default(),
+            ),
+            loaded.outcome,
+        );
+    }
+    let snapshot = toolgrid::catalog::resolve::resolve(&toolgrid::catalog::resolve::ResolveInput {
+        set: &set,
+        artifacts: &artifacts,
+        previous: &Default::default(),
+        now: k8s_openapi::jiff::Timestamp::now(),
+        identities: None,
+    });
+    let not_ready: Vec<String> = snapshot
+        .resources
+        .values()
+        .filter(|r| !r.ready.status)
+        .map(|r| {
+            format!(
+                "{} {}: {} {}",
+                r.id.kind, r.id.key, r.ready.reason, r.ready.message
+            )
+        })
+        .collect();
+    assert!(
+        not_ready.is_empty(),
+        "every example resource is Ready: {not_ready:#?}"
+    );
+    for tool in ["semver", "textstats", "uuid", "fetch"] {
+        assert!(snapshot.tools.keys().any(|k| k.name == tool), "{tool}");
+    }
+}

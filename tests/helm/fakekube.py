@@ -1,0 +1,866 @@
+"""A minimal, in-memory Kubernetes API server for rendering a chart with real Helm.
+
+It serves just enough of the API for `helm install` / `upgrade` / `uninstall` (Helm 4,
+server-side or client-side apply, no --wait) and for `kubectl apply`, over plain HTTP on
+127.0.0.1, and records every request:
+
+- /version, and discovery (/api, /api/v1, /apis, /apis/<group>/<version>) in the legacy,
+  non-aggregated format, which client-go falls back to;
+- the built-in kinds a chart like toolgrid's uses, plus any group a CustomResourceDefinition
+  adds: like a real cluster, a CRD's kind is served only once the CRD has been created (or
+  was seeded with `crds=`), so creating a CRD and an object of its kind in one go fails
+  here as it does on a cluster ("ensure CRDs are installed first");
+- custom resources are validated against their CRD's schema, strictly (an unknown field
+  is an error, as with `fieldValidation=Strict`);
+- /openapi/v3 (an index and, per group/version, PATCH operations that accept
+  `fieldValidation`, so clients leave field validation to the server);
+- GET (one object, or a list filtered by labelSelector / fieldSelector metadata.name),
+  watch (no events; held open until the client leaves), POST (create: 409 if it exists,
+  404 if its namespace does not), PUT, PATCH (server-side apply with per-manager field
+  removal, JSON merge patch, strategic merge patch approximated as a merge patch, JSON
+  patch), DELETE; `?dryRun=All` stores nothing;
+- Helm's release records are Secrets, which client-go sends as protobuf: enough of it is
+  decoded for a v1 Secret.
+
+Objects are stored as sent (plus uid, resourceVersion, generation, creationTimestamp).
+`created` lists every object created, as sent; `updated` every real change (a no-op update
+changes nothing, not even resourceVersion); `deleted` every deletion.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import socket
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+# (group, version) -> [(plural, kind, namespaced, verbs, singular)]
+BUILTIN = {
+    ("", "v1"): [
+        ("namespaces", "Namespace", False),
+        ("services", "Service", True),
+        ("serviceaccounts", "ServiceAccount", True),
+        ("secrets", "Secret", True),
+        ("configmaps", "ConfigMap", True),
+        ("persistentvolumeclaims", "PersistentVolumeClaim", True),
+        ("persistentvolumes", "PersistentVolume", False),
+        ("pods", "Pod", True),
+        ("events", "Event", True),
+        ("endpoints", "Endpoints", True),
+        ("nodes", "Node", False),
+    ],
+    ("apps", "v1"): [
+        ("deployments", "Deployment", True),
+        ("statefulsets", "StatefulSet", True),
+        ("daemonsets", "DaemonSet", True),
+        ("replicasets", "ReplicaSet", True),
+    ],
+    ("batch", "v1"): [("jobs", "Job", True), ("cronjobs", "CronJob", True)],
+    ("rbac.authorization.k8s.io", "v1"): [
+        ("clusterroles", "ClusterRole", False),
+        ("clusterrolebindings", "ClusterRoleBinding", False),
+        ("roles", "Role", True),
+        ("rolebindings", "RoleBinding", True),
+    ],
+    ("apiextensions.k8s.io", "v1"): [
+        ("customresourcedefinitions", "CustomResourceDefinition", False),
+    ],
+    ("coordination.k8s.io", "v1"): [("leases", "Lease", True)],
+    ("events.k8s.io", "v1"): [("events", "Event", True)],
+    ("authentication.k8s.io", "v1"): [("tokenreviews", "TokenReview", False)],
+    ("networking.k8s.io", "v1"): [
+        ("networkpolicies", "NetworkPolicy", True),
+        ("ingresses", "Ingress", True),
+    ],
+    ("policy", "v1"): [("poddisruptionbudgets", "PodDisruptionBudget", True)],
+    ("storage.k8s.io", "v1"): [("storageclasses", "StorageClass", False)],
+}
+
+# The Prometheus Operator's ServiceMonitor, served only when asked for (`monitoring=True`).
+MONITORING = {
+    ("monitoring.coreos.com", "v1"): [
+        ("servicemonitors", "ServiceMonitor", True),
+        ("podmonitors", "PodMonitor", True),
+    ],
+}
+
+VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+class _Watch(Exception):
+    """A watch: the objects do not change while a client waits, so it gets no events; the
+    connection stays open until the client goes away or the timeout (at most 30 s)."""
+
+    def __init__(self, timeout: float):
+        super().__init__("watch")
+        self.timeout = min(timeout, 30.0)
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str):
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+    def status(self) -> dict:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+
+
+def _merge_patch(target, patch):
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if not isinstance(target, dict):
+        target = {}
+    out = dict(target)
+    for k, v in patch.items():
+        if k.startswith("$"):  # strategic-merge directives ($patch, $retainKeys, ...)
+            continue
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge_patch(out.get(k), v)
+    return out
+
+
+def _json_patch(doc, ops):
+    """RFC 6902 JSON patch (add, remove, replace, test)."""
+    doc = copy.deepcopy(doc)
+
+    def walk(path):
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent.setdefault(p, {})
+        return parent, parts[-1]
+
+    for op in ops:
+        parent, key = walk(op["path"])
+        kind = op["op"]
+        if isinstance(parent, list):
+            idx = len(parent) if key == "-" else int(key)
+            if kind == "add":
+                parent.insert(idx, op["value"])
+            elif kind == "remove":
+                parent.pop(idx)
+            elif kind == "replace":
+                parent[idx] = op["value"]
+            elif kind == "test" and parent[idx] != op["value"]:
+                raise ApiError(422, "Invalid", f"test failed at {op['path']}")
+        else:
+            if kind in ("add", "replace"):
+                parent[key] = op["value"]
+            elif kind == "remove":
+                parent.pop(key, None)
+            elif kind == "test" and parent.get(key) != op["value"]:
+                raise ApiError(422, "Invalid", f"test failed at {op['path']}")
+    return doc
+
+
+# Lists that server-side apply merges by key (a duplicate key is an error, as on a cluster).
+_LIST_KEYS = {"containers": "name", "initContainers": "name", "env": "name",
+              "volumes": "name", "volumeMounts": "mountPath", "ports": None,
+              "imagePullSecrets": "name", "tolerations": None}
+
+
+def _check_duplicate_keys(obj, path=""):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if isinstance(v, list) and _LIST_KEYS.get(k):
+                seen = set()
+                for item in v:
+                    if isinstance(item, dict) and _LIST_KEYS[k] in item:
+                        kv = item[_LIST_KEYS[k]]
+                        if kv in seen:
+                            raise ApiError(422, "Invalid", f"{path}.{k}: duplicate entries for key [{_LIST_KEYS[k]}={kv!r}]")
+                        seen.add(kv)
+            _check_duplicate_keys(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, item in enumerate(obj):
+            _check_duplicate_keys(item, f"{path}[{i}]")
+
+
+def _removed_fields(previous, applied):
+    """A merge patch removing the fields `previous` set that `applied` no longer sets."""
+    out = {}
+    for k, v in (previous or {}).items():
+        if k not in (applied or {}):
+            out[k] = None
+        elif isinstance(v, dict) and isinstance(applied[k], dict):
+            sub = _removed_fields(v, applied[k])
+            if sub:
+                out[k] = sub
+    return out
+
+
+def _apply_merge(live, applied):
+    """Maps merge recursively; lists and scalars are replaced by the applied value."""
+    _check_duplicate_keys(applied)
+    if not (isinstance(live, dict) and isinstance(applied, dict)):
+        return copy.deepcopy(applied)
+    out = dict(live)
+    for k, v in applied.items():
+        out[k] = _apply_merge(live.get(k), v) if isinstance(v, dict) else copy.deepcopy(v)
+    return out
+
+
+def _selector_matches(selector: str, labels: dict) -> bool:
+    """Equality- and set-based label selectors (=, ==, !=, in, notin, key, !key)."""
+    if not selector:
+        return True
+    # split on commas that are not inside parentheses
+    terms, depth, cur = [], 0, ""
+    for ch in selector:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            terms.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    terms.append(cur)
+    for term in (t.strip() for t in terms):
+        if not term:
+            continue
+        m = re.fullmatch(r"([^\s!=]+)\s+(in|notin)\s+\((.*)\)", term)
+        if m:
+            key, op, vals = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
+            present = key in labels and labels[key] in vals
+            if (op == "in") != present:
+                return False
+            continue
+        if term.startswith("!"):
+            if term[1:] in labels:
+                return False
+            continue
+        m = re.fullmatch(r"([^\s!=]+)\s*(==|=|!=)\s*(.*)", term)
+        if m:
+            key, op, val = m.group(1), m.group(2), m.group(3)
+            if op == "!=":
+                if labels.get(key) == val:
+                    return False
+            elif labels.get(key) != val:
+                return False
+            continue
+        if term not in labels:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------- protobuf
+# client-go's typed clients (Helm's release storage: Secrets) send protobuf. Only what a
+# Secret needs is decoded: the runtime.Unknown envelope, v1.Secret and v1.ObjectMeta.
+
+def _pb_fields(buf: bytes):
+    """Yields (field number, wire type, value) of one protobuf message."""
+    i = 0
+
+    def varint():
+        nonlocal i
+        shift = result = 0
+        while True:
+            b = buf[i]
+            i += 1
+            result |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return result
+            shift += 7
+
+    while i < len(buf):
+        tag = varint()
+        num, wt = tag >> 3, tag & 7
+        if wt == 0:
+            yield num, wt, varint()
+        elif wt == 2:
+            n = varint()
+            yield num, wt, buf[i:i + n]
+            i += n
+        elif wt == 1:
+            yield num, wt, buf[i:i + 8]
+            i += 8
+        elif wt == 5:
+            yield num, wt, buf[i:i + 4]
+            i += 4
+        else:
+            raise ApiError(400, "BadRequest", f"protobuf wire type {wt} is not supported")
+
+
+def _pb_map_entry(buf: bytes):
+    k, v = "", b""
+    for num, _, val in _pb_fields(buf):
+        if num == 1:
+            k = val.decode()
+        elif num == 2:
+            v = val
+    return k, v
+
+
+def _pb_object_meta(buf: bytes) -> dict:
+    meta: dict = {}
+    names = {1: "name", 2: "generateName", 3: "namespace", 5: "uid", 6: "resourceVersion"}
+    for num, _, val in _pb_fields(buf):
+        if num in names and val:
+            meta[names[num]] = val.decode()
+        elif num == 11:
+            k, v = _pb_map_entry(val)
+            meta.setdefault("labels", {})[k] = v.decode()
+        elif num == 12:
+            k, v = _pb_map_entry(val)
+            meta.setdefault("annotations", {})[k] = v.decode()
+        elif num == 14:
+            meta.setdefault("finalizers", []).append(val.decode())
+    return meta
+
+
+def _decode_protobuf(body: bytes) -> dict:
+    import base64
+    if not body.startswith(b"k8s\x00"):
+        raise ApiError(400, "BadRequest", "protobuf body without the k8s envelope")
+    api_version = kind = ""
+    raw = b""
+    for num, _, val in _pb_fields(body[4:]):
+        if num == 1:
+            for n2, _, v2 in _pb_fields(val):
+                if n2 == 1:
+                    api_version = v2.decode()
+                elif n2 == 2:
+                    kind = v2.decode()
+        elif num == 2:
+            raw = val
+    if (api_version, kind) != ("v1", "Secret"):
+        raise ApiError(415, "UnsupportedMediaType", f"protobuf is decoded only for v1 Secret, not {api_version} {kind}")
+    obj: dict = {"apiVersion": "v1", "kind": "Secret", "metadata": {}}
+    for num, _, val in _pb_fields(raw):
+        if num == 1:
+            obj["metadata"] = _pb_object_meta(val)
+        elif num == 2:
+            k, v = _pb_map_entry(val)
+            obj.setdefault("data", {})[k] = base64.b64encode(v).decode()
+        elif num == 3:
+            obj["type"] = val.decode()
+        elif num == 4:
+            k, v = _pb_map_entry(val)
+            obj.setdefault("stringData", {})[k] = v.decode()
+        elif num == 5:
+            obj["immutable"] = bool(val)
+    return obj
+
+
+# ------------------------------------------------------------ CRD schema validation
+
+def structural_to_jsonschema(schema: dict, root: bool = False) -> dict:
+    """A CRD's structural openAPIV3Schema as a draft-07 JSON Schema with the API server's
+    strict field validation: unknown fields are errors (unless
+    x-kubernetes-preserve-unknown-fields), `nullable` allows null,
+    x-kubernetes-int-or-string allows an integer or a string."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict = {}
+    for k, v in schema.items():
+        if k in ("properties",):
+            out[k] = {n: structural_to_jsonschema(s) for n, s in v.items()}
+        elif k == "additionalProperties":
+            out[k] = structural_to_jsonschema(v) if isinstance(v, dict) else v
+        elif k == "items":
+            out[k] = structural_to_jsonschema(v)
+        elif k in ("allOf", "anyOf", "oneOf"):
+            out[k] = [structural_to_jsonschema(s) for s in v]
+        elif k == "not":
+            out[k] = structural_to_jsonschema(v)
+        elif k in ("type", "enum", "required", "pattern", "minimum", "maximum",
+                   "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+                   "minItems", "maxItems", "uniqueItems", "minProperties",
+                   "maxProperties", "multipleOf"):
+            out[k] = v
+        # description, default, format, example, nullable, x-kubernetes-* handled below
+    if root:
+        props = out.setdefault("properties", {})
+        props.setdefault("apiVersion", {"type": "string"})
+        props.setdefault("kind", {"type": "string"})
+        props.setdefault("metadata", {"type": "object"})
+    if schema.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if (schema.get("type") == "object" and "properties" in out
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    if schema.get("nullable"):
+        out = {"anyOf": [{"type": "null"}, out]}
+    return out
+
+
+def crd_validator(crd: dict, version: str):
+    """A callable(obj) -> [error strings] for objects of `crd` at `version`."""
+    import jsonschema
+    for v in crd["spec"]["versions"]:
+        if v["name"] == version:
+            js = structural_to_jsonschema(v["schema"]["openAPIV3Schema"], root=True)
+            validator = jsonschema.Draft7Validator(js)
+
+            def validate(obj):
+                errs = []
+                for e in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
+                    path = ".".join(str(p) for p in e.absolute_path) or "<root>"
+                    errs.append(f"{path}: {e.message}")
+                return errs
+            return validate
+    return None
+
+
+class FakeKube:
+    """The API server state and an HTTP server serving it in a background thread."""
+
+    def __init__(self, namespaces=("default",), crds=(), monitoring=False,
+                 version=(1, 31, 0), log=None, validate_crs=True):
+        self.lock = threading.RLock()
+        self.version = version
+        self.groups = copy.deepcopy(BUILTIN)
+        if monitoring:
+            self.groups.update(copy.deepcopy(MONITORING))
+        self.objects: dict[tuple, dict] = {}  # (group, plural, namespace, name) -> object
+        self.created: list[dict] = []  # every object created, as sent
+        self.updated: list[tuple] = []  # (key, before, after) of every real change
+        self.applied: dict = {}  # key -> {field manager: last applied configuration}
+        self.deleted: list[dict] = []
+        self.requests: list[tuple[str, str, int]] = []
+        self.rv = 1
+        self.log = log
+        self.validate_crs = validate_crs
+        self.validators: dict = {}  # (group, version, kind) -> callable
+        for ns in ["default", "kube-system", "kube-public", *namespaces]:
+            key = ("", "namespaces", "", ns)
+            if key not in self.objects:
+                self.objects[key] = self._stamp({
+                    "apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": ns}, "status": {"phase": "Active"},
+                })
+        for crd in crds:  # pre-installed CRDs (e.g. crds.install=false)
+            self.objects[("apiextensions.k8s.io", "customresourcedefinitions", "",
+                          crd["metadata"]["name"])] = self._stamp(copy.deepcopy(crd))
+            self._serve_crd(crd)
+        self.httpd = None
+        self.thread = None
+
+    # ------------------------------------------------------------------ state helpers
+    def _stamp(self, obj: dict, new=True) -> dict:
+        self.rv += 1
+        meta = obj.setdefault("metadata", {})
+        if new:
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            meta["generation"] = 1
+        meta["resourceVersion"] = str(self.rv)
+        return obj
+
+    def _serve_crd(self, crd: dict):
+        spec = crd["spec"]
+        names = spec["names"]
+        for v in spec.get("versions", []):
+            if not v.get("served", True):
+                continue
+            if self.validate_crs and v.get("schema"):
+                self.validators[(spec["group"], v["name"], names["kind"])] = crd_validator(crd, v["name"])
+            res = self.groups.setdefault((spec["group"], v["name"]), [])
+            if not any(r[0] == names["plural"] for r in res):
+                res.append((names["plural"], names["kind"], spec.get("scope") == "Namespaced"))
+
+    def lookup(self, group: str, version: str, plural: str):
+        for r in self.groups.get((group, version), []):
+            if r[0] == plural:
+                return r
+        return None
+
+    # ------------------------------------------------------------------ discovery
+    def discovery(self, path: str):
+        if path == "/version":
+            major, minor, patch = self.version
+            return {
+                "major": str(major), "minor": str(minor),
+                "gitVersion": f"v{major}.{minor}.{patch}", "gitCommit": "0" * 40,
+                "gitTreeState": "clean", "buildDate": "2025-01-01T00:00:00Z",
+                "goVersion": "go1.23.0", "compiler": "gc", "platform": "linux/amd64",
+            }
+        if path == "/api":
+            return {"kind": "APIVersions", "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
+        if path == "/apis":
+            by_group: dict[str, list[str]] = {}
+            for (g, v) in self.groups:
+                if g:
+                    by_group.setdefault(g, []).append(v)
+            groups = []
+            for g in sorted(by_group):
+                versions = [{"groupVersion": f"{g}/{v}", "version": v} for v in by_group[g]]
+                groups.append({"name": g, "versions": versions,
+                               "preferredVersion": versions[0]})
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+        m = re.fullmatch(r"/api/(v1)|/apis/([^/]+)/([^/]+)", path)
+        if m:
+            group, version = ("", "v1") if m.group(1) else (m.group(2), m.group(3))
+            if (group, version) not in self.groups:
+                return None
+            resources = []
+            for plural, kind, namespaced in self.groups[(group, version)]:
+                resources.append({
+                    "name": plural, "singularName": kind.lower(), "namespaced": namespaced,
+                    "kind": kind, "verbs": VERBS,
+                })
+                if plural != "namespaces" and kind not in ("TokenReview",):
+                    resources.append({"name": f"{plural}/status", "singularName": "",
+                                      "namespaced": namespaced, "kind": kind,
+                                      "verbs": ["get", "patch", "update"]})
+            return {"kind": "APIResourceList", "apiVersion": "v1",
+                    "groupVersion": f"{group}/{version}" if group else "v1",
+                    "resources": resources}
+        return None
+
+    def openapi_v3(self, path: str) -> dict:
+        """The OpenAPI v3 index, and per group/version a document with one PATCH operation
+        per kind that accepts `fieldValidation` (as every cluster since 1.27 does), so
+        clients leave field validation to the server: see _validate."""
+        with self.lock:
+            gvs = sorted(self.groups)
+        if path == "/openapi/v3":
+            return {"paths": {
+                (f"apis/{g}/{v}" if g else "api/v1"):
+                    {"serverRelativeURL": f"/openapi/v3/{'apis/' + g + '/' + v if g else 'api/v1'}?hash=0"}
+                for g, v in gvs}}
+        m = re.fullmatch(r"/openapi/v3/(?:api/(v1)|apis/([^/]+)/([^/]+))", path)
+        if not m:
+            raise ApiError(404, "NotFound", f"no OpenAPI document at {path}")
+        group, version = ("", "v1") if m.group(1) else (m.group(2), m.group(3))
+        if (group, version) not in self.groups:
+            raise ApiError(404, "NotFound", f"no OpenAPI document at {path}")
+        prefix = f"/apis/{group}/{version}" if group else "/api/v1"
+        paths, schemas = {}, {}
+        for plural, kind, namespaced in self.groups[(group, version)]:
+            gvk = {"group": group, "version": version, "kind": kind}
+            item = (f"{prefix}/namespaces/{{namespace}}/{plural}/{{name}}" if namespaced
+                    else f"{prefix}/{plural}/{{name}}")
+            paths[item] = {"patch": {
+                "operationId": f"patch{kind}",
+                "x-kubernetes-group-version-kind": gvk,
+                "x-kubernetes-action": "patch",
+                "parameters": [
+                    {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
+                    {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {"200": {"description": "OK"}},
+            }}
+            schemas[f"{group or 'core'}.{version}.{kind}"] = {
+                "type": "object", "x-kubernetes-group-version-kind": [gvk]}
+        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.31.0"},
+                "paths": paths, "components": {"schemas": schemas}}
+
+    # ------------------------------------------------------------------ resources
+    def parse(self, path: str):
+        """(group, version, plural, namespace, name, subresource) or None."""
+        m = re.fullmatch(
+            r"/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<v>[^/]+))"
+            r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?"
+            r"/(?P<res>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?", path)
+        if not m:
+            # a Namespace itself: /api/v1/namespaces/<name>
+            return None
+        group = m.group("g") or ""
+        version = m.group("cv") or m.group("v")
+        return group, version, m.group("res"), m.group("ns") or "", m.group("name"), m.group("sub")
+
+    def handle(self, method: str, rawpath: str, body: bytes, headers) -> tuple[int, dict]:
+        url = urlsplit(rawpath)
+        path = url.path.rstrip("/") or "/"
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        if method == "GET":
+            d = self.discovery(path)
+            if d is not None:
+                return 200, d
+            if path.startswith("/openapi/v3"):
+                return 200, self.openapi_v3(path)
+            if path.startswith("/openapi"):
+                raise ApiError(404, "NotFound", "only /openapi/v3 is served by this fake")
+        if path == "/api/v1/namespaces" or re.fullmatch(r"/api/v1/namespaces/[^/]+", path):
+            parsed = ("", "v1", "namespaces", "", path.split("/")[4] if path.count("/") == 4 else None, None)
+        else:
+            parsed = self.parse(path)
+        if not parsed:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
+        group, version, plural, ns, name, sub = parsed
+        info = self.lookup(group, version, plural)
+        if info is None:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
+        _, kind, namespaced = info
+        if namespaced != bool(ns) and not (method in ("GET",) and not ns and name is None):
+            raise ApiError(404, "NotFound", f"{plural} is {'namespaced' if namespaced else 'cluster-scoped'} ({method} {path})")
+        api_version = f"{group}/{version}" if group else version
+        dry_run = query.get("dryRun") == "All"
+
+        with self.lock:
+            if ns and ("", "namespaces", "", ns) not in self.objects and method in ("POST", "PUT", "PATCH"):
+                raise ApiError(404, "NotFound", f'namespaces "{ns}" not found')
+            key = (group, plural, ns, name)
+            if method == "GET" and name is None:
+                if query.get("watch") in ("true", "1"):
+                    if query.get("sendInitialEvents") == "true":
+                        # no watch-list streaming here; clients fall back to list + watch
+                        raise ApiError(400, "BadRequest", "sendInitialEvents is not supported by this fake")
+                    raise _Watch(float(query.get("timeoutSeconds") or 30))
+                items = [copy.deepcopy(o) for (g, p, n, _), o in sorted(self.objects.items())
+                         if g == group and p == plural and (not ns or n == ns)
+                         and _selector_matches(query.get("labelSelector", ""),
+                                               o["metadata"].get("labels") or {})]
+                fs = query.get("fieldSelector", "")
+                m = re.fullmatch(r"metadata\.name=(.*)", fs)
+                if m:
+                    items = [o for o in items if o["metadata"]["name"] == m.group(1)]
+                return 200, {"kind": f"{kind}List", "apiVersion": api_version,
+                             "metadata": {"resourceVersion": str(self.rv)}, "items": items}
+            if method == "GET":
+                if key not in self.objects:
+                    raise ApiError(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
+                return 200, copy.deepcopy(self.objects[key])
+            if method == "POST":
+                obj = self._decode(body, headers)
+                if name is not None:
+                    raise ApiError(405, "MethodNotAllowed", f"POST to {path}")
+                meta = obj.setdefault("metadata", {})
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                if kind == "TokenReview":
+                    return 201, obj
+                return 201, self._create(group, version, plural, kind, namespaced, ns, obj,
+                                         dry_run, query.get("fieldManager"))
+            if method == "PATCH" and self._ctype(headers) == "application/apply-patch+yaml":
+                # server-side apply: create, or merge the applied configuration into the
+                # object and drop the fields this manager applied before but not now
+                applied = self._decode(body, headers)
+                manager = query.get("fieldManager")
+                if not manager:
+                    raise ApiError(422, "Invalid", "fieldManager is required for apply requests")
+                if (applied.get("metadata") or {}).get("name") != name:
+                    raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+                if key not in self.objects:
+                    return 201, self._create(group, version, plural, kind, namespaced, ns,
+                                             applied, dry_run, manager)
+                current = self.objects[key]
+                previous = self.applied.get(key, {}).get(manager, {})
+                new = _merge_patch(current, _removed_fields(previous, applied))
+                new = _apply_merge(new, applied)
+                return 200, self._update(key, group, version, kind, namespaced, ns, sub,
+                                         current, new, dry_run, manager, applied)
+            if method in ("PUT", "PATCH"):
+                if key not in self.objects:
+                    raise ApiError(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
+                current = self.objects[key]
+                patch = self._decode(body, headers)
+                ctype = self._ctype(headers)
+                if method == "PUT":
+                    new = patch
+                elif ctype == "application/json-patch+json":
+                    new = _json_patch(current, patch)
+                else:  # merge patch; a strategic merge patch is treated as one
+                    new = _merge_patch(current, patch)
+                return 200, self._update(key, group, version, kind, namespaced, ns, sub,
+                                         current, new, dry_run, None, None)
+            if method == "DELETE":
+                if key not in self.objects:
+                    raise ApiError(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
+                if dry_run:
+                    return 200, self.objects[key]
+                obj = self.objects.pop(key)
+                self.applied.pop(key, None)
+                self.deleted.append(obj)
+                return 200, obj
+        raise ApiError(405, "MethodNotAllowed", f"{method} {path}")
+
+    def _create(self, group, version, plural, kind, namespaced, ns, obj, dry_run, manager):
+        api_version = f"{group}/{version}" if group else version
+        meta = obj.setdefault("metadata", {})
+        oname = meta.get("name")
+        if not oname:
+            raise ApiError(422, "Invalid", "metadata.name: Required value")
+        if obj.get("kind") != kind or obj.get("apiVersion") != api_version:
+            raise ApiError(400, "BadRequest",
+                           f"{obj.get('apiVersion')}/{obj.get('kind')} sent to {plural}")
+        if namespaced:
+            if meta.get("namespace", ns) != ns:
+                raise ApiError(400, "BadRequest", "the namespace of the object does not match the namespace on the request")
+            meta["namespace"] = ns
+        elif "namespace" in meta and meta["namespace"]:
+            raise ApiError(400, "BadRequest", f"{kind} is cluster-scoped but has metadata.namespace {meta['namespace']!r}")
+        key = (group, plural, ns, oname)
+        if key in self.objects:
+            raise ApiError(409, "AlreadyExists", f'{plural}.{group or "core"} "{oname}" already exists')
+        self._validate(group, version, kind, obj)
+        sent = copy.deepcopy(obj)
+        stored = self._stamp(copy.deepcopy(obj))
+        if kind == "CustomResourceDefinition":
+            stored.setdefault("status", {})["conditions"] = [
+                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts"},
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"},
+            ]
+            stored["status"]["acceptedNames"] = obj["spec"]["names"]
+        if dry_run:
+            return stored
+        self.objects[key] = stored
+        if manager:
+            self.applied.setdefault(key, {})[manager] = copy.deepcopy(sent)
+        self.created.append(sent)
+        if kind == "CustomResourceDefinition":
+            self._serve_crd(obj)
+        return copy.deepcopy(stored)
+
+    def _update(self, key, group, version, kind, namespaced, ns, sub, current, new,
+                dry_run, manager, applied):
+        if sub == "status":
+            merged = copy.deepcopy(current)
+            merged["status"] = new.get("status")
+            new = merged
+        elif "status" in current:  # the main resource never changes status
+            new["status"] = copy.deepcopy(current["status"])
+        if sub is None:
+            self._validate(group, version, kind, new)
+        meta = new.setdefault("metadata", {})
+        for k in ("uid", "creationTimestamp", "name"):
+            meta[k] = current["metadata"][k]
+        if namespaced:
+            meta["namespace"] = ns
+        meta["generation"] = current["metadata"].get("generation", 1)
+        meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+        if new == current:  # a no-op: nothing changes, not even resourceVersion
+            return copy.deepcopy(current)
+        if sub is None and {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
+                {k: v for k, v in current.items() if k not in ("metadata", "status")}:
+            meta["generation"] += 1
+        self._stamp(new, new=False)
+        if not dry_run:
+            self.objects[key] = new
+            self.updated.append((key, copy.deepcopy(current), copy.deepcopy(new)))
+            if manager:
+                self.applied.setdefault(key, {})[manager] = copy.deepcopy(applied)
+            if kind == "CustomResourceDefinition":
+                self._serve_crd(new)
+        return copy.deepcopy(new)
+
+    @staticmethod
+    def _ctype(headers) -> str:
+        return (headers.get("Content-Type") or "application/json").split(";")[0].strip()
+
+    def _validate(self, group, version, kind, obj):
+        validate = self.validators.get((group, version, kind))
+        if validate:
+            errs = validate(obj)
+            if errs:
+                name = (obj.get("metadata") or {}).get("name")
+                raise ApiError(422, "Invalid",
+                               f'{kind}.{group} "{name}" is invalid: ' + "; ".join(errs))
+
+    @staticmethod
+    def _decode(body: bytes, headers):
+        ctype = (headers.get("Content-Type") or "application/json").split(";")[0].strip()
+        if ctype == "application/vnd.kubernetes.protobuf":
+            return _decode_protobuf(body)
+        if ctype not in ("application/json", "application/merge-patch+json",
+                         "application/strategic-merge-patch+json",
+                         "application/json-patch+json", "application/apply-patch+yaml"):
+            raise ApiError(415, "UnsupportedMediaType",
+                           f"the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {ctype})")
+        if ctype == "application/apply-patch+yaml":
+            import yaml
+            return yaml.safe_load(body or b"{}") or {}
+        return json.loads(body or b"{}")
+
+    # ------------------------------------------------------------------ HTTP server
+    def start(self) -> str:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else each response waits for a delayed ACK
+
+            def _serve(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                try:
+                    code, payload = fake.handle(self.command, self.path, body, self.headers)
+                except _Watch as w:
+                    with fake.lock:
+                        fake.requests.append((self.command, self.path, 200))
+                    self._hold_watch(w.timeout)
+                    return
+                except ApiError as e:
+                    code, payload = e.code, e.status()
+                except Exception as e:  # a bug here must not hang Helm
+                    code, payload = 500, ApiError(500, "InternalError", f"fake API server: {e!r}").status()
+                with fake.lock:
+                    fake.requests.append((self.command, self.path, code))
+                if fake.log:
+                    fake.log(f"{self.command} {self.path} -> {code} [{self.headers.get('Content-Type')}; accept {self.headers.get('Accept')}]")
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client went away (e.g. a watch it gave up on)
+
+            def _hold_watch(self, timeout):
+                import select
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    deadline = time.monotonic() + timeout
+                    while time.monotonic() < deadline and fake.httpd is not None:
+                        readable, _, _ = select.select([self.connection], [], [], 0.2)
+                        if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                            break  # the client closed the connection
+                    self.wfile.write(b"0\r\n\r\n")
+                except OSError:
+                    pass
+                self.close_connection = True
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+
+            def log_message(self, *args):  # quiet
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def stop(self):
+        if self.httpd:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self.httpd = None
+
+    def kubeconfig(self, url: str, namespace: str) -> str:
+        return json.dumps({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": url}}],
+            "users": [{"name": "fake", "user": {"token": "fake"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake",
+                                                       "namespace": namespace}}],
+            "current-context": "fake",
+        })
