@@ -93,7 +93,13 @@ where
     };
     let key = key_of(object);
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    let patch = status_patch(&K::api_version(&()), &K::kind(&()), &status);
+    let patch = status_patch(
+        &K::api_version(&()),
+        &K::kind(&()),
+        &key.namespace,
+        &key.name,
+        &status,
+    );
     api.patch_status(
         &key.name,
         &PatchParams::apply(MANAGER).force(),

@@ -15,9 +15,20 @@ pub fn status_change(current: &Value, desired: &Value) -> Option<Value> {
     (current != desired).then(|| desired.clone())
 }
 
-/// The server-side apply body that sets only the status.
-pub fn status_patch(api_version: &str, kind: &str, status: &Value) -> Value {
-    json!({"apiVersion": api_version, "kind": kind, "status": status})
+/// The server-side apply body that sets only the status (an apply names its object).
+pub fn status_patch(
+    api_version: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    status: &Value,
+) -> Value {
+    json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "status": status,
+    })
 }
 
 fn ready_of(status: &Value) -> Option<Condition> {
@@ -131,8 +142,13 @@ mod tests {
         assert_eq!(status_change(&status, &status), None);
         assert_eq!(status_change(&json!(null), &status), Some(status.clone()));
         assert_eq!(
-            status_patch("toolgrid.dev/v1alpha1", "Tool", &status),
-            json!({"apiVersion": "toolgrid.dev/v1alpha1", "kind": "Tool", "status": {"observedGeneration": 1}})
+            status_patch("toolgrid.dev/v1alpha1", "Tool", "team", "echo", &status),
+            json!({
+                "apiVersion": "toolgrid.dev/v1alpha1",
+                "kind": "Tool",
+                "metadata": {"name": "echo", "namespace": "team"},
+                "status": {"observedGeneration": 1}
+            })
         );
     }
 
