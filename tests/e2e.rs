@@ -613,3 +613,65 @@ async fn answered_calls_survive_a_restart() {
         .unwrap();
     assert_eq!(result_of(&fresh)["order"], 0);
 }
+
+/// The pids of a process's children.
+fn children(pid: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+                pids.extend(
+                    text.split_whitespace()
+                        .filter_map(|p| p.parse::<u32>().ok()),
+                );
+            }
+        }
+    }
+    pids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_worker_that_dies_is_restarted() {
+    let root = tempfile::tempdir().unwrap();
+    let manifests = fixtures::examples(root.path());
+    let platform = Platform::start(root.path(), &manifests, &[]);
+    let attached = |n: &'static str| {
+        let platform = &platform;
+        move || async move {
+            platform
+                .resource("pools", "default")
+                .await
+                .is_some_and(|row| {
+                    row.columns
+                        .iter()
+                        .any(|c| c.name == "Attached" && c.value == n)
+                })
+        }
+    };
+    platform
+        .eventually("two workers", Duration::from_secs(30), attached("2"))
+        .await;
+    let workers = children(platform.pid());
+    assert_eq!(
+        workers.len(),
+        2,
+        "toolgrid up runs its two workers: {workers:?}"
+    );
+    unsafe {
+        libc::kill(workers[0] as i32, libc::SIGKILL);
+    }
+    platform
+        .eventually("a replacement worker", Duration::from_secs(30), || async {
+            let now = children(platform.pid());
+            now.len() == 2 && !now.contains(&workers[0])
+        })
+        .await;
+    platform
+        .eventually("two workers again", Duration::from_secs(30), attached("2"))
+        .await;
+    let call = platform
+        .call("semver", &["compare", "1.0.0", "1.0.0"])
+        .await
+        .unwrap();
+    assert_eq!(result_of(&call)["order"], 0);
+}
