@@ -14,24 +14,52 @@ server-side or client-side apply, no --wait) and for `kubectl apply`, over plain
   is an error, as with `fieldValidation=Strict`);
 - /openapi/v3 (an index and, per group/version, PATCH operations that accept
   `fieldValidation`, so clients leave field validation to the server);
-- GET (one object, or a list filtered by labelSelector / fieldSelector metadata.name),
-  watch (no events; held open until the client leaves), POST (create: 409 if it exists,
-  404 if its namespace does not), PUT, PATCH (server-side apply with per-manager field
-  removal, JSON merge patch, strategic merge patch approximated as a merge patch, JSON
-  patch), DELETE; `?dryRun=All` stores nothing;
+- GET (one object, or a list filtered by labelSelector / fieldSelector metadata.name /
+  metadata.namespace, in pages with `limit` and `continue`), metadata-only GET and list
+  (`Accept: ...;as=PartialObjectMetadata` / `PartialObjectMetadataList`: objects of kind
+  PartialObjectMetadata, meta.k8s.io/v1), POST (create: 409 if it exists, 404 if its namespace does not), PUT, PATCH (server-side
+  apply with per-manager field removal, JSON merge patch, strategic merge patch
+  approximated as a merge patch, JSON patch), DELETE; `?dryRun=All` stores nothing;
+- watches (`?watch=true`) as client-go and kube-rs use them: newline-delimited JSON events
+  (ADDED, MODIFIED, DELETED) in a chunked response, flushed one by one, of every change
+  after the `resourceVersion` asked for ("" or "0": from now on), filtered by namespace,
+  labelSelector (an object that starts or stops matching is ADDED or DELETED, as on a
+  cluster) and fieldSelector; periodic BOOKMARK events with `allowWatchBookmarks=true`;
+  the stream ends cleanly after `timeoutSeconds`. `sendInitialEvents` (watch-list) is
+  refused, so clients list, then watch;
+- optimistic concurrency: a PUT, patch or apply naming a resourceVersion other than the
+  current one is a 409 Conflict;
+- deletion as on a cluster: an object with finalizers gets metadata.deletionTimestamp
+  (and a new generation) and goes away once its last finalizer is removed; no finalizer
+  may be added meanwhile. There is no garbage collector: deleting an owner deletes
+  nothing else;
+- the status subresource of custom resources (CRDs with `subresources.status`): writes to
+  the object leave its status alone (a create drops it), writes to /status change only
+  the status; fields the schema does not declare are pruned with a `Warning` header (or
+  refused with `fieldValidation=Strict`), as a cluster does, and recorded in `warnings`;
+- a little validation of built-in kinds (object names, labels, ownerReferences;
+  Deployments, events.k8s.io Events, Leases) where a cluster would refuse a request;
 - Helm's release records are Secrets, which client-go sends as protobuf: enough of it is
   decoded for a v1 Secret.
 
 Objects are stored as sent (plus uid, resourceVersion, generation, creationTimestamp).
 `created` lists every object created, as sent; `updated` every real change (a no-op update
-changes nothing, not even resourceVersion); `deleted` every deletion.
+changes nothing, not even resourceVersion); `deleted` every deletion; `requests` every
+request as (method, path, code) and `request_log` the same with its headers and body;
+`applied` the last configuration each field manager applied, by object and subresource
+(`applied[key][manager]` for the object, `applied[key][(manager, "status")]` for its
+status); `watch_events` every change a watch can see; `noops` every write that changed
+nothing; `warnings` every Warning header sent.
 """
 
 from __future__ import annotations
 
+import base64
+import bisect
 import copy
 import json
 import re
+import select
 import socket
 import threading
 import time
@@ -93,12 +121,71 @@ VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update
 
 
 class _Watch(Exception):
-    """A watch: the objects do not change while a client waits, so it gets no events; the
-    connection stays open until the client goes away or the timeout (at most 30 s)."""
+    """A watch request, served by the HTTP handler: what to stream and for how long."""
 
-    def __init__(self, timeout: float):
+    def __init__(self, timeout: float, group="", plural="", namespace="", kind="",
+                 api_version="", label_selector="", field_selector="", since=0,
+                 bookmarks=False, partial=False):
         super().__init__("watch")
-        self.timeout = min(timeout, 30.0)
+        self.timeout = timeout
+        self.group, self.plural, self.namespace = group, plural, namespace
+        self.kind, self.api_version = kind, api_version
+        self.label_selector, self.field_selector = label_selector, field_selector
+        self.since, self.bookmarks, self.partial = since, bookmarks, partial
+
+    def _matches(self, obj) -> bool:
+        if obj is None:
+            return False
+        meta = obj.get("metadata") or {}
+        return (_selector_matches(self.label_selector, meta.get("labels") or {})
+                and _field_selector_matches(self.field_selector, meta))
+
+    def render(self, event: dict):
+        """The event as this watch sees it (a JSON line), or None."""
+        group, plural, ns, _ = event["key"]
+        if group != self.group or plural != self.plural or (self.namespace and ns != self.namespace):
+            return None
+        kind, obj, old = event["type"], event["object"], event.get("old")
+        now, before = self._matches(obj), self._matches(old)
+        if kind == "MODIFIED":
+            if now and not before:
+                kind = "ADDED"
+            elif before and not now:
+                kind = "DELETED"
+            elif not now:
+                return None
+        elif not now:
+            return None
+        if self.partial:
+            obj = _partial(obj)
+        return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+    def bookmark(self, rv: int) -> bytes:
+        kind, api_version = ((("PartialObjectMetadata", "meta.k8s.io/v1")) if self.partial
+                             else (self.kind, self.api_version))
+        return json.dumps({"type": "BOOKMARK", "object": {
+            "kind": kind, "apiVersion": api_version,
+            "metadata": {"resourceVersion": str(rv)}}}).encode() + b"\n"
+
+
+def _partial(obj: dict) -> dict:
+    """An object as a metadata-only request sees it."""
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+            "metadata": copy.deepcopy(obj.get("metadata") or {})}
+
+
+def _field_selector_matches(selector: str, meta: dict) -> bool:
+    """metadata.name and metadata.namespace field selectors (=, ==, !=)."""
+    for term in (t.strip() for t in (selector or "").split(",")):
+        if not term:
+            continue
+        m = re.fullmatch(r"(metadata\.name|metadata\.namespace)\s*(==|=|!=)\s*(.*)", term)
+        if not m:
+            raise ApiError(400, "BadRequest", f'"{term}" is not a known field selector: only "metadata.name", "metadata.namespace"')
+        value = meta.get(m.group(1).split(".")[1]) or ""
+        if (m.group(2) == "!=") == (value == m.group(3)):
+            return False
+    return True
 
 
 class ApiError(Exception):
@@ -327,7 +414,6 @@ def _pb_object_meta(buf: bytes) -> dict:
 
 
 def _decode_protobuf(body: bytes) -> dict:
-    import base64
     if not body.startswith(b"k8s\x00"):
         raise ApiError(400, "BadRequest", "protobuf body without the k8s envelope")
     api_version = kind = ""
@@ -422,12 +508,137 @@ def crd_validator(crd: dict, version: str):
     return None
 
 
+def prune_unknown(value, schema, path: str, unknown: list):
+    """`value` without the fields a structural schema does not declare, as the API server
+    prunes custom resources; appends the paths of the pruned fields to `unknown`."""
+    if not isinstance(schema, dict):
+        return value
+    if isinstance(value, dict) and (schema.get("type") == "object" or "properties" in schema
+                                    or "additionalProperties" in schema):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        keep = schema.get("x-kubernetes-preserve-unknown-fields") or extra is True
+        out = {}
+        for k, v in value.items():
+            if props is not None and k in props:
+                out[k] = prune_unknown(v, props[k], f"{path}.{k}", unknown)
+            elif isinstance(extra, dict):
+                out[k] = prune_unknown(v, extra, f"{path}.{k}", unknown)
+            elif keep:
+                out[k] = v
+            else:
+                unknown.append(f"{path}.{k}")
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [prune_unknown(v, schema["items"], f"{path}[{i}]", unknown)
+                for i, v in enumerate(value)]
+    return value
+
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_QUALIFIED_NAME = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                             r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def validate_metadata(kind: str, meta: dict) -> list[str]:
+    """What the API server checks of every object's metadata (a part of it)."""
+    errs = []
+    name = meta.get("name") or ""
+    if kind not in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding") and \
+            (len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name)):
+        errs.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'")
+    for k, v in (meta.get("labels") or {}).items():
+        if not isinstance(v, str) or len(v) > 63 or not _LABEL_VALUE.fullmatch(v):
+            errs.append(f"metadata.labels: Invalid value: {v!r}: a valid label must be an empty string or 63 characters or less, alphanumeric, '-', '_' or '.'")
+        if len(k.split("/")[-1]) > 63 or not _QUALIFIED_NAME.fullmatch(k):
+            errs.append(f"metadata.labels: Invalid value: {k!r}: name part must be 63 characters or less")
+    controllers = 0
+    for i, ref in enumerate(meta.get("ownerReferences") or []):
+        for field in ("apiVersion", "kind", "name", "uid"):
+            if not ref.get(field):
+                errs.append(f"metadata.ownerReferences[{i}].{field}: Required value")
+        if ref.get("controller"):
+            controllers += 1
+    if controllers > 1:
+        errs.append("metadata.ownerReferences: Invalid value: only one reference can have Controller set to true")
+    for f in meta.get("finalizers") or []:
+        if not isinstance(f, str) or not _QUALIFIED_NAME.fullmatch(f):
+            errs.append(f"metadata.finalizers: Invalid value: {f!r}: must be a qualified name")
+    return errs
+
+
+def validate_builtin(group: str, kind: str, obj: dict, current: dict | None) -> list[str]:
+    """A few of the checks the API server makes of built-in kinds."""
+    errs = []
+    spec = obj.get("spec") or {}
+    if (group, kind) == ("apps", "Deployment"):
+        sel = (spec.get("selector") or {})
+        match = sel.get("matchLabels") or {}
+        if not match and not sel.get("matchExpressions"):
+            errs.append("spec.selector: Required value")
+        tmpl = spec.get("template") or {}
+        labels = ((tmpl.get("metadata") or {}).get("labels")) or {}
+        if any(labels.get(k) != v for k, v in match.items()):
+            errs.append("spec.template.metadata.labels: Invalid value: `selector` does not match template `labels`")
+        containers = ((tmpl.get("spec") or {}).get("containers")) or []
+        if not containers:
+            errs.append("spec.template.spec.containers: Required value")
+        for i, c in enumerate(containers):
+            if not c.get("name") or not _DNS_LABEL.fullmatch(c.get("name", "")):
+                errs.append(f"spec.template.spec.containers[{i}].name: Invalid value")
+            if not c.get("image"):
+                errs.append(f"spec.template.spec.containers[{i}].image: Required value")
+        if isinstance(spec.get("replicas"), int) and spec["replicas"] < 0:
+            errs.append("spec.replicas: Invalid value: must be greater than or equal to 0")
+        ru = ((spec.get("strategy") or {}).get("rollingUpdate")) or {}
+        if ru and ru.get("maxSurge") in (0, "0%") and ru.get("maxUnavailable") in (0, "0%"):
+            errs.append("spec.strategy.rollingUpdate.maxUnavailable: may not be 0 when maxSurge is 0")
+        if current is not None and (current.get("spec") or {}).get("selector") != spec.get("selector"):
+            errs.append("spec.selector: Invalid value: field is immutable")
+    elif (group, kind) == ("events.k8s.io", "Event"):
+        for field in ("eventTime", "reportingController", "reportingInstance", "action", "reason"):
+            if not obj.get(field):
+                errs.append(f"{field}: Required value")
+        for field in ("reportingInstance", "action", "reason"):
+            if len(obj.get(field) or "") > 128:
+                errs.append(f"{field}: Too long: may not be more than 128 bytes")
+        if obj.get("type") not in ("Normal", "Warning"):
+            errs.append(f"type: Unsupported value: {obj.get('type')!r}: supported values: \"Normal\", \"Warning\"")
+        if len((obj.get("note") or "").encode()) > 1024:
+            errs.append("note: Too long: may not be more than 1024 bytes")
+        series = obj.get("series")
+        if series is not None and (series.get("count", 0) < 2 or not series.get("lastObservedTime")):
+            errs.append("series: Invalid value: count must be at least 2, with a lastObservedTime")
+    elif (group, kind) == ("coordination.k8s.io", "Lease"):
+        d = spec.get("leaseDurationSeconds")
+        if d is not None and d <= 0:
+            errs.append("spec.leaseDurationSeconds: Invalid value: must be greater than 0")
+        t = spec.get("leaseTransitions")
+        if t is not None and t < 0:
+            errs.append("spec.leaseTransitions: Invalid value: must be greater than or equal to 0")
+    return errs
+
+
 class FakeKube:
     """The API server state and an HTTP server serving it in a background thread."""
 
     def __init__(self, namespaces=("default",), crds=(), monitoring=False,
-                 version=(1, 31, 0), log=None, validate_crs=True):
+                 version=(1, 31, 0), log=None, validate_crs=True, bookmark_interval=3.0,
+                 max_watch_seconds=None):
         self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)  # notified on every change
+        self.watch_events: list[dict] = []  # {rv, type, key, object, old}, in rv order
+        self.request_log: list[dict] = []  # every request, with headers and body
+        self.warnings: list[tuple] = []  # (method, path, warning) of every Warning sent
+        self.noops: list[tuple] = []  # (key, subresource) of every write that changed nothing
+        self.schemas: dict = {}  # (group, version, kind) -> openAPIV3Schema
+        self.status_subresource: set = set()  # (group, plural) of CRs with /status
+        self.bookmark_interval = bookmark_interval
+        # end every watch after this long, whatever the client asked (clients must re-watch)
+        self.max_watch_seconds = max_watch_seconds
+        self._local = threading.local()
         self.version = version
         self.groups = copy.deepcopy(BUILTIN)
         if monitoring:
@@ -467,6 +678,17 @@ class FakeKube:
         meta["resourceVersion"] = str(self.rv)
         return obj
 
+    def _emit(self, kind: str, key: tuple, obj: dict, old: dict | None = None):
+        """Records a change for the watches (with the lock held) and wakes them."""
+        self.watch_events.append({"rv": int(obj["metadata"]["resourceVersion"]), "type": kind,
+                                  "key": key, "object": copy.deepcopy(obj),
+                                  "old": copy.deepcopy(old)})
+        self.cond.notify_all()
+
+    def _warn(self, text: str):
+        """A warning for the response to the request being served."""
+        getattr(self._local, "warnings", []).append(text)
+
     def _serve_crd(self, crd: dict):
         spec = crd["spec"]
         names = spec["names"]
@@ -475,6 +697,10 @@ class FakeKube:
                 continue
             if self.validate_crs and v.get("schema"):
                 self.validators[(spec["group"], v["name"], names["kind"])] = crd_validator(crd, v["name"])
+            if v.get("schema"):
+                self.schemas[(spec["group"], v["name"], names["kind"])] = v["schema"]["openAPIV3Schema"]
+            if "status" in (v.get("subresources") or spec.get("subresources") or {}):
+                self.status_subresource.add((spec["group"], names["plural"]))
             res = self.groups.setdefault((spec["group"], v["name"]), [])
             if not any(r[0] == names["plural"] for r in res):
                 res.append((names["plural"], names["kind"], spec.get("scope") == "Namespaced"))
@@ -609,31 +835,73 @@ class FakeKube:
             raise ApiError(404, "NotFound", f"{plural} is {'namespaced' if namespaced else 'cluster-scoped'} ({method} {path})")
         api_version = f"{group}/{version}" if group else version
         dry_run = query.get("dryRun") == "All"
+        partial = "as=PartialObjectMetadata" in (headers.get("Accept") or "")
+        strict = query.get("fieldValidation") == "Strict"
+        if sub is not None and sub != "status":
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
+        if sub == "status" and (plural == "namespaces" or kind == "TokenReview"):
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
 
         with self.lock:
             if ns and ("", "namespaces", "", ns) not in self.objects and method in ("POST", "PUT", "PATCH"):
                 raise ApiError(404, "NotFound", f'namespaces "{ns}" not found')
             key = (group, plural, ns, name)
+            if method == "GET" and name is not None and query.get("watch") in ("true", "1"):
+                # the deprecated watch of one object: a watch with a metadata.name selector
+                query["fieldSelector"] = ",".join(
+                    f for f in (query.get("fieldSelector"), f"metadata.name={name}") if f)
+                name = None
             if method == "GET" and name is None:
+                _field_selector_matches(query.get("fieldSelector", ""), {})  # 400 if unknown
                 if query.get("watch") in ("true", "1"):
                     if query.get("sendInitialEvents") == "true":
                         # no watch-list streaming here; clients fall back to list + watch
                         raise ApiError(400, "BadRequest", "sendInitialEvents is not supported by this fake")
-                    raise _Watch(float(query.get("timeoutSeconds") or 30))
+                    rv = query.get("resourceVersion") or "0"
+                    try:
+                        since = int(rv)
+                    except ValueError:
+                        raise ApiError(400, "BadRequest", f"invalid resourceVersion {rv!r}") from None
+                    if since == 0:
+                        since = self.rv  # from now on
+                    raise _Watch(float(query.get("timeoutSeconds") or 1800), group=group,
+                                 plural=plural, namespace=ns, kind=kind,
+                                 api_version=api_version,
+                                 label_selector=query.get("labelSelector", ""),
+                                 field_selector=query.get("fieldSelector", ""), since=since,
+                                 bookmarks=query.get("allowWatchBookmarks") == "true",
+                                 partial=partial)
                 items = [copy.deepcopy(o) for (g, p, n, _), o in sorted(self.objects.items())
                          if g == group and p == plural and (not ns or n == ns)
                          and _selector_matches(query.get("labelSelector", ""),
-                                               o["metadata"].get("labels") or {})]
-                fs = query.get("fieldSelector", "")
-                m = re.fullmatch(r"metadata\.name=(.*)", fs)
-                if m:
-                    items = [o for o in items if o["metadata"]["name"] == m.group(1)]
+                                               o["metadata"].get("labels") or {})
+                         and _field_selector_matches(query.get("fieldSelector", ""), o["metadata"])]
+                list_meta = {"resourceVersion": str(self.rv)}
+                start = 0
+                if query.get("continue"):
+                    try:
+                        token = json.loads(base64.urlsafe_b64decode(query["continue"]))
+                        start, list_meta["resourceVersion"] = int(token["start"]), str(token["rv"])
+                    except (ValueError, KeyError, TypeError):
+                        raise ApiError(400, "BadRequest", "invalid continue token") from None
+                limit = int(query.get("limit") or 0)
+                if limit > 0 and len(items) > start + limit:
+                    list_meta["continue"] = base64.urlsafe_b64encode(json.dumps(
+                        {"start": start + limit, "rv": list_meta["resourceVersion"]}).encode()).decode()
+                    list_meta["remainingItemCount"] = len(items) - start - limit
+                    items = items[start:start + limit]
+                else:
+                    items = items[start:]
+                if partial:
+                    return 200, {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                                 "metadata": list_meta, "items": [_partial(o) for o in items]}
                 return 200, {"kind": f"{kind}List", "apiVersion": api_version,
-                             "metadata": {"resourceVersion": str(self.rv)}, "items": items}
+                             "metadata": list_meta, "items": items}
             if method == "GET":
                 if key not in self.objects:
                     raise ApiError(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
-                return 200, copy.deepcopy(self.objects[key])
+                obj = copy.deepcopy(self.objects[key])
+                return 200, _partial(obj) if partial else obj
             if method == "POST":
                 obj = self._decode(body, headers)
                 if name is not None:
@@ -654,15 +922,24 @@ class FakeKube:
                     raise ApiError(422, "Invalid", "fieldManager is required for apply requests")
                 if (applied.get("metadata") or {}).get("name") != name:
                     raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+                if applied.get("kind") != kind or applied.get("apiVersion") != api_version:
+                    raise ApiError(400, "BadRequest",
+                                   f"{applied.get('apiVersion')}/{applied.get('kind')} applied to {plural} ({api_version}/{kind})")
+                if namespaced and ((applied.get("metadata") or {}).get("namespace") or ns) != ns:
+                    raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request")
                 if key not in self.objects:
+                    if sub is not None:  # a subresource of an object that does not exist
+                        raise ApiError(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
                     return 201, self._create(group, version, plural, kind, namespaced, ns,
                                              applied, dry_run, manager)
                 current = self.objects[key]
-                previous = self.applied.get(key, {}).get(manager, {})
+                self._check_rv(applied, current, key)
+                slot = manager if sub is None else (manager, sub)
+                previous = self.applied.get(key, {}).get(slot, {})
                 new = _merge_patch(current, _removed_fields(previous, applied))
                 new = _apply_merge(new, applied)
                 return 200, self._update(key, group, version, kind, namespaced, ns, sub,
-                                         current, new, dry_run, manager, applied)
+                                         current, new, dry_run, manager, applied, strict)
             if method in ("PUT", "PATCH"):
                 if key not in self.objects:
                     raise ApiError(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
@@ -671,22 +948,69 @@ class FakeKube:
                 ctype = self._ctype(headers)
                 if method == "PUT":
                     new = patch
+                    if (new.get("kind") or kind) != kind or (new.get("apiVersion") or api_version) != api_version:
+                        raise ApiError(400, "BadRequest",
+                                       f"{new.get('apiVersion')}/{new.get('kind')} sent to {plural}")
+                    if ((new.get("metadata") or {}).get("name") or name) != name:
+                        raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
                 elif ctype == "application/json-patch+json":
                     new = _json_patch(current, patch)
                 else:  # merge patch; a strategic merge patch is treated as one
                     new = _merge_patch(current, patch)
+                self._check_rv(new, current, key)
                 return 200, self._update(key, group, version, kind, namespaced, ns, sub,
-                                         current, new, dry_run, None, None)
+                                         current, new, dry_run, None, None, strict)
             if method == "DELETE":
                 if key not in self.objects:
                     raise ApiError(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
+                current = self.objects[key]
+                try:
+                    options = json.loads(body) if body else {}
+                except ValueError:  # e.g. protobuf DeleteOptions: not looked at
+                    options = {}
+                pre = (options if isinstance(options, dict) else {}).get("preconditions") or {}
+                if pre.get("uid") and pre["uid"] != current["metadata"].get("uid"):
+                    raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {current['metadata'].get('uid')}")
+                if pre.get("resourceVersion") and pre["resourceVersion"] != current["metadata"]["resourceVersion"]:
+                    raise ApiError(409, "Conflict", f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, ResourceVersion in object meta: {current['metadata']['resourceVersion']}")
                 if dry_run:
-                    return 200, self.objects[key]
-                obj = self.objects.pop(key)
-                self.applied.pop(key, None)
-                self.deleted.append(obj)
-                return 200, obj
+                    return 200, copy.deepcopy(current)
+                if current["metadata"].get("finalizers"):
+                    # graceful: marked for deletion, gone when the finalizers are
+                    if current["metadata"].get("deletionTimestamp"):
+                        return 200, copy.deepcopy(current)
+                    new = copy.deepcopy(current)
+                    meta = new["metadata"]
+                    meta["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                    meta["deletionGracePeriodSeconds"] = 0
+                    meta["generation"] = meta.get("generation", 1) + 1
+                    self._stamp(new, new=False)
+                    self.objects[key] = new
+                    self.updated.append((key, copy.deepcopy(current), copy.deepcopy(new)))
+                    self._emit("MODIFIED", key, new, current)
+                    return 200, copy.deepcopy(new)
+                return 200, self._remove(key)
         raise ApiError(405, "MethodNotAllowed", f"{method} {path}")
+
+    def _remove(self, key) -> dict:
+        """Deletes an object now (with the lock held); returns it as last seen."""
+        obj = self.objects.pop(key)
+        self.applied.pop(key, None)
+        self._stamp(obj, new=False)  # a deletion is a change: a new resourceVersion
+        self.deleted.append(copy.deepcopy(obj))
+        self._emit("DELETED", key, obj)
+        return copy.deepcopy(obj)
+
+    @staticmethod
+    def _check_rv(new: dict, current: dict, key: tuple):
+        """Optimistic concurrency: a write naming another resourceVersion conflicts."""
+        rv = (new.get("metadata") or {}).get("resourceVersion")
+        if rv and rv != current["metadata"]["resourceVersion"]:
+            group, plural, _, name = key
+            resource = f"{plural}.{group}" if group else plural
+            raise ApiError(409, "Conflict",
+                           f'Operation cannot be fulfilled on {resource} "{name}": '
+                           "the object has been modified; please apply your changes to the latest version and try again")
 
     def _create(self, group, version, plural, kind, namespaced, ns, obj, dry_run, manager):
         api_version = f"{group}/{version}" if group else version
@@ -707,8 +1031,13 @@ class FakeKube:
         if key in self.objects:
             raise ApiError(409, "AlreadyExists", f'{plural}.{group or "core"} "{oname}" already exists')
         self._validate(group, version, kind, obj)
+        self._validate_builtin(group, kind, obj, None)
         sent = copy.deepcopy(obj)
         stored = self._stamp(copy.deepcopy(obj))
+        for k in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+            stored["metadata"].pop(k, None)
+        if (group, plural) in self.status_subresource:
+            stored.pop("status", None)  # a create sets no status of a custom resource
         if kind == "CustomResourceDefinition":
             stored.setdefault("status", {})["conditions"] = [
                 {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts"},
@@ -721,28 +1050,56 @@ class FakeKube:
         if manager:
             self.applied.setdefault(key, {})[manager] = copy.deepcopy(sent)
         self.created.append(sent)
+        self._emit("ADDED", key, stored)
         if kind == "CustomResourceDefinition":
             self._serve_crd(obj)
         return copy.deepcopy(stored)
 
     def _update(self, key, group, version, kind, namespaced, ns, sub, current, new,
-                dry_run, manager, applied):
+                dry_run, manager, applied, strict=False):
+        custom = (group, key[1]) in self.status_subresource
         if sub == "status":
             merged = copy.deepcopy(current)
             merged["status"] = new.get("status")
+            if merged["status"] is None:
+                merged.pop("status")
             new = merged
+            schema = self.schemas.get((group, version, kind))
+            if custom and schema and "status" in new:
+                unknown: list = []
+                status_schema = (schema.get("properties") or {}).get("status") or {"type": "object"}
+                new["status"] = prune_unknown(new["status"], status_schema, ".status", unknown)
+                if unknown and strict:
+                    raise ApiError(422, "Invalid", f'{kind}.{group} "{key[3]}" is invalid: ' +
+                                   "; ".join(f"{u}: field not declared in schema" for u in unknown))
+                for u in unknown:
+                    self._warn(f'unknown field "{u.lstrip(".")}"')
+            self._validate(group, version, kind, new)
         elif "status" in current:  # the main resource never changes status
             new["status"] = copy.deepcopy(current["status"])
+        elif custom:
+            new.pop("status", None)
         if sub is None:
             self._validate(group, version, kind, new)
         meta = new.setdefault("metadata", {})
-        for k in ("uid", "creationTimestamp", "name"):
-            meta[k] = current["metadata"][k]
+        for k in ("uid", "creationTimestamp", "name", "deletionTimestamp",
+                  "deletionGracePeriodSeconds"):
+            if k in current["metadata"]:
+                meta[k] = current["metadata"][k]
+            else:
+                meta.pop(k, None)
         if namespaced:
             meta["namespace"] = ns
+        if sub is None:
+            self._validate_builtin(group, kind, new, current)
+        deleting = bool(current["metadata"].get("deletionTimestamp"))
+        if deleting and set(meta.get("finalizers") or []) - set(current["metadata"].get("finalizers") or []):
+            raise ApiError(422, "Invalid", f'{kind}.{group} "{key[3]}" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted')
         meta["generation"] = current["metadata"].get("generation", 1)
         meta["resourceVersion"] = current["metadata"]["resourceVersion"]
         if new == current:  # a no-op: nothing changes, not even resourceVersion
+            if not dry_run:
+                self.noops.append((key, sub))
             return copy.deepcopy(current)
         if sub is None and {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
                 {k: v for k, v in current.items() if k not in ("metadata", "status")}:
@@ -752,10 +1109,23 @@ class FakeKube:
             self.objects[key] = new
             self.updated.append((key, copy.deepcopy(current), copy.deepcopy(new)))
             if manager:
-                self.applied.setdefault(key, {})[manager] = copy.deepcopy(applied)
+                self.applied.setdefault(key, {})[manager if sub is None else (manager, sub)] = \
+                    copy.deepcopy(applied)
+            if deleting and not meta.get("finalizers"):
+                # the last finalizer is gone: the deletion completes (watches see it
+                # as one DELETED event)
+                return self._remove(key)
+            self._emit("MODIFIED", key, new, current)
             if kind == "CustomResourceDefinition":
                 self._serve_crd(new)
         return copy.deepcopy(new)
+
+    def _validate_builtin(self, group, kind, obj, current):
+        errs = validate_metadata(kind, obj.get("metadata") or {}) + \
+            validate_builtin(group, kind, obj, current)
+        if errs:
+            name = (obj.get("metadata") or {}).get("name")
+            raise ApiError(422, "Invalid", f'{kind}.{group or "core"} "{name}" is invalid: ' + "; ".join(errs))
 
     @staticmethod
     def _ctype(headers) -> str:
@@ -793,50 +1163,121 @@ class FakeKube:
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True  # else each response waits for a delayed ACK
 
-            def _serve(self):
+            def _read_body(self) -> bytes:
+                if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                    data = b""
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass  # trailers
+                            return data
+                        data += self.rfile.read(size)
+                        self.rfile.readline()
                 length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
+                return self.rfile.read(length) if length else b""
+
+            def _record(self, code, body, warnings, payload=None):
+                with fake.lock:
+                    fake.requests.append((self.command, self.path, code))
+                    try:
+                        text = body.decode() if body else ""
+                    except UnicodeDecodeError:
+                        text = None  # protobuf
+                    fake.request_log.append({
+                        "method": self.command, "path": self.path, "code": code,
+                        "content_type": self.headers.get("Content-Type"),
+                        "accept": self.headers.get("Accept"),
+                        "user_agent": self.headers.get("User-Agent"),
+                        "body": text, "warnings": list(warnings), "time": time.time(),
+                        "message": (payload or {}).get("message") if code >= 400 else None,
+                    })
+                    for w in warnings:
+                        fake.warnings.append((self.command, self.path, w))
+                if fake.log:
+                    fake.log(f"{self.command} {self.path} -> {code} [{self.headers.get('Content-Type')}; accept {self.headers.get('Accept')}]")
+
+            def _serve(self):
+                body = self._read_body()
+                fake._local.warnings = []
                 try:
                     code, payload = fake.handle(self.command, self.path, body, self.headers)
                 except _Watch as w:
-                    with fake.lock:
-                        fake.requests.append((self.command, self.path, 200))
-                    self._hold_watch(w.timeout)
+                    self._record(200, body, [])
+                    self._stream_watch(w)
                     return
                 except ApiError as e:
                     code, payload = e.code, e.status()
                 except Exception as e:  # a bug here must not hang Helm
                     code, payload = 500, ApiError(500, "InternalError", f"fake API server: {e!r}").status()
-                with fake.lock:
-                    fake.requests.append((self.command, self.path, code))
-                if fake.log:
-                    fake.log(f"{self.command} {self.path} -> {code} [{self.headers.get('Content-Type')}; accept {self.headers.get('Accept')}]")
+                warnings = fake._local.warnings
+                self._record(code, body, warnings, payload)
                 data = json.dumps(payload).encode()
                 try:
                     self.send_response(code)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
+                    for w in warnings:
+                        self.send_header("Warning", '299 - "' + w.replace('"', '\\"') + '"')
                     self.end_headers()
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client went away (e.g. a watch it gave up on)
 
-            def _hold_watch(self, timeout):
-                import select
+            def _chunk(self, data: bytes):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            def _client_gone(self) -> bool:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+
+            def _stream_watch(self, w: _Watch):
+                """Streams the events of a watch until its timeout, the client leaves or
+                the server stops."""
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
-                    deadline = time.monotonic() + timeout
-                    while time.monotonic() < deadline and fake.httpd is not None:
-                        readable, _, _ = select.select([self.connection], [], [], 0.2)
-                        if readable and not self.connection.recv(1, socket.MSG_PEEK):
-                            break  # the client closed the connection
+                    self.wfile.flush()
+                    start = time.monotonic()
+                    deadline = start + min(w.timeout, fake.max_watch_seconds or w.timeout)
+                    next_bookmark = start + fake.bookmark_interval
+                    with fake.lock:
+                        # the first event after the resourceVersion asked for
+                        pos = bisect.bisect_right([e["rv"] for e in fake.watch_events], w.since)
+                    while fake.httpd is not None:
+                        now = time.monotonic()
+                        if now >= deadline:
+                            break
+                        lines = []
+                        with fake.cond:
+                            if pos >= len(fake.watch_events):
+                                wait = min(0.5, deadline - now)
+                                if w.bookmarks:
+                                    wait = min(wait, max(0.0, next_bookmark - now))
+                                fake.cond.wait(timeout=wait)
+                            batch = fake.watch_events[pos:]
+                            pos += len(batch)
+                            for event in batch:
+                                line = w.render(event)
+                                if line is not None:
+                                    lines.append(line)
+                            if w.bookmarks and time.monotonic() >= next_bookmark:
+                                lines.append(w.bookmark(fake.rv))
+                                next_bookmark = time.monotonic() + fake.bookmark_interval
+                        for line in lines:
+                            self._chunk(line)
+                        if not lines and self._client_gone():
+                            self.close_connection = True
+                            return
+                    # the end of the stream; the connection stays open for the next request,
+                    # as with a real API server (HTTP/1.1 keep-alive)
                     self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
                 except OSError:
-                    pass
-                self.close_connection = True
+                    self.close_connection = True
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 

@@ -1,0 +1,674 @@
+#!/usr/bin/env python3
+"""Runs `toolgrid controller` against the fake Kubernetes API server (tests/helm/fakekube.py)
+and checks what it does to a cluster holding the examples (examples/k8s/*.yaml).
+
+The fake serves the six CRDs (crds/toolgrid.yaml, installed beforehand) and real watches,
+so the controller's reflectors, the kube-rs finalizer helper and its Controllers work as
+against a cluster. The fake runs no pods: this script runs one `toolgrid worker` for the
+pool default/default itself. Then, each "eventually, within 60 s":
+
+  - /health and /ready answer 200 on the metrics port; /metrics has the reconcile
+    histogram; the Lease toolgrid/toolgrid-controller is held by controller-0;
+  - every example resource is Ready=True for its current generation; ToolReleases have a
+    digest, a size and the finalizer toolgrid.dev/calls-in-flight; ToolBindings a
+    resolvedRelease; the WorkerPool 2 desired workers and 1 attached (ours), and a
+    Deployment toolgrid-worker-default with 2 replicas that the pool controls;
+  - events.k8s.io Events tell of the Ready transitions;
+  - `toolgrid call semver compare 1.2.0 1.10.0` answers order -1;
+  - a change of a Tool's spec is observed (generation 2) without moving the Ready
+    condition's lastTransitionTime; a WorkerPool scaled to 3 scales its Deployment;
+  - ToolReleases naming a missing ConfigMap key or the wrong digest are Ready=False
+    (ArtifactNotFound, DigestMismatch) and the controller keeps running;
+  - deleting the semver ToolRelease lets it go (the finalizer is removed: no call is in
+    flight) and the semver Tool becomes Ready=False, NoReadyRelease;
+  - SIGTERM: the controller exits 0 and gives the Lease up.
+
+And of every request the controller made: status is written only by server-side apply
+(field manager toolgrid-controller) to the /status subresource, the toolgrid resources
+themselves only by JSON patches of /metadata/finalizers; no response carried a Warning
+(a field the CRD schema prunes); no request failed but reads of what does not exist and
+optimistic-concurrency conflicts; every request is one the controller's RBAC
+(deploy/rbac.yaml, rendered from the chart) allows.
+
+    tests/helm/controller_smoke.py [--toolgrid target/debug/toolgrid] [-v] [--keep]
+
+Exit status: 0 when every check passes, 1 when one fails (with the controller's log),
+77 (with the reason on stderr) when PyYAML or the toolgrid binary is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+SKIP = 77
+AGENT = "controller-smoke"  # the User-Agent of this script's own requests
+GROUP = "toolgrid.dev"
+KINDS = ["Tool", "ToolRelease", "ToolBinding", "Middleware", "Agent", "WorkerPool"]
+FINALIZER = "toolgrid.dev/calls-in-flight"
+MANAGER = "toolgrid-controller"
+TIMEOUT = 60.0
+
+
+def skip(reason: str):
+    print(f"controller_smoke.py: SKIP: {reason}", file=sys.stderr)
+    sys.exit(SKIP)
+
+
+try:
+    import yaml
+except ImportError:
+    skip("PyYAML is not installed (pip install pyyaml)")
+
+sys.path.insert(0, HERE)
+import fakekube  # noqa: E402
+
+try:
+    import jsonschema  # noqa: F401  (fakekube validates custom resources with it)
+    HAVE_JSONSCHEMA = True
+except ImportError:
+    HAVE_JSONSCHEMA = False
+
+
+class Failed(Exception):
+    pass
+
+
+def log(msg: str):
+    print(msg, file=sys.stderr, flush=True)
+
+
+try:  # looked up now: a child between fork and exec should do no more than call it
+    import ctypes
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except Exception:
+    _PRCTL = None
+
+
+def _die_with_parent():
+    """In a child: be killed when this script dies, however it dies (Linux)."""
+    if _PRCTL is not None:
+        _PRCTL(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
+# no proxy for 127.0.0.1, whatever the environment says
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def eventually(what: str, probe, timeout: float = TIMEOUT, interval: float = 0.2):
+    """Calls probe() until it returns (True, value); fails with its last detail."""
+    deadline = time.monotonic() + timeout
+    detail = None
+    while True:
+        try:
+            ok, detail = probe()
+        except Failed:
+            raise
+        except Exception as e:  # a probe that cannot look yet (e.g. connection refused)
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        if ok:
+            return detail
+        if time.monotonic() >= deadline:
+            raise Failed(f"{what}: not within {timeout:.0f}s; last seen: {_short(detail)}")
+        time.sleep(interval)
+
+
+def _short(value, limit=2000) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def ready_of(obj: dict | None) -> dict | None:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c
+    return None
+
+
+class Smoke:
+    def __init__(self, toolgrid: str, verbose: bool, keep: bool):
+        self.toolgrid = toolgrid
+        self.verbose = verbose
+        self.keep = keep
+        self.tmp = tempfile.mkdtemp(prefix="toolgrid-controller-smoke-")
+        with open(os.path.join(REPO, "crds", "toolgrid.yaml")) as f:
+            self.crds = [d for d in yaml.safe_load_all(f) if d]
+        self.fake = fakekube.FakeKube(
+            namespaces=["default", "toolgrid"], crds=self.crds, validate_crs=HAVE_JSONSCHEMA,
+            bookmark_interval=1.0, max_watch_seconds=2.0,  # the watches resume often
+            log=(lambda m: log("    api: " + m)) if verbose else None)
+        self.url = self.fake.start()
+        self.kubeconfig = os.path.join(self.tmp, "kubeconfig")
+        with open(self.kubeconfig, "w") as f:
+            f.write(self.fake.kubeconfig(self.url, "default"))
+        self.grpc, self.http, self.metrics = free_port(), free_port(), free_port()
+        self.controller = None
+        self.worker = None
+        self.controller_log = os.path.join(self.tmp, "controller.log")
+        self.worker_log = os.path.join(self.tmp, "worker.log")
+        self.examples: list[dict] = []  # every example object, as created
+
+    # ------------------------------------------------------------------ the API
+    def path_of(self, api_version: str, kind: str, namespace: str | None, name: str | None = None,
+                sub: str | None = None) -> str:
+        group, _, version = api_version.rpartition("/")
+        for plural, k, namespaced in self.fake.groups.get((group, version), []):
+            if k == kind:
+                base = f"/apis/{group}/{version}" if group else "/api/v1"
+                if namespaced:
+                    base += f"/namespaces/{namespace or 'default'}"
+                path = f"{base}/{plural}"
+                if name:
+                    path += f"/{name}"
+                if sub:
+                    path += f"/{sub}"
+                return path
+        raise Failed(f"the fake serves no {api_version} {kind}")
+
+    def api(self, method: str, path: str, body=None, ctype="application/json"):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers={
+            "Content-Type": ctype, "Accept": "application/json", "User-Agent": AGENT})
+        try:
+            with _OPENER.open(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def get(self, api_version, kind, namespace, name):
+        code, obj = self.api("GET", self.path_of(api_version, kind, namespace, name))
+        return obj if code == 200 else None
+
+    def get_cr(self, kind, name, namespace="default"):
+        return self.get(f"{GROUP}/v1alpha1", kind, namespace, name)
+
+    def create(self, obj: dict, namespace="default") -> dict:
+        path = self.path_of(obj["apiVersion"], obj["kind"], namespace)
+        code, out = self.api("POST", path, obj)
+        if code != 201:
+            raise Failed(f"creating {obj['kind']} {obj['metadata']['name']}: {code} {_short(out)}")
+        return out
+
+    # ------------------------------------------------------------------ processes
+    def start(self):
+        env = dict(os.environ, KUBECONFIG=self.kubeconfig, POD_NAME="controller-0",
+                   POD_NAMESPACE="toolgrid", RUST_LOG=os.environ.get("RUST_LOG", "info"),
+                   NO_COLOR="1")
+        for var in ("TOOLGRID_WATCH_NAMESPACE", "TOOLGRID_STORE", "TOOLGRID_LISTEN",
+                    "TOOLGRID_HTTP_LISTEN", "TOOLGRID_METRICS_LISTEN",
+                    "OTEL_EXPORTER_OTLP_ENDPOINT", "TOOLGRID_CONTROL_PLANE_ADDRESS",
+                    "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY",
+                    "all_proxy"):
+            env.pop(var, None)
+        self.env = env
+        self.controller = subprocess.Popen(
+            [self.toolgrid, "controller",
+             "--listen", f"127.0.0.1:{self.grpc}",
+             "--http-listen", f"127.0.0.1:{self.http}",
+             "--metrics-listen", f"127.0.0.1:{self.metrics}",
+             "--store", f"sqlite://{os.path.join(self.tmp, 'db')}",
+             "--control-plane-address", f"http://127.0.0.1:{self.grpc}"],
+            env=env, stdin=subprocess.DEVNULL, stdout=open(self.controller_log, "w"),
+            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self.worker = subprocess.Popen(
+            [self.toolgrid, "worker", "--control-plane", f"http://127.0.0.1:{self.grpc}",
+             "--pool", "default/default", "--id", "w0",
+             "--cache", os.path.join(self.tmp, "cache")],
+            env=env, stdin=subprocess.DEVNULL, stdout=open(self.worker_log, "w"),
+            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+    def controller_alive(self):
+        if self.controller.poll() is not None:
+            raise Failed(f"the controller exited with status {self.controller.returncode}")
+
+    def metrics_get(self, path: str):
+        with _OPENER.open(f"http://127.0.0.1:{self.metrics}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+
+    def stop(self):
+        for proc in (self.worker, self.controller):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.fake.stop()
+        if not self.keep:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def tail(self, path: str, lines=150) -> str:
+        try:
+            with open(path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError as e:
+            return f"({e})"
+
+    # ------------------------------------------------------------------ checks
+    def seed(self):
+        files = sorted(f for f in os.listdir(os.path.join(REPO, "examples", "k8s"))
+                       if f.endswith(".yaml"))
+        files.sort(key=lambda f: f != "artifacts.yaml")  # the ConfigMaps first
+        for name in files:
+            with open(os.path.join(REPO, "examples", "k8s", name)) as f:
+                for doc in yaml.safe_load_all(f):
+                    if doc:
+                        self.examples.append(self.create(doc))
+
+    def example_crs(self):
+        return [(o["kind"], o["metadata"]["name"]) for o in self.examples
+                if o["apiVersion"].startswith(GROUP + "/")]
+
+    def check_probes(self):
+        eventually("GET /health answers 200", lambda: (self.metrics_get("/health")[0] == 200, "?"))
+
+        def ready():
+            self.controller_alive()
+            try:
+                code, text = self.metrics_get("/ready")
+            except urllib.error.HTTPError as e:
+                return False, f"{e.code} {e.read().decode(errors='replace')}"
+            return code == 200, f"{code} {text}"
+        eventually("GET /ready answers 200", ready)
+
+    def check_lease(self):
+        def held():
+            lease = self.get("coordination.k8s.io/v1", "Lease", "toolgrid", "toolgrid-controller")
+            holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+            return holder == "controller-0", lease
+        eventually("the Lease toolgrid/toolgrid-controller is held by controller-0", held)
+
+    def check_ready(self):
+        def all_ready():
+            self.controller_alive()
+            bad = []
+            for kind, name in self.example_crs():
+                obj = self.get_cr(kind, name)
+                ready = ready_of(obj)
+                gen = (obj or {}).get("metadata", {}).get("generation")
+                status = (obj or {}).get("status") or {}
+                if not ready or ready.get("status") != "True":
+                    bad.append(f"{kind} {name}: Ready {ready}")
+                elif ready.get("observedGeneration") != gen or status.get("observedGeneration") != gen:
+                    bad.append(f"{kind} {name}: generation {gen}, observed "
+                               f"{status.get('observedGeneration')} (Ready: {ready.get('observedGeneration')})")
+                elif kind == "ToolRelease" and not (status.get("digest", "").startswith("sha256:")
+                                                    and isinstance(status.get("size"), int)
+                                                    and status["size"] > 0):
+                    bad.append(f"{kind} {name}: no digest and size in {status}")
+                elif kind == "ToolBinding" and not status.get("resolvedRelease"):
+                    bad.append(f"{kind} {name}: no resolvedRelease in {status}")
+                elif kind == "WorkerPool" and (status.get("desiredWorkers"), status.get("attachedWorkers")) != (2, 1):
+                    bad.append(f"{kind} {name}: desiredWorkers {status.get('desiredWorkers')}, "
+                               f"attachedWorkers {status.get('attachedWorkers')} (want 2, 1)")
+                elif kind == "ToolRelease" and FINALIZER not in (obj["metadata"].get("finalizers") or []):
+                    bad.append(f"{kind} {name}: finalizers {obj['metadata'].get('finalizers')}")
+            return not bad, bad
+        eventually("every example resource is Ready for its generation (with its status fields)",
+                   all_ready)
+        for kind, name in self.example_crs():
+            obj = self.get_cr(kind, name)
+            if kind == "ToolRelease":
+                want = next(o for o in self.examples if o["kind"] == kind
+                            and o["metadata"]["name"] == name)["spec"]["artifact"].get("digest")
+                if want and obj["status"]["digest"] != want:
+                    raise Failed(f"ToolRelease {name}: status.digest {obj['status']['digest']}, spec says {want}")
+
+    def check_deployment(self):
+        def deployed():
+            d = self.get("apps/v1", "Deployment", "default", "toolgrid-worker-default")
+            if not d:
+                return False, "no Deployment default/toolgrid-worker-default"
+            pool = self.get_cr("WorkerPool", "default")
+            owners = [r for r in d["metadata"].get("ownerReferences") or []
+                      if r.get("kind") == "WorkerPool" and r.get("name") == "default"
+                      and r.get("uid") == pool["metadata"]["uid"] and r.get("controller") is True
+                      and r.get("apiVersion") == f"{GROUP}/v1alpha1"]
+            ok = d["spec"].get("replicas") == 2 and bool(owners)
+            return ok, {"replicas": d["spec"].get("replicas"),
+                        "ownerReferences": d["metadata"].get("ownerReferences")}
+        eventually("the Deployment default/toolgrid-worker-default has 2 replicas, controlled by the pool",
+                   deployed)
+
+    def events(self) -> list[dict]:
+        out = []
+        for api_version in ("events.k8s.io/v1", "v1"):
+            code, lst = self.api("GET", self.path_of(api_version, "Event", None).replace(
+                "/namespaces/default", ""))
+            if code == 200:
+                out += lst["items"]
+        return out
+
+    def check_events(self):
+        def told():
+            missing = []
+            events = self.events()
+            for kind, name in self.example_crs():
+                if not any((e.get("regarding") or e.get("involvedObject") or {}).get("kind") == kind
+                           and (e.get("regarding") or e.get("involvedObject") or {}).get("name") == name
+                           and (e.get("action") == "BecameReady" or e.get("type") == "Normal")
+                           for e in events):
+                    missing.append(f"{kind} {name}")
+            return not missing, {"no Ready event for": missing,
+                                 "events": [(e.get("reason"), e.get("action"),
+                                             (e.get("regarding") or {}).get("name")) for e in events]}
+        eventually("an Event tells of each example resource becoming Ready", told)
+
+    def check_metrics(self):
+        eventually("/metrics has toolgrid_reconcile_duration_seconds",
+                   lambda: ("toolgrid_reconcile_duration_seconds" in self.metrics_get("/metrics")[1],
+                            "not in /metrics"))
+
+    def check_call(self):
+        def call():
+            self.controller_alive()
+            run = subprocess.run(
+                [self.toolgrid, "call", "semver", "compare", "1.2.0", "1.10.0",
+                 "--endpoint", f"127.0.0.1:{self.grpc}"],
+                capture_output=True, text=True, timeout=60, env=self.env)
+            if run.returncode != 0:
+                return False, f"exit {run.returncode}: {run.stdout} {run.stderr}"
+            try:
+                result = json.loads(run.stdout)
+            except ValueError:
+                return False, f"not JSON: {run.stdout!r}"
+            return result.get("order") == -1, result
+        result = eventually("toolgrid call semver compare 1.2.0 1.10.0", call, interval=1.0)
+        if result != {"order": -1, "a": "1.2.0", "b": "1.10.0"}:
+            raise Failed(f"semver compare answered {result}")
+
+    def check_spec_change(self):
+        before = ready_of(self.get_cr("Tool", "semver"))
+        time.sleep(1.1)  # a condition written again now would have another time
+        path = self.path_of(f"{GROUP}/v1alpha1", "Tool", "default", "semver")
+        code, out = self.api("PATCH", path, {"spec": {"timeout": "20s"}},
+                             ctype="application/merge-patch+json")
+        if code != 200 or out["metadata"]["generation"] != 2:
+            raise Failed(f"patching the semver Tool: {code} {_short(out)}")
+
+        def observed():
+            tool = self.get_cr("Tool", "semver")
+            ready = ready_of(tool)
+            status = tool.get("status") or {}
+            ok = (status.get("observedGeneration") == 2 and ready
+                  and ready.get("observedGeneration") == 2 and ready.get("status") == "True")
+            return ok, status
+        observed_status = eventually("the semver Tool's new generation (2) is observed", observed)
+        after = ready_of({"status": observed_status})
+        if after.get("lastTransitionTime") != before.get("lastTransitionTime"):
+            raise Failed(f"a spec change moved Ready's lastTransitionTime: {before} -> {after}")
+
+    def check_pool_change(self):
+        path = self.path_of(f"{GROUP}/v1alpha1", "WorkerPool", "default", "default")
+        code, out = self.api("PATCH", path, {"spec": {"replicas": 3}},
+                             ctype="application/merge-patch+json")
+        if code != 200 or out["metadata"]["generation"] != 2:
+            raise Failed(f"patching the WorkerPool: {code} {_short(out)}")
+
+        def scaled():
+            d = self.get("apps/v1", "Deployment", "default", "toolgrid-worker-default")
+            pool = self.get_cr("WorkerPool", "default")
+            status = pool.get("status") or {}
+            ready = ready_of(pool) or {}
+            ok = (d["spec"].get("replicas") == 3 and status.get("desiredWorkers") == 3
+                  and status.get("observedGeneration") == 2 and ready.get("observedGeneration") == 2
+                  and ready.get("status") == "True")
+            return ok, {"deployment replicas": d["spec"].get("replicas"), "pool status": status}
+        eventually("WorkerPool replicas 3 reach the Deployment and the pool's status", scaled)
+
+    def check_invalid_releases(self):
+        textstats = next(o for o in self.examples if o["kind"] == "ToolRelease"
+                         and o["spec"]["tool"] == "textstats")
+        missing = copy.deepcopy(textstats)
+        missing["metadata"] = {"name": "textstats-0.0.1-missing"}
+        missing["spec"]["version"] = "0.0.1"
+        missing["spec"]["artifact"]["configMap"] = {
+            "name": textstats["spec"]["artifact"]["configMap"]["name"], "key": "no-such-key.wasm"}
+        wrong = copy.deepcopy(textstats)
+        wrong["metadata"] = {"name": "textstats-0.0.2-wrong-digest"}
+        wrong["spec"]["version"] = "0.0.2"
+        wrong["spec"]["artifact"]["digest"] = "sha256:" + "0" * 64
+        self.create(missing)
+        self.create(wrong)
+        for name, reason in (("textstats-0.0.1-missing", "ArtifactNotFound"),
+                             ("textstats-0.0.2-wrong-digest", "DigestMismatch")):
+            def refused(name=name, reason=reason):
+                self.controller_alive()
+                ready = ready_of(self.get_cr("ToolRelease", name))
+                return bool(ready) and (ready.get("status"), ready.get("reason")) == ("False", reason), ready
+            eventually(f"ToolRelease {name} is Ready=False ({reason})", refused)
+        time.sleep(1)
+        self.controller_alive()
+        code, text = self.metrics_get("/ready")
+        if code != 200:
+            raise Failed(f"/ready answers {code} {text} after the invalid releases")
+        # the binding still resolves to a valid release
+        ready = ready_of(self.get_cr("ToolBinding", "report-agent-textstats"))
+        if not ready or ready.get("status") != "True":
+            raise Failed(f"invalid textstats releases made the textstats binding not ready: {ready}")
+
+    def check_delete_release(self):
+        path = self.path_of(f"{GROUP}/v1alpha1", "ToolRelease", "default", "semver-1.0.0")
+        code, out = self.api("DELETE", path)
+        if code not in (200, 202):
+            raise Failed(f"deleting ToolRelease semver-1.0.0: {code} {_short(out)}")
+        if not (out.get("metadata") or {}).get("deletionTimestamp"):
+            raise Failed(f"ToolRelease semver-1.0.0 has no finalizer to delay its deletion: {_short(out)}")
+
+        def gone():
+            obj = self.get_cr("ToolRelease", "semver-1.0.0")
+            return obj is None, obj and obj["metadata"]
+        eventually("the deleted ToolRelease semver-1.0.0 goes away (its finalizer removed)", gone)
+
+        def not_ready():
+            ready = ready_of(self.get_cr("Tool", "semver"))
+            return bool(ready) and (ready.get("status"), ready.get("reason")) == ("False", "NoReadyRelease"), ready
+        eventually("the semver Tool becomes Ready=False (NoReadyRelease)", not_ready)
+
+    def check_shutdown(self):
+        self.controller.send_signal(signal.SIGTERM)
+        try:
+            code = self.controller.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise Failed("the controller did not exit within 30s of SIGTERM") from None
+        if code != 0:
+            raise Failed(f"the controller exited with status {code} on SIGTERM")
+        lease = self.get("coordination.k8s.io/v1", "Lease", "toolgrid", "toolgrid-controller")
+        holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+        if holder:
+            raise Failed(f"the Lease is still held by {holder!r} after the controller stopped")
+
+    # ------------------------------------------------------------------ the request log
+    def controller_requests(self) -> list[dict]:
+        with self.fake.lock:
+            return [r for r in self.fake.request_log if r.get("user_agent") != AGENT]
+
+    def check_writes(self):
+        """Status only by server-side apply to /status; the objects only by finalizer patches."""
+        errs = []
+        status_applies = 0
+        for r in self.controller_requests():
+            url = urllib.parse.urlsplit(r["path"])
+            query = dict(urllib.parse.parse_qsl(url.query))
+            parsed = self.fake.parse(url.path.rstrip("/"))
+            if not parsed or parsed[0] != GROUP or r["method"] in ("GET",):
+                continue
+            _, _, plural, _, name, sub = parsed
+            what = f"{r['method']} {r['path']}"
+            ctype = (r["content_type"] or "").split(";")[0].strip()
+            if r["method"] in ("POST", "DELETE"):
+                errs.append(f"{what}: the controller creates or deletes a {plural} object")
+            elif sub == "status":
+                if r["method"] != "PATCH" or ctype != "application/apply-patch+yaml":
+                    errs.append(f"{what}: a status write that is not server-side apply ({ctype})")
+                elif query.get("fieldManager") != MANAGER:
+                    errs.append(f"{what}: field manager {query.get('fieldManager')!r}, not {MANAGER!r}")
+                else:
+                    status_applies += 1
+                    body = yaml.safe_load(r["body"] or "{}") or {}
+                    extra = set(body) - {"apiVersion", "kind", "metadata", "status"}
+                    meta = set(body.get("metadata") or {}) - {"name", "namespace"}
+                    if extra or meta:
+                        errs.append(f"{what}: a status apply setting {sorted(extra | meta)}")
+            elif sub is None and r["method"] == "PATCH" and ctype == "application/json-patch+json":
+                ops = json.loads(r["body"] or "[]")
+                bad = [op for op in ops if not op.get("path", "").startswith("/metadata/finalizers")]
+                if bad:
+                    errs.append(f"{what}: a JSON patch touching {[op.get('path') for op in bad]}")
+            else:
+                errs.append(f"{what}: the controller writes the object itself ({ctype})")
+        if not status_applies:
+            errs.append("the controller applied no status at all")
+        # the applied configurations the fake kept: nothing but status from toolgrid-controller
+        with self.fake.lock:
+            for key, managers in self.fake.applied.items():
+                if key[0] != GROUP:
+                    continue
+                for slot, applied in managers.items():
+                    if slot == MANAGER:
+                        errs.append(f"{key}: {MANAGER} applied the object itself: {_short(applied)}")
+        if errs:
+            raise Failed("the controller's writes:\n  " + "\n  ".join(errs))
+
+    def check_responses(self):
+        """No Warning (pruned fields) and no refused request, but for 404 reads and 409s."""
+        errs = []
+        for r in self.controller_requests():
+            if r["warnings"]:
+                errs.append(f"{r['method']} {r['path']}: Warning {r['warnings']}")
+            code = r["code"]
+            if code == 422 and "test failed" in (r.get("message") or "") and \
+                    (r["content_type"] or "").startswith("application/json-patch+json"):
+                continue  # a JSON patch's test: the finalizer helper's optimistic concurrency
+            if code >= 400 and not (code == 404 and r["method"] == "GET") and code != 409:
+                errs.append(f"{r['method']} {r['path']}: {code} (body {_short(r['body'] or '', 300)})")
+        if errs:
+            raise Failed("requests of the controller the API server refused or warned about:\n  "
+                         + "\n  ".join(errs[:40]))
+
+    def check_rbac(self):
+        """Every request is allowed by the controller's ClusterRole and Role (deploy/)."""
+        with open(os.path.join(REPO, "deploy", "rbac.yaml")) as f:
+            docs = [d for d in yaml.safe_load_all(f) if d]
+        cluster_rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d.get("rules", [])]
+        ns_rules = {}
+        for d in docs:
+            if d["kind"] == "Role":
+                ns_rules.setdefault(d["metadata"]["namespace"], []).extend(d.get("rules", []))
+        errs = set()
+        for r in self.controller_requests():
+            url = urllib.parse.urlsplit(r["path"])
+            path = url.path.rstrip("/")
+            query = dict(urllib.parse.parse_qsl(url.query))
+            if path.startswith(("/version", "/openapi")):
+                continue
+            if path == "/api/v1/namespaces" or (path.startswith("/api/v1/namespaces/") and path.count("/") == 4):
+                parsed = ("", "v1", "namespaces", "", path.split("/")[4] if path.count("/") == 4 else None, None)
+            else:
+                parsed = self.fake.parse(path)
+            if not parsed:
+                continue  # discovery
+            group, _, plural, ns, name, sub = parsed
+            verb = {"GET": "get" if name else ("watch" if query.get("watch") in ("true", "1") else "list"),
+                    "POST": "create", "PUT": "update", "PATCH": "patch",
+                    "DELETE": "delete"}[r["method"]]
+            resource = plural + (f"/{sub}" if sub else "")
+
+            def allows(rule):
+                return ((group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+                        and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
+                        and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
+                        and (not rule.get("resourceNames") or (name in rule["resourceNames"]
+                                                               and verb not in ("list", "watch", "create"))))
+            if not any(allows(rule) for rule in cluster_rules + ns_rules.get(ns, [])):
+                errs.add(f"{verb} {group or 'core'} {resource}"
+                         + (f" {name!r}" if name else "") + (f" in {ns}" if ns else ""))
+        if errs:
+            raise Failed("requests the controller's RBAC (deploy/rbac.yaml) does not allow:\n  "
+                         + "\n  ".join(sorted(errs)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--toolgrid", default=os.path.join(REPO, "target", "debug", "toolgrid"),
+                    help="the toolgrid binary (default: target/debug/toolgrid)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log every API request")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--dump", metavar="FILE",
+                    help="write the API requests (and no-op writes) there as JSON")
+    args = ap.parse_args()
+    if not (os.path.isfile(args.toolgrid) and os.access(args.toolgrid, os.X_OK)):
+        skip(f"no toolgrid binary at {args.toolgrid} (cargo build)")
+
+    def interrupted(signum, _frame):
+        raise SystemExit(128 + signum)  # through the finally below: the children stop
+    signal.signal(signal.SIGTERM, interrupted)
+    started = time.monotonic()
+    smoke = Smoke(os.path.abspath(args.toolgrid), args.verbose, args.keep)
+    steps = [
+        ("the examples are created", smoke.seed),
+        ("the controller and a worker start", smoke.start),
+        ("/health and /ready", smoke.check_probes),
+        ("the leader Lease", smoke.check_lease),
+        ("every example resource is Ready, with its status fields and finalizers", smoke.check_ready),
+        ("/metrics", smoke.check_metrics),
+        ("the pool's Deployment", smoke.check_deployment),
+        ("Events of the Ready transitions", smoke.check_events),
+        ("a tool call", smoke.check_call),
+        ("a spec change is observed", smoke.check_spec_change),
+        ("a WorkerPool scaled", smoke.check_pool_change),
+        ("invalid ToolReleases", smoke.check_invalid_releases),
+        ("a ToolRelease deleted", smoke.check_delete_release),
+        ("SIGTERM", smoke.check_shutdown),
+        ("the controller's writes", smoke.check_writes),
+        ("the API server's answers", smoke.check_responses),
+        ("RBAC", smoke.check_rbac),
+    ]
+    failed = []
+    try:
+        for name, step in steps:
+            t = time.monotonic()
+            try:
+                step()
+            except Failed as e:
+                failed.append(f"{name}: {e}")
+                log(f"  FAIL {name} ({time.monotonic() - t:.1f}s): {e}")
+                if name not in ("the controller's writes", "the API server's answers", "RBAC"):
+                    break  # the later steps build on this one
+                continue
+            log(f"  ok   {name} ({time.monotonic() - t:.1f}s)")
+        if failed:
+            log("\ncontroller_smoke.py: FAILED:\n" + "\n".join(failed))
+            kept = f" ({smoke.tmp})" if args.keep else " (--keep keeps it)"
+            log(f"\n--- the controller's log{kept}, last lines:\n" + smoke.tail(smoke.controller_log))
+            log("--- the worker's log, last lines:\n" + smoke.tail(smoke.worker_log, 40))
+            return 1
+        log(f"controller_smoke.py: all checks passed in {time.monotonic() - started:.1f}s")
+        return 0
+    finally:
+        if args.dump:
+            with smoke.fake.lock, open(args.dump, "w") as f:
+                json.dump({"requests": smoke.fake.request_log,
+                           "noops": [list(k) + [sub] for k, sub in smoke.fake.noops]}, f, indent=1)
+        smoke.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
