@@ -7,6 +7,8 @@ use serde::de::DeserializeOwned;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+const CLUSTER: &str = "the cluster";
+
 /// Where a resource was declared.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Source {
@@ -26,10 +28,24 @@ impl fmt::Display for Source {
 }
 
 impl Source {
+    /// " in FILE (document N)" to append to a message about the resource; nothing for a
+    /// resource of the cluster, whose status already says which it is.
+    pub fn suffix(&self) -> String {
+        if self.is_cluster() {
+            String::new()
+        } else {
+            format!(" in {self}")
+        }
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        self.document == 0 && self.file.starts_with(CLUSTER)
+    }
+
     /// A resource read from the Kubernetes API rather than a file.
     pub fn cluster(kind: &str, namespace: &str, name: &str) -> Source {
         Source {
-            file: PathBuf::from(format!("the cluster ({kind} {namespace}/{name})")),
+            file: PathBuf::from(format!("{CLUSTER} ({kind} {namespace}/{name})")),
             document: 0,
         }
     }

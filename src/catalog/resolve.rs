@@ -224,7 +224,7 @@ impl<'a> Resolver<'a> {
     }
 
     fn invalid<T>(&mut self, d: &Declared<'_, T>, error: FieldError) {
-        let message = format!("{} in {}", error, d.source);
+        let message = format!("{error}{}", d.source.suffix());
         tracing::warn!(kind = %d.id.kind, resource = %d.id.key, "{message}");
         self.record_declared(
             d,
@@ -328,9 +328,9 @@ impl<'a> Resolver<'a> {
                         .map(|p| p.generation)
                         .unwrap_or(1);
                     let message = if doc.field.is_empty() {
-                        format!("{} in {}", doc.message, doc.source)
+                        format!("{}{}", doc.message, doc.source.suffix())
                     } else {
-                        format!("{}: {} in {}", doc.field, doc.message, doc.source)
+                        format!("{}: {}{}", doc.field, doc.message, doc.source.suffix())
                     };
                     self.record(
                         (&id, &doc.source, generation, ""),
@@ -571,7 +571,9 @@ impl<'a> Resolver<'a> {
                     if let Some(previous) = previous_digest {
                         extra.insert("digest".into(), json!(previous));
                     }
-                    desired.message = format!("{} ({})", desired.message, d.source);
+                    if !d.source.is_cluster() {
+                        desired.message = format!("{} ({})", desired.message, d.source);
+                    }
                     tracing::warn!(resource = %d.id.key, reason = %desired.reason, "ToolRelease not ready: {}", desired.message);
                     self.record_declared(&d, desired, extra, columns);
                 }

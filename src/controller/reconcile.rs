@@ -114,7 +114,7 @@ where
                 EventType::Warning
             },
             reason,
-            note: Some(message.chars().take(1000).collect()),
+            note: Some(truncate_bytes(&message, 1024)),
             action: if ready {
                 "BecameReady".into()
             } else {
@@ -226,6 +226,7 @@ pub(crate) async fn reconcile_pool(
         attached,
         busy,
         queued,
+        reattaching: ctx.scheduler.reattaching(),
     };
     let status = pool_status(&state, &current, live, k8s_openapi::jiff::Timestamp::now());
     write_status(&ctx, &*pool, &status).await?;
@@ -239,6 +240,12 @@ fn error_policy<K: Resource<DynamicType = ()>>(
     _ctx: Arc<Context>,
 ) -> Action {
     let kind = K::kind(&()).to_string();
+    if is_finalizer_race(error) {
+        // Another writer changed the object between our read and the finalizer patch;
+        // the watch brings the new version, so this is not a failure worth counting.
+        tracing::debug!(%kind, resource = %key_of(&*object), %error, "finalizer patch raced");
+        return Action::requeue(Duration::from_millis(500));
+    }
     metrics::global()
         .reconcile_errors
         .get_or_create(&KindLabel { kind: kind.clone() })
@@ -255,6 +262,34 @@ fn error_policy<K: Resource<DynamicType = ()>>(
         _ => tracing::warn!(%kind, resource = %key_of(&*object), %error, "reconcile failed"),
     }
     Action::requeue(Duration::from_secs(5))
+}
+
+/// Whether adding or removing the finalizer lost a race with another writer (the JSON
+/// patch's test of the finalizer list failed).
+fn is_finalizer_race(error: &Error) -> bool {
+    use kube::runtime::finalizer::Error as FinalizerError;
+    let Error::Finalizer(inner) = error else {
+        return false;
+    };
+    matches!(
+        &**inner,
+        FinalizerError::AddFinalizer(kube::Error::Api(status))
+            | FinalizerError::RemoveFinalizer(kube::Error::Api(status))
+            if status.code == 409 || status.code == 422
+    )
+}
+
+/// Cuts `text` to at most `max` bytes on a character boundary: the Events API limits
+/// a note to 1 KiB.
+fn truncate_bytes(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
 }
 
 /// Times a reconcile for the metrics.
@@ -351,4 +386,48 @@ pub async fn run(ctx: Arc<Context>, caches: Caches) {
             ),
     ));
     tokio::join!(tools, bindings, middleware, agents, releases, pools);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+    use kube::runtime::finalizer::Error as FinalizerError;
+
+    #[test]
+    fn event_notes_fit_the_api_limit_on_a_char_boundary() {
+        assert_eq!(truncate_bytes("short", 1024), "short");
+        let long = "é".repeat(600); // 1200 bytes
+        let cut = truncate_bytes(&long, 1024);
+        assert_eq!(cut.len(), 1024);
+        let odd = format!("a{long}");
+        let cut = truncate_bytes(&odd, 1024);
+        assert_eq!(cut.len(), 1023, "never splits a character");
+        assert!(odd.starts_with(&cut));
+    }
+
+    #[test]
+    fn only_finalizer_patch_conflicts_count_as_races() {
+        let api = |code| {
+            kube::Error::Api(
+                Status::failure("patch failed", "Invalid")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let finalizer = |e| Error::Finalizer(Box::new(e));
+        assert!(is_finalizer_race(&finalizer(FinalizerError::AddFinalizer(
+            api(422)
+        ))));
+        assert!(is_finalizer_race(&finalizer(
+            FinalizerError::RemoveFinalizer(api(409))
+        )));
+        assert!(!is_finalizer_race(&finalizer(
+            FinalizerError::AddFinalizer(api(403))
+        )));
+        assert!(!is_finalizer_race(&finalizer(
+            FinalizerError::UnnamedObject
+        )));
+        assert!(!is_finalizer_race(&Error::Kube(api(422))));
+    }
 }

@@ -56,6 +56,9 @@ pub struct LivePool {
     pub attached: u32,
     pub busy: u32,
     pub queued: u32,
+    /// The control plane has just started and workers may still be re-attaching, so
+    /// "none attached" is not yet news.
+    pub reattaching: bool,
 }
 
 /// A pool's status: the resolved one, with the live counts, and Ready only while a worker
@@ -75,6 +78,15 @@ pub fn pool_status(
         obj.insert("queuedCalls".into(), json!(live.queued));
     }
     if !resolved.ready.status {
+        return status;
+    }
+    let current_conditions = current.get("conditions").filter(|c| !c.is_null());
+    if live.attached == 0 && live.reattaching && current_conditions.is_some() {
+        // A fresh leader knows no workers yet: keep what the last leader said rather
+        // than flapping Ready to False and back while workers re-attach.
+        if let (Some(obj), Some(conditions)) = (status.as_object_mut(), current_conditions) {
+            obj.insert("conditions".into(), conditions.clone());
+        }
         return status;
     }
     let ready = if live.attached > 0 {
@@ -161,6 +173,7 @@ mod tests {
             attached: 0,
             busy: 0,
             queued: 4,
+            reattaching: false,
         };
         let waiting = pool_status(&resolved(true), &json!(null), live, t1);
         assert_eq!(waiting["conditions"][0]["reason"], "NoWorkers");
@@ -193,5 +206,36 @@ mod tests {
             invalid["conditions"][0]["reason"], "InvalidSpec",
             "an invalid pool stays not ready"
         );
+    }
+
+    #[test]
+    fn a_new_leader_keeps_pool_conditions_while_workers_reattach() {
+        let t1: Timestamp = "2026-01-01T00:10:00Z".parse().unwrap();
+        let live = LivePool {
+            desired: 2,
+            attached: 2,
+            ..LivePool::default()
+        };
+        let was_ready = pool_status(&resolved(true), &json!(null), live, t1);
+        assert_eq!(was_ready["conditions"][0]["status"], "True");
+        let none_yet = LivePool {
+            attached: 0,
+            reattaching: true,
+            ..live
+        };
+        let kept = pool_status(&resolved(true), &was_ready, none_yet, t1);
+        assert_eq!(kept["conditions"], was_ready["conditions"]);
+        assert_eq!(ready_transition(&was_ready, &kept), None, "no event either");
+        let fresh = pool_status(&resolved(true), &json!(null), none_yet, t1);
+        assert_eq!(
+            fresh["conditions"][0]["reason"], "NoWorkers",
+            "with nothing to keep, the pool says what it sees"
+        );
+        let grace_over = LivePool {
+            reattaching: false,
+            ..none_yet
+        };
+        let lost = pool_status(&resolved(true), &was_ready, grace_over, t1);
+        assert_eq!(lost["conditions"][0]["reason"], "NoWorkers");
     }
 }

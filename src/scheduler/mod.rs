@@ -115,6 +115,9 @@ pub struct Scheduler {
     judge: Judge,
     state: Mutex<State>,
     wake: Notify,
+    /// When this scheduler started; workers of a previous control plane may still be
+    /// re-attaching until `reattach_grace` has passed.
+    started: Instant,
 }
 
 impl Scheduler {
@@ -131,7 +134,14 @@ impl Scheduler {
             judge,
             state: Mutex::default(),
             wake: Notify::new(),
+            started: Instant::now(),
         })
+    }
+
+    /// Whether workers of a previous control plane may still be re-attaching, so an
+    /// empty worker set says nothing about the pool's health yet.
+    pub fn reattaching(&self) -> bool {
+        self.started.elapsed() < self.config.reattach_grace
     }
 
     pub fn config(&self) -> SchedulerConfig {

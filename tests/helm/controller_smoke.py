@@ -2,10 +2,13 @@
 """Runs `toolgrid controller` against the fake Kubernetes API server (tests/helm/fakekube.py)
 and checks what it does to a cluster holding the examples (examples/k8s/*.yaml).
 
-The fake serves the six CRDs (crds/toolgrid.yaml, installed beforehand) and real watches,
-so the controller's reflectors, the kube-rs finalizer helper and its Controllers work as
-against a cluster. The fake runs no pods: this script runs one `toolgrid worker` for the
-pool default/default itself. Then, each "eventually, within 60 s":
+The fake serves real watches, so the controller's reflectors, the kube-rs finalizer
+helper and its Controllers work as against a cluster. The fake runs no pods: this script
+runs one `toolgrid worker` for the pool default/default itself.
+
+The controller starts before the six CRDs (crds/toolgrid.yaml) exist: it stays up, /health
+answers 200, /ready 503 naming the missing CRDs, and a Warning Event MissingCRDs is
+recorded. Then the CRDs and the examples are created and, each "eventually, within 60 s":
 
   - /health and /ready answer 200 on the metrics port; /metrics has the reconcile
     histogram; the Lease toolgrid/toolgrid-controller is held by controller-0;
@@ -154,7 +157,7 @@ class Smoke:
         with open(os.path.join(REPO, "crds", "toolgrid.yaml")) as f:
             self.crds = [d for d in yaml.safe_load_all(f) if d]
         self.fake = fakekube.FakeKube(
-            namespaces=["default", "toolgrid"], crds=self.crds, validate_crs=HAVE_JSONSCHEMA,
+            namespaces=["default", "toolgrid"], validate_crs=HAVE_JSONSCHEMA,
             bookmark_interval=1.0, max_watch_seconds=2.0,  # the watches resume often
             log=(lambda m: log("    api: " + m)) if verbose else None)
         self.url = self.fake.start()
@@ -210,7 +213,7 @@ class Smoke:
         return out
 
     # ------------------------------------------------------------------ processes
-    def start(self):
+    def start_controller(self):
         env = dict(os.environ, KUBECONFIG=self.kubeconfig, POD_NAME="controller-0",
                    POD_NAMESPACE="toolgrid", RUST_LOG=os.environ.get("RUST_LOG", "info"),
                    NO_COLOR="1")
@@ -230,11 +233,13 @@ class Smoke:
              "--control-plane-address", f"http://127.0.0.1:{self.grpc}"],
             env=env, stdin=subprocess.DEVNULL, stdout=open(self.controller_log, "w"),
             stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+    def start_worker(self):
         self.worker = subprocess.Popen(
             [self.toolgrid, "worker", "--control-plane", f"http://127.0.0.1:{self.grpc}",
              "--pool", "default/default", "--id", "w0",
              "--cache", os.path.join(self.tmp, "cache")],
-            env=env, stdin=subprocess.DEVNULL, stdout=open(self.worker_log, "w"),
+            env=self.env, stdin=subprocess.DEVNULL, stdout=open(self.worker_log, "w"),
             stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
 
     def controller_alive(self):
@@ -244,6 +249,14 @@ class Smoke:
     def metrics_get(self, path: str):
         with _OPENER.open(f"http://127.0.0.1:{self.metrics}{path}", timeout=5) as r:
             return r.status, r.read().decode()
+
+    def probe(self, path: str):
+        """(status, body) of a probe endpoint, whatever the status; the controller must be up."""
+        self.controller_alive()
+        try:
+            return self.metrics_get(path)
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
 
     def stop(self):
         for proc in (self.worker, self.controller):
@@ -262,6 +275,31 @@ class Smoke:
             return f"({e})"
 
     # ------------------------------------------------------------------ checks
+    def check_waits_for_crds(self):
+        eventually("GET /health answers 200", lambda: (self.probe("/health")[0] == 200, "?"))
+
+        def not_ready():
+            code, text = self.probe("/ready")
+            return code == 503 and "tools.toolgrid.dev" in text, f"{code} {text}"
+        eventually("GET /ready answers 503 naming the missing CRDs", not_ready)
+
+        def warned():
+            events = [e for e in self.events() if e.get("reason") == "MissingCRDs"]
+            return any(e.get("type") == "Warning" for e in events), self.events()
+        eventually("a Warning Event MissingCRDs", warned)
+        time.sleep(1.0)
+        self.controller_alive()  # waiting, not crash-looping
+        ok, detail = not_ready()
+        if not ok:
+            raise Failed(f"/ready answers {detail} while the CRDs are missing")
+
+    def install_crds(self):
+        for crd in self.crds:
+            code, out = self.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                                 crd)
+            if code != 201:
+                raise Failed(f"creating the CRD {crd['metadata']['name']}: {code} {_short(out)}")
+
     def seed(self):
         files = sorted(f for f in os.listdir(os.path.join(REPO, "examples", "k8s"))
                        if f.endswith(".yaml"))
@@ -277,14 +315,10 @@ class Smoke:
                 if o["apiVersion"].startswith(GROUP + "/")]
 
     def check_probes(self):
-        eventually("GET /health answers 200", lambda: (self.metrics_get("/health")[0] == 200, "?"))
+        eventually("GET /health answers 200", lambda: (self.probe("/health")[0] == 200, "?"))
 
         def ready():
-            self.controller_alive()
-            try:
-                code, text = self.metrics_get("/ready")
-            except urllib.error.HTTPError as e:
-                return False, f"{e.code} {e.read().decode(errors='replace')}"
+            code, text = self.probe("/ready")
             return code == 200, f"{code} {text}"
         eventually("GET /ready answers 200", ready)
 
@@ -623,8 +657,11 @@ def main() -> int:
     started = time.monotonic()
     smoke = Smoke(os.path.abspath(args.toolgrid), args.verbose, args.keep)
     steps = [
+        ("the controller starts before the CRDs", smoke.start_controller),
+        ("it waits for the CRDs", smoke.check_waits_for_crds),
+        ("the CRDs are installed", smoke.install_crds),
         ("the examples are created", smoke.seed),
-        ("the controller and a worker start", smoke.start),
+        ("a worker starts", smoke.start_worker),
         ("/health and /ready", smoke.check_probes),
         ("the leader Lease", smoke.check_lease),
         ("every example resource is Ready, with its status fields and finalizers", smoke.check_ready),
