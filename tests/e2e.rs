@@ -134,6 +134,45 @@ async fn examples_run_over_grpc_http_and_the_cli() {
     let outcome: Value = serde_json::from_str(&oplog.last().unwrap().payload_json).unwrap();
     assert_eq!(outcome["state"], "succeeded");
 
+    // A component's own exit code reaches its declared error: fetch ends with
+    // wasi:cli/exit.exit-with-code(3) when egress is refused (the release allows a few
+    // public hosts, not loopback), and the refusal is in the oplog.
+    let call = platform
+        .call("fetch", &["get", "http://127.0.0.1:9/"])
+        .await
+        .unwrap();
+    assert_eq!(error_kind(&call), "tool-error");
+    let error = call.error.clone().unwrap();
+    assert_eq!(
+        (error.name.as_str(), error.exit_code),
+        ("egress-denied", 3),
+        "{}",
+        error.message
+    );
+    assert!(
+        error.message.contains("HTTP-request-denied"),
+        "{}",
+        error.message
+    );
+    let oplog = platform.oplog(&call.id).await;
+    let denied: Vec<&str> = oplog.iter().map(|e| e.kind.as_str()).collect();
+    assert!(denied.contains(&"http-denied"), "{denied:?}");
+    // A header HTTP does not take is exit code 2, its own declared error.
+    let call = platform
+        .call(
+            "fetch",
+            &["get", "https://example.com/", "--header", "Host: a"],
+        )
+        .await
+        .unwrap();
+    let error = call.error.clone().unwrap();
+    assert_eq!(
+        (error.name.as_str(), error.exit_code),
+        ("invalid-argument", 2),
+        "{}",
+        error.message
+    );
+
     // Idempotency over gRPC: the same key returns the same call and runs nothing again.
     let request = proto::InvokeRequest {
         tool: "uuid".into(),

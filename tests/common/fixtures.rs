@@ -15,7 +15,7 @@ pub fn examples(root: &Path) -> PathBuf {
         let path = entry.unwrap().path();
         std::fs::copy(&path, manifests.join(path.file_name().unwrap())).unwrap();
     }
-    for tool in ["semver", "textstats", "uuid"] {
+    for tool in ["semver", "textstats", "uuid", "fetch"] {
         let dir = root.join("tools").join(tool);
         std::fs::create_dir_all(&dir).unwrap();
         let wasm = format!("{tool}.wasm");

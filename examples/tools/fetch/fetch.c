@@ -26,11 +26,19 @@
  *   text (invalid UTF-8 becomes U+FFFD; a character cut by the limit is
  *   dropped); truncated: whether the body was longer than max-bytes.
  *
- * Any HTTP status is a result, not an error. Exit codes: 0 ok, 1 failure
- * (the request got no response -- DNS, connection, TLS, protocol, or a
- * destination the release's egress policy does not allow --, or invalid
- * arguments); one line on stderr says which. A preview 2 command can only
- * exit with 0 or 1.
+ * Any HTTP status is a result, not an error. Exit codes, each a declared
+ * error of the Tool (examples/manifests/fetch.yaml); one line on stderr,
+ * starting with the error's name, says what happened:
+ *   0 ok
+ *   1 request-failed    no response: DNS, connection, TLS or HTTP protocol
+ *                       failure, or an invalid redirect
+ *   2 invalid-argument  an argument HTTP does not take (e.g. a forbidden
+ *                       header such as Host), or a usage error
+ *   3 egress-denied     the release's network policy does not allow the
+ *                       destination (of the URL or of a redirect)
+ * The wasi_snapshot_preview1 adapter turns every non-zero proc_exit into
+ * wasi:cli/exit's `exit(err)`, i.e. status 1, so a failure calls
+ * wasi:cli/exit@0.2.12 `exit-with-code` itself (see exit_with below).
  */
 #define _DEFAULT_SOURCE 1
 #include <stdarg.h>
@@ -41,7 +49,9 @@
 
 #include "fetch_imports.h"
 
-#define EXIT_FAIL 1
+#define EXIT_REQUEST_FAILED 1
+#define EXIT_INVALID_ARGUMENT 2
+#define EXIT_EGRESS_DENIED 3
 #define MAX_BYTES_MIN 1L
 #define MAX_BYTES_MAX 10485760L
 #define MAX_BYTES_DEFAULT 20000L
@@ -56,7 +66,21 @@ static const char usage[] =
 
 /* ------------------------------------------------------------------ errors */
 
-static _Noreturn void fail(const char *fmt, ...) {
+static const char *const exit_names[] = {"ok", "request-failed", "invalid-argument",
+                                         "egress-denied"};
+
+/* Ends the program with status `code`. exit() would go through the preview 1
+ * adapter, which reports any non-zero status as 1; exit-with-code reports
+ * `code` itself. It does not run atexit handlers, so stdio is flushed here. */
+static _Noreturn void exit_with(int code) {
+    fflush(stdout);
+    fflush(stderr);
+    wasi_cli_exit_exit_with_code((uint8_t)code);
+    abort(); /* not reached: exit-with-code does not return */
+}
+
+/* Prints "fetch: <error name>: <message>" on stderr and exits with `code`. */
+static _Noreturn void fail(int code, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -64,8 +88,8 @@ static _Noreturn void fail(const char *fmt, ...) {
     va_end(ap);
     for (char *p = msg; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7F) *p = ' ';
-    fprintf(stderr, "fetch: %s\n", msg);
-    exit(EXIT_FAIL);
+    fprintf(stderr, "fetch: %s: %s\n", exit_names[code], msg);
+    exit_with(code);
 }
 
 /* ------------------------------------------------------------------ buffer */
@@ -80,7 +104,7 @@ static void b_addn(buf *b, const void *s, size_t n) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n + 1) cap *= 2;
         char *p = realloc(b->data, cap);
-        if (!p) fail("out of memory");
+        if (!p) fail(EXIT_REQUEST_FAILED, "out of memory");
         b->data = p;
         b->cap = cap;
     }
@@ -315,7 +339,8 @@ static const char *const error_names[] = {
     "internal-error",
 };
 
-static void describe_error(wasi_http_types_error_code_t *e, buf *m) {
+/* Describes an error code in m; returns the exit code it maps to. */
+static int describe_error(wasi_http_types_error_code_t *e, buf *m) {
     const fetch_imports_option_string_t *detail = NULL;
     if (e->tag < sizeof error_names / sizeof error_names[0]) b_add(m, error_names[e->tag]);
     else b_add(m, "unknown error");
@@ -337,21 +362,26 @@ static void describe_error(wasi_http_types_error_code_t *e, buf *m) {
         b_add(m, ": ");
         b_addn(m, detail->val.ptr, detail->val.len);
     }
+    int code = EXIT_REQUEST_FAILED;
     if (e->tag == WASI_HTTP_TYPES_ERROR_CODE_HTTP_REQUEST_DENIED ||
-        e->tag == WASI_HTTP_TYPES_ERROR_CODE_DESTINATION_IP_PROHIBITED)
+        e->tag == WASI_HTTP_TYPES_ERROR_CODE_DESTINATION_IP_PROHIBITED) {
         b_add(m, " (the destination is not allowed by the tool's network policy)");
+        code = EXIT_EGRESS_DENIED;
+    }
     wasi_http_types_error_code_free(e);
+    return code;
 }
 
-static void describe_stream_error(wasi_io_streams_stream_error_t *e, buf *m) {
+static int describe_stream_error(wasi_io_streams_stream_error_t *e, buf *m) {
     if (e->tag == WASI_IO_STREAMS_STREAM_ERROR_CLOSED) {
         b_add(m, "stream closed");
-        return;
+        return EXIT_REQUEST_FAILED;
     }
+    int rc = EXIT_REQUEST_FAILED;
     wasi_io_error_own_error_t err = e->val.last_operation_failed;
     wasi_http_types_error_code_t code;
     if (wasi_http_types_http_error_code(wasi_io_error_borrow_error(err), &code)) {
-        describe_error(&code, m);
+        rc = describe_error(&code, m);
     } else {
         fetch_imports_string_t s;
         wasi_io_error_method_error_to_debug_string(wasi_io_error_borrow_error(err), &s);
@@ -359,6 +389,7 @@ static void describe_stream_error(wasi_io_streams_stream_error_t *e, buf *m) {
         fetch_imports_string_free(&s);
     }
     wasi_io_error_error_drop_own(err);
+    return rc;
 }
 
 typedef struct {
@@ -423,20 +454,20 @@ static void collect_headers(wasi_http_types_own_incoming_response_t resp, respon
 }
 
 /* Reads up to max_bytes of the body (and one byte more to know whether it
- * was truncated), then drops it. Returns 0, or -1 with a message. */
+ * was truncated), then drops it. Returns 0, or an exit code with a message. */
 static int read_body(wasi_http_types_own_incoming_response_t resp, size_t max_bytes, response *r,
                      buf *msg) {
     wasi_http_types_own_incoming_body_t ib;
     if (!wasi_http_types_method_incoming_response_consume(
             wasi_http_types_borrow_incoming_response(resp), &ib)) {
         b_add(msg, "cannot consume the response body");
-        return -1;
+        return EXIT_REQUEST_FAILED;
     }
     wasi_http_types_own_input_stream_t is;
     if (!wasi_http_types_method_incoming_body_stream(wasi_http_types_borrow_incoming_body(ib), &is)) {
         b_add(msg, "cannot read the response body");
         wasi_http_types_incoming_body_drop_own(ib);
-        return -1;
+        return EXIT_REQUEST_FAILED;
     }
     int rc = 0;
     b_addn(&r->body, "", 0);
@@ -449,8 +480,7 @@ static int read_body(wasi_http_types_own_incoming_response_t resp, size_t max_by
                 wasi_io_streams_borrow_input_stream(is), want, &data, &err)) {
             if (err.tag != WASI_IO_STREAMS_STREAM_ERROR_CLOSED) {
                 b_add(msg, "reading the response body: ");
-                describe_stream_error(&err, msg);
-                rc = -1;
+                rc = describe_stream_error(&err, msg);
             }
             break;
         }
@@ -484,10 +514,10 @@ static int add_field(wasi_http_types_own_fields_t fields, const char *name, cons
     b_add(msg, err.tag == WASI_HTTP_TYPES_HEADER_ERROR_FORBIDDEN
                    ? " is not allowed"
                    : " is not a valid header name or value");
-    return -1;
+    return EXIT_INVALID_ARGUMENT;
 }
 
-/* One GET. Returns 0 with the response, or -1 with a message. */
+/* One GET. Returns 0 with the response, or an exit code with a message. */
 static int http_get(const url_parts *u, const header *headers, size_t nheaders,
                     int with_user_headers, size_t max_bytes, response *r, buf *msg) {
     wasi_http_types_own_fields_t fields = wasi_http_types_constructor_fields();
@@ -496,14 +526,14 @@ static int http_get(const url_parts *u, const header *headers, size_t nheaders,
         for (size_t i = 0; i < nheaders; i++) {
             if (add_field(fields, headers[i].name, headers[i].value, msg) != 0) {
                 wasi_http_types_fields_drop_own(fields);
-                return -1;
+                return EXIT_INVALID_ARGUMENT;
             }
             if (strcmp(headers[i].name, "user-agent") == 0) user_agent = 1;
         }
     }
     if (!user_agent && add_field(fields, "user-agent", USER_AGENT, msg) != 0) {
         wasi_http_types_fields_drop_own(fields);
-        return -1;
+        return EXIT_REQUEST_FAILED;
     }
 
     wasi_http_types_own_outgoing_request_t req = wasi_http_types_constructor_outgoing_request(fields);
@@ -517,25 +547,22 @@ static int http_get(const url_parts *u, const header *headers, size_t nheaders,
         !wasi_http_types_method_outgoing_request_set_scheme(breq, &scheme)) {
         b_add(msg, "cannot set the method or scheme");
         wasi_http_types_outgoing_request_drop_own(req);
-        return -1;
+        return EXIT_REQUEST_FAILED;
     }
     if (!wasi_http_types_method_outgoing_request_set_authority(breq, &authority)) {
         b_add(msg, "invalid host or port");
         wasi_http_types_outgoing_request_drop_own(req);
-        return -1;
+        return EXIT_INVALID_ARGUMENT;
     }
     if (!wasi_http_types_method_outgoing_request_set_path_with_query(breq, &path)) {
         b_add(msg, "invalid path or query (characters outside URLs must be percent-encoded)");
         wasi_http_types_outgoing_request_drop_own(req);
-        return -1;
+        return EXIT_INVALID_ARGUMENT;
     }
 
     wasi_http_types_own_future_incoming_response_t fut;
     wasi_http_types_error_code_t code;
-    if (!wasi_http_outgoing_handler_handle(req, NULL, &fut, &code)) {
-        describe_error(&code, msg);
-        return -1;
-    }
+    if (!wasi_http_outgoing_handler_handle(req, NULL, &fut, &code)) return describe_error(&code, msg);
     wasi_http_types_borrow_future_incoming_response_t bfut =
         wasi_http_types_borrow_future_incoming_response(fut);
     wasi_http_types_own_pollable_t ready = wasi_http_types_method_future_incoming_response_subscribe(bfut);
@@ -551,12 +578,9 @@ static int http_get(const url_parts *u, const header *headers, size_t nheaders,
     wasi_http_types_future_incoming_response_drop_own(fut);
     if (got.is_err) {
         b_add(msg, "the response was already taken");
-        return -1;
+        return EXIT_REQUEST_FAILED;
     }
-    if (got.val.ok.is_err) {
-        describe_error(&got.val.ok.val.err, msg);
-        return -1;
-    }
+    if (got.val.ok.is_err) return describe_error(&got.val.ok.val.err, msg);
     wasi_http_types_own_incoming_response_t resp = got.val.ok.val.ok;
     r->status = wasi_http_types_method_incoming_response_status(
         wasi_http_types_borrow_incoming_response(resp));
@@ -611,8 +635,8 @@ static int is_redirect(int status) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) fail("missing command; %s", usage);
-    if (strcmp(argv[1], "get") != 0) fail("unknown command \"%s\"; %s", argv[1], usage);
+    if (argc < 2) fail(EXIT_INVALID_ARGUMENT, "missing command; %s", usage);
+    if (strcmp(argv[1], "get") != 0) fail(EXIT_INVALID_ARGUMENT, "unknown command \"%s\"; %s", argv[1], usage);
     const char *url = NULL;
     long max_bytes = MAX_BYTES_DEFAULT;
     int follow = 0;
@@ -621,15 +645,15 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         char *a = argv[i];
         if (strcmp(a, "--max-bytes") == 0 || strcmp(a, "--header") == 0) {
-            if (i + 1 >= argc) fail("%s needs a value; %s", a, usage);
+            if (i + 1 >= argc) fail(EXIT_INVALID_ARGUMENT, "%s needs a value; %s", a, usage);
             char *v = argv[++i];
             if (a[2] == 'm') {
                 if (parse_long(v, MAX_BYTES_MIN, MAX_BYTES_MAX, &max_bytes) != 0)
-                    fail("--max-bytes must be an integer from 1 to %ld", MAX_BYTES_MAX);
+                    fail(EXIT_INVALID_ARGUMENT, "--max-bytes must be an integer from 1 to %ld", MAX_BYTES_MAX);
             } else {
-                if (nheaders == MAX_HEADERS) fail("at most %d --header options", MAX_HEADERS);
+                if (nheaders == MAX_HEADERS) fail(EXIT_INVALID_ARGUMENT, "at most %d --header options", MAX_HEADERS);
                 const char *why = parse_header(v, &headers[nheaders]);
-                if (why) fail("--header %s", why);
+                if (why) fail(EXIT_INVALID_ARGUMENT, "--header %s", why);
                 nheaders++;
             }
         } else if (strcmp(a, "--follow-redirects") == 0) {
@@ -637,14 +661,14 @@ int main(int argc, char **argv) {
         } else if (url == NULL && strncmp(a, "--", 2) != 0) {
             url = a;
         } else {
-            fail("unexpected argument \"%s\"; %s", a, usage);
+            fail(EXIT_INVALID_ARGUMENT, "unexpected argument \"%s\"; %s", a, usage);
         }
     }
-    if (!url) fail("missing URL; %s", usage);
+    if (!url) fail(EXIT_INVALID_ARGUMENT, "missing URL; %s", usage);
 
     url_parts u, first;
     const char *why = url_parse(url, &first);
-    if (why) fail("request-failed: %s: %s", url, why);
+    if (why) fail(EXIT_INVALID_ARGUMENT, "%s: %s", url, why);
     buf current = {0}, msg = {0};
     b_add(&current, url);
     b_add(&msg, "");
@@ -654,15 +678,15 @@ int main(int argc, char **argv) {
     int owned = 0; /* whether u is separate from first */
     for (int redirects = 0;; redirects++) {
         int same_origin = strcmp(u.origin.data, first.origin.data) == 0;
-        if (http_get(&u, headers, nheaders, same_origin, (size_t)max_bytes, &r, &msg) != 0)
-            fail("request-failed: GET %s: %s", current.data, msg.data);
+        int failed = http_get(&u, headers, nheaders, same_origin, (size_t)max_bytes, &r, &msg);
+        if (failed) fail(failed, "GET %s: %s", current.data, msg.data);
         const char *location = response_header(&r, "location");
         if (!follow || !is_redirect(r.status) || !location || redirects == MAX_REDIRECTS) break;
         buf next = {0};
         url_resolve(&u, location, &next);
         url_parts nu;
         why = url_parse(next.data, &nu);
-        if (why) fail("request-failed: redirect from %s to %s: %s", current.data, next.data, why);
+        if (why) fail(EXIT_REQUEST_FAILED, "redirect from %s to %s: %s", current.data, next.data, why);
         if (owned) url_free(&u);
         u = nu;
         owned = 1;
@@ -686,6 +710,6 @@ int main(int argc, char **argv) {
     fputs("},\"body\":", stdout);
     json_str(stdout, r.body.data, r.body.len, r.truncated);
     printf(",\"truncated\":%s}\n", r.truncated ? "true" : "false");
-    if (fflush(stdout) != 0 || ferror(stdout)) fail("cannot write stdout");
+    if (fflush(stdout) != 0 || ferror(stdout)) fail(EXIT_REQUEST_FAILED, "cannot write stdout");
     return 0;
 }

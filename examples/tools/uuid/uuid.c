@@ -25,8 +25,10 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A preview 2 component can only report exit status 0 or 1 (wasi:cli/exit
- * takes a result), so every failure is exit code 1; stderr says which. */
+/* Through the wasi_snapshot_preview1 adapter a component reports exit status
+ * 0 or 1 (a non-zero proc_exit becomes wasi:cli/exit's exit(err)), so every
+ * failure is exit code 1; stderr says which. (fetch imports wasi:cli/exit
+ * and calls exit-with-code to report several codes.) */
 #define EXIT_IO 1
 #define EXIT_USAGE 1
 #define EXIT_SYSTEM 1

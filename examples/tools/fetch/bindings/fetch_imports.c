@@ -240,6 +240,14 @@ extern void __wasm_import_wasi_http_types_http_error_code(int32_t, uint8_t *);
 __attribute__((__import_module__("wasi:http/outgoing-handler@0.2.12"), __import_name__("handle")))
 extern void __wasm_import_wasi_http_outgoing_handler_handle(int32_t, int32_t, int32_t, uint8_t *);
 
+// Imported Functions from `wasi:cli/exit@0.2.12`
+
+__attribute__((__import_module__("wasi:cli/exit@0.2.12"), __import_name__("exit")))
+extern void __wasm_import_wasi_cli_exit_exit(int32_t);
+
+__attribute__((__import_module__("wasi:cli/exit@0.2.12"), __import_name__("exit-with-code")))
+extern void __wasm_import_wasi_cli_exit_exit_with_code(int32_t);
+
 // Canonical ABI intrinsics
 
 __attribute__((__weak__, __export_name__("cabi_realloc")))
@@ -845,6 +853,11 @@ void wasi_http_outgoing_handler_result_own_future_incoming_response_error_code_f
   if (!ptr->is_err) {
   } else {
     wasi_http_outgoing_handler_error_code_free(&ptr->val.err);
+  }
+}
+
+void wasi_cli_exit_result_void_void_free(wasi_cli_exit_result_void_void_t *ptr) {
+  if (!ptr->is_err) {
   }
 }
 
@@ -5481,6 +5494,20 @@ bool wasi_http_outgoing_handler_handle(wasi_http_outgoing_handler_own_outgoing_r
     *err = result.val.err;
     return 0;
   }
+}
+
+void wasi_cli_exit_exit(wasi_cli_exit_result_void_void_t *status) {
+  int32_t result;
+  if ((*status).is_err) {
+    result = 1;
+  } else {
+    result = 0;
+  }
+  __wasm_import_wasi_cli_exit_exit(result);
+}
+
+void wasi_cli_exit_exit_with_code(uint8_t status_code) {
+  __wasm_import_wasi_cli_exit_exit_with_code((int32_t) (status_code));
 }
 
 // Ensure that the *_component_type.o object is linked in

@@ -569,6 +569,10 @@ typedef struct {
   } val;
 } wasi_http_outgoing_handler_result_own_future_incoming_response_error_code_t;
 
+typedef struct {
+  bool is_err;
+} wasi_cli_exit_result_void_void_t;
+
 // Imported Functions from `wasi:io/poll@0.2.12`
 // Return the readiness of a pollable. This function never blocks.
 // 
@@ -1089,6 +1093,19 @@ extern bool wasi_http_types_http_error_code(wasi_http_types_borrow_io_error_t er
 // through the `future-incoming-response`.
 extern bool wasi_http_outgoing_handler_handle(wasi_http_outgoing_handler_own_outgoing_request_t request, wasi_http_outgoing_handler_own_request_options_t *maybe_options, wasi_http_outgoing_handler_own_future_incoming_response_t *ret, wasi_http_outgoing_handler_error_code_t *err);
 
+// Imported Functions from `wasi:cli/exit@0.2.12`
+// Exit the current instance and any linked instances.
+extern void wasi_cli_exit_exit(wasi_cli_exit_result_void_void_t *status);
+// Exit the current instance and any linked instances, reporting the
+// specified status code to the host.
+// 
+// The meaning of the code depends on the context, with 0 usually meaning
+// "success", and other values indicating various types of failure.
+// 
+// This function does not return; the effect is analogous to a trap, but
+// without the connotation that something bad has happened.
+extern void wasi_cli_exit_exit_with_code(uint8_t status_code);
+
 // Helper Functions
 
 extern void wasi_io_poll_pollable_drop_own(wasi_io_poll_own_pollable_t handle);
@@ -1276,6 +1293,8 @@ void wasi_http_outgoing_handler_error_code_free(wasi_http_outgoing_handler_error
 void wasi_http_outgoing_handler_option_own_request_options_free(wasi_http_outgoing_handler_option_own_request_options_t *ptr);
 
 void wasi_http_outgoing_handler_result_own_future_incoming_response_error_code_free(wasi_http_outgoing_handler_result_own_future_incoming_response_error_code_t *ptr);
+
+void wasi_cli_exit_result_void_void_free(wasi_cli_exit_result_void_void_t *ptr);
 
 // Sets the string `ret` to reference the input string `s` without copying it
 void fetch_imports_string_set(fetch_imports_string_t *ret, const char*s);
