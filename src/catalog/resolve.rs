@@ -187,7 +187,7 @@ impl<'a> Resolver<'a> {
             .and_then(|p| p.status.get("conditions"))
             .and_then(|c| serde_json::from_value(c.clone()).ok())
             .unwrap_or_default();
-        conditions::apply(&mut conditions, &ready, Some(generation), self.input.now);
+        conditions::apply_ready(&mut conditions, &ready, Some(generation), self.input.now);
         let mut status = extra;
         status.insert(
             "conditions".into(),

@@ -109,7 +109,7 @@ pub fn pool_status(
         .get("conditions")
         .and_then(|c| serde_json::from_value(c.clone()).ok())
         .unwrap_or_default();
-    conditions::apply(&mut conditions, &ready, Some(resolved.generation), now);
+    conditions::apply_ready(&mut conditions, &ready, Some(resolved.generation), now);
     if let Some(obj) = status.as_object_mut() {
         obj.insert(
             "conditions".into(),

@@ -834,6 +834,18 @@ LUA_CASES = [  # (object, expected health) for the rows of docs/gitops.md's tabl
     ({"metadata": {"generation": 2}, "status": {"observedGeneration": 2, "conditions": [
         {"type": "Ready", "status": "False", "reason": "DigestMismatch", "message": "bad digest"}]}},
      "Degraded"),
+    ({"metadata": {"generation": 2}, "status": {"observedGeneration": 2, "conditions": [
+        {"type": "Ready", "status": "False", "reason": "DigestMismatch", "message": "bad digest"},
+        {"type": "Stalled", "status": "True", "reason": "DigestMismatch", "message": "bad digest"}]}},
+     "Degraded"),
+    ({"metadata": {"generation": 2}, "status": {"observedGeneration": 2, "conditions": [
+        {"type": "Ready", "status": "False", "reason": "ArtifactNotFound", "message": "no ConfigMap"},
+        {"type": "Reconciling", "status": "True", "reason": "ArtifactNotFound", "message": "no ConfigMap"}]}},
+     "Progressing"),
+    ({"metadata": {"generation": 2}, "status": {"observedGeneration": 2, "conditions": [
+        {"type": "Reconciling", "status": "False"},
+        {"type": "Ready", "status": "False", "reason": "InvalidSpec", "message": "bad"}]}},
+     "Degraded"),
     ({"metadata": {"generation": 3}, "status": {"observedGeneration": 3, "conditions": [
         {"type": "Ready", "status": "True", "observedGeneration": 2}]}}, "Progressing"),
     ({"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "conditions": [

@@ -21,7 +21,8 @@ recorded. Then the CRDs and the examples are created and, each "eventually, with
   - a change of a Tool's spec is observed (generation 2) without moving the Ready
     condition's lastTransitionTime; a WorkerPool scaled to 3 scales its Deployment;
   - ToolReleases naming a missing ConfigMap key or the wrong digest are Ready=False
-    (ArtifactNotFound, DigestMismatch) and the controller keeps running;
+    (ArtifactNotFound, DigestMismatch), with kstatus Reconciling=True and Stalled=True
+    respectively, and the controller keeps running; Ready objects carry neither;
   - deleting the semver ToolRelease lets it go (the finalizer is removed: no call is in
     flight) and the semver Tool becomes Ready=False, NoReadyRelease;
   - SIGTERM: the controller exits 0 and gives the Lease up.
@@ -142,8 +143,19 @@ def _short(value, limit=2000) -> str:
 
 
 def ready_of(obj: dict | None) -> dict | None:
+    return condition_of(obj, "Ready")
+
+
+def kstatus_of(obj: dict | None) -> list[tuple]:
+    """The kstatus conditions (Reconciling, Stalled) as (type, status, reason)."""
+    return [(c.get("type"), c.get("status"), c.get("reason"))
+            for c in ((obj or {}).get("status") or {}).get("conditions") or []
+            if c.get("type") in ("Reconciling", "Stalled")]
+
+
+def condition_of(obj: dict | None, type_: str) -> dict | None:
     for c in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Ready":
+        if c.get("type") == type_:
             return c
     return None
 
@@ -340,6 +352,8 @@ class Smoke:
                 status = (obj or {}).get("status") or {}
                 if not ready or ready.get("status") != "True":
                     bad.append(f"{kind} {name}: Ready {ready}")
+                elif kstatus_of(obj):
+                    bad.append(f"{kind} {name}: Ready, but kstatus conditions {kstatus_of(obj)}")
                 elif ready.get("observedGeneration") != gen or status.get("observedGeneration") != gen:
                     bad.append(f"{kind} {name}: generation {gen}, observed "
                                f"{status.get('observedGeneration')} (Ready: {ready.get('observedGeneration')})")
@@ -481,13 +495,17 @@ class Smoke:
         wrong["spec"]["artifact"]["digest"] = "sha256:" + "0" * 64
         self.create(missing)
         self.create(wrong)
-        for name, reason in (("textstats-0.0.1-missing", "ArtifactNotFound"),
-                             ("textstats-0.0.2-wrong-digest", "DigestMismatch")):
-            def refused(name=name, reason=reason):
+        # A missing ConfigMap key may yet be applied: Reconciling. A wrong digest needs a
+        # change to the release: Stalled (what Flux's kstatus health check reads).
+        for name, reason, kstatus in (("textstats-0.0.1-missing", "ArtifactNotFound", "Reconciling"),
+                                      ("textstats-0.0.2-wrong-digest", "DigestMismatch", "Stalled")):
+            def refused(name=name, reason=reason, kstatus=kstatus):
                 self.controller_alive()
-                ready = ready_of(self.get_cr("ToolRelease", name))
-                return bool(ready) and (ready.get("status"), ready.get("reason")) == ("False", reason), ready
-            eventually(f"ToolRelease {name} is Ready=False ({reason})", refused)
+                obj = self.get_cr("ToolRelease", name)
+                ready = ready_of(obj)
+                return (bool(ready) and (ready.get("status"), ready.get("reason")) == ("False", reason)
+                        and kstatus_of(obj) == [(kstatus, "True", reason)]), (ready, kstatus_of(obj))
+            eventually(f"ToolRelease {name} is Ready=False ({reason}), {kstatus}=True", refused)
         time.sleep(1)
         self.controller_alive()
         code, text = self.metrics_get("/ready")
@@ -512,9 +530,11 @@ class Smoke:
         eventually("the deleted ToolRelease semver-1.0.0 goes away (its finalizer removed)", gone)
 
         def not_ready():
-            ready = ready_of(self.get_cr("Tool", "semver"))
-            return bool(ready) and (ready.get("status"), ready.get("reason")) == ("False", "NoReadyRelease"), ready
-        eventually("the semver Tool becomes Ready=False (NoReadyRelease)", not_ready)
+            obj = self.get_cr("Tool", "semver")
+            ready = ready_of(obj)
+            return (bool(ready) and (ready.get("status"), ready.get("reason")) == ("False", "NoReadyRelease")
+                    and kstatus_of(obj) == [("Reconciling", "True", "NoReadyRelease")]), (ready, kstatus_of(obj))
+        eventually("the semver Tool becomes Ready=False (NoReadyRelease), Reconciling=True", not_ready)
 
     def check_shutdown(self):
         self.controller.send_signal(signal.SIGTERM)
