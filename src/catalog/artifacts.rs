@@ -3,9 +3,12 @@
 
 use super::manifest::Sourced;
 use crate::api::{ArtifactSource, ToolRelease};
+use crate::store::{Store, StoreError};
 use crate::worker::runtime::validate_artifact;
 use k8s_openapi::api::core::v1::ConfigMap;
 use sha2::{Digest as _, Sha256};
+use std::collections::HashSet;
+use std::sync::Mutex;
 
 /// What became of a release's artifact.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +42,37 @@ impl LoadedArtifact {
             },
             bytes: None,
         }
+    }
+}
+
+/// Puts Ready artifacts in the store, once per digest: a resource source resolves again on
+/// every change, and an artifact it already stored need not be written again.
+#[derive(Debug, Default)]
+pub struct StoredArtifacts {
+    digests: Mutex<HashSet<String>>,
+}
+
+impl StoredArtifacts {
+    /// Stores `loaded`'s bytes when it is Ready and new, and returns its outcome.
+    pub async fn keep(
+        &self,
+        store: &dyn Store,
+        loaded: LoadedArtifact,
+    ) -> Result<ArtifactOutcome, StoreError> {
+        if let (ArtifactOutcome::Ready { digest, .. }, Some(bytes)) =
+            (&loaded.outcome, &loaded.bytes)
+        {
+            let known = self.digests().contains(digest);
+            if !known {
+                store.put_artifact(digest, bytes).await?;
+                self.digests().insert(digest.clone());
+            }
+        }
+        Ok(loaded.outcome)
+    }
+
+    fn digests(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.digests.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -2,14 +2,14 @@
 //! the directory (and the artifacts it names) so changes apply without a restart.
 
 use super::Catalog;
-use super::artifacts::{ArtifactOutcome, load_local};
+use super::artifacts::{StoredArtifacts, load_local};
 use super::manifest::{ResourceSet, load_dir};
 use super::resolve::{PreviousState, ResolveInput, previous_of, resolve};
 use super::snapshot::{ObjectKey, ResourceId, Snapshot};
 use crate::api::Kind;
 use crate::store::{ResourceRecord, Store};
 use notify::{RecursiveMode, Watcher};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,8 +23,7 @@ pub struct ManifestSource {
     dir: PathBuf,
     store: Arc<dyn Store>,
     catalog: Arc<Catalog>,
-    /// Digests already in the store.
-    stored: Mutex<HashSet<String>>,
+    stored: StoredArtifacts,
     /// Directories holding artifacts, watched beside the manifests.
     artifact_dirs: Mutex<BTreeSet<PathBuf>>,
     reloads: tokio::sync::Mutex<()>,
@@ -36,7 +35,7 @@ impl ManifestSource {
             dir,
             store,
             catalog,
-            stored: Mutex::default(),
+            stored: StoredArtifacts::default(),
             artifact_dirs: Mutex::default(),
             reloads: tokio::sync::Mutex::new(()),
         })
@@ -69,23 +68,8 @@ impl ManifestSource {
 
         let mut artifacts = HashMap::new();
         for (key, artifact) in loaded {
-            if let (ArtifactOutcome::Ready { digest, .. }, Some(bytes)) =
-                (&artifact.outcome, &artifact.bytes)
-            {
-                let known = self
-                    .stored
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .contains(digest);
-                if !known {
-                    self.store.put_artifact(digest, bytes).await?;
-                    self.stored
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(digest.clone());
-                }
-            }
-            artifacts.insert(key, artifact.outcome);
+            let outcome = self.stored.keep(&*self.store, artifact).await?;
+            artifacts.insert(key, outcome);
         }
         self.remember_artifact_dirs(&set);
 

@@ -4,7 +4,7 @@
 
 use crate::api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
 use crate::catalog::artifacts::{
-    ArtifactOutcome, LoadedArtifact, check_bytes, config_map_key, source_kind,
+    ArtifactOutcome, LoadedArtifact, StoredArtifacts, check_bytes, config_map_key, source_kind,
 };
 use crate::catalog::manifest::{ResourceSet, Source, Sourced};
 use crate::catalog::resolve::{PreviousState, ResolveInput, resolve};
@@ -17,7 +17,7 @@ use kube::runtime::reflector::{self, Store as Cache};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,8 +62,7 @@ pub struct ClusterSource {
     changed: Arc<Notify>,
     /// Artifacts fetched from URLs, by digest.
     fetched: Mutex<HashMap<String, ArtifactOutcome>>,
-    /// Digests already in the store.
-    stored: Mutex<HashSet<String>>,
+    stored: StoredArtifacts,
 }
 
 fn reflect<K>(api: Api<K>, changed: Arc<Notify>) -> Cache<K>
@@ -167,7 +166,7 @@ impl ClusterSource {
             store,
             changed,
             fetched: Mutex::default(),
-            stored: Mutex::default(),
+            stored: StoredArtifacts::default(),
         })
     }
 
@@ -233,23 +232,8 @@ impl ClusterSource {
         let mut artifacts = HashMap::new();
         for release in &set.releases {
             let loaded = self.load_artifact(release, &set).await;
-            if let (ArtifactOutcome::Ready { digest, .. }, Some(bytes)) =
-                (&loaded.outcome, &loaded.bytes)
-            {
-                let known = self
-                    .stored
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .contains(digest);
-                if !known {
-                    self.store.put_artifact(digest, bytes).await?;
-                    self.stored
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(digest.clone());
-                }
-            }
-            artifacts.insert(key_of(&release.object), loaded.outcome);
+            let outcome = self.stored.keep(&*self.store, loaded).await?;
+            artifacts.insert(key_of(&release.object), outcome);
         }
         let c = &self.caches;
         let mut previous = HashMap::new();

@@ -96,6 +96,16 @@ struct State {
     orphans: HashMap<String, Orphan>,
 }
 
+impl State {
+    /// Gives back the slot `plan_one` reserved on `worker` for a call that did not go out.
+    fn unreserve(&mut self, call_id: &str, worker: &str) {
+        self.running.remove(call_id);
+        if let Some(w) = self.workers.get_mut(worker) {
+            w.busy.remove(call_id);
+        }
+    }
+}
+
 /// A running call past its deadline: its record, its worker's stream, its epoch.
 type LateCall = (Arc<CallRecord>, Option<ControlSender>, u64);
 
@@ -709,10 +719,7 @@ impl Scheduler {
                             Err(error) => {
                                 tracing::error!(call = %call_id, %error, "cannot read the oplog to replay; retrying");
                                 let mut state = self.lock();
-                                state.running.remove(&call_id);
-                                if let Some(w) = state.workers.get_mut(&worker) {
-                                    w.busy.remove(&call_id);
-                                }
+                                state.unreserve(&call_id, &worker);
                                 state.queue.push_front(queued);
                                 return;
                             }
@@ -750,19 +757,12 @@ impl Scheduler {
                     }
                 }
                 Err(StoreError::StaleEpoch { .. }) | Err(StoreError::NotFound(_)) => {
-                    let mut state = self.lock();
-                    state.running.remove(&call_id);
-                    if let Some(w) = state.workers.get_mut(&worker) {
-                        w.busy.remove(&call_id);
-                    }
+                    self.lock().unreserve(&call_id, &worker);
                 }
                 Err(error) => {
                     tracing::error!(call = %call_id, %error, "cannot assign call; retrying");
                     let mut state = self.lock();
-                    state.running.remove(&call_id);
-                    if let Some(w) = state.workers.get_mut(&worker) {
-                        w.busy.remove(&call_id);
-                    }
+                    state.unreserve(&call_id, &worker);
                     state.queue.push_front(queued);
                     return;
                 }
