@@ -43,155 +43,21 @@
 #
 # The build is deterministic: the same sources, zig version and toolgrid
 # version give byte-identical .wasm files (no debug info, no paths, no
-# timestamps are embedded; `-s` strips every custom section).
+# timestamps are embedded; `-s` strips every custom section). The build itself,
+# shared with tests/fixtures/build.sh, is scripts/wasm-build.sh.
 set -euo pipefail
 
-ZIG_VERSION=0.17.1
+TOOLS_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 TOOLS_P1=(textstats semver)   # shipped as WASI preview 1 modules
 TOOLS_P2=(uuid fetch)         # shipped as WASI preview 2 components (wasi:cli/run)
-WIT_BINDGEN_VERSION=0.46.0
-# --features for wit-bindgen: wit-parser 0.239 (in wit-bindgen 0.46) cannot
-# resolve the @unstable wasi:clocks/timezone import in the wasi:cli@0.2.12 WIT
-# without it; it does not change the bindings (no world here imports it).
-WIT_FEATURES=clocks-timezone
-# -s strips all custom sections (names, producers, debug info). zig's default
-# wasm stack is 16 MiB and is part of the initial memory of every instance;
-# these tools need far less, so use 256 KiB (the stack sits below the data,
-# so an overflow traps instead of corrupting memory).
-CFLAGS=(--target=wasm32-wasi -std=c11 -O2 -s -Wl,-z,stack-size=262144 -Wall -Wextra)
+EXAMPLES=$TOOLS_DIR
+# shellcheck source=../scripts/wasm-build.sh
+. "$TOOLS_DIR/../scripts/wasm-build.sh"
 
-SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-EXAMPLES=$SCRIPT_DIR
-REPO=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
-
-die() { echo "build.sh: error: $*" >&2; exit 1; }
-note() { echo "build.sh: $*" >&2; }
-
-usage() {
-    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
-}
-
-OUT=""
-CHECK=0
-REGEN=0
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --out) [ $# -ge 2 ] || die "--out needs a directory"; OUT=$2; shift 2 ;;
-        --out=*) OUT=${1#--out=}; shift ;;
-        --check) CHECK=1; shift ;;
-        --regenerate-bindings) REGEN=1; shift ;;
-        -h|--help) usage; exit 0 ;;
-        *) die "unknown argument: $1 (see --help)" ;;
-    esac
-done
-[ "$CHECK" = 1 ] && [ -n "$OUT" ] && die "--check and --out cannot be combined"
-[ "$REGEN" = 1 ] && { [ "$CHECK" = 1 ] || [ -n "$OUT" ]; } &&
-    die "--regenerate-bindings cannot be combined with --check or --out"
-
-# The WIT world of a tool with generated bindings: the `world NAME {` in
-# tools/<name>/wit/world.wit ("" if the tool has none).
-bindings_world() {
-    local wit=$EXAMPLES/tools/$1/wit/world.wit
-    [ -f "$wit" ] || return 0
-    sed -n -E 's/^[[:space:]]*world[[:space:]]+([a-z0-9-]+)[[:space:]]*\{.*/\1/p' "$wit" | head -n 1
-}
-
-# ---------------------------------------------------------- regenerate bindings
-if [ "$REGEN" = 1 ]; then
-    WIT_BINDGEN=${WIT_BINDGEN:-wit-bindgen}
-    command -v "$WIT_BINDGEN" >/dev/null 2>&1 || die "wit-bindgen not found. Install it with:
-       cargo install wit-bindgen-cli --version $WIT_BINDGEN_VERSION --locked --no-default-features --features c
-       (or point WIT_BINDGEN at a wit-bindgen $WIT_BINDGEN_VERSION binary)"
-    wb_version=$("$WIT_BINDGEN" --version 2>/dev/null | awk '{print $2}')
-    if [ "$wb_version" != "$WIT_BINDGEN_VERSION" ]; then
-        [ "${ALLOW_ANY_WIT_BINDGEN:-0}" = 1 ] ||
-            die "wit-bindgen $WIT_BINDGEN_VERSION is required, found '$wb_version' (or set ALLOW_ANY_WIT_BINDGEN=1)"
-        note "warning: wit-bindgen $wb_version instead of $WIT_BINDGEN_VERSION"
-    fi
-    for t in "${TOOLS_P2[@]}"; do
-        world=$(bindings_world "$t")
-        [ -n "$world" ] || continue
-        note "generating bindings for $t (world $world)"
-        tmp=$(mktemp -d "${TMPDIR:-/tmp}/toolgrid-bindings.XXXXXX")
-        "$WIT_BINDGEN" c "$EXAMPLES/tools/$t/wit" --world "$world" --features "$WIT_FEATURES" \
-            --out-dir "$tmp" >/dev/null || { rm -rf -- "$tmp"; die "wit-bindgen failed for $t"; }
-        rm -rf -- "$EXAMPLES/tools/$t/bindings"
-        mv -- "$tmp" "$EXAMPLES/tools/$t/bindings"
-        chmod 755 "$EXAMPLES/tools/$t/bindings"
-        ls -l "$EXAMPLES/tools/$t/bindings" >&2
-    done
-    exit 0
-fi
-
-# ---------------------------------------------------------------- prerequisites
-if [ -n "${ZIG:-}" ]; then
-    ZIG_CMD=("$ZIG")
-elif command -v python3 >/dev/null 2>&1 && python3 -c 'import ziglang' >/dev/null 2>&1; then
-    ZIG_CMD=(python3 -m ziglang)
-else
-    die "zig not found. Install it with:  pip install ziglang==$ZIG_VERSION
-       (or point ZIG at a zig $ZIG_VERSION binary)"
-fi
-zig_version=$("${ZIG_CMD[@]}" version 2>/dev/null) || die "cannot run '${ZIG_CMD[*]} version'"
-if [ "$zig_version" != "$ZIG_VERSION" ]; then
-    if [ "${ALLOW_ANY_ZIG:-0}" = 1 ]; then
-        note "warning: zig $zig_version instead of $ZIG_VERSION; output will not match the committed files"
-    else
-        die "zig $ZIG_VERSION is required for reproducible output, found $zig_version.
-       Install it with:  pip install ziglang==$ZIG_VERSION   (or set ALLOW_ANY_ZIG=1)"
-    fi
-fi
-
-TOOLGRID=${TOOLGRID:-$REPO/target/debug/toolgrid}
-if [ ${#TOOLS_P2[@]} -gt 0 ] && [ ! -x "$TOOLGRID" ]; then
-    die "toolgrid not found at $TOOLGRID (needed for 'toolgrid componentize').
-       Build it with:  (cd $REPO && cargo build)   or set TOOLGRID=/path/to/toolgrid"
-fi
-
-if command -v sha256sum >/dev/null 2>&1; then
-    sha256() { sha256sum "$1" | cut -d' ' -f1; }
-elif command -v shasum >/dev/null 2>&1; then
-    sha256() { shasum -a 256 "$1" | cut -d' ' -f1; }
-else
-    die "sha256sum or shasum is required"
-fi
-
-# ------------------------------------------------------------------------ build
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/toolgrid-examples.XXXXXX")
-trap 'rm -rf -- "$WORK"' EXIT
-STAGE=$WORK/out            # same layout as examples/: tools/<name>/<name>.wasm
-
-compile() { # name output.wasm
-    local world sources=("$EXAMPLES/tools/$1/$1.c") extra=()
-    world=$(bindings_world "$1")
-    if [ -n "$world" ]; then
-        local b=$EXAMPLES/tools/$1/bindings
-        local w=${world//-/_}
-        [ -f "$b/$w.c" ] && [ -f "$b/$w.h" ] && [ -f "$b/${w}_component_type.o" ] ||
-            die "missing generated bindings in ${b#"$REPO"/} (run: examples/build.sh --regenerate-bindings)"
-        sources+=("$b/$w.c" "$b/${w}_component_type.o")
-        extra=(-I "$b")
-    fi
-    note "compiling $1"
-    "${ZIG_CMD[@]}" cc "${CFLAGS[@]}" "${extra[@]}" "${sources[@]}" -o "$2"
-}
-
-for t in "${TOOLS_P1[@]}"; do
-    mkdir -p "$STAGE/tools/$t"
-    compile "$t" "$STAGE/tools/$t/$t.wasm"
-done
-for t in "${TOOLS_P2[@]}"; do
-    mkdir -p "$STAGE/tools/$t" "$WORK/modules"
-    compile "$t" "$WORK/modules/$t.wasm"
-    note "componentizing $t"
-    "$TOOLGRID" componentize "$WORK/modules/$t.wasm" "$STAGE/tools/$t/$t.wasm" \
-        || die "'$TOOLGRID componentize' failed for $t"
-    # a component starts with \0asm and version/layer 0d 00 01 00
-    [ "$(od -An -tx1 -j4 -N4 "$STAGE/tools/$t/$t.wasm" 2>/dev/null | tr -d ' \n')" = 0d000100 ] \
-        || die "'$TOOLGRID componentize' did not produce a component for $t"
-done
-
-ALL_TOOLS=("${TOOLS_P1[@]}" "${TOOLS_P2[@]}")
+parse_args "$@"
+regenerate_bindings
+find_prerequisites
+build_tools
 
 # ------------------------------------------------------------ manifest digests
 # Prints the value of every artifact `file:` key in manifest $1, as written.
@@ -302,17 +168,8 @@ pin_k8s_digests() {
 
 # ----------------------------------------------------------------------- output
 if [ "$CHECK" = 1 ]; then
-    status=0
-    for t in "${ALL_TOOLS[@]}"; do
-        committed=$EXAMPLES/tools/$t/$t.wasm
-        if [ ! -f "$committed" ]; then
-            note "MISSING: ${committed#"$REPO"/}"; status=1
-        elif ! cmp -s "$committed" "$STAGE/tools/$t/$t.wasm"; then
-            note "DIFFERS: ${committed#"$REPO"/} (rebuild with examples/build.sh)"; status=1
-        else
-            note "ok: ${committed#"$REPO"/}"
-        fi
-    done
+    check_built
+    status=$CHECK_STATUS
     for m in "$EXAMPLES"/manifests/*.yaml; do
         [ -f "$m" ] || continue
         pin_digests "$m" "$WORK/check.yaml"
@@ -343,19 +200,7 @@ if [ "$CHECK" = 1 ]; then
     exit "$status"
 fi
 
-if [ -n "$OUT" ]; then
-    mkdir -p -- "$OUT"
-    DEST=$(cd -- "$OUT" && pwd -P)
-else
-    DEST=$EXAMPLES
-fi
-for t in "${ALL_TOOLS[@]}"; do
-    mkdir -p "$DEST/tools/$t"
-    cp -- "$STAGE/tools/$t/$t.wasm" "$DEST/tools/$t/$t.wasm.tmp.$$"
-    mv -- "$DEST/tools/$t/$t.wasm.tmp.$$" "$DEST/tools/$t/$t.wasm"
-    printf '%8d  sha256:%s  %s\n' "$(wc -c < "$DEST/tools/$t/$t.wasm")" \
-        "$(sha256 "$DEST/tools/$t/$t.wasm")" "$DEST/tools/$t/$t.wasm"
-done
+install_built
 
 if [ -z "$OUT" ]; then
     for m in "$EXAMPLES"/manifests/*.yaml; do
