@@ -1,11 +1,12 @@
 //! toolgrid: a Kubernetes operator and control plane that runs typed WebAssembly tools for
 //! AI agents, each call in a fresh sandbox, every side effect in a durable oplog.
 //!
-//! The modules follow the architecture in DESIGN.md: resources ([`api`]) are resolved into
+//! The modules follow docs/architecture.md: resources ([`api`]) are resolved into
 //! a [`catalog`]; the [`gateway`] admits calls, the [`scheduler`] hands them to
 //! [`worker`]s over the worker link, and the [`store`] keeps calls and oplogs durable.
 
 pub mod api;
+pub mod call;
 pub mod catalog;
 pub mod cli;
 pub mod controller;

@@ -5,8 +5,9 @@ mod common;
 
 use common::fixtures;
 use sha2::{Digest, Sha256};
+use toolgrid::call::OplogEntry;
 use toolgrid::error::ErrorKind;
-use toolgrid::store::{NewEntry, RunLimits};
+use toolgrid::store::RunLimits;
 use toolgrid::worker::runtime::{CompileError, PrepareError};
 use toolgrid::worker::{RunRequest, Runtime, RuntimeConfig};
 
@@ -39,7 +40,7 @@ fn limits() -> RunLimits {
     }
 }
 
-fn request(call_id: &str, argv: &[&str], replay: Vec<NewEntry>) -> RunRequest {
+fn request(call_id: &str, argv: &[&str], replay: Vec<OplogEntry>) -> RunRequest {
     RunRequest {
         call_id: call_id.into(),
         attempt: 1,
@@ -118,8 +119,8 @@ async fn a_replay_answers_every_host_call_from_the_oplog() {
     let live = runtime.run(&compiled, request("r1", &argv, vec![])).await;
     assert_eq!(live.exit_code, 0);
     let recorded = live.log.take_pending();
-    assert!(recorded.iter().any(|e| e.kind == "wall-clock"));
-    assert!(recorded.iter().any(|e| e.kind == "random"));
+    assert!(recorded.iter().any(|e| e.kind().as_str() == "wall-clock"));
+    assert!(recorded.iter().any(|e| e.kind().as_str() == "random"));
 
     // A fresh run with the same oplog prints exactly the same uuids and timestamp, and
     // records nothing new.
@@ -137,7 +138,7 @@ async fn a_replay_answers_every_host_call_from_the_oplog() {
     assert_ne!(another.stdout, live.stdout);
 
     // A prefix of the oplog is replayed, and the rest runs live.
-    let prefix: Vec<NewEntry> = recorded.iter().take(1).cloned().collect();
+    let prefix: Vec<OplogEntry> = recorded.iter().take(1).cloned().collect();
     let resumed = runtime.run(&compiled, request("r1", &argv, prefix)).await;
     assert!(resumed.failure.is_none(), "{:?}", resumed.failure);
     assert!(
@@ -158,7 +159,7 @@ async fn a_replay_that_takes_another_path_is_a_divergence() {
     // Claim the first host call was a monotonic clock reading.
     recorded.insert(
         0,
-        NewEntry::new("monotonic-clock", serde_json::json!({"ns": 5})),
+        OplogEntry::MonotonicClock(toolgrid::call::MonotonicClock { ns: 5 }),
     );
     let outcome = runtime.run(&compiled, request("d1", &argv, recorded)).await;
     let failure = outcome.failure.expect("diverged");
@@ -172,10 +173,10 @@ async fn a_replay_that_takes_another_path_is_a_divergence() {
     // A run that ends with recorded host calls left over diverged too.
     let (digest, bytes) = example("semver");
     let semver = runtime.compile(&digest, bytes).await.unwrap();
-    let extra = vec![NewEntry::new(
-        "wall-clock",
-        serde_json::json!({"secs": 1, "nanos": 0}),
-    )];
+    let extra = vec![OplogEntry::WallClock(toolgrid::call::WallClock {
+        secs: 1,
+        nanos: 0,
+    })];
     let outcome = runtime
         .run(
             &semver,
@@ -341,7 +342,7 @@ async fn outgoing_requests_are_committed_first_carry_keys_and_replay_from_the_op
     assert_eq!(seen[0].body, "one");
     // The start of each request was committed before it left; its response after it came.
     let committed = sink.entries.lock().unwrap().clone();
-    let kinds: Vec<&str> = committed.iter().map(|e| e.kind.as_str()).collect();
+    let kinds: Vec<&str> = committed.iter().map(|e| e.kind().as_str()).collect();
     assert_eq!(
         kinds,
         [
@@ -351,7 +352,11 @@ async fn outgoing_requests_are_committed_first_carry_keys_and_replay_from_the_op
             "http-response"
         ]
     );
-    assert_eq!(committed[0].payload["idempotencyKey"], "toolgrid-h1-1");
+    assert!(
+        matches!(&committed[0], OplogEntry::HttpRequest(r) if r.idempotency_key == "toolgrid-h1-1"),
+        "{:?}",
+        committed[0]
+    );
 
     // A replay with the full oplog answers both from it: nothing reaches the witness.
     let mut again = first.clone();
@@ -416,14 +421,13 @@ async fn outgoing_requests_are_committed_first_carry_keys_and_replay_from_the_op
 async fn a_refused_commit_stops_the_guest_before_the_request_leaves() {
     use std::sync::Arc;
     use toolgrid::api::EgressRule;
-    use toolgrid::store::NewEntry;
     use toolgrid::worker::http::OplogSink;
     use toolgrid::worker::link::AppendError;
 
     struct Refusing;
     #[async_trait::async_trait]
     impl OplogSink for Refusing {
-        async fn append(&self, _: Vec<NewEntry>) -> Result<(), AppendError> {
+        async fn append(&self, _: Vec<OplogEntry>) -> Result<(), AppendError> {
             Err(AppendError::Fenced)
         }
     }
@@ -497,6 +501,9 @@ async fn egress_refusals_reach_the_guest_and_the_oplog() {
     );
     assert!(lines[3].contains("invalid-request"), "{}", lines[3]);
     let entries = outcome.log.take_pending();
-    let denied = entries.iter().filter(|e| e.kind == "http-denied").count();
+    let denied = entries
+        .iter()
+        .filter(|e| e.kind().as_str() == "http-denied")
+        .count();
     assert_eq!(denied, 3, "each refusal is in the oplog: {entries:?}");
 }

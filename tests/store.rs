@@ -3,8 +3,12 @@
 
 use serde_json::json;
 use std::sync::Arc;
+use toolgrid::call::{
+    Assigned, CallStarted, ErrorKind, MonotonicClock, OplogEntry, Random, RandomSource, RunSummary,
+    WallClock,
+};
 use toolgrid::store::{
-    self, CallError, CallFilter, CallOutcome, CallSpec, CallState, Created, NewCall, NewEntry,
+    self, CallError, CallFilter, CallOutcome, CallSpec, CallState, Created, NewCall,
     ResourceRecord, Store, StoreError,
 };
 
@@ -55,14 +59,32 @@ fn new_call(id: &str, key: Option<&str>, args: serde_json::Value) -> NewCall {
         },
         stdin: b"in".to_vec(),
         idempotency_key: key.map(String::from),
-        started: json!({"tool": "semver"}),
+        started: CallStarted {
+            namespace: "default".into(),
+            tool: "semver".into(),
+            command: "compare".into(),
+            release: "semver-1.0.0".into(),
+            version: "1.0.0".into(),
+            digest: "sha256:00".into(),
+            args: json!({}),
+            argv: vec!["semver".into(), "compare".into()],
+            stdin_bytes: 2,
+            idempotency_key: key.map(String::from),
+        },
     }
 }
 
 fn success(value: serde_json::Value) -> CallOutcome {
     CallOutcome {
         result: Ok(value),
-        entry: json!({"state": "succeeded"}),
+        run: RunSummary {
+            exit_code: 0,
+            stdout_bytes: 1,
+            run_micros: 1,
+            epoch: 1,
+            worker: "w".into(),
+            replayed: 0,
+        },
     }
 }
 
@@ -92,14 +114,18 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
             .append_oplog(
                 "c1",
                 1,
-                vec![NewEntry::new("wall-clock", json!({"secs": 1, "nanos": 2}))],
+                vec![OplogEntry::WallClock(WallClock { secs: 1, nanos: 2 })],
             )
             .await
             .unwrap();
         assert!(
             is_stale(
                 store
-                    .append_oplog("c1", 0, vec![NewEntry::new("x", json!(0))])
+                    .append_oplog(
+                        "c1",
+                        0,
+                        vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 0 })]
+                    )
                     .await
             ),
             "{backend}"
@@ -115,7 +141,11 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
         assert!(
             is_stale(
                 store
-                    .append_oplog("c1", 1, vec![NewEntry::new("x", json!(1))])
+                    .append_oplog(
+                        "c1",
+                        1,
+                        vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 1 })]
+                    )
                     .await
             ),
             "{backend}"
@@ -139,7 +169,10 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
             .complete_call(
                 "c1",
                 3,
-                vec![NewEntry::new("random", json!({"hex": "00"}))],
+                vec![OplogEntry::Random(Random {
+                    source: RandomSource::Secure,
+                    bytes: vec![0],
+                })],
                 success(json!({"order": 1})),
             )
             .await
@@ -178,7 +211,13 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
         assert_eq!(seqs, (0..7).collect::<Vec<u64>>());
         let epochs: Vec<u64> = oplog.iter().map(|e| e.epoch).collect();
         assert_eq!(epochs, [0, 1, 1, 2, 3, 3, 3], "{backend}");
-        assert_eq!(oplog[1].payload, json!({"worker": "w1", "epoch": 1}));
+        assert_eq!(
+            oplog[1].entry().unwrap(),
+            OplogEntry::Assigned(Assigned {
+                worker: "w1".into(),
+                epoch: 1
+            })
+        );
         assert!(matches!(store.get_call("nope").await, Ok(None)));
         assert!(matches!(
             store.assign_call("nope", "w").await,
@@ -255,11 +294,7 @@ async fn failures_listing_and_unfinished_calls() {
             tokio::time::sleep(std::time::Duration::from_millis(3)).await;
         }
         store.assign_call("b", "w").await.unwrap();
-        let error = CallError {
-            kind: "timeout".into(),
-            message: "too slow".into(),
-            ..CallError::default()
-        };
+        let error = CallError::new(ErrorKind::Timeout, "too slow");
         let failed = store.fail_call("c", error.clone()).await.unwrap();
         assert_eq!(failed.state, CallState::Failed);
         assert_eq!(failed.error, Some(error));
@@ -355,7 +390,7 @@ async fn concurrent_appends_are_group_committed_in_order_per_call() {
                         .append_oplog(
                             &format!("g{i}"),
                             1,
-                            vec![NewEntry::new("random", json!({"n": n}))],
+                            vec![OplogEntry::MonotonicClock(MonotonicClock { ns: n })],
                         )
                         .await
                         .unwrap();
@@ -369,7 +404,10 @@ async fn concurrent_appends_are_group_committed_in_order_per_call() {
             let oplog = store.oplog(&format!("g{i}")).await.unwrap();
             let ns: Vec<i64> = oplog
                 .iter()
-                .filter_map(|e| e.payload.get("n").and_then(|n| n.as_i64()))
+                .filter_map(|e| match e.entry() {
+                    Ok(OplogEntry::MonotonicClock(MonotonicClock { ns })) => Some(ns as i64),
+                    _ => None,
+                })
                 .collect();
             assert_eq!(
                 ns,

@@ -738,7 +738,7 @@ impl CommandInterface {
             let last_line = stderr.lines().last().unwrap_or_default().to_string();
             return Err(match self.errors.get(&exit_code) {
                 Some(declared) => CallError {
-                    kind: ErrorKind::ToolError.as_str().into(),
+                    kind: ErrorKind::ToolError,
                     message: if last_line.is_empty() {
                         declared.description.clone()
                     } else {
@@ -749,7 +749,7 @@ impl CommandInterface {
                     stderr_tail: stderr,
                 },
                 None => CallError {
-                    kind: ErrorKind::ToolError.as_str().into(),
+                    kind: ErrorKind::ToolError,
                     message: if last_line.is_empty() {
                         format!("the tool exited with code {exit_code}")
                     } else {
@@ -762,10 +762,8 @@ impl CommandInterface {
             });
         }
         let invalid_result = |message: String| CallError {
-            kind: ErrorKind::InvalidResult.as_str().into(),
-            message,
             stderr_tail: stderr.clone(),
-            ..CallError::default()
+            ..CallError::new(ErrorKind::InvalidResult, message)
         };
         let parsed = std::str::from_utf8(stdout)
             .ok()
@@ -966,9 +964,9 @@ errors: [{name: not-found, exitCode: 4, description: The page does not exist.}]
             200
         );
         let e = i.judge(0, br#"{"status": "ok"}"#, b"").unwrap_err();
-        assert_eq!(e.kind, "invalid-result");
+        assert_eq!(e.kind, ErrorKind::InvalidResult);
         let e = i.judge(0, b"hello", b"").unwrap_err();
-        assert_eq!(e.kind, "invalid-result");
+        assert_eq!(e.kind, ErrorKind::InvalidResult);
         let e = i.judge(4, b"", b"warming up\nno such page\n").unwrap_err();
         assert_eq!(
             (e.kind.as_str(), e.name.as_str(), e.exit_code),

@@ -488,7 +488,8 @@ async fn append_loop(
     concurrency: usize,
     duration: Duration,
 ) -> anyhow::Result<Sample> {
-    use crate::store::{CallSpec, NewCall, NewEntry};
+    use crate::call::{OplogEntry, WallClock};
+    use crate::store::{CallSpec, NewCall};
     let prefix = uuid::Uuid::now_v7().simple().to_string();
     for i in 0..concurrency {
         let id = format!("bench-{prefix}-{i}");
@@ -505,7 +506,18 @@ async fn append_loop(
                 stdin: Vec::new(),
                 idempotency_key: None,
                 request_hash: String::new(),
-                started: serde_json::json!({}),
+                started: crate::call::CallStarted {
+                    namespace: "bench".into(),
+                    tool: "bench".into(),
+                    command: "default".into(),
+                    release: "bench".into(),
+                    version: "0.0.0".into(),
+                    digest: "sha256:0".into(),
+                    args: serde_json::json!({}),
+                    argv: Vec::new(),
+                    stdin_bytes: 0,
+                    idempotency_key: None,
+                },
             })
             .await?;
         store.assign_call(&id, "bench").await?;
@@ -519,7 +531,7 @@ async fn append_loop(
             let mut latencies = Vec::new();
             let mut n = 0u64;
             while start.elapsed() < duration {
-                let entry = NewEntry::new("wall-clock", serde_json::json!({"secs": n, "nanos": 0}));
+                let entry = OplogEntry::WallClock(WallClock { secs: n, nanos: 0 });
                 let begin = Instant::now();
                 store.append_oplog(&id, 1, vec![entry]).await?;
                 latencies.push(begin.elapsed());

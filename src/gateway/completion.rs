@@ -4,8 +4,7 @@
 use crate::catalog::interface::CommandInterface;
 use crate::error::ErrorKind;
 use crate::proto;
-use crate::store::{CallError, CallOutcome, CallRecord};
-use serde_json::json;
+use crate::store::{CallError, CallOutcome, CallRecord, RunSummary};
 
 /// Judges a finished run (the scheduler calls this for every result).
 pub fn judge(
@@ -22,36 +21,20 @@ pub fn judge(
     } else {
         let kind = ErrorKind::parse(&result.failure_kind).unwrap_or(ErrorKind::Internal);
         Err(CallError {
-            kind: kind.as_str().into(),
-            message: result.failure_message.clone(),
             stderr_tail: stderr,
-            ..CallError::default()
+            ..CallError::new(kind, result.failure_message.clone())
         })
-    };
-    let entry = match &judged {
-        Ok(_) => json!({
-            "state": "succeeded",
-            "exitCode": result.exit_code,
-            "stdoutBytes": result.stdout.len(),
-            "runMicros": result.run_micros,
-            "epoch": result.epoch,
-            "worker": worker,
-            "replayed": result.replayed,
-        }),
-        Err(error) => json!({
-            "state": "failed",
-            "exitCode": result.exit_code,
-            "error": error,
-            "stdoutBytes": result.stdout.len(),
-            "runMicros": result.run_micros,
-            "epoch": result.epoch,
-            "worker": worker,
-            "replayed": result.replayed,
-        }),
     };
     tracing::debug!(call = %record.id, "judged");
     CallOutcome {
         result: judged,
-        entry,
+        run: RunSummary {
+            exit_code: result.exit_code,
+            stdout_bytes: result.stdout.len() as u64,
+            run_micros: result.run_micros,
+            epoch: result.epoch,
+            worker: worker.to_string(),
+            replayed: result.replayed,
+        },
     }
 }

@@ -28,7 +28,7 @@ pub fn call_to_proto(record: &CallRecord, deduplicated: bool) -> proto::Call {
             .map(Value::to_string)
             .unwrap_or_default(),
         error: record.error.as_ref().map(|e| proto::CallError {
-            kind: e.kind.clone(),
+            kind: e.kind.as_str().into(),
             message: e.message.clone(),
             name: e.name.clone(),
             exit_code: e.exit_code,
@@ -82,7 +82,18 @@ pub fn oplog_to_proto(entry: &OplogRecord) -> proto::OplogRecord {
         seq: entry.seq,
         epoch: entry.epoch,
         kind: entry.kind.clone(),
-        payload_json: entry.payload.to_string(),
+        payload_json: entry.payload.clone(),
         recorded_at_ms: entry.recorded_at_ms,
     }
+}
+
+/// An oplog entry for HTTP: its payload as JSON (or as the stored text, for a corrupted one).
+pub fn oplog_to_json(entry: &OplogRecord) -> Value {
+    json!({
+        "seq": entry.seq,
+        "epoch": entry.epoch,
+        "kind": entry.kind,
+        "payload": entry.payload_json(),
+        "recordedAtMs": entry.recorded_at_ms,
+    })
 }

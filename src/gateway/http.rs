@@ -77,10 +77,8 @@ fn failure_status(record: &crate::store::CallRecord) -> StatusCode {
         None if record.state.is_terminal() => StatusCode::OK,
         // Still running when the wait ended.
         None => StatusCode::ACCEPTED,
-        Some(error) => {
-            let kind = ErrorKind::parse(&error.kind).unwrap_or(ErrorKind::Internal);
-            StatusCode::from_u16(kind.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-        }
+        Some(error) => StatusCode::from_u16(error.kind.http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
     }
 }
 
@@ -150,7 +148,12 @@ async fn get_oplog(
     State(gateway): State<Arc<Gateway>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let entries = gateway.oplog(&id).await?;
+    let entries: Vec<Value> = gateway
+        .oplog(&id)
+        .await?
+        .iter()
+        .map(crate::gateway::convert::oplog_to_json)
+        .collect();
     Ok(Json(json!({"callId": id, "entries": entries})))
 }
 

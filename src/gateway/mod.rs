@@ -241,18 +241,18 @@ impl Gateway {
                 "the idempotency key is longer than 255 bytes",
             ));
         }
-        let started = json!({
-            "namespace": namespace,
-            "tool": tool.key.name,
-            "command": command.name,
-            "release": release.key.name,
-            "version": release.version.to_string(),
-            "digest": release.digest,
-            "args": args_value,
-            "argv": argv,
-            "stdinBytes": stdin.len(),
-            "idempotencyKey": idempotency_key,
-        });
+        let started = crate::call::CallStarted {
+            namespace: namespace.clone(),
+            tool: tool.key.name.clone(),
+            command: command.name.clone(),
+            release: release.key.name.clone(),
+            version: release.version.to_string(),
+            digest: release.digest.clone(),
+            args: args_value.clone(),
+            argv: argv.clone(),
+            stdin_bytes: stdin.len() as u64,
+            idempotency_key: idempotency_key.clone(),
+        };
         let new = NewCall {
             id,
             namespace: namespace.clone(),

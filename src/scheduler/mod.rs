@@ -11,11 +11,11 @@ mod watch;
 pub use link::WorkerLinkService;
 pub use watch::{CallUpdate, CallWatch, Progress};
 
+use crate::call::{EntryKind, OplogEntry};
 use crate::catalog::interface::CommandInterface;
 use crate::error::ErrorKind;
 use crate::proto::{self, ControlEvent, control_event};
-use crate::store::{CallError, CallRecord, NewEntry, Store, StoreError, now_ms};
-use crate::worker::recorder::is_host_entry;
+use crate::store::{CallError, CallRecord, Store, StoreError, now_ms};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -411,11 +411,14 @@ impl Scheduler {
 
     /// Commits a worker's oplog entries under its epoch.
     pub(crate) async fn append(&self, append: &proto::OplogAppend) -> proto::AppendAck {
-        let entries = append.entries.iter().map(entry_from_proto).collect();
-        let result = self
-            .store
-            .append_oplog(&append.call_id, append.epoch, entries)
-            .await;
+        let result = match proto::entries_from_wire(&append.entries) {
+            Ok(entries) => {
+                self.store
+                    .append_oplog(&append.call_id, append.epoch, entries)
+                    .await
+            }
+            Err(error) => Err(StoreError::Corrupt(format!("the worker sent {error}"))),
+        };
         let error = match result {
             Ok(()) => String::new(),
             Err(StoreError::StaleEpoch { .. }) => "stale-epoch".to_string(),
@@ -459,7 +462,13 @@ impl Scheduler {
             },
         };
         let outcome = (self.judge)(&interface, &record, &result, worker);
-        let entries = result.entries.iter().map(entry_from_proto).collect();
+        let entries = match proto::entries_from_wire(&result.entries) {
+            Ok(entries) => entries,
+            Err(error) => {
+                tracing::error!(call = %result.call_id, %error, "result refused: malformed oplog entry");
+                return false;
+            }
+        };
         let accepted = match self
             .store
             .complete_call(&result.call_id, result.epoch, entries, outcome)
@@ -481,7 +490,7 @@ impl Scheduler {
                 true
             }
             Err(StoreError::StaleEpoch { current, state, .. }) => {
-                tracing::warn!(call = %result.call_id, worker, epoch = result.epoch, current, state, "result refused: stale epoch");
+                tracing::warn!(call = %result.call_id, worker, epoch = result.epoch, current, %state, "result refused: stale epoch");
                 false
             }
             Err(error) => {
@@ -675,11 +684,7 @@ impl Scheduler {
     }
 
     async fn fail(&self, record: &CallRecord, kind: ErrorKind, message: &str) {
-        let error = CallError {
-            kind: kind.as_str().into(),
-            message: message.into(),
-            ..CallError::default()
-        };
+        let error = CallError::new(kind, message);
         match self.store.fail_call(&record.id, error).await {
             Ok(done) => {
                 crate::metrics::call_ended(&done.tool, kind.as_str());
@@ -703,19 +708,27 @@ impl Scheduler {
                     // oplog. Without the oplog it must not run at all.
                     let (replay, attempt) = if epoch > 1 {
                         match self.store.oplog(&call_id).await {
-                            Ok(entries) => {
-                                let attempt =
-                                    entries.iter().filter(|e| e.kind == "assigned").count() as u32;
-                                let replay = entries
-                                    .into_iter()
-                                    .filter(|e| is_host_entry(&e.kind))
-                                    .map(|e| proto::OplogEntry {
-                                        kind: e.kind,
-                                        payload: e.payload.to_string().into_bytes(),
-                                    })
-                                    .collect();
-                                (replay, attempt.max(1))
-                            }
+                            Ok(records) => match replay_of(&records) {
+                                Ok(replay) => {
+                                    let attempt = records
+                                        .iter()
+                                        .filter(|e| e.kind == EntryKind::Assigned.as_str())
+                                        .count()
+                                        as u32;
+                                    (replay, attempt.max(1))
+                                }
+                                Err(message) => {
+                                    tracing::error!(call = %call_id, %message, "the oplog cannot be replayed");
+                                    self.lock().unreserve(&call_id, &worker);
+                                    self.fail(
+                                        &queued.record,
+                                        ErrorKind::ReplayDivergence,
+                                        &message,
+                                    )
+                                    .await;
+                                    continue;
+                                }
+                            },
                             Err(error) => {
                                 tracing::error!(call = %call_id, %error, "cannot read the oplog to replay; retrying");
                                 let mut state = self.lock();
@@ -821,18 +834,29 @@ impl Scheduler {
     }
 }
 
+/// The host-call entries of a call's oplog, for a worker to replay; a stored entry that does
+/// not parse is named in the error (the call ends as a replay divergence).
+pub fn replay_of(records: &[crate::store::OplogRecord]) -> Result<Vec<proto::OplogEntry>, String> {
+    let mut replay = Vec::new();
+    for record in records {
+        let entry: OplogEntry = record.entry().map_err(|error| {
+            format!(
+                "oplog entry {} ({}) cannot be replayed: {error}",
+                record.seq, record.kind
+            )
+        })?;
+        if entry.kind().is_host() {
+            replay.push(proto::OplogEntry::from(&entry));
+        }
+    }
+    Ok(replay)
+}
+
 /// Compiles the command definition stored with a call.
 pub fn interface_of(record: &CallRecord) -> Result<CommandInterface, String> {
     let command: crate::api::Command = serde_json::from_value(record.spec.command.clone())
         .map_err(|e| format!("stored command definition: {e}"))?;
     CommandInterface::compile(&command, "command").map_err(|e| e.to_string())
-}
-
-fn entry_from_proto(entry: &proto::OplogEntry) -> NewEntry {
-    let payload = serde_json::from_slice(&entry.payload).unwrap_or_else(|_| {
-        serde_json::Value::String(String::from_utf8_lossy(&entry.payload).into_owned())
-    });
-    NewEntry::new(entry.kind.clone(), payload)
 }
 
 fn assign_of(

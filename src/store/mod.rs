@@ -6,12 +6,11 @@
 //! oplog appends costs one fsync, not one each. Fencing lives here: an append or a
 //! completion whose epoch is not the call's current one is refused.
 
-mod model;
 mod sql;
 
-pub use model::{
-    CallError, CallFilter, CallRecord, CallSpec, CallState, Created, NewCall, NewEntry,
-    OplogRecord, ResourceRecord, RunLimits, now_ms,
+pub use crate::call::{
+    CallError, CallFilter, CallRecord, CallSpec, CallState, Created, NewCall, OplogEntry,
+    OplogRecord, ResourceRecord, RunLimits, RunSummary, now_ms,
 };
 pub use sql::SqlStore;
 
@@ -29,7 +28,7 @@ pub enum StoreError {
         call_id: String,
         epoch: u64,
         current: u64,
-        state: String,
+        state: CallState,
     },
     #[error("no call {0}")]
     NotFound(String),
@@ -62,14 +61,14 @@ pub trait Store: Send + Sync + 'static {
         &self,
         call_id: &str,
         epoch: u64,
-        entries: Vec<NewEntry>,
+        entries: Vec<OplogEntry>,
     ) -> Result<(), StoreError>;
     /// Appends the last entries and the outcome, and ends the call, under `epoch`.
     async fn complete_call(
         &self,
         call_id: &str,
         epoch: u64,
-        entries: Vec<NewEntry>,
+        entries: Vec<OplogEntry>,
         outcome: CallOutcome,
     ) -> Result<CallRecord, StoreError>;
     /// Ends a call that never reached a worker (or cannot go on), whatever its epoch.
@@ -95,8 +94,8 @@ pub trait Store: Send + Sync + 'static {
 #[derive(Clone, Debug)]
 pub struct CallOutcome {
     pub result: Result<serde_json::Value, CallError>,
-    /// Payload of the `outcome` oplog entry.
-    pub entry: serde_json::Value,
+    /// What the worker reported of the run (recorded in the `outcome` entry).
+    pub run: RunSummary,
 }
 
 /// Opens the store named by `url` (`sqlite://PATH` or `postgres://...`).

@@ -1,7 +1,7 @@
 //! The SQL implementation of [`Store`], for SQLite and PostgreSQL alike.
 
-use super::model::*;
 use super::{CallOutcome, Store, StoreError};
+use crate::call::*;
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -38,12 +38,12 @@ enum WriteOp {
     Append {
         call_id: String,
         epoch: u64,
-        entries: Vec<NewEntry>,
+        entries: Vec<OplogEntry>,
     },
     Complete {
         call_id: String,
         epoch: u64,
-        entries: Vec<NewEntry>,
+        entries: Vec<OplogEntry>,
         outcome: CallOutcome,
     },
     Fail {
@@ -367,7 +367,8 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
         }
         return Ok(Created::Existing(existing));
     };
-    insert_entry(conn, &call.id, 0, 0, "call-started", &call.started, now).await?;
+    let started = OplogEntry::CallStarted(call.started.clone());
+    insert_entry(conn, &call.id, 0, 0, &started, now).await?;
     Ok(Created::New(call_from_row(&inserted)?))
 }
 
@@ -376,17 +377,17 @@ async fn insert_entry(
     call_id: &str,
     seq: i64,
     epoch: i64,
-    kind: &str,
-    payload: &Value,
+    entry: &OplogEntry,
     now: i64,
 ) -> Result<(), StoreError> {
+    let (kind, payload) = entry.to_parts();
     sqlx::query(
         "INSERT INTO oplog (call_id, seq, epoch, kind, payload, recorded_at_ms) VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(call_id)
     .bind(seq)
     .bind(epoch)
-    .bind(kind)
+    .bind(kind.as_str())
     .bind(payload.to_string())
     .bind(now)
     .execute(&mut *conn)
@@ -408,17 +409,11 @@ async fn assign(conn: &mut AnyConnection, call_id: &str, worker: &str) -> Result
     };
     let epoch: i64 = row.try_get("epoch")?;
     let next_seq: i64 = row.try_get("next_seq")?;
-    let payload = serde_json::json!({ "worker": worker, "epoch": epoch });
-    insert_entry(
-        conn,
-        call_id,
-        next_seq - 1,
-        epoch,
-        "assigned",
-        &payload,
-        now_ms(),
-    )
-    .await?;
+    let entry = OplogEntry::Assigned(Assigned {
+        worker: worker.to_string(),
+        epoch: epoch as u64,
+    });
+    insert_entry(conn, call_id, next_seq - 1, epoch, &entry, now_ms()).await?;
     Ok(epoch as u64)
 }
 
@@ -441,17 +436,11 @@ async fn fence(
     };
     let new_epoch: i64 = row.try_get("epoch")?;
     let next_seq: i64 = row.try_get("next_seq")?;
-    let payload = serde_json::json!({ "reason": reason, "previousEpoch": epoch });
-    insert_entry(
-        conn,
-        call_id,
-        next_seq - 1,
-        new_epoch,
-        "fenced",
-        &payload,
-        now_ms(),
-    )
-    .await?;
+    let entry = OplogEntry::Fenced(Fenced {
+        reason: reason.to_string(),
+        previous_epoch: epoch,
+    });
+    insert_entry(conn, call_id, next_seq - 1, new_epoch, &entry, now_ms()).await?;
     Ok(new_epoch as u64)
 }
 
@@ -461,7 +450,7 @@ async fn reserve_and_insert(
     conn: &mut AnyConnection,
     call_id: &str,
     epoch: u64,
-    entries: &[NewEntry],
+    entries: &[OplogEntry],
     outcome: Option<&CallOutcome>,
 ) -> Result<Option<CallRecord>, StoreError> {
     let count = entries.len() as i64 + i64::from(outcome.is_some());
@@ -503,12 +492,18 @@ async fn reserve_and_insert(
         return Err(refusal(conn, call_id, epoch).await);
     };
     let first = row.try_get::<i64, _>("next_seq")? - count;
-    let mut rows: Vec<(&str, &Value)> = entries
-        .iter()
-        .map(|e| (e.kind.as_str(), &e.payload))
-        .collect();
+    let mut rows: Vec<(EntryKind, Value)> = entries.iter().map(OplogEntry::to_parts).collect();
     if let Some(outcome) = outcome {
-        rows.push(("outcome", &outcome.entry));
+        let (state, ended) = match &outcome.result {
+            Ok(_) => (Ended::Succeeded, None),
+            Err(error) => (Ended::Failed, Some(error.clone())),
+        };
+        let entry = OplogEntry::Outcome(Outcome {
+            state,
+            error: ended,
+            run: Some(outcome.run.clone()),
+        });
+        rows.push(entry.to_parts());
     }
     insert_entries(conn, call_id, first, epoch as i64, &rows, now).await?;
     match outcome {
@@ -526,7 +521,7 @@ async fn insert_entries(
     call_id: &str,
     first: i64,
     epoch: i64,
-    rows: &[(&str, &Value)],
+    rows: &[(EntryKind, Value)],
     now: i64,
 ) -> Result<(), StoreError> {
     for (chunk_index, chunk) in rows.chunks(ENTRIES_PER_INSERT).enumerate() {
@@ -556,7 +551,7 @@ async fn insert_entries(
                 .bind(call_id)
                 .bind(seq)
                 .bind(epoch)
-                .bind(*kind)
+                .bind(kind.as_str())
                 .bind(payload.to_string())
                 .bind(now);
         }
@@ -583,8 +578,12 @@ async fn fail(
     if let Some(row) = row {
         let seq: i64 = row.try_get::<i64, _>("next_seq")? - 1;
         let epoch: i64 = row.try_get("epoch")?;
-        let payload = serde_json::json!({ "state": "failed", "error": error });
-        insert_entry(conn, call_id, seq, epoch, "outcome", &payload, now).await?;
+        let entry = OplogEntry::Outcome(Outcome {
+            state: Ended::Failed,
+            error: Some(error.clone()),
+            run: None,
+        });
+        insert_entry(conn, call_id, seq, epoch, &entry, now).await?;
     }
     select_call(conn, call_id)
         .await?
@@ -602,7 +601,11 @@ async fn refusal(conn: &mut AnyConnection, call_id: &str, epoch: u64) -> StoreEr
             call_id: call_id.to_string(),
             epoch,
             current: row.try_get::<i64, _>("epoch").unwrap_or_default() as u64,
-            state: row.try_get("state").unwrap_or_default(),
+            state: row
+                .try_get::<String, _>("state")
+                .ok()
+                .and_then(|s| CallState::parse(&s))
+                .unwrap_or(CallState::Failed),
         },
         Ok(None) => StoreError::NotFound(call_id.to_string()),
         Err(error) => StoreError::Database(error),
@@ -709,7 +712,7 @@ impl Store for SqlStore {
         &self,
         call_id: &str,
         epoch: u64,
-        entries: Vec<NewEntry>,
+        entries: Vec<OplogEntry>,
     ) -> Result<(), StoreError> {
         self.write(WriteOp::Append {
             call_id: call_id.into(),
@@ -724,7 +727,7 @@ impl Store for SqlStore {
         &self,
         call_id: &str,
         epoch: u64,
-        entries: Vec<NewEntry>,
+        entries: Vec<OplogEntry>,
         outcome: CallOutcome,
     ) -> Result<CallRecord, StoreError> {
         match self
@@ -812,7 +815,7 @@ impl Store for SqlStore {
                     seq: row.try_get::<i64, _>("seq")? as u64,
                     epoch: row.try_get::<i64, _>("epoch")? as u64,
                     kind: row.try_get("kind")?,
-                    payload: parse_json(&row.try_get::<String, _>("payload")?, "oplog payload")?,
+                    payload: row.try_get("payload")?,
                     recorded_at_ms: row.try_get("recorded_at_ms")?,
                 })
             })

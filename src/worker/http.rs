@@ -10,11 +10,9 @@
 
 use super::egress::{Egress, Verdict};
 use super::link::AppendError;
-use super::recorder::{AbortKind, HTTP_DENIED, HTTP_ERROR, HTTP_REQUEST, HTTP_RESPONSE, HostLog};
-use crate::store::NewEntry;
-use base64::Engine as _;
+use super::recorder::{AbortKind, HostLog};
+use crate::call::{self, OplogEntry};
 use bytes::Bytes;
-use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +21,7 @@ use std::time::Duration;
 /// Commits oplog entries and waits until they are durable.
 #[async_trait::async_trait]
 pub trait OplogSink: Send + Sync {
-    async fn append(&self, entries: Vec<NewEntry>) -> Result<(), AppendError>;
+    async fn append(&self, entries: Vec<OplogEntry>) -> Result<(), AppendError>;
 }
 
 /// The header every outgoing request carries.
@@ -154,46 +152,33 @@ impl HttpHost {
         let body_sha = hex::encode(Sha256::digest(&request.body));
 
         if let Some(recorded) = self.log.take_http(seq) {
-            let same = recorded.request.get("method").and_then(Value::as_str)
-                == Some(method.as_str())
-                && recorded.request.get("url").and_then(Value::as_str)
-                    == Some(request.url.as_str())
-                && recorded.request.get("bodySha256").and_then(Value::as_str)
-                    == Some(body_sha.as_str());
-            if !same {
+            let was = &recorded.request;
+            if was.method != method || was.url != request.url || was.body_sha256 != body_sha {
                 self.log.abort(
                     AbortKind::Diverged,
                     format!(
                         "request {seq} was {} {} in the oplog but is {method} {} now",
-                        recorded
-                            .request
-                            .get("method")
-                            .and_then(Value::as_str)
-                            .unwrap_or("?"),
-                        recorded
-                            .request
-                            .get("url")
-                            .and_then(Value::as_str)
-                            .unwrap_or("?"),
-                        request.url
+                        was.method, was.url, request.url
                     ),
                 );
                 return Err(HttpFailure::Abort);
             }
             match recorded.outcome {
-                Some(entry) if entry.kind == HTTP_RESPONSE => return response_of(&entry.payload),
-                Some(entry) if entry.kind == HTTP_DENIED => {
-                    return Err(HttpFailure::Denied(message_of(&entry.payload)));
+                Some(OplogEntry::HttpResponse(response)) => {
+                    return Ok(Response {
+                        status: response.status,
+                        headers: response.headers,
+                        body: Bytes::from(response.body),
+                    });
                 }
-                Some(entry) if entry.kind == HTTP_ERROR => {
-                    let message = message_of(&entry.payload);
-                    return Err(
-                        if entry.payload.get("unresolved") == Some(&Value::Bool(true)) {
-                            HttpFailure::Unresolved(message)
-                        } else {
-                            HttpFailure::Failed(message)
-                        },
-                    );
+                Some(OplogEntry::HttpDenied(denied)) => {
+                    return Err(HttpFailure::Denied(denied.message));
+                }
+                Some(OplogEntry::HttpError(error)) if error.unresolved => {
+                    return Err(HttpFailure::Unresolved(error.message));
+                }
+                Some(OplogEntry::HttpError(error)) => {
+                    return Err(HttpFailure::Failed(error.message));
                 }
                 _ => {}
             }
@@ -218,19 +203,16 @@ impl HttpHost {
         let url = url::Url::parse(&request.url)
             .map_err(|e| HttpFailure::Invalid(format!("bad URL {:?}: {e}", request.url)))?;
         let verdict = self.egress.check(&url).await;
-        self.log.record(
-            HTTP_REQUEST,
-            json!({
-                "seq": seq,
-                "method": method,
-                "url": request.url,
-                "headers": request.headers,
-                "bodySha256": body_sha,
-                "bodyBytes": request.body.len(),
-                "idempotencyKey": idempotency_key(&self.call_id, seq),
-                "attempt": self.attempt,
-            }),
-        );
+        self.log.record(OplogEntry::HttpRequest(call::HttpRequest {
+            seq,
+            method: method.clone(),
+            url: request.url.clone(),
+            headers: request.headers.clone(),
+            body_sha256: body_sha,
+            body_bytes: request.body.len() as u64,
+            idempotency_key: idempotency_key(&self.call_id, seq),
+            attempt: self.attempt,
+        }));
         if let Some(failure) = self.refusal(seq, &verdict) {
             return Err(failure);
         }
@@ -258,15 +240,18 @@ impl HttpHost {
     fn refusal(&self, seq: u64, verdict: &Verdict) -> Option<HttpFailure> {
         match verdict {
             Verdict::Denied(reason) => {
-                self.log
-                    .record(HTTP_DENIED, json!({ "seq": seq, "message": reason }));
+                self.log.record(OplogEntry::HttpDenied(call::HttpDenied {
+                    seq,
+                    message: reason.clone(),
+                }));
                 Some(HttpFailure::Denied(reason.clone()))
             }
             Verdict::Unresolved(reason) => {
-                self.log.record(
-                    HTTP_ERROR,
-                    json!({ "seq": seq, "message": reason, "unresolved": true }),
-                );
+                self.log.record(OplogEntry::HttpError(call::HttpError {
+                    seq,
+                    message: reason.clone(),
+                    unresolved: true,
+                }));
                 Some(HttpFailure::Unresolved(reason.clone()))
             }
             Verdict::Allowed { .. } => None,
@@ -284,18 +269,19 @@ impl HttpHost {
     ) -> Result<Response, HttpFailure> {
         let outcome = self.exchange(seq, method, request, verdict).await;
         match &outcome {
-            Ok(response) => self.log.record(
-                HTTP_RESPONSE,
-                json!({
-                    "seq": seq,
-                    "status": response.status,
-                    "headers": response.headers,
-                    "bodyBase64": base64::engine::general_purpose::STANDARD.encode(&response.body),
-                }),
-            ),
-            Err(message) => self
+            Ok(response) => self
                 .log
-                .record(HTTP_ERROR, json!({ "seq": seq, "message": message })),
+                .record(OplogEntry::HttpResponse(call::HttpResponse {
+                    seq,
+                    status: response.status,
+                    headers: response.headers.clone(),
+                    body: response.body.to_vec(),
+                })),
+            Err(message) => self.log.record(OplogEntry::HttpError(call::HttpError {
+                seq,
+                message: message.clone(),
+                unresolved: false,
+            })),
         }
         self.commit().await?;
         outcome.map_err(HttpFailure::Failed)
@@ -377,30 +363,4 @@ fn describe(error: &reqwest::Error) -> String {
         source = inner.source();
     }
     message
-}
-
-fn message_of(payload: &Value) -> String {
-    payload
-        .get("message")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn response_of(payload: &Value) -> Result<Response, HttpFailure> {
-    let status = payload.get("status").and_then(Value::as_u64).unwrap_or(0) as u16;
-    let headers = payload
-        .get("headers")
-        .and_then(|h| serde_json::from_value::<Vec<(String, String)>>(h.clone()).ok())
-        .unwrap_or_default();
-    let body = payload
-        .get("bodyBase64")
-        .and_then(Value::as_str)
-        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-        .unwrap_or_default();
-    Ok(Response {
-        status,
-        headers,
-        body: Bytes::from(body),
-    })
 }

@@ -1,7 +1,7 @@
 //! The worker's side of one attachment: sending events and waiting for oplog acks.
 
+use crate::call::OplogEntry;
 use crate::proto::{self, WorkerEvent, worker_event};
-use crate::store::NewEntry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,7 +54,7 @@ impl Link {
         &self,
         call_id: &str,
         epoch: u64,
-        entries: Vec<NewEntry>,
+        entries: Vec<OplogEntry>,
     ) -> Result<(), AppendError> {
         let request_id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (ack_tx, ack_rx) = oneshot::channel();
@@ -66,13 +66,7 @@ impl Link {
             call_id: call_id.to_string(),
             epoch,
             request_id,
-            entries: entries
-                .into_iter()
-                .map(|e| proto::OplogEntry {
-                    kind: e.kind,
-                    payload: e.payload.to_string().into_bytes(),
-                })
-                .collect(),
+            entries: proto::entries_to_wire(&entries),
             sync: true,
         };
         if !self.send(worker_event::Event::Append(append)).await {

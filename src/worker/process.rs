@@ -4,9 +4,10 @@
 use super::http::OplogSink;
 use super::link::{AppendError, Link, LinkSlot};
 use super::runtime::{PrepareError, RunRequest, Runtime, RuntimeConfig};
+use crate::call::{OplogEntry, ReplayStarted};
 use crate::proto::worker_link_client::WorkerLinkClient;
 use crate::proto::{self, WorkerEvent, control_event, worker_event};
-use crate::store::{NewEntry, RunLimits};
+use crate::store::RunLimits;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -363,12 +364,24 @@ async fn run_call(
     let mut env: Vec<(String, String)> = assign.env.into_iter().collect();
     env.push(("TOOLGRID_CALL_ID".into(), assign.call_id.clone()));
     env.push(("TOOLGRID_ATTEMPT".into(), attempt.to_string()));
+    // The replay as the control plane sent it; an entry that does not parse ends the call
+    // as a divergence before anything runs.
+    let replay = match proto::entries_from_wire(&assign.replay) {
+        Ok(replay) => replay,
+        Err(error) => {
+            result.failure_kind = crate::error::ErrorKind::ReplayDivergence.as_str().into();
+            result.failure_message = format!("the replay cannot be read: {error}");
+            return Some(result);
+        }
+    };
     let mut prelude = Vec::new();
-    if !assign.replay.is_empty() || attempt > 1 {
-        prelude.push(NewEntry::new(
-            "replay",
-            serde_json::json!({"worker": worker_id, "attempt": attempt, "epoch": assign.epoch, "entries": assign.replay.len()}),
-        ));
+    if !replay.is_empty() || attempt > 1 {
+        prelude.push(OplogEntry::Replay(ReplayStarted {
+            worker: worker_id.to_string(),
+            attempt,
+            epoch: assign.epoch,
+            entries: replay.len() as u64,
+        }));
     }
     let sink: Arc<dyn OplogSink> = Arc::new(LinkSink {
         slot: slot.clone(),
@@ -392,16 +405,7 @@ async fn run_call(
             timeout_ms: limits.timeout_ms,
             instances: 0,
         },
-        replay: assign
-            .replay
-            .into_iter()
-            .map(|e| {
-                NewEntry::new(
-                    e.kind,
-                    serde_json::from_slice(&e.payload).unwrap_or(serde_json::Value::Null),
-                )
-            })
-            .collect(),
+        replay,
     };
     let outcome = runtime.run(&compiled, request).await;
     let (replayed, recorded) = outcome.log.counts();
@@ -431,15 +435,7 @@ async fn run_call(
         result.failure_kind = failure.kind.as_str().into();
         result.failure_message = failure.message;
     }
-    result.entries = outcome
-        .log
-        .take_pending()
-        .into_iter()
-        .map(|e| proto::OplogEntry {
-            kind: e.kind,
-            payload: e.payload.to_string().into_bytes(),
-        })
-        .collect();
+    result.entries = proto::entries_to_wire(&outcome.log.take_pending());
     result.run_micros = outcome.elapsed.as_micros() as u64;
     result.replayed = replayed as u64;
     result.recorded = recorded as u64;
@@ -455,7 +451,7 @@ struct LinkSink {
 
 #[async_trait::async_trait]
 impl OplogSink for LinkSink {
-    async fn append(&self, entries: Vec<NewEntry>) -> Result<(), AppendError> {
+    async fn append(&self, entries: Vec<OplogEntry>) -> Result<(), AppendError> {
         match self.slot.get() {
             Some(link) => link.append(&self.call_id, self.epoch, entries).await,
             None => Err(AppendError::Unacknowledged(

@@ -6,29 +6,13 @@
 //! live. A host call that does not match the next recorded one is a replay divergence: the
 //! call fails rather than silently mixing two histories.
 
-use crate::store::NewEntry;
-use serde_json::{Value, json};
-use std::collections::VecDeque;
+use crate::call::{
+    EntryKind, HttpRequest, MonotonicClock, OplogEntry, Random, RandomSource, WallClock,
+};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock};
-
-pub const WALL_CLOCK: &str = "wall-clock";
-pub const MONOTONIC_CLOCK: &str = "monotonic-clock";
-pub const RANDOM: &str = "random";
-/// The start of an outgoing request, committed before it leaves.
-pub const HTTP_REQUEST: &str = "http-request";
-/// Its response.
-pub const HTTP_RESPONSE: &str = "http-response";
-/// Its refusal by the egress policy.
-pub const HTTP_DENIED: &str = "http-denied";
-/// Its failure (DNS, connection, protocol).
-pub const HTTP_ERROR: &str = "http-error";
-
-/// Host-call entry kinds that are replayed (everything a guest can observe).
-pub fn is_host_entry(kind: &str) -> bool {
-    matches!(kind, WALL_CLOCK | MONOTONIC_CLOCK | RANDOM) || kind.starts_with("http-")
-}
 
 /// Why a run must stop at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,9 +28,9 @@ pub enum AbortKind {
 /// An outgoing request of an earlier attempt, matched by its number.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecordedHttp {
-    pub request: Value,
+    pub request: HttpRequest,
     /// `http-response`, `http-denied` or `http-error`, when one was recorded.
-    pub outcome: Option<NewEntry>,
+    pub outcome: Option<OplogEntry>,
 }
 
 /// The oplog of one running call, as the worker sees it.
@@ -57,17 +41,17 @@ pub struct HostLog {
 
 #[derive(Default)]
 struct LogState {
-    replay: VecDeque<NewEntry>,
+    replay: VecDeque<OplogEntry>,
     replayed: usize,
     /// Entries recorded live and not yet handed to the control plane.
-    pending: Vec<NewEntry>,
+    pending: Vec<OplogEntry>,
     recorded: usize,
     aborted: Option<(AbortKind, String)>,
     /// Outgoing requests of earlier attempts, by number: matched by number rather than by
     /// position, because when a response arrives relative to other host calls is timing.
-    http: std::collections::BTreeMap<u64, RecordedHttp>,
+    http: BTreeMap<u64, RecordedHttp>,
     /// The recorded random entry being replayed: its source, bytes, and how many are used.
-    random: Option<(String, Vec<u8>, usize)>,
+    random: Option<(RandomSource, Vec<u8>, usize)>,
     /// Added to live monotonic readings after a replay, so time never runs backwards
     /// across workers.
     monotonic_offset: i128,
@@ -76,8 +60,8 @@ struct LogState {
 
 /// What replay made of one host call.
 pub enum Replayed {
-    /// Answer the guest with this recorded payload.
-    Recorded(Value),
+    /// Answer the guest with this recorded entry (of the kind asked for).
+    Recorded(OplogEntry),
     /// Nothing left to replay: do it live and record it.
     Live,
     /// The next recorded entry is of another kind: the run has diverged.
@@ -85,33 +69,50 @@ pub enum Replayed {
 }
 
 impl HostLog {
-    pub fn new(replay: Vec<NewEntry>) -> Arc<Self> {
+    /// A log that replays `replay` (the call's host-call entries, in oplog order) before
+    /// it goes live. An HTTP outcome with no recorded request is a divergence at once.
+    pub fn new(replay: Vec<OplogEntry>) -> Arc<Self> {
         let mut ordered = VecDeque::new();
-        let mut http: std::collections::BTreeMap<u64, RecordedHttp> = Default::default();
+        let mut http: BTreeMap<u64, RecordedHttp> = BTreeMap::new();
+        let mut aborted = None;
         for entry in replay {
-            if entry.kind.starts_with("http-") {
-                let Some(seq) = entry.payload.get("seq").and_then(Value::as_u64) else {
-                    continue;
-                };
-                if entry.kind == HTTP_REQUEST {
+            match entry {
+                OplogEntry::HttpRequest(request) => {
                     http.insert(
-                        seq,
+                        request.seq,
                         RecordedHttp {
-                            request: entry.payload,
+                            request,
                             outcome: None,
                         },
                     );
-                } else if let Some(recorded) = http.get_mut(&seq) {
-                    recorded.outcome = Some(entry);
                 }
-            } else {
-                ordered.push_back(entry);
+                outcome @ (OplogEntry::HttpResponse(_)
+                | OplogEntry::HttpError(_)
+                | OplogEntry::HttpDenied(_)) => {
+                    let seq = outcome.http_seq().unwrap_or_default();
+                    match http.get_mut(&seq) {
+                        Some(recorded) if recorded.outcome.is_none() => {
+                            recorded.outcome = Some(outcome)
+                        }
+                        _ => {
+                            aborted.get_or_insert((
+                                AbortKind::Diverged,
+                                format!(
+                                    "the oplog has a {} for request {seq} without its request (or twice)",
+                                    outcome.kind()
+                                ),
+                            ));
+                        }
+                    }
+                }
+                other => ordered.push_back(other),
             }
         }
         Arc::new(HostLog {
             state: Mutex::new(LogState {
                 replay: ordered,
                 http,
+                aborted,
                 ..LogState::default()
             }),
         })
@@ -144,7 +145,7 @@ impl HostLog {
     }
 
     /// Answers the next host call of `kind` from the replay, if any is left.
-    pub fn replay_next(&self, kind: &str) -> Replayed {
+    pub fn replay_next(&self, kind: EntryKind) -> Replayed {
         let mut state = self.lock();
         if state.aborted.is_some() {
             return Replayed::Diverged;
@@ -153,41 +154,39 @@ impl HostLog {
             && *used < bytes.len()
         {
             let reason = format!(
-                "the guest made a {kind:?} host call while {} recorded random bytes were still unread",
+                "the guest made a {kind} host call while {} recorded random bytes were still unread",
                 bytes.len() - used
             );
             state.aborted = Some((AbortKind::Diverged, reason));
             return Replayed::Diverged;
         }
         state.random = None;
-        match state.replay.front() {
-            None => Replayed::Live,
-            Some(entry) if entry.kind == kind => {
-                let entry = state
-                    .replay
-                    .pop_front()
-                    .map(|e| e.payload)
-                    .unwrap_or(Value::Null);
+        let next_kind = match state.replay.front() {
+            None => return Replayed::Live,
+            Some(entry) => entry.kind(),
+        };
+        if next_kind != kind {
+            let reason = format!(
+                "host call {} of the replay was {next_kind} in the oplog but {kind} now",
+                state.replayed + 1,
+            );
+            state.aborted = Some((AbortKind::Diverged, reason));
+            return Replayed::Diverged;
+        }
+        match state.replay.pop_front() {
+            Some(entry) => {
                 state.replayed += 1;
                 Replayed::Recorded(entry)
             }
-            Some(entry) => {
-                let reason = format!(
-                    "host call {} of the replay was {:?} in the oplog but {kind:?} now",
-                    state.replayed + 1,
-                    entry.kind
-                );
-                state.aborted = Some((AbortKind::Diverged, reason));
-                Replayed::Diverged
-            }
+            None => Replayed::Live,
         }
     }
 
     /// Records a live host result.
-    pub fn record(&self, kind: &str, payload: Value) {
+    pub fn record(&self, entry: OplogEntry) {
         let mut state = self.lock();
         state.recorded += 1;
-        state.pending.push(NewEntry::new(kind, payload));
+        state.pending.push(entry);
     }
 
     /// Marks the run as diverged (for host calls whose recorded payload does not fit).
@@ -208,7 +207,7 @@ impl HostLog {
     }
 
     /// Entries recorded since the last call, to be committed.
-    pub fn take_pending(&self) -> Vec<NewEntry> {
+    pub fn take_pending(&self) -> Vec<OplogEntry> {
         std::mem::take(&mut self.lock().pending)
     }
 
@@ -234,21 +233,14 @@ impl HostLog {
     }
 
     fn monotonic(&self, live: u64) -> u64 {
-        let kind = MONOTONIC_CLOCK;
-        match self.replay_next(kind) {
-            Replayed::Recorded(payload) => match payload.get("ns").and_then(Value::as_u64) {
-                Some(ns) => {
-                    let mut state = self.lock();
-                    state.monotonic_offset = i128::from(ns) - i128::from(live);
-                    state.last_monotonic = ns;
-                    ns
-                }
-                None => {
-                    self.diverge(format!("recorded {kind} entry has no ns"));
-                    live
-                }
-            },
-            Replayed::Diverged => live,
+        match self.replay_next(EntryKind::MonotonicClock) {
+            Replayed::Recorded(OplogEntry::MonotonicClock(MonotonicClock { ns })) => {
+                let mut state = self.lock();
+                state.monotonic_offset = i128::from(ns) - i128::from(live);
+                state.last_monotonic = ns;
+                ns
+            }
+            Replayed::Recorded(_) | Replayed::Diverged => live,
             Replayed::Live => {
                 let adjusted = {
                     let mut state = self.lock();
@@ -257,32 +249,23 @@ impl HostLog {
                     state.last_monotonic = adjusted;
                     adjusted
                 };
-                self.record(kind, json!({ "ns": adjusted }));
+                self.record(OplogEntry::MonotonicClock(MonotonicClock { ns: adjusted }));
                 adjusted
             }
         }
     }
 
     fn wall(&self, live: Duration) -> Duration {
-        let kind = WALL_CLOCK;
-        match self.replay_next(kind) {
-            Replayed::Recorded(payload) => {
-                let secs = payload.get("secs").and_then(Value::as_u64);
-                let nanos = payload.get("nanos").and_then(Value::as_u64);
-                match (secs, nanos) {
-                    (Some(secs), Some(nanos)) => Duration::new(secs, nanos as u32),
-                    _ => {
-                        self.diverge(format!("recorded {kind} entry is malformed"));
-                        live
-                    }
-                }
+        match self.replay_next(EntryKind::WallClock) {
+            Replayed::Recorded(OplogEntry::WallClock(WallClock { secs, nanos })) => {
+                Duration::new(secs, nanos)
             }
-            Replayed::Diverged => live,
+            Replayed::Recorded(_) | Replayed::Diverged => live,
             Replayed::Live => {
-                self.record(
-                    kind,
-                    json!({ "secs": live.as_secs(), "nanos": live.subsec_nanos() }),
-                );
+                self.record(OplogEntry::WallClock(WallClock {
+                    secs: live.as_secs(),
+                    nanos: live.subsec_nanos(),
+                }));
                 live
             }
         }
@@ -290,7 +273,7 @@ impl HostLog {
 
     /// Random draws are recorded as a byte stream: consecutive draws of one source share
     /// an entry, and a replay hands the bytes out again in the same order.
-    fn random(&self, source: &'static str, buf: &mut [u8], live: impl FnOnce(&mut [u8])) {
+    fn random(&self, source: RandomSource, buf: &mut [u8], live: impl FnOnce(&mut [u8])) {
         let mut state = self.lock();
         if state.aborted.is_some() {
             drop(state);
@@ -302,10 +285,12 @@ impl HostLog {
             && *used < bytes.len()
         {
             let left = bytes.len() - *used;
-            if recorded_source != source || left < buf.len() {
+            if *recorded_source != source || left < buf.len() {
                 let reason = format!(
-                    "the guest asked for {} {source} random bytes but the oplog has {left} {recorded_source} bytes left",
-                    buf.len()
+                    "the guest asked for {} {} random bytes but the oplog has {left} {} bytes left",
+                    buf.len(),
+                    source.as_str(),
+                    recorded_source.as_str()
                 );
                 state.aborted = Some((AbortKind::Diverged, reason));
                 drop(state);
@@ -317,48 +302,37 @@ impl HostLog {
             return;
         }
         drop(state);
-        match self.replay_next(RANDOM) {
-            Replayed::Recorded(payload) => {
-                let bytes = payload
-                    .get("hex")
-                    .and_then(Value::as_str)
-                    .and_then(|h| hex::decode(h).ok());
-                let recorded_source = payload
-                    .get("source")
-                    .and_then(Value::as_str)
-                    .unwrap_or("secure")
-                    .to_string();
-                match bytes {
-                    Some(bytes) if bytes.len() >= buf.len() && recorded_source == source => {
-                        buf.copy_from_slice(&bytes[..buf.len()]);
-                        self.lock().random = Some((recorded_source, bytes, buf.len()));
-                    }
-                    _ => {
-                        self.diverge(format!(
-                            "the guest asked for {} {source} random bytes but the oplog has a different draw",
-                            buf.len()
-                        ));
-                        live(buf);
-                    }
-                }
+        match self.replay_next(EntryKind::Random) {
+            Replayed::Recorded(OplogEntry::Random(Random {
+                source: recorded_source,
+                bytes,
+            })) if bytes.len() >= buf.len() && recorded_source == source => {
+                buf.copy_from_slice(&bytes[..buf.len()]);
+                self.lock().random = Some((recorded_source, bytes, buf.len()));
+            }
+            Replayed::Recorded(_) => {
+                self.diverge(format!(
+                    "the guest asked for {} {} random bytes but the oplog has a different draw",
+                    buf.len(),
+                    source.as_str()
+                ));
+                live(buf);
             }
             Replayed::Diverged => live(buf),
             Replayed::Live => {
                 live(buf);
                 let mut state = self.lock();
                 state.recorded += 1;
-                if let Some(last) = state.pending.last_mut()
-                    && last.kind == RANDOM
-                    && last.payload.get("source").and_then(Value::as_str) == Some(source)
-                    && let Some(Value::String(hex_bytes)) = last.payload.get_mut("hex")
+                if let Some(OplogEntry::Random(last)) = state.pending.last_mut()
+                    && last.source == source
                 {
-                    hex_bytes.push_str(&hex::encode(&*buf));
+                    last.bytes.extend_from_slice(buf);
                     return;
                 }
-                state.pending.push(NewEntry::new(
-                    RANDOM,
-                    json!({ "source": source, "hex": hex::encode(&*buf) }),
-                ));
+                state.pending.push(OplogEntry::Random(Random {
+                    source,
+                    bytes: buf.to_vec(),
+                }));
             }
         }
     }
@@ -409,21 +383,21 @@ impl HostMonotonicClock for RecordedMonotonicClock {
 /// `wasi:random` (secure and insecure) through the log.
 pub struct RecordedRng {
     log: Arc<HostLog>,
-    source: &'static str,
+    source: RandomSource,
 }
 
 impl RecordedRng {
     pub fn secure(log: Arc<HostLog>) -> Self {
         RecordedRng {
             log,
-            source: "secure",
+            source: RandomSource::Secure,
         }
     }
 
     pub fn insecure(log: Arc<HostLog>) -> Self {
         RecordedRng {
             log,
-            source: "insecure",
+            source: RandomSource::Insecure,
         }
     }
 
@@ -458,6 +432,17 @@ mod tests {
     use super::*;
     use rand::Rng;
 
+    fn wall(secs: u64, nanos: u32) -> OplogEntry {
+        OplogEntry::WallClock(WallClock { secs, nanos })
+    }
+
+    fn random(bytes: &[u8]) -> OplogEntry {
+        OplogEntry::Random(Random {
+            source: RandomSource::Secure,
+            bytes: bytes.to_vec(),
+        })
+    }
+
     #[test]
     fn live_readings_are_recorded_in_order() {
         let log = HostLog::new(Vec::new());
@@ -468,23 +453,26 @@ mod tests {
         let m = mono.now();
         let r = rng.next_u64();
         let entries = log.take_pending();
-        let kinds: Vec<_> = entries.iter().map(|e| e.kind.as_str()).collect();
-        assert_eq!(kinds, [WALL_CLOCK, MONOTONIC_CLOCK, RANDOM]);
-        assert_eq!(entries[0].payload["secs"], t.as_secs());
-        assert_eq!(entries[1].payload["ns"], m);
-        assert_eq!(entries[2].payload["hex"], hex::encode(r.to_le_bytes()));
+        assert_eq!(
+            entries,
+            [
+                OplogEntry::WallClock(WallClock {
+                    secs: t.as_secs(),
+                    nanos: t.subsec_nanos()
+                }),
+                OplogEntry::MonotonicClock(MonotonicClock { ns: m }),
+                random(&r.to_le_bytes()),
+            ]
+        );
         assert!(log.take_pending().is_empty());
     }
 
     #[test]
     fn replay_answers_from_the_log_then_goes_live() {
         let recorded = vec![
-            NewEntry::new(WALL_CLOCK, json!({"secs": 42, "nanos": 7})),
-            NewEntry::new(
-                RANDOM,
-                json!({"source": "secure", "hex": "0102030405060708"}),
-            ),
-            NewEntry::new(MONOTONIC_CLOCK, json!({"ns": u64::MAX / 2})),
+            wall(42, 7),
+            random(&[1, 2, 3, 4, 5, 6, 7, 8]),
+            OplogEntry::MonotonicClock(MonotonicClock { ns: u64::MAX / 2 }),
         ];
         let log = HostLog::new(recorded);
         let wall = RecordedWallClock(log.clone());
@@ -506,10 +494,7 @@ mod tests {
 
     #[test]
     fn a_different_host_call_is_a_divergence() {
-        let log = HostLog::new(vec![NewEntry::new(
-            WALL_CLOCK,
-            json!({"secs": 1, "nanos": 0}),
-        )]);
+        let log = HostLog::new(vec![wall(1, 0)]);
         let mut rng = RecordedRng::secure(log.clone());
         let _ = rng.next_u32();
         let reason = log.divergence().expect("diverged");
@@ -524,10 +509,7 @@ mod tests {
         let wide = rng.next_u64();
         let entries = log.take_pending();
         assert_eq!(entries.len(), 1, "{entries:?}");
-        assert_eq!(
-            entries[0].payload["hex"].as_str().unwrap().len(),
-            2 * (5 * 4 + 8)
-        );
+        assert!(matches!(&entries[0], OplogEntry::Random(r) if r.bytes.len() == 5 * 4 + 8));
 
         let replay = HostLog::new(entries);
         let mut rng = RecordedRng::secure(replay.clone());
@@ -540,13 +522,7 @@ mod tests {
 
     #[test]
     fn unread_random_bytes_before_another_host_call_are_a_divergence() {
-        let log = HostLog::new(vec![
-            NewEntry::new(
-                RANDOM,
-                json!({"source": "secure", "hex": "0102030405060708"}),
-            ),
-            NewEntry::new(WALL_CLOCK, json!({"secs": 1, "nanos": 0})),
-        ]);
+        let log = HostLog::new(vec![random(&[1, 2, 3, 4, 5, 6, 7, 8]), wall(1, 0)]);
         let mut rng = RecordedRng::secure(log.clone());
         let wall = RecordedWallClock(log.clone());
         let _ = rng.next_u32();
@@ -556,12 +532,20 @@ mod tests {
 
     #[test]
     fn a_random_draw_of_another_size_is_a_divergence() {
-        let log = HostLog::new(vec![NewEntry::new(
-            RANDOM,
-            json!({"source": "secure", "hex": "01"}),
-        )]);
+        let log = HostLog::new(vec![random(&[1])]);
         let mut rng = RecordedRng::secure(log.clone());
         let _ = rng.next_u64();
         assert!(log.divergence().is_some());
+    }
+
+    #[test]
+    fn an_http_outcome_without_its_request_is_a_divergence() {
+        let log = HostLog::new(vec![OplogEntry::HttpError(crate::call::HttpError {
+            seq: 4,
+            message: "x".into(),
+            unresolved: false,
+        })]);
+        let reason = log.divergence().expect("diverged");
+        assert!(reason.contains("request 4"), "{reason}");
     }
 }

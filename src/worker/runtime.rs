@@ -8,8 +8,9 @@ use super::limits::{
 };
 use super::link::AppendError;
 use super::recorder::{AbortKind, HostLog, RecordedMonotonicClock, RecordedRng, RecordedWallClock};
+use crate::call::OplogEntry;
 use crate::error::ErrorKind;
-use crate::store::{NewEntry, RunLimits};
+use crate::store::RunLimits;
 use bytes::Bytes;
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
@@ -213,7 +214,7 @@ pub struct RunRequest {
     pub stdin: Vec<u8>,
     pub limits: RunLimits,
     /// Host-call entries of earlier attempts, answered before going live.
-    pub replay: Vec<NewEntry>,
+    pub replay: Vec<OplogEntry>,
     /// The tool's effect is `read` or `idempotent`: an in-flight request may be re-sent.
     pub repeatable: bool,
     /// Where the tool may send requests.
@@ -221,7 +222,7 @@ pub struct RunRequest {
     /// Where commits go (the worker link); `None` keeps them in memory.
     pub sink: Option<Arc<dyn OplogSink>>,
     /// Entries to record before the guest starts (a replay marker).
-    pub prelude: Vec<NewEntry>,
+    pub prelude: Vec<OplogEntry>,
 }
 
 impl std::fmt::Debug for dyn OplogSink {
@@ -253,12 +254,12 @@ pub struct RunOutcome {
 /// A sink that keeps commits in memory (tests, and runs without a control plane).
 #[derive(Default)]
 pub struct MemorySink {
-    pub entries: Mutex<Vec<NewEntry>>,
+    pub entries: Mutex<Vec<OplogEntry>>,
 }
 
 #[async_trait::async_trait]
 impl OplogSink for MemorySink {
-    async fn append(&self, entries: Vec<NewEntry>) -> Result<(), AppendError> {
+    async fn append(&self, entries: Vec<OplogEntry>) -> Result<(), AppendError> {
         self.entries
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -509,7 +510,7 @@ impl Runtime {
         let trips = Arc::new(Tripwires::default());
         let log = HostLog::new(request.replay);
         for entry in request.prelude {
-            log.record(&entry.kind, entry.payload);
+            log.record(entry);
         }
         let stdout = CappedOutput::new(request.limits.output_bytes, trips.clone());
         let stderr = TailOutput::new(STDERR_TAIL);

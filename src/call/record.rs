@@ -1,5 +1,7 @@
-//! The records the store keeps.
+//! A call as it is admitted and kept: its spec (fixed at admission), its record, the
+//! bookkeeping of resources.
 
+use super::{CallError, CallState, OplogEntry};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -10,62 +12,6 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or_default()
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CallState {
-    /// Recorded, waiting for a worker slot.
-    Pending,
-    /// Assigned to a worker.
-    Running,
-    Succeeded,
-    Failed,
-}
-
-impl CallState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CallState::Pending => "pending",
-            CallState::Running => "running",
-            CallState::Succeeded => "succeeded",
-            CallState::Failed => "failed",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "pending" => CallState::Pending,
-            "running" => CallState::Running,
-            "succeeded" => CallState::Succeeded,
-            "failed" => CallState::Failed,
-            _ => return None,
-        })
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(self, CallState::Succeeded | CallState::Failed)
-    }
-}
-
-/// A failed call's error, as callers see it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CallError {
-    /// Stable kebab-case kind (see [`crate::error::ErrorKind`]).
-    pub kind: String,
-    pub message: String,
-    /// The declared error's name, for a declared exit code.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub name: String,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub exit_code: i32,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub stderr_tail: String,
-}
-
-fn is_zero(v: &i32) -> bool {
-    *v == 0
 }
 
 /// The sandbox limits of one call.
@@ -119,8 +65,8 @@ pub struct NewCall {
     pub idempotency_key: Option<String>,
     /// Fingerprint of the request, to tell a retry from a different call with the same key.
     pub request_hash: String,
-    /// Payload of the `call-started` entry.
-    pub started: Value,
+    /// The `call-started` entry.
+    pub started: super::CallStarted,
 }
 
 /// The answer to [`super::Store::create_call`].
@@ -161,31 +107,29 @@ pub struct CallRecord {
     pub finished_at_ms: Option<i64>,
 }
 
-/// An oplog entry to append.
+/// A stored oplog entry, as the store holds it: the payload is kept as written, so an entry
+/// that no longer parses (a corrupted row) is still shown, and reading it as an
+/// [`OplogEntry`] is an error the reader must handle.
 #[derive(Clone, Debug, PartialEq)]
-pub struct NewEntry {
-    pub kind: String,
-    pub payload: Value,
-}
-
-impl NewEntry {
-    pub fn new(kind: impl Into<String>, payload: Value) -> Self {
-        NewEntry {
-            kind: kind.into(),
-            payload,
-        }
-    }
-}
-
-/// A stored oplog entry.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct OplogRecord {
     pub seq: u64,
     pub epoch: u64,
     pub kind: String,
-    pub payload: Value,
+    /// The payload's JSON text.
+    pub payload: String,
     pub recorded_at_ms: i64,
+}
+
+impl OplogRecord {
+    /// The entry this record holds.
+    pub fn entry(&self) -> Result<OplogEntry, super::EntryError> {
+        OplogEntry::from_text(&self.kind, self.payload.as_bytes())
+    }
+
+    /// The payload as JSON for display (a string when it is not JSON).
+    pub fn payload_json(&self) -> Value {
+        serde_json::from_str(&self.payload).unwrap_or_else(|_| Value::String(self.payload.clone()))
+    }
 }
 
 #[derive(Clone, Debug, Default)]
