@@ -71,6 +71,7 @@ fn new_call(id: &str, key: Option<&str>, args: serde_json::Value) -> NewCall {
             stdin_bytes: 2,
             idempotency_key: key.map(String::from),
         },
+        assign_to: None,
     }
 }
 

@@ -267,8 +267,9 @@ pub struct Outcome {
     pub state: Ended,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<CallError>,
-    /// Set when a worker's run ended the call (absent when the control plane failed it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Set when a worker's run ended the call (absent when the control plane failed it);
+    /// its fields sit beside `state` in the stored payload.
+    #[serde(flatten)]
     pub run: Option<RunSummary>,
 }
 
@@ -437,6 +438,39 @@ mod tests {
                 bytes: vec![10, 11]
             })
         );
+    }
+
+    #[test]
+    fn outcomes_keep_the_run_beside_the_state() {
+        let outcome = OplogEntry::Outcome(Outcome {
+            state: Ended::Succeeded,
+            error: None,
+            run: Some(RunSummary {
+                exit_code: 0,
+                stdout_bytes: 5,
+                run_micros: 9,
+                epoch: 2,
+                worker: "w1".into(),
+                replayed: 3,
+            }),
+        });
+        let (_, payload) = outcome.to_parts();
+        assert_eq!(payload["worker"], "w1");
+        assert_eq!(payload["state"], "succeeded");
+        assert_eq!(OplogEntry::from_parts("outcome", payload).unwrap(), outcome);
+        let failed = OplogEntry::from_parts(
+            "outcome",
+            json!({"state": "failed", "error": {"kind": "timeout", "message": "m"}}),
+        )
+        .unwrap();
+        assert!(matches!(
+            failed,
+            OplogEntry::Outcome(Outcome {
+                run: None,
+                error: Some(_),
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub struct NewCall {
     pub request_hash: String,
     /// The `call-started` entry.
     pub started: super::CallStarted,
+    /// A worker whose slot the scheduler reserved: the call is recorded already assigned
+    /// to it (epoch 1), admission and assignment in one commit.
+    pub assign_to: Option<String>,
 }
 
 /// The answer to [`super::Store::create_call`].

@@ -518,6 +518,7 @@ async fn append_loop(
                     stdin_bytes: 0,
                     idempotency_key: None,
                 },
+                assign_to: None,
             })
             .await?;
         store.assign_call(&id, "bench").await?;

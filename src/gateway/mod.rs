@@ -281,12 +281,31 @@ impl Gateway {
             idempotency_key,
             request_hash,
             started,
+            assign_to: None,
         };
-        match self.store.create_call(new).await? {
+        // Admission and assignment in one commit when a slot is free now.
+        let mut new = new;
+        let call_id = new.id.clone();
+        new.assign_to = self.scheduler.reserve(&new);
+        let reserved = new.assign_to.is_some();
+        let created = match self.store.create_call(new).await {
+            Ok(created) => created,
+            Err(error) => {
+                if reserved {
+                    self.scheduler.unreserve(&call_id);
+                }
+                return Err(error.into());
+            }
+        };
+        match created {
             Created::New(record) => {
                 tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, "call accepted");
                 let updates = self.calls.subscribe(&record.id);
-                self.scheduler.submit(record.clone(), command);
+                if reserved {
+                    self.scheduler.admitted_assigned(record.clone(), command);
+                } else {
+                    self.scheduler.submit(record.clone(), command);
+                }
                 Ok(Admitted {
                     record,
                     deduplicated: false,
@@ -294,6 +313,9 @@ impl Gateway {
                 })
             }
             Created::Existing(record) => {
+                if reserved {
+                    self.scheduler.unreserve(&call_id);
+                }
                 tracing::info!(call = %record.id, "idempotency key matched an earlier call");
                 Ok(Admitted {
                     record,

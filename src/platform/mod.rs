@@ -100,6 +100,9 @@ impl ControlPlane {
             .add_service(tools)
             .add_service(link)
             .serve_with_incoming(incoming);
+        // Workers can attach from now on: the re-attach grace of recovered calls starts here,
+        // not when the store was opened (the catalog may have taken a while to sync).
+        self.scheduler.listening();
         let catalog = self.catalog.clone();
         let ready: Arc<dyn Fn() -> bool + Send + Sync> =
             Arc::new(move || catalog.current().revision > 0);

@@ -1,7 +1,7 @@
 //! The control plane's side of `WorkerLink`: one `Attach` stream per worker session, and
 //! artifact downloads by digest.
 
-use super::Scheduler;
+use super::{ResultAnswer, Scheduler};
 use crate::proto::worker_link_server::WorkerLink;
 use crate::proto::{self, ControlEvent, WorkerEvent, control_event, worker_event};
 use crate::store::Store;
@@ -105,10 +105,17 @@ impl WorkerLink for WorkerLinkService {
                             (scheduler.clone(), tx.clone(), worker.clone());
                         tokio::spawn(async move {
                             let call_id = result.call_id.clone();
-                            let ok = scheduler.complete(&worker, result).await;
-                            let ack = proto::ResultAck { call_id, ok };
+                            let answer = scheduler.complete(&worker, result).await;
+                            let ack = proto::ResultAck {
+                                call_id,
+                                ok: answer == ResultAnswer::Stored,
+                                retry: answer == ResultAnswer::Retry,
+                            };
                             let _ = tx.send(event(control_event::Event::ResultAck(ack))).await;
                         });
+                    }
+                    Some(worker_event::Event::Abandoned(abandoned)) => {
+                        scheduler.abandoned(&worker, session, &abandoned);
                     }
                     Some(worker_event::Event::Progress(progress)) => {
                         scheduler.progress(&worker, &progress)
@@ -119,7 +126,7 @@ impl WorkerLink for WorkerLinkService {
                     None => {}
                 }
             };
-            scheduler.worker_lost(&worker, session, &reason).await;
+            scheduler.worker_lost(&worker, session, &reason);
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

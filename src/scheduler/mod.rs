@@ -2,21 +2,29 @@
 //!
 //! Calls wait in one queue and go to a worker of their release's pool with a free slot,
 //! preferring one that has the release compiled. Every assignment bumps the call's epoch
-//! in the store; a worker whose stream breaks or whose lease lapses loses its calls, which
-//! are fenced (so its late appends are refused) and handed to another worker to replay.
+//! in the store; a worker whose stream breaks, whose lease lapses, or who gives a call up
+//! loses its calls, which are fenced (so its late appends are refused) and handed to
+//! another worker to replay.
+//!
+//! The decisions are a pure state machine ([`state::State`]); [`Scheduler`] is its driver:
+//! it feeds the state machine events (from worker streams, from store writes, from the
+//! clock), runs the commands it returns (store writes, messages to workers), and feeds their
+//! outcomes back. It sleeps until the state machine's next deadline, or the next event.
 
 mod link;
+pub mod state;
 mod watch;
 
 pub use link::WorkerLinkService;
+pub use state::WorkerInfo;
 pub use watch::{CallUpdate, CallWatch, Progress};
 
 use crate::call::{EntryKind, OplogEntry};
 use crate::catalog::interface::CommandInterface;
-use crate::error::ErrorKind;
 use crate::proto::{self, ControlEvent, control_event};
-use crate::store::{CallError, CallRecord, Store, StoreError, now_ms};
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::store::{CallRecord, Store, StoreError, now_ms};
+use state::{Call, Command, Event, Reported, State, Timing};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, mpsc};
@@ -30,7 +38,7 @@ pub struct SchedulerConfig {
     /// A worker silent this long is dead and loses its calls.
     pub lease: Duration,
     /// After a control plane restart, how long running calls wait for their worker to
-    /// re-attach before they are reassigned.
+    /// re-attach before they are reassigned, counted from when the worker port listens.
     pub reattach_grace: Duration,
     /// How long past its deadline a running call may go unreported before it is failed.
     pub deadline_grace: Duration,
@@ -54,68 +62,21 @@ pub type Judge =
 /// The outbound half of a worker's stream.
 pub type ControlSender = mpsc::Sender<Result<ControlEvent, Status>>;
 
-struct WorkerEntry {
-    session: u64,
-    pool: String,
-    slots: u32,
-    busy: HashSet<String>,
-    cached: HashSet<String>,
+/// A worker session's stream and the switch that ends it.
+struct Session {
     tx: ControlSender,
-    lease_until: Instant,
-    /// Ends the session's stream at once (a lapsed lease), so a paused worker that wakes
-    /// up finds its stream gone and its commits unacknowledged.
     stop: Arc<Notify>,
 }
 
-struct Queued {
-    record: Arc<CallRecord>,
-    interface: Option<Arc<CommandInterface>>,
-}
-
-struct Running {
-    record: Arc<CallRecord>,
-    interface: Option<Arc<CommandInterface>>,
-    worker: String,
-    session: u64,
-    /// 0 while the assignment is being written.
-    epoch: u64,
-}
-
-/// A running call found in the store at start-up, waiting for its worker to re-attach.
-struct Orphan {
-    record: Arc<CallRecord>,
-    until: Instant,
-}
-
-#[derive(Default)]
-struct State {
-    workers: HashMap<String, WorkerEntry>,
-    next_session: u64,
-    queue: VecDeque<Queued>,
-    running: HashMap<String, Running>,
-    orphans: HashMap<String, Orphan>,
-}
-
-impl State {
-    /// Gives back the slot `plan_one` reserved on `worker` for a call that did not go out.
-    fn unreserve(&mut self, call_id: &str, worker: &str) {
-        self.running.remove(call_id);
-        if let Some(w) = self.workers.get_mut(worker) {
-            w.busy.remove(call_id);
-        }
-    }
-}
-
-/// A running call past its deadline: its record, its worker's stream, its epoch.
-type LateCall = (Arc<CallRecord>, Option<ControlSender>, u64);
-
-/// A snapshot of one worker, for status and `toolgrid get pools`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkerInfo {
-    pub id: String,
-    pub pool: String,
-    pub slots: u32,
-    pub busy: u32,
+/// What the control plane answers a worker's result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResultAnswer {
+    /// Stored: the worker may forget it.
+    Stored,
+    /// Refused for good (the call moved on, or the result is malformed): forget it.
+    Refused,
+    /// Not stored now (the store is unavailable): keep it and send it again.
+    Retry,
 }
 
 pub struct Scheduler {
@@ -124,10 +85,9 @@ pub struct Scheduler {
     config: SchedulerConfig,
     judge: Judge,
     state: Mutex<State>,
+    sessions: Mutex<HashMap<(String, u64), Session>>,
+    /// Wakes the timer when an event may have moved the next deadline.
     wake: Notify,
-    /// When this scheduler started; workers of a previous control plane may still be
-    /// re-attaching until `reattach_grace` has passed.
-    started: Instant,
 }
 
 impl Scheduler {
@@ -137,114 +97,130 @@ impl Scheduler {
         config: SchedulerConfig,
         judge: Judge,
     ) -> Arc<Self> {
+        let timing = Timing {
+            lease: config.lease,
+            reattach_grace: config.reattach_grace,
+            deadline_grace: config.deadline_grace,
+            retry_backoff: Duration::from_millis(200),
+        };
         Arc::new(Scheduler {
             store,
             calls,
             config,
             judge,
-            state: Mutex::default(),
+            state: Mutex::new(State::new(timing)),
+            sessions: Mutex::default(),
             wake: Notify::new(),
-            started: Instant::now(),
         })
-    }
-
-    /// Whether workers of a previous control plane may still be re-attaching, so an
-    /// empty worker set says nothing about the pool's health yet.
-    pub fn reattaching(&self) -> bool {
-        self.started.elapsed() < self.config.reattach_grace
-    }
-
-    pub fn config(&self) -> SchedulerConfig {
-        self.config
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Loads the calls a previous control plane left unfinished: pending ones queue again,
-    /// running ones wait for their worker to re-attach.
-    pub async fn recover(&self) -> Result<usize, StoreError> {
-        let unfinished = self.store.unfinished_calls().await?;
-        let count = unfinished.len();
-        let until = Instant::now() + self.config.reattach_grace;
-        let mut state = self.lock();
-        for record in unfinished {
-            let record = Arc::new(record);
-            if record.state == crate::store::CallState::Running {
-                state
-                    .orphans
-                    .insert(record.id.clone(), Orphan { record, until });
-            } else {
-                state.queue.push_back(Queued {
-                    record,
-                    interface: None,
-                });
+    fn sessions(&self) -> MutexGuard<'_, HashMap<(String, u64), Session>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Feeds one event to the state machine and runs what follows.
+    fn on(self: &Arc<Self>, event: Event) -> Vec<Command> {
+        let commands = self.lock().on(event, Instant::now());
+        self.wake.notify_one();
+        let mut kept = Vec::new();
+        for command in commands {
+            match command {
+                registered @ Command::Registered { .. } => kept.push(registered),
+                other => self.execute(other),
             }
         }
-        drop(state);
+        kept
+    }
+
+    /// Whether workers of a previous control plane may still be re-attaching, so an
+    /// empty worker set says nothing about the pool's health yet.
+    pub fn reattaching(&self) -> bool {
+        self.lock().reattaching(Instant::now())
+    }
+
+    pub fn config(&self) -> SchedulerConfig {
+        self.config
+    }
+
+    /// Loads the calls a previous control plane left unfinished: pending ones queue again,
+    /// running ones wait for their worker to re-attach.
+    pub async fn recover(self: &Arc<Self>) -> Result<usize, StoreError> {
+        let unfinished = self.store.unfinished_calls().await?;
+        let count = unfinished.len();
+        self.on(Event::Recovered(unfinished));
         if count > 0 {
             tracing::info!(calls = count, "recovered unfinished calls");
         }
-        self.wake.notify_one();
         Ok(count)
     }
 
+    /// The worker port listens: the re-attach grace starts now.
+    pub fn listening(self: &Arc<Self>) {
+        self.on(Event::Listening);
+    }
+
     /// Queues a newly admitted call.
-    pub fn submit(&self, record: CallRecord, interface: Arc<CommandInterface>) {
-        self.lock().queue.push_back(Queued {
-            record: Arc::new(record),
-            interface: Some(interface),
-        });
-        self.wake.notify_one();
+    pub fn submit(self: &Arc<Self>, record: CallRecord, interface: Arc<CommandInterface>) {
+        self.on(Event::Submitted(Call::new(record, Some(interface))));
+    }
+
+    /// Reserves a worker slot for a call about to be admitted, so the store can record the
+    /// admission and the assignment in one commit.
+    pub fn reserve(&self, call: &crate::store::NewCall) -> Option<String> {
+        self.lock().reserve(call)
+    }
+
+    /// Gives a reservation back (the admission did not create the call).
+    pub fn unreserve(self: &Arc<Self>, call_id: &str) {
+        self.lock().unreserve(call_id);
+        self.on(Event::Tick);
+    }
+
+    /// Hands a call admitted and assigned in one commit to its reserved worker.
+    pub fn admitted_assigned(
+        self: &Arc<Self>,
+        record: CallRecord,
+        interface: Arc<CommandInterface>,
+    ) {
+        let epoch = record.epoch;
+        let call = Call::new(record, Some(interface));
+        self.on(Event::AdmittedAssigned { call, epoch });
     }
 
     /// Workers attached now.
     pub fn workers(&self) -> Vec<WorkerInfo> {
-        let state = self.lock();
-        let mut workers: Vec<_> = state
-            .workers
-            .iter()
-            .map(|(id, w)| WorkerInfo {
-                id: id.clone(),
-                pool: w.pool.clone(),
-                slots: w.slots,
-                busy: w.busy.len() as u32,
-            })
-            .collect();
-        workers.sort_by(|a, b| a.id.cmp(&b.id));
-        workers
+        self.lock().workers()
     }
 
     /// Calls of a release not yet ended (queued or running), e.g. before deleting it.
     pub fn calls_of_release(&self, namespace: &str, release: &str) -> usize {
-        let state = self.lock();
-        let matches = |r: &CallRecord| r.namespace == namespace && r.release == release;
-        state.queue.iter().filter(|q| matches(&q.record)).count()
-            + state
-                .running
-                .values()
-                .filter(|r| matches(&r.record))
-                .count()
-            + state
-                .orphans
-                .values()
-                .filter(|o| matches(&o.record))
-                .count()
+        self.lock().calls_of_release(namespace, release)
+    }
+
+    /// Calls waiting for a slot, by pool.
+    pub fn queued(&self) -> HashMap<String, usize> {
+        self.lock().queued()
     }
 
     fn export_gauges(&self) {
         use crate::metrics::PoolLabel;
         let metrics = crate::metrics::global();
-        let state = self.lock();
+        let (workers, queued) = {
+            let state = self.lock();
+            (state.workers(), state.queued())
+        };
         let mut pools: HashMap<String, (i64, i64, i64)> = HashMap::new();
-        for worker in state.workers.values() {
-            let entry = pools.entry(worker.pool.clone()).or_default();
+        for worker in workers {
+            let entry = pools.entry(worker.pool).or_default();
             entry.0 += 1;
-            entry.1 += worker.busy.len() as i64;
+            entry.1 += i64::from(worker.busy);
         }
-        for queued in &state.queue {
-            pools.entry(queued.record.spec.pool.clone()).or_default().2 += 1;
+        for (pool, count) in queued {
+            pools.entry(pool).or_default().2 += count as i64;
         }
         for (pool, (workers, busy, queued)) in pools {
             let label = PoolLabel { pool };
@@ -254,147 +230,310 @@ impl Scheduler {
         }
     }
 
-    /// Calls waiting for a slot, by pool.
-    pub fn queued(&self) -> HashMap<String, usize> {
-        let mut out = HashMap::new();
-        for q in &self.lock().queue {
-            *out.entry(q.record.spec.pool.clone()).or_default() += 1;
-        }
-        out
-    }
-
-    /// Runs the dispatcher until the process ends: assignments, leases and deadlines.
+    /// Runs the timer until the process ends: sleeps until the state machine's next
+    /// deadline (a lease, a grace, a retry, a call's deadline) or until an event arrives.
     pub async fn run(self: Arc<Self>) {
-        let tick = Duration::from_millis(100);
+        // Gauges are exported at most this often.
+        const IDLE: Duration = Duration::from_secs(1);
         loop {
+            let (wake, deadline_ms) = {
+                let state = self.lock();
+                (state.next_wake(), state.next_deadline_ms())
+            };
+            let now = Instant::now();
+            let mut until = wake.unwrap_or(now + IDLE).min(now + IDLE);
+            if let Some(deadline_ms) = deadline_ms {
+                let in_ms = (deadline_ms - now_ms() + 1).max(0) as u64;
+                until = until.min(now + Duration::from_millis(in_ms));
+            }
             tokio::select! {
                 _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(tick) => {}
+                _ = tokio::time::sleep_until(until.into()) => {
+                    self.on(Event::Tick);
+                }
             }
-            self.expire_leases().await;
-            self.expire_orphans().await;
-            self.expire_deadlines().await;
-            self.dispatch().await;
             self.calls.prune();
             self.export_gauges();
+        }
+    }
+
+    /// Runs one command's IO; its outcome comes back as an event.
+    fn execute(self: &Arc<Self>, command: Command) {
+        let this = self.clone();
+        match command {
+            Command::Registered { .. } => {}
+            Command::EndSession { worker, session } => {
+                if let Some(s) = self.sessions().remove(&(worker, session)) {
+                    s.stop.notify_one();
+                }
+            }
+            Command::Cancel {
+                worker,
+                session,
+                call_id,
+                epoch,
+                reason,
+            } => {
+                let cancel = proto::Cancel {
+                    call_id,
+                    epoch,
+                    reason,
+                };
+                self.send(&worker, session, control_event::Event::Cancel(cancel));
+            }
+            Command::Assign {
+                call,
+                worker,
+                session,
+            } => {
+                tokio::spawn(async move { this.assign(call, worker, session).await });
+            }
+            Command::Send {
+                call,
+                worker,
+                session,
+                epoch,
+            } => {
+                tokio::spawn(async move {
+                    this.send_assignment(&call, &worker, session, epoch, Vec::new(), 1)
+                });
+            }
+            Command::Fence {
+                call,
+                epoch,
+                reason,
+            } => {
+                tokio::spawn(async move {
+                    let id = call.record.id.clone();
+                    let event = match this.store.fence_call(&id, epoch, &reason).await {
+                        Ok(new_epoch) => {
+                            crate::metrics::global().failovers.inc();
+                            tracing::info!(call = %id, epoch = new_epoch, "call fenced and queued for another worker: {reason}");
+                            Event::Fenced { call_id: id }
+                        }
+                        Err(StoreError::StaleEpoch { .. }) | Err(StoreError::NotFound(_)) => {
+                            Event::FenceRefused { call_id: id }
+                        }
+                        Err(error) => {
+                            tracing::error!(call = %id, %error, "cannot fence the call; trying again");
+                            Event::FenceFailed { call_id: id }
+                        }
+                    };
+                    this.on(event);
+                });
+            }
+            Command::Fail { call, error } => {
+                tokio::spawn(async move {
+                    let id = call.record.id.clone();
+                    let kind = error.kind;
+                    let event = match this.store.fail_call(&id, error).await {
+                        Ok(done) => {
+                            crate::metrics::call_ended(&done.tool, kind.as_str());
+                            this.calls.finish(done);
+                            Event::Finished { call_id: id }
+                        }
+                        Err(StoreError::NotFound(_)) => Event::Finished { call_id: id },
+                        Err(error) => {
+                            tracing::error!(call = %id, %error, "cannot fail the call; trying again");
+                            Event::FailFailed { call_id: id }
+                        }
+                    };
+                    this.on(event);
+                });
+            }
+        }
+    }
+
+    fn send(&self, worker: &str, session: u64, event: control_event::Event) -> bool {
+        let tx = self
+            .sessions()
+            .get(&(worker.to_string(), session))
+            .map(|s| s.tx.clone());
+        match tx {
+            Some(tx) => tx.try_send(Ok(ControlEvent { event: Some(event) })).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Writes an assignment and sends it with the call's replay.
+    async fn assign(self: Arc<Self>, call: Call, worker: String, session: u64) {
+        let id = call.record.id.clone();
+        let epoch = match self.store.assign_call(&id, &worker).await {
+            Ok(epoch) => epoch,
+            Err(StoreError::StaleEpoch { .. }) | Err(StoreError::NotFound(_)) => {
+                self.on(Event::AssignRefused { call_id: id });
+                return;
+            }
+            Err(error) => {
+                tracing::error!(call = %id, %error, "cannot assign the call; trying again");
+                self.on(Event::AssignFailed { call_id: id });
+                return;
+            }
+        };
+        // Epoch 1 is a call's first assignment; any later one re-runs it from its oplog.
+        // Without the oplog it must not run at all.
+        let (replay, attempt) = if epoch > 1 {
+            match self.store.oplog(&id).await {
+                Ok(records) => match replay_of(&records) {
+                    Ok(replay) => {
+                        let attempt = records
+                            .iter()
+                            .filter(|e| e.kind == EntryKind::Assigned.as_str())
+                            .count() as u32;
+                        (replay, attempt.max(1))
+                    }
+                    Err(message) => {
+                        tracing::error!(call = %id, %message, "the oplog cannot be replayed");
+                        self.on(Event::ReplayUnreadable {
+                            call_id: id,
+                            message,
+                        });
+                        return;
+                    }
+                },
+                Err(error) => {
+                    tracing::error!(call = %id, %error, "cannot read the oplog to replay; trying again");
+                    self.on(Event::AssignFailed { call_id: id });
+                    return;
+                }
+            }
+        } else {
+            (Vec::new(), 1)
+        };
+        // The state machine sends it (or fences it, if the worker left meanwhile).
+        let commands = {
+            let mut state = self.lock();
+            state.on(
+                Event::Assigned {
+                    call_id: id.clone(),
+                    epoch,
+                },
+                Instant::now(),
+            )
+        };
+        self.wake.notify_one();
+        for command in commands {
+            match command {
+                Command::Send {
+                    call,
+                    worker,
+                    session,
+                    epoch,
+                } if call.record.id == id => {
+                    self.send_assignment(&call, &worker, session, epoch, replay.clone(), attempt)
+                }
+                other => self.execute(other),
+            }
+        }
+        let _ = (worker, session);
+    }
+
+    fn send_assignment(
+        self: &Arc<Self>,
+        call: &Call,
+        worker: &str,
+        session: u64,
+        epoch: u64,
+        replay: Vec<proto::OplogEntry>,
+        attempt: u32,
+    ) {
+        let assign = assign_of(&call.record, epoch, attempt, replay);
+        tracing::info!(call = %call.record.id, tool = %call.record.tool, worker, epoch, "call assigned");
+        self.calls.progress(
+            &call.record.id,
+            Progress {
+                stage: "assigned".into(),
+                message: String::new(),
+                worker: worker.to_string(),
+                epoch,
+            },
+        );
+        if !self.send(worker, session, control_event::Event::Assign(assign)) {
+            self.on(Event::Detached {
+                worker: worker.to_string(),
+                session,
+                reason: "stream closed".into(),
+            });
         }
     }
 
     /// Registers a worker's new session, adopting the in-flight calls it reports when the
     /// store agrees they are still its own. Returns the session and calls to abandon.
     pub(crate) async fn register(
-        &self,
+        self: &Arc<Self>,
         register: &proto::Register,
         tx: ControlSender,
         stop: Arc<Notify>,
     ) -> (u64, Vec<String>) {
-        let mut abandon = Vec::new();
-        let mut adopted = Vec::new();
+        let mut in_flight = Vec::new();
         for call in &register.in_flight {
-            let current = self.store.get_call(&call.call_id).await.ok().flatten();
-            match current {
-                Some(record)
-                    if record.state == crate::store::CallState::Running
-                        && record.epoch == call.epoch
-                        && record.worker.as_deref() == Some(register.worker_id.as_str()) =>
-                {
-                    adopted.push(record)
-                }
-                _ => abandon.push(call.call_id.clone()),
-            }
+            let stored = self.store.get_call(&call.call_id).await.ok().flatten();
+            in_flight.push(Reported {
+                call_id: call.call_id.clone(),
+                epoch: call.epoch,
+                stored,
+            });
         }
-        let (session, stale) = {
+        // The stream is installed under its session while the state lock is held, so the
+        // first commands that follow (an assignment to this worker) find it.
+        let mut registered = None;
+        let commands = {
             let mut state = self.lock();
-            state.next_session += 1;
-            let session = state.next_session;
-            let mut busy = HashSet::new();
-            for record in adopted {
-                let id = record.id.clone();
-                if state.orphans.remove(&id).is_none() {
-                    // Still assigned to an older session of this worker, or unknown here.
-                    if let Some(running) = state.running.get(&id)
-                        && (running.worker != register.worker_id || running.epoch != record.epoch)
-                    {
-                        abandon.push(id);
-                        continue;
-                    }
-                }
-                let interface = state.running.remove(&id).and_then(|r| r.interface);
-                busy.insert(id.clone());
-                state.running.insert(
-                    id,
-                    Running {
-                        epoch: record.epoch,
-                        record: Arc::new(record),
-                        interface,
-                        worker: register.worker_id.clone(),
-                        session,
-                    },
-                );
-            }
-            if state.workers.remove(&register.worker_id).is_some() {
-                tracing::info!(worker = %register.worker_id, "worker re-attached; its old session ends");
-            }
-            // Calls of an older session that the worker no longer reports are taken back.
-            let stale_ids: Vec<String> = state
-                .running
-                .iter()
-                .filter(|(_, r)| r.worker == register.worker_id && r.session != session)
-                .map(|(id, _)| id.clone())
-                .collect();
-            let stale: Vec<Running> = stale_ids
-                .into_iter()
-                .filter_map(|id| state.running.remove(&id))
-                .collect();
-            state.workers.insert(
-                register.worker_id.clone(),
-                WorkerEntry {
-                    session,
+            let commands = state.on(
+                Event::Attach {
+                    worker: register.worker_id.clone(),
                     pool: register.pool.clone(),
-                    slots: register.slots.max(1),
-                    busy,
-                    cached: register.cached_digests.iter().cloned().collect(),
-                    tx,
-                    lease_until: Instant::now() + self.config.lease,
-                    stop,
+                    slots: register.slots,
+                    cached: register.cached_digests.clone(),
+                    in_flight,
                 },
+                Instant::now(),
             );
-            (session, stale)
+            for command in &commands {
+                if let Command::Registered {
+                    worker,
+                    session,
+                    abandon,
+                } = command
+                {
+                    self.sessions().insert(
+                        (worker.clone(), *session),
+                        Session {
+                            tx: tx.clone(),
+                            stop: stop.clone(),
+                        },
+                    );
+                    registered = Some((*session, abandon.clone()));
+                }
+            }
+            commands
         };
-        tracing::info!(worker = %register.worker_id, pool = %register.pool, slots = register.slots, session, "worker attached");
-        for running in stale {
-            let reason = format!("worker {} re-attached without it", register.worker_id);
-            self.take_back(running.record, running.interface, running.epoch, &reason)
-                .await;
-        }
         self.wake.notify_one();
+        for command in commands {
+            if !matches!(command, Command::Registered { .. }) {
+                self.execute(command);
+            }
+        }
+        let (session, abandon) = registered.unwrap_or_default();
+        tracing::info!(worker = %register.worker_id, pool = %register.pool, slots = register.slots, session, "worker attached");
         (session, abandon)
     }
 
     pub(crate) fn heartbeat(
-        &self,
+        self: &Arc<Self>,
         worker: &str,
         session: u64,
         heartbeat: &proto::Heartbeat,
-    ) -> bool {
-        let mut state = self.lock();
-        match state.workers.get_mut(worker) {
-            Some(entry) if entry.session == session => {
-                entry.lease_until = Instant::now() + self.config.lease;
-                entry
-                    .cached
-                    .extend(heartbeat.cached_digests.iter().cloned());
-                true
-            }
-            _ => false,
-        }
+    ) {
+        self.on(Event::Heartbeat {
+            worker: worker.to_string(),
+            session,
+            cached: heartbeat.cached_digests.clone(),
+        });
     }
 
     pub(crate) fn is_current(&self, worker: &str, session: u64) -> bool {
-        self.lock()
-            .workers
-            .get(worker)
-            .is_some_and(|w| w.session == session)
+        self.lock().is_session(worker, session)
     }
 
     pub(crate) fn progress(&self, worker: &str, progress: &proto::WorkerProgress) {
@@ -407,6 +546,24 @@ impl Scheduler {
                 epoch: progress.epoch,
             },
         );
+    }
+
+    /// A worker gave a call up (it could not commit, so it cannot go on): fence it now, so
+    /// another worker takes it without waiting for the deadline.
+    pub(crate) fn abandoned(
+        self: &Arc<Self>,
+        worker: &str,
+        session: u64,
+        abandoned: &proto::Abandoned,
+    ) {
+        tracing::warn!(call = %abandoned.call_id, worker, epoch = abandoned.epoch, reason = %abandoned.reason, "worker gave the call up");
+        self.on(Event::Abandoned {
+            worker: worker.to_string(),
+            session,
+            call_id: abandoned.call_id.clone(),
+            epoch: abandoned.epoch,
+            reason: abandoned.reason.clone(),
+        });
     }
 
     /// Commits a worker's oplog entries under its epoch.
@@ -435,41 +592,43 @@ impl Scheduler {
         }
     }
 
-    /// Completes a call from its worker's result; returns whether it was accepted.
-    pub(crate) async fn complete(&self, worker: &str, result: proto::CallResult) -> bool {
-        let (record, interface) = {
-            let state = self.lock();
-            match state.running.get(&result.call_id) {
-                Some(r) => (Some(r.record.clone()), r.interface.clone()),
-                None => (None, None),
-            }
-        };
-        let record = match record {
-            Some(record) => record,
+    /// Completes a call from its worker's result.
+    pub(crate) async fn complete(
+        self: &Arc<Self>,
+        worker: &str,
+        result: proto::CallResult,
+    ) -> ResultAnswer {
+        let held = self.lock().held(&result.call_id, worker, result.epoch);
+        let call = match held {
+            Some(call) => call,
             None => match self.store.get_call(&result.call_id).await {
-                Ok(Some(record)) => Arc::new(record),
-                _ => return false,
-            },
-        };
-        let interface = match interface {
-            Some(interface) => interface,
-            None => match interface_of(&record) {
-                Ok(interface) => Arc::new(interface),
+                Ok(Some(record)) => Call::new(record, None),
+                Ok(None) => return ResultAnswer::Refused,
                 Err(error) => {
-                    tracing::error!(call = %record.id, %error, "stored command definition does not compile");
-                    return false;
+                    tracing::error!(call = %result.call_id, %error, "cannot read the call to complete it");
+                    return ResultAnswer::Retry;
                 }
             },
         };
-        let outcome = (self.judge)(&interface, &record, &result, worker);
-        let entries = match proto::entries_from_wire(&result.entries) {
+        let interface = match &call.interface {
+            Some(interface) => interface.clone(),
+            None => match interface_of(&call.record) {
+                Ok(interface) => Arc::new(interface),
+                Err(error) => {
+                    tracing::error!(call = %call.record.id, %error, "stored command definition does not compile");
+                    return ResultAnswer::Refused;
+                }
+            },
+        };
+        let entries: Vec<OplogEntry> = match proto::entries_from_wire(&result.entries) {
             Ok(entries) => entries,
             Err(error) => {
                 tracing::error!(call = %result.call_id, %error, "result refused: malformed oplog entry");
-                return false;
+                return ResultAnswer::Refused;
             }
         };
-        let accepted = match self
+        let outcome = (self.judge)(&interface, &call.record, &result, worker);
+        match self
             .store
             .complete_call(&result.call_id, result.epoch, entries, outcome)
             .await
@@ -487,350 +646,32 @@ impl Scheduler {
                         .unwrap_or("succeeded"),
                 );
                 self.calls.finish(done);
-                true
+                self.on(Event::Finished {
+                    call_id: result.call_id.clone(),
+                });
+                ResultAnswer::Stored
             }
             Err(StoreError::StaleEpoch { current, state, .. }) => {
                 tracing::warn!(call = %result.call_id, worker, epoch = result.epoch, current, %state, "result refused: stale epoch");
-                false
+                ResultAnswer::Refused
             }
+            Err(StoreError::NotFound(_)) => ResultAnswer::Refused,
             Err(error) => {
-                tracing::error!(call = %result.call_id, %error, "cannot store the call's result");
-                false
+                tracing::error!(call = %result.call_id, %error, "cannot store the call's result; the worker keeps it");
+                ResultAnswer::Retry
             }
-        };
-        let mut state = self.lock();
-        let matches = state
-            .running
-            .get(&result.call_id)
-            .is_some_and(|r| r.worker == worker && r.epoch == result.epoch);
-        if matches {
-            state.running.remove(&result.call_id);
         }
-        if let Some(entry) = state.workers.get_mut(worker) {
-            entry.busy.remove(&result.call_id);
-        }
-        drop(state);
-        self.wake.notify_one();
-        accepted
     }
 
     /// A worker's session ended (stream closed or lease lapsed): its calls move on.
-    pub(crate) async fn worker_lost(&self, worker: &str, session: u64, reason: &str) {
-        let lost: Vec<Running> = {
-            let mut state = self.lock();
-            let current = state
-                .workers
-                .get(worker)
-                .is_some_and(|w| w.session == session);
-            if !current {
-                return;
-            }
-            if let Some(entry) = state.workers.remove(worker) {
-                entry.stop.notify_one();
-            }
-            let ids: Vec<String> = state
-                .running
-                .iter()
-                .filter(|(_, r)| r.worker == worker && r.session == session)
-                .map(|(id, _)| id.clone())
-                .collect();
-            ids.into_iter()
-                .filter_map(|id| state.running.remove(&id))
-                .collect()
-        };
-        tracing::warn!(worker, session, calls = lost.len(), "worker lost: {reason}");
-        for running in lost {
-            self.take_back(
-                running.record,
-                running.interface,
-                running.epoch,
-                &format!("worker {worker} lost: {reason}"),
-            )
-            .await;
-        }
-        self.wake.notify_one();
-    }
-
-    /// Fences a call's current assignment and queues it again (at the front).
-    async fn take_back(
-        &self,
-        record: Arc<CallRecord>,
-        interface: Option<Arc<CommandInterface>>,
-        epoch: u64,
-        reason: &str,
-    ) {
-        if epoch == 0 {
-            // The assignment was never written: the call is still pending in the store.
-            self.lock().queue.push_front(Queued { record, interface });
-            return;
-        }
-        match self.store.fence_call(&record.id, epoch, reason).await {
-            Ok(new_epoch) => {
-                crate::metrics::global().failovers.inc();
-                tracing::info!(call = %record.id, epoch = new_epoch, "call fenced and queued for another worker: {reason}");
-                self.lock().queue.push_front(Queued { record, interface });
-            }
-            Err(StoreError::StaleEpoch { .. }) | Err(StoreError::NotFound(_)) => {}
-            Err(error) => {
-                tracing::error!(call = %record.id, %error, "cannot fence call; retrying later");
-                let until = Instant::now();
-                self.lock()
-                    .orphans
-                    .insert(record.id.clone(), Orphan { record, until });
-            }
-        }
-    }
-
-    async fn expire_leases(&self) {
-        let now = Instant::now();
-        let expired: Vec<(String, u64)> = self
-            .lock()
-            .workers
-            .iter()
-            .filter(|(_, w)| w.lease_until < now)
-            .map(|(id, w)| (id.clone(), w.session))
-            .collect();
-        for (worker, session) in expired {
-            self.worker_lost(&worker, session, "lease lapsed (no heartbeat)")
-                .await;
-        }
-    }
-
-    async fn expire_orphans(&self) {
-        let now = Instant::now();
-        let expired: Vec<Orphan> = {
-            let mut state = self.lock();
-            let ids: Vec<String> = state
-                .orphans
-                .iter()
-                .filter(|(_, o)| o.until <= now)
-                .map(|(id, _)| id.clone())
-                .collect();
-            ids.into_iter()
-                .filter_map(|id| state.orphans.remove(&id))
-                .collect()
-        };
-        for orphan in expired {
-            let epoch = orphan.record.epoch;
-            self.take_back(
-                orphan.record,
-                None,
-                epoch,
-                "its worker did not re-attach after a control plane restart",
-            )
-            .await;
-        }
-    }
-
-    async fn expire_deadlines(&self) {
-        let now = now_ms();
-        let grace = self.config.deadline_grace.as_millis() as i64;
-        let (queued, running): (Vec<Arc<CallRecord>>, Vec<LateCall>) = {
-            let mut state = self.lock();
-            let mut queued = Vec::new();
-            state.queue.retain(|q| {
-                let late = q.record.spec.deadline_ms > 0 && q.record.spec.deadline_ms < now;
-                if late {
-                    queued.push(q.record.clone());
-                }
-                !late
-            });
-            let late: Vec<String> = state
-                .running
-                .iter()
-                .filter(|(_, r)| {
-                    r.record.spec.deadline_ms > 0 && r.record.spec.deadline_ms + grace < now
-                })
-                .map(|(id, _)| id.clone())
-                .collect();
-            let mut running = Vec::new();
-            for id in late {
-                if let Some(r) = state.running.remove(&id) {
-                    let tx = state.workers.get_mut(&r.worker).map(|w| {
-                        w.busy.remove(&id);
-                        w.tx.clone()
-                    });
-                    running.push((r.record, tx, r.epoch));
-                }
-            }
-            (queued, running)
-        };
-        for record in queued {
-            self.fail(
-                &record,
-                ErrorKind::Timeout,
-                "no worker slot became free before the call's deadline",
-            )
-            .await;
-        }
-        for (record, tx, epoch) in running {
-            if let Some(tx) = tx {
-                let cancel = proto::Cancel {
-                    call_id: record.id.clone(),
-                    epoch,
-                    reason: "deadline passed".into(),
-                };
-                let _ = tx.try_send(Ok(ControlEvent {
-                    event: Some(control_event::Event::Cancel(cancel)),
-                }));
-            }
-            self.fail(
-                &record,
-                ErrorKind::Timeout,
-                "the call's worker did not report before the deadline",
-            )
-            .await;
-        }
-    }
-
-    async fn fail(&self, record: &CallRecord, kind: ErrorKind, message: &str) {
-        let error = CallError::new(kind, message);
-        match self.store.fail_call(&record.id, error).await {
-            Ok(done) => {
-                crate::metrics::call_ended(&done.tool, kind.as_str());
-                self.calls.finish(done)
-            }
-            Err(error) => tracing::error!(call = %record.id, %error, "cannot fail call"),
-        }
-    }
-
-    /// Hands queued calls to free slots.
-    async fn dispatch(&self) {
-        loop {
-            let plan = self.plan_one();
-            let Some((queued, worker, session, tx)) = plan else {
-                return;
-            };
-            let call_id = queued.record.id.clone();
-            match self.store.assign_call(&call_id, &worker).await {
-                Ok(epoch) => {
-                    // Epoch 1 is a call's first assignment; any later one re-runs it from its
-                    // oplog. Without the oplog it must not run at all.
-                    let (replay, attempt) = if epoch > 1 {
-                        match self.store.oplog(&call_id).await {
-                            Ok(records) => match replay_of(&records) {
-                                Ok(replay) => {
-                                    let attempt = records
-                                        .iter()
-                                        .filter(|e| e.kind == EntryKind::Assigned.as_str())
-                                        .count()
-                                        as u32;
-                                    (replay, attempt.max(1))
-                                }
-                                Err(message) => {
-                                    tracing::error!(call = %call_id, %message, "the oplog cannot be replayed");
-                                    self.lock().unreserve(&call_id, &worker);
-                                    self.fail(
-                                        &queued.record,
-                                        ErrorKind::ReplayDivergence,
-                                        &message,
-                                    )
-                                    .await;
-                                    continue;
-                                }
-                            },
-                            Err(error) => {
-                                tracing::error!(call = %call_id, %error, "cannot read the oplog to replay; retrying");
-                                let mut state = self.lock();
-                                state.unreserve(&call_id, &worker);
-                                state.queue.push_front(queued);
-                                return;
-                            }
-                        }
-                    } else {
-                        (Vec::new(), 1)
-                    };
-                    {
-                        let mut state = self.lock();
-                        if let Some(running) = state.running.get_mut(&call_id)
-                            && running.worker == worker
-                        {
-                            running.epoch = epoch;
-                        }
-                    }
-                    let assign = assign_of(&queued.record, epoch, attempt, replay);
-                    tracing::info!(call = %call_id, tool = %queued.record.tool, worker, epoch, "call assigned");
-                    self.calls.progress(
-                        &call_id,
-                        Progress {
-                            stage: "assigned".into(),
-                            message: String::new(),
-                            worker: worker.clone(),
-                            epoch,
-                        },
-                    );
-                    if tx
-                        .send(Ok(ControlEvent {
-                            event: Some(control_event::Event::Assign(assign)),
-                        }))
-                        .await
-                        .is_err()
-                    {
-                        self.worker_lost(&worker, session, "stream closed").await;
-                    }
-                }
-                Err(StoreError::StaleEpoch { .. }) | Err(StoreError::NotFound(_)) => {
-                    self.lock().unreserve(&call_id, &worker);
-                }
-                Err(error) => {
-                    tracing::error!(call = %call_id, %error, "cannot assign call; retrying");
-                    let mut state = self.lock();
-                    state.unreserve(&call_id, &worker);
-                    state.queue.push_front(queued);
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Picks the first queued call that has a free slot, and reserves the slot.
-    fn plan_one(&self) -> Option<(Queued, String, u64, ControlSender)> {
-        let mut state = self.lock();
-        let state = &mut *state;
-        for index in 0..state.queue.len() {
-            let record = &state.queue[index].record;
-            let limit = record.spec.limits.instances;
-            if limit > 0 {
-                let running = state
-                    .running
-                    .values()
-                    .filter(|r| r.record.release == record.release)
-                    .count();
-                if running >= limit as usize {
-                    continue;
-                }
-            }
-            let best = state
-                .workers
-                .iter()
-                .filter(|(_, w)| w.pool == record.spec.pool && (w.busy.len() as u32) < w.slots)
-                .min_by_key(|(id, w)| {
-                    (
-                        !w.cached.contains(&record.release_digest),
-                        w.busy.len(),
-                        (*id).clone(),
-                    )
-                })
-                .map(|(id, _)| id.clone());
-            let Some(worker) = best else { continue };
-            let queued = state.queue.remove(index)?;
-            let entry = state.workers.get_mut(&worker)?;
-            entry.busy.insert(queued.record.id.clone());
-            entry.cached.insert(queued.record.release_digest.clone());
-            let (session, tx) = (entry.session, entry.tx.clone());
-            state.running.insert(
-                queued.record.id.clone(),
-                Running {
-                    record: queued.record.clone(),
-                    interface: queued.interface.clone(),
-                    worker: worker.clone(),
-                    session,
-                    epoch: 0,
-                },
-            );
-            return Some((queued, worker, session, tx));
-        }
-        None
+    pub(crate) fn worker_lost(self: &Arc<Self>, worker: &str, session: u64, reason: &str) {
+        tracing::warn!(worker, session, "worker session ended: {reason}");
+        self.on(Event::Detached {
+            worker: worker.to_string(),
+            session,
+            reason: reason.to_string(),
+        });
+        self.sessions().remove(&(worker.to_string(), session));
     }
 }
 

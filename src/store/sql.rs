@@ -332,11 +332,26 @@ fn json_text(value: &impl serde::Serialize) -> String {
 
 async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, StoreError> {
     let now = now_ms();
+    // Admission and assignment in one commit when the scheduler reserved a slot: the first
+    // assignment, as `assign` makes it.
+    let assignment = match &call.assign_to {
+        Some(worker) => Some(
+            Lifecycle::admitted()
+                .assign(worker)
+                .map_err(|refusal| StoreError::Corrupt(refusal.to_string()))?,
+        ),
+        None => None,
+    };
+    let lifecycle = assignment
+        .as_ref()
+        .map(|(l, _)| l.clone())
+        .unwrap_or_else(Lifecycle::admitted);
+    let next_seq: i64 = if assignment.is_some() { 2 } else { 1 };
     let inserted = sqlx::query(concat!(
         "INSERT INTO calls (id, namespace, tool, command, release, release_digest, state, args_json, \
          spec_json, stdin, idempotency_key, request_hash, epoch, worker, next_seq, result_json, \
          error_json, created_at_ms, finished_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $9, $10, $11, 0, NULL, 1, NULL, NULL, $12, NULL) \
+         VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, $9, $10, $11, $14, $15, $16, NULL, NULL, $12, NULL) \
          ON CONFLICT DO NOTHING RETURNING ",
         call_columns!()
     ))
@@ -352,6 +367,10 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
     .bind(call.idempotency_key.as_deref())
     .bind(call.request_hash.as_str())
     .bind(now)
+    .bind(lifecycle.state.as_str())
+    .bind(lifecycle.epoch as i64)
+    .bind(lifecycle.worker.as_deref())
+    .bind(next_seq)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(inserted) = inserted else {
@@ -369,6 +388,9 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
     };
     let started = OplogEntry::CallStarted(call.started.clone());
     insert_entry(conn, &call.id, 0, 0, &started, now).await?;
+    if let Some((lifecycle, assigned)) = &assignment {
+        insert_entry(conn, &call.id, 1, lifecycle.epoch as i64, assigned, now).await?;
+    }
     Ok(Created::New(call_from_row(&inserted)?))
 }
 

@@ -88,6 +88,7 @@ pub struct HttpHost {
     sink: Arc<dyn OplogSink>,
     next: AtomicU64,
     timeout: Duration,
+    commit_order: tokio::sync::Mutex<()>,
 }
 
 impl HttpHost {
@@ -109,6 +110,7 @@ impl HttpHost {
             sink,
             next: AtomicU64::new(0),
             timeout,
+            commit_order: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -119,6 +121,9 @@ impl HttpHost {
 
     /// Commits everything buffered; a refusal stops the run before any further effect.
     async fn commit(&self) -> Result<(), HttpFailure> {
+        // One commit at a time per call, so concurrent requests' entries reach the store in
+        // the order they were recorded.
+        let _order = self.commit_order.lock().await;
         let entries = self.log.take_pending();
         if entries.is_empty() {
             return Ok(());
@@ -134,7 +139,7 @@ impl HttpHost {
             }
             Err(AppendError::Unacknowledged(why)) => {
                 self.log.abort(
-                    AbortKind::Fenced,
+                    AbortKind::Unacknowledged,
                     format!("the control plane did not acknowledge a commit: {why}"),
                 );
                 Err(HttpFailure::Abort)

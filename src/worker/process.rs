@@ -3,6 +3,7 @@
 
 use super::http::OplogSink;
 use super::link::{AppendError, Link, LinkSlot};
+use super::recorder::AbortKind;
 use super::runtime::{PrepareError, RunRequest, Runtime, RuntimeConfig};
 use crate::call::{OplogEntry, ReplayStarted};
 use crate::proto::worker_link_client::WorkerLinkClient;
@@ -214,7 +215,23 @@ async fn session(
                 start_call(config, runtime, in_flight, slot, assign)
             }
             Some(control_event::Event::Ack(ack)) => link.acknowledge(ack),
+            Some(control_event::Event::ResultAck(ack)) if !ack.ok && ack.retry => {
+                // Not stored yet (the store is unavailable): keep it and send it again.
+                let result = in_flight
+                    .lock()
+                    .get(&ack.call_id)
+                    .and_then(|h| h.result.clone());
+                if let Some(result) = result {
+                    tracing::warn!(call = %ack.call_id, "the control plane could not store the result yet; sending it again");
+                    let link = link.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(RESULT_RETRY).await;
+                        link.send(worker_event::Event::Result(result)).await;
+                    });
+                }
+            }
             Some(control_event::Event::ResultAck(ack)) => {
+                // Stored, or refused for good (the call moved on).
                 let mut calls = in_flight.lock();
                 if calls.get(&ack.call_id).is_some_and(|h| h.result.is_some()) {
                     calls.remove(&ack.call_id);
@@ -276,13 +293,35 @@ fn start_call(
     let task = tokio::spawn(
         async move {
             let call_id = assign.call_id.clone();
-            let Some(result) = run_call(&runtime, &slot, &worker_id, assign).await else {
-                // Fenced: the call belongs to another worker now; forget it quietly.
-                let mut calls = in_flight_task.lock();
-                if calls.get(&call_id).is_some_and(|h| h.epoch == epoch) {
-                    calls.remove(&call_id);
+            let result = match run_call(&runtime, &slot, &worker_id, assign).await {
+                Ran::Result(result) => result,
+                Ran::Fenced => {
+                    // The call belongs to another worker now; forget it quietly.
+                    let mut calls = in_flight_task.lock();
+                    if calls.get(&call_id).is_some_and(|h| h.epoch == epoch) {
+                        calls.remove(&call_id);
+                    }
+                    return;
                 }
-                return;
+                Ran::Abandoned(reason) => {
+                    // A commit went unacknowledged: this run cannot go on. Say so, so the
+                    // control plane hands the call to another worker at once.
+                    {
+                        let mut calls = in_flight_task.lock();
+                        if calls.get(&call_id).is_some_and(|h| h.epoch == epoch) {
+                            calls.remove(&call_id);
+                        }
+                    }
+                    if let Some(link) = slot.get() {
+                        let abandoned = proto::Abandoned {
+                            call_id,
+                            epoch,
+                            reason,
+                        };
+                        link.send(worker_event::Event::Abandoned(abandoned)).await;
+                    }
+                    return;
+                }
             };
             let held = {
                 let mut calls = in_flight_task.lock();
@@ -308,13 +347,26 @@ fn start_call(
     }
 }
 
-/// Runs one assignment; `None` when the call was fenced away mid-run.
+/// How one assignment ended on this worker.
+enum Ran {
+    /// It ran to an end (a result or a failure) to report.
+    Result(proto::CallResult),
+    /// It was taken away mid-run: report nothing.
+    Fenced,
+    /// A commit went unacknowledged, so it stopped; the reason is reported.
+    Abandoned(String),
+}
+
+/// How long a result the control plane could not store waits before it is sent again.
+const RESULT_RETRY: Duration = Duration::from_millis(500);
+
+/// Runs one assignment.
 async fn run_call(
     runtime: &Runtime,
     slot: &LinkSlot,
     worker_id: &str,
     assign: proto::Assign,
-) -> Option<proto::CallResult> {
+) -> Ran {
     let mut result = proto::CallResult {
         call_id: assign.call_id.clone(),
         epoch: assign.epoch,
@@ -343,7 +395,7 @@ async fn run_call(
             tracing::error!(%error, "cannot prepare the release");
             result.failure_kind = kind.into();
             result.failure_message = error.to_string();
-            return Some(result);
+            return Ran::Result(result);
         }
     };
     let limits = assign.limits.unwrap_or_default();
@@ -357,7 +409,7 @@ async fn run_call(
                 result.failure_kind = "internal".into();
                 result.failure_message =
                     format!("the assignment's egress rules do not parse: {error}");
-                return Some(result);
+                return Ran::Result(result);
             }
         }
     };
@@ -371,7 +423,7 @@ async fn run_call(
         Err(error) => {
             result.failure_kind = crate::error::ErrorKind::ReplayDivergence.as_str().into();
             result.failure_message = format!("the replay cannot be read: {error}");
-            return Some(result);
+            return Ran::Result(result);
         }
     };
     let mut prelude = Vec::new();
@@ -410,11 +462,19 @@ async fn run_call(
     let outcome = runtime.run(&compiled, request).await;
     let (replayed, recorded) = outcome.log.counts();
     if outcome.fenced {
-        tracing::warn!(
-            reason = outcome.log.aborted().map(|(_, r)| r).unwrap_or_default(),
-            "call abandoned: its assignment was taken away"
-        );
-        return None;
+        return match outcome.log.aborted() {
+            Some((AbortKind::Unacknowledged, reason)) => {
+                tracing::warn!(%reason, "call given up: a commit went unacknowledged");
+                Ran::Abandoned(reason)
+            }
+            aborted => {
+                tracing::warn!(
+                    reason = aborted.map(|(_, r)| r).unwrap_or_default(),
+                    "call abandoned: its assignment was taken away"
+                );
+                Ran::Fenced
+            }
+        };
     }
     tracing::info!(
         exit = outcome.exit_code,
@@ -439,7 +499,7 @@ async fn run_call(
     result.run_micros = outcome.elapsed.as_micros() as u64;
     result.replayed = replayed as u64;
     result.recorded = recorded as u64;
-    Some(result)
+    Ran::Result(result)
 }
 
 /// Commits a call's entries over the current attachment under its epoch.

@@ -21,6 +21,9 @@ pub enum AbortKind {
     Diverged,
     /// Its assignment was taken away: do nothing more, report nothing.
     Fenced,
+    /// A commit went unacknowledged (the stream broke, the store failed): the run cannot
+    /// go on, and the worker tells the control plane it gave the call up.
+    Unacknowledged,
     /// A request may have been applied and repeating it is not safe.
     OutcomeUnknown,
 }

@@ -597,7 +597,10 @@ impl Runtime {
             ),
             Ok(result) => classify(result, &trips, &log),
         };
-        let fenced = matches!(log.aborted(), Some((AbortKind::Fenced, _)));
+        let fenced = matches!(
+            log.aborted(),
+            Some((AbortKind::Fenced | AbortKind::Unacknowledged, _))
+        );
         RunOutcome {
             exit_code,
             stdout: stdout.contents(),
@@ -723,7 +726,9 @@ fn classify(
         Some((AbortKind::OutcomeUnknown, reason)) => {
             return failure(ErrorKind::OutcomeUnknown, reason);
         }
-        Some((AbortKind::Fenced, reason)) => return failure(ErrorKind::Cancelled, reason),
+        Some((AbortKind::Fenced | AbortKind::Unacknowledged, reason)) => {
+            return failure(ErrorKind::Cancelled, reason);
+        }
         None => {}
     }
     let exit_code = match &result {

@@ -1,0 +1,1531 @@
+//! The scheduler's decisions, as a pure state machine.
+//!
+//! [`State::on`] takes one [`Event`] (a worker attached, a store write came back, time
+//! passed) and the current time, updates the scheduler's view, and returns the
+//! [`Command`]s that follow (write an assignment, fence a call, send a cancel). It does no IO
+//! and reads no clock: the driver in `super` does the IO, feeds each outcome back as an
+//! event, and sleeps until [`State::next_wake`]. Tests drive it with fake time.
+//!
+//! Invariants:
+//! - a call is in exactly one of: the queue, `running`, `fencing`, `failing`, `orphans`;
+//! - a running call's slot is counted in its worker's `busy` set while the worker's session
+//!   is the current one;
+//! - a store write that fails keeps the call here and is tried again after a backoff: no
+//!   call is ever dropped because the store was briefly unavailable.
+
+use crate::call::{CallError, CallRecord, CallState, ErrorKind, Lifecycle, NewCall};
+use crate::catalog::interface::CommandInterface;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Timing the state machine needs.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// A worker silent this long is dead and loses its calls.
+    pub lease: Duration,
+    /// After a control plane restart, how long running calls wait for their worker to
+    /// re-attach (from the moment the worker port listens).
+    pub reattach_grace: Duration,
+    /// How long past its deadline a running call may go unreported before it is failed.
+    pub deadline_grace: Duration,
+    /// First wait before a failed store write is tried again (doubling, up to 16x).
+    pub retry_backoff: Duration,
+}
+
+/// A call and the compiled interface it was admitted with (`None` after a restart).
+#[derive(Clone)]
+pub struct Call {
+    pub record: Arc<CallRecord>,
+    pub interface: Option<Arc<CommandInterface>>,
+}
+
+impl Call {
+    pub fn new(record: CallRecord, interface: Option<Arc<CommandInterface>>) -> Self {
+        Call {
+            record: Arc::new(record),
+            interface,
+        }
+    }
+
+    fn id(&self) -> &str {
+        &self.record.id
+    }
+}
+
+/// A call a worker reported as still running when it attached, with the store's view of it.
+pub struct Reported {
+    pub call_id: String,
+    pub epoch: u64,
+    /// The call as the store has it now (`None`: unknown, or the read failed).
+    pub stored: Option<CallRecord>,
+}
+
+pub enum Event {
+    /// The worker port listens: the re-attach grace of recovered calls starts now.
+    Listening,
+    /// Unfinished calls loaded from the store at start-up.
+    Recovered(Vec<CallRecord>),
+    /// A call was admitted and waits for a slot.
+    Submitted(Call),
+    /// A call was admitted and assigned in the same commit, to a slot reserved with
+    /// [`State::reserve`].
+    AdmittedAssigned {
+        call: Call,
+        epoch: u64,
+    },
+    /// A worker opened a session.
+    Attach {
+        worker: String,
+        pool: String,
+        slots: u32,
+        cached: Vec<String>,
+        in_flight: Vec<Reported>,
+    },
+    Heartbeat {
+        worker: String,
+        session: u64,
+        cached: Vec<String>,
+    },
+    /// A worker's stream ended.
+    Detached {
+        worker: String,
+        session: u64,
+        reason: String,
+    },
+    /// The store recorded an assignment.
+    Assigned {
+        call_id: String,
+        epoch: u64,
+    },
+    /// The store refused an assignment: the call ended or is gone.
+    AssignRefused {
+        call_id: String,
+    },
+    /// The assignment could not be written, or its oplog not read: try again later.
+    AssignFailed {
+        call_id: String,
+    },
+    /// The call's oplog cannot be replayed: it ends as a divergence.
+    ReplayUnreadable {
+        call_id: String,
+        message: String,
+    },
+    /// The store fenced a call; it waits for another worker.
+    Fenced {
+        call_id: String,
+    },
+    /// A fence was refused (the call moved on meanwhile): forget it.
+    FenceRefused {
+        call_id: String,
+    },
+    FenceFailed {
+        call_id: String,
+    },
+    /// The call ended in the store (a completion, or a failure the scheduler wrote).
+    Finished {
+        call_id: String,
+    },
+    FailFailed {
+        call_id: String,
+    },
+    /// The worker gave the call up (it could not commit): fence it now.
+    Abandoned {
+        worker: String,
+        session: u64,
+        call_id: String,
+        epoch: u64,
+        reason: String,
+    },
+    /// Time passed.
+    Tick,
+}
+
+#[derive(Clone)]
+pub enum Command {
+    /// Answer a worker's `Register`.
+    Registered {
+        worker: String,
+        session: u64,
+        abandon: Vec<String>,
+    },
+    /// Write an assignment (bumping the epoch), read the oplog to replay if it is not the
+    /// first, and send it to the worker's session.
+    Assign {
+        call: Call,
+        worker: String,
+        session: u64,
+    },
+    /// Send an assignment already written (admission and assignment in one commit).
+    Send {
+        call: Call,
+        worker: String,
+        session: u64,
+        epoch: u64,
+    },
+    Fence {
+        call: Call,
+        epoch: u64,
+        reason: String,
+    },
+    Fail {
+        call: Call,
+        error: CallError,
+    },
+    Cancel {
+        worker: String,
+        session: u64,
+        call_id: String,
+        epoch: u64,
+        reason: String,
+    },
+    /// End a session's stream (its lease lapsed).
+    EndSession {
+        worker: String,
+        session: u64,
+    },
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Registered {
+                worker,
+                session,
+                abandon,
+            } => {
+                write!(f, "Registered({worker}#{session}, abandon {abandon:?})")
+            }
+            Command::Assign {
+                call,
+                worker,
+                session,
+            } => {
+                write!(f, "Assign({} -> {worker}#{session})", call.id())
+            }
+            Command::Send {
+                call,
+                worker,
+                session,
+                epoch,
+            } => {
+                write!(f, "Send({} -> {worker}#{session} @{epoch})", call.id())
+            }
+            Command::Fence {
+                call,
+                epoch,
+                reason,
+            } => {
+                write!(f, "Fence({} @{epoch}: {reason})", call.id())
+            }
+            Command::Fail { call, error } => write!(f, "Fail({}: {})", call.id(), error.kind),
+            Command::Cancel {
+                worker,
+                call_id,
+                epoch,
+                ..
+            } => {
+                write!(f, "Cancel({call_id} @{epoch} on {worker})")
+            }
+            Command::EndSession { worker, session } => write!(f, "EndSession({worker}#{session})"),
+        }
+    }
+}
+
+struct Worker {
+    session: u64,
+    pool: String,
+    slots: u32,
+    busy: HashSet<String>,
+    cached: HashSet<String>,
+    lease_until: Instant,
+}
+
+struct Queued {
+    call: Call,
+    /// Not before this (a store write for it failed).
+    not_before: Option<Instant>,
+}
+
+struct Running {
+    call: Call,
+    worker: String,
+    session: u64,
+    /// 0 while the assignment is being written.
+    epoch: u64,
+}
+
+/// A call whose assignment is being taken back (fence in flight, or retried at `retry_at`).
+struct Fencing {
+    call: Call,
+    epoch: u64,
+    reason: String,
+    retry_at: Option<Instant>,
+    failures: u32,
+}
+
+/// A call being failed by the scheduler (write in flight, or retried at `retry_at`).
+struct Failing {
+    call: Call,
+    error: CallError,
+    retry_at: Option<Instant>,
+    failures: u32,
+}
+
+/// A running call found in the store at start-up, waiting for its worker to re-attach.
+struct Orphan {
+    call: Call,
+    /// `None` until the worker port listens.
+    until: Option<Instant>,
+}
+
+/// Where a call may run.
+struct Placement<'a> {
+    pool: &'a str,
+    release: &'a str,
+    digest: &'a str,
+    /// Calls of the release at once; 0 for no limit.
+    instances: u32,
+}
+
+impl<'a> Placement<'a> {
+    fn of(record: &'a CallRecord) -> Self {
+        Placement {
+            pool: &record.spec.pool,
+            release: &record.release,
+            digest: &record.release_digest,
+            instances: record.spec.limits.instances,
+        }
+    }
+}
+
+/// One worker as status reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerInfo {
+    pub id: String,
+    pub pool: String,
+    pub slots: u32,
+    pub busy: u32,
+}
+
+pub struct State {
+    timing: Timing,
+    workers: HashMap<String, Worker>,
+    next_session: u64,
+    queue: VecDeque<Queued>,
+    running: HashMap<String, Running>,
+    fencing: HashMap<String, Fencing>,
+    failing: HashMap<String, Failing>,
+    orphans: HashMap<String, Orphan>,
+    /// Slots reserved for calls being admitted (call id → worker, session).
+    reserved: HashMap<String, (String, u64)>,
+    /// When the worker port started listening.
+    listening_since: Option<Instant>,
+    /// Consecutive failed assignment writes of a call, for its backoff.
+    assign_failures: HashMap<String, u32>,
+}
+
+impl State {
+    pub fn new(timing: Timing) -> Self {
+        State {
+            timing,
+            workers: HashMap::new(),
+            next_session: 0,
+            queue: VecDeque::new(),
+            running: HashMap::new(),
+            fencing: HashMap::new(),
+            failing: HashMap::new(),
+            orphans: HashMap::new(),
+            reserved: HashMap::new(),
+            listening_since: None,
+            assign_failures: HashMap::new(),
+        }
+    }
+
+    fn backoff(&self, failures: u32) -> Duration {
+        self.timing.retry_backoff * 2u32.pow(failures.min(4))
+    }
+
+    /// Handles one event at `now`; returns what the driver must do.
+    pub fn on(&mut self, event: Event, now: Instant) -> Vec<Command> {
+        let mut out = Vec::new();
+        match event {
+            Event::Listening => {
+                self.listening_since.get_or_insert(now);
+                let until = now + self.timing.reattach_grace;
+                for orphan in self.orphans.values_mut() {
+                    orphan.until.get_or_insert(until);
+                }
+            }
+            Event::Recovered(records) => {
+                let until = self.listening_since.map(|t| t + self.timing.reattach_grace);
+                for record in records {
+                    let call = Call::new(record, None);
+                    if call.record.state == CallState::Running {
+                        self.orphans
+                            .insert(call.id().to_string(), Orphan { call, until });
+                    } else {
+                        self.enqueue_back(call);
+                    }
+                }
+            }
+            Event::Submitted(call) => self.enqueue_back(call),
+            Event::AdmittedAssigned { call, epoch } => {
+                let id = call.id().to_string();
+                match self.reserved.remove(&id) {
+                    Some((worker, session)) if self.is_current(&worker, session) => {
+                        self.running.insert(
+                            id,
+                            Running {
+                                call: call.clone(),
+                                worker: worker.clone(),
+                                session,
+                                epoch,
+                            },
+                        );
+                        out.push(Command::Send {
+                            call,
+                            worker,
+                            session,
+                            epoch,
+                        });
+                    }
+                    // The worker went away while the call was being written: take it back.
+                    _ => self.fence(
+                        call,
+                        epoch,
+                        "its worker left before the call reached it".into(),
+                        &mut out,
+                    ),
+                }
+            }
+            Event::Attach {
+                worker,
+                pool,
+                slots,
+                cached,
+                in_flight,
+            } => self.attach(worker, pool, slots, cached, in_flight, now, &mut out),
+            Event::Heartbeat {
+                worker,
+                session,
+                cached,
+            } => {
+                if let Some(w) = self.workers.get_mut(&worker)
+                    && w.session == session
+                {
+                    w.lease_until = now + self.timing.lease;
+                    w.cached.extend(cached);
+                }
+            }
+            Event::Detached {
+                worker,
+                session,
+                reason,
+            } => self.lose_worker(&worker, session, &reason, &mut out),
+            Event::Assigned { call_id, epoch } => {
+                self.assign_failures.remove(&call_id);
+                if let Some(running) = self.running.get_mut(&call_id) {
+                    running.epoch = epoch;
+                    let (worker, session) = (running.worker.clone(), running.session);
+                    let call = running.call.clone();
+                    if self.is_current(&worker, session) {
+                        out.push(Command::Send {
+                            call,
+                            worker,
+                            session,
+                            epoch,
+                        });
+                    } else {
+                        self.running.remove(&call_id);
+                        self.fence(
+                            call,
+                            epoch,
+                            format!("worker {worker} left before the call reached it"),
+                            &mut out,
+                        );
+                    }
+                }
+            }
+            Event::AssignRefused { call_id } => {
+                self.release(&call_id);
+            }
+            Event::AssignFailed { call_id } => {
+                if let Some(running) = self.release(&call_id) {
+                    let failures = self.assign_failures.entry(call_id).or_default();
+                    *failures += 1;
+                    let backoff = self.timing.retry_backoff * 2u32.pow((*failures - 1).min(4));
+                    self.queue.push_front(Queued {
+                        call: running.call,
+                        not_before: Some(now + backoff),
+                    });
+                }
+            }
+            Event::ReplayUnreadable { call_id, message } => {
+                if let Some(running) = self.release(&call_id) {
+                    let error = CallError::new(ErrorKind::ReplayDivergence, message);
+                    self.fail(running.call, error, &mut out);
+                }
+            }
+            Event::Fenced { call_id } => {
+                if let Some(fencing) = self.fencing.remove(&call_id) {
+                    self.queue.push_front(Queued {
+                        call: fencing.call,
+                        not_before: None,
+                    });
+                }
+            }
+            Event::FenceRefused { call_id } => {
+                self.fencing.remove(&call_id);
+            }
+            Event::FenceFailed { call_id } => {
+                let backoff = self.fencing.get(&call_id).map(|f| self.backoff(f.failures));
+                if let (Some(fencing), Some(backoff)) = (self.fencing.get_mut(&call_id), backoff) {
+                    fencing.failures += 1;
+                    fencing.retry_at = Some(now + backoff);
+                }
+            }
+            Event::Finished { call_id } => {
+                self.assign_failures.remove(&call_id);
+                self.release(&call_id);
+                self.failing.remove(&call_id);
+                self.fencing.remove(&call_id);
+                self.orphans.remove(&call_id);
+                self.queue.retain(|q| q.call.id() != call_id);
+            }
+            Event::FailFailed { call_id } => {
+                let backoff = self.failing.get(&call_id).map(|f| self.backoff(f.failures));
+                if let (Some(failing), Some(backoff)) = (self.failing.get_mut(&call_id), backoff) {
+                    failing.failures += 1;
+                    failing.retry_at = Some(now + backoff);
+                }
+            }
+            Event::Abandoned {
+                worker,
+                session,
+                call_id,
+                epoch,
+                reason,
+            } => {
+                let holds = self.running.get(&call_id).is_some_and(|r| {
+                    r.worker == worker && r.session == session && r.epoch == epoch && epoch > 0
+                });
+                if holds && let Some(running) = self.release(&call_id) {
+                    let reason = format!("worker {worker} gave it up: {reason}");
+                    self.fence(running.call, epoch, reason, &mut out);
+                }
+            }
+            Event::Tick => {}
+        }
+        self.expire(now, &mut out);
+        self.dispatch(now, &mut out);
+        out
+    }
+
+    fn is_current(&self, worker: &str, session: u64) -> bool {
+        self.workers
+            .get(worker)
+            .is_some_and(|w| w.session == session)
+    }
+
+    fn enqueue_back(&mut self, call: Call) {
+        self.queue.push_back(Queued {
+            call,
+            not_before: None,
+        });
+    }
+
+    /// Takes a call out of `running`, freeing its slot.
+    fn release(&mut self, call_id: &str) -> Option<Running> {
+        let running = self.running.remove(call_id)?;
+        if let Some(w) = self.workers.get_mut(&running.worker) {
+            w.busy.remove(call_id);
+        }
+        Some(running)
+    }
+
+    fn fence(&mut self, call: Call, epoch: u64, reason: String, out: &mut Vec<Command>) {
+        if epoch == 0 {
+            // Never assigned in the store: it is still pending there.
+            self.queue.push_front(Queued {
+                call,
+                not_before: None,
+            });
+            return;
+        }
+        out.push(Command::Fence {
+            call: call.clone(),
+            epoch,
+            reason: reason.clone(),
+        });
+        self.fencing.insert(
+            call.id().to_string(),
+            Fencing {
+                call,
+                epoch,
+                reason,
+                retry_at: None,
+                failures: 0,
+            },
+        );
+    }
+
+    fn fail(&mut self, call: Call, error: CallError, out: &mut Vec<Command>) {
+        out.push(Command::Fail {
+            call: call.clone(),
+            error: error.clone(),
+        });
+        self.failing.insert(
+            call.id().to_string(),
+            Failing {
+                call,
+                error,
+                retry_at: None,
+                failures: 0,
+            },
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attach(
+        &mut self,
+        worker: String,
+        pool: String,
+        slots: u32,
+        cached: Vec<String>,
+        in_flight: Vec<Reported>,
+        now: Instant,
+        out: &mut Vec<Command>,
+    ) {
+        self.next_session += 1;
+        let session = self.next_session;
+        if let Some(old) = self.workers.remove(&worker) {
+            out.push(Command::EndSession {
+                worker: worker.clone(),
+                session: old.session,
+            });
+        }
+        let mut abandon = Vec::new();
+        let mut busy = HashSet::new();
+        let mut adopted = HashSet::new();
+        for reported in in_flight {
+            let id = reported.call_id.clone();
+            let agrees = reported.stored.as_ref().is_some_and(|r| {
+                r.state == CallState::Running
+                    && r.epoch == reported.epoch
+                    && r.worker.as_deref() == Some(worker.as_str())
+            });
+            // The scheduler's own view must agree too: not fenced or reassigned meanwhile.
+            let ours = match self.running.get(&id) {
+                Some(r) => r.worker == worker && r.epoch == reported.epoch,
+                None => !self.fencing.contains_key(&id) && !self.failing.contains_key(&id),
+            };
+            if !(agrees && ours) {
+                abandon.push(id);
+                continue;
+            }
+            let call = match (
+                self.orphans.remove(&id),
+                self.running.remove(&id),
+                reported.stored,
+            ) {
+                (_, Some(running), _) => running.call,
+                (Some(orphan), None, _) => orphan.call,
+                (None, None, Some(stored)) => Call::new(stored, None),
+                (None, None, None) => continue,
+            };
+            busy.insert(id.clone());
+            adopted.insert(id.clone());
+            self.running.insert(
+                id,
+                Running {
+                    call,
+                    worker: worker.clone(),
+                    session,
+                    epoch: reported.epoch,
+                },
+            );
+        }
+        // Calls of an older session of this worker that it no longer reports are taken back.
+        let stale: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(id, r)| r.worker == worker && r.session != session && !adopted.contains(*id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        self.workers.insert(
+            worker.clone(),
+            Worker {
+                session,
+                pool,
+                slots: slots.max(1),
+                busy,
+                cached: cached.into_iter().collect(),
+                lease_until: now + self.timing.lease,
+            },
+        );
+        out.push(Command::Registered {
+            worker: worker.clone(),
+            session,
+            abandon,
+        });
+        for id in stale {
+            if let Some(running) = self.running.remove(&id) {
+                let reason = format!("worker {worker} re-attached without it");
+                self.fence(running.call, running.epoch, reason, out);
+            }
+        }
+    }
+
+    fn lose_worker(&mut self, worker: &str, session: u64, reason: &str, out: &mut Vec<Command>) {
+        if !self.is_current(worker, session) {
+            return;
+        }
+        self.workers.remove(worker);
+        out.push(Command::EndSession {
+            worker: worker.to_string(),
+            session,
+        });
+        let lost: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.worker == worker && r.session == session && r.epoch > 0)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in lost {
+            if let Some(running) = self.running.remove(&id) {
+                let why = format!("worker {worker} lost: {reason}");
+                self.fence(running.call, running.epoch, why, out);
+            }
+        }
+        // Reservations and assignments still being written to this session are settled when
+        // their write returns (AdmittedAssigned / Assigned find the session gone).
+        self.reserved
+            .retain(|_, (w, s)| !(w == worker && *s == session));
+    }
+
+    /// Leases, orphans, deadlines, and store writes due to be tried again.
+    fn expire(&mut self, now: Instant, out: &mut Vec<Command>) {
+        let lapsed: Vec<(String, u64)> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.lease_until <= now)
+            .map(|(id, w)| (id.clone(), w.session))
+            .collect();
+        for (worker, session) in lapsed {
+            self.lose_worker(&worker, session, "lease lapsed (no heartbeat)", out);
+        }
+
+        let orphans: Vec<String> = self
+            .orphans
+            .iter()
+            .filter(|(_, o)| o.until.is_some_and(|t| t <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in orphans {
+            if let Some(orphan) = self.orphans.remove(&id) {
+                let epoch = orphan.call.record.epoch;
+                let reason = "its worker did not re-attach after a control plane restart".into();
+                self.fence(orphan.call, epoch, reason, out);
+            }
+        }
+
+        let wall = crate::call::now_ms();
+        let grace = self.timing.deadline_grace.as_millis() as i64;
+        let pending = Lifecycle::admitted();
+        let mut late = Vec::new();
+        self.queue.retain(
+            |q| match pending.expire(q.call.record.spec.deadline_ms, grace, wall) {
+                Some(error) => {
+                    late.push((q.call.clone(), error));
+                    false
+                }
+                None => true,
+            },
+        );
+        for (call, error) in late {
+            self.fail(call, error, out);
+        }
+        let running = Lifecycle {
+            state: CallState::Running,
+            epoch: 1,
+            worker: None,
+        };
+        let late: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, r)| {
+                running
+                    .expire(r.call.record.spec.deadline_ms, grace, wall)
+                    .is_some()
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in late {
+            if let Some(r) = self.release(&id) {
+                if self.is_current(&r.worker, r.session) {
+                    out.push(Command::Cancel {
+                        worker: r.worker.clone(),
+                        session: r.session,
+                        call_id: id.clone(),
+                        epoch: r.epoch,
+                        reason: "deadline passed".into(),
+                    });
+                }
+                let error = running
+                    .expire(r.call.record.spec.deadline_ms, grace, wall)
+                    .unwrap_or_else(|| CallError::new(ErrorKind::Timeout, "deadline passed"));
+                self.fail(r.call, error, out);
+            }
+        }
+
+        for fencing in self.fencing.values_mut() {
+            if fencing.retry_at.is_some_and(|t| t <= now) {
+                fencing.retry_at = None;
+                out.push(Command::Fence {
+                    call: fencing.call.clone(),
+                    epoch: fencing.epoch,
+                    reason: fencing.reason.clone(),
+                });
+            }
+        }
+        for failing in self.failing.values_mut() {
+            if failing.retry_at.is_some_and(|t| t <= now) {
+                failing.retry_at = None;
+                out.push(Command::Fail {
+                    call: failing.call.clone(),
+                    error: failing.error.clone(),
+                });
+            }
+        }
+    }
+
+    /// Hands queued calls to free slots, preferring a worker that has the release compiled.
+    fn dispatch(&mut self, now: Instant, out: &mut Vec<Command>) {
+        let mut index = 0;
+        while index < self.queue.len() {
+            let queued = &self.queue[index];
+            if queued.not_before.is_some_and(|t| t > now) {
+                index += 1;
+                continue;
+            }
+            let record = queued.call.record.clone();
+            let Some((worker, session)) = self.pick(&record) else {
+                index += 1;
+                continue;
+            };
+            let Some(queued) = self.queue.remove(index) else {
+                break;
+            };
+            let id = record.id.clone();
+            if let Some(w) = self.workers.get_mut(&worker) {
+                w.busy.insert(id.clone());
+                w.cached.insert(record.release_digest.clone());
+            }
+            self.running.insert(
+                id,
+                Running {
+                    call: queued.call.clone(),
+                    worker: worker.clone(),
+                    session,
+                    epoch: 0,
+                },
+            );
+            out.push(Command::Assign {
+                call: queued.call,
+                worker,
+                session,
+            });
+        }
+    }
+
+    /// The best worker with a free slot for a call, within the release's instance limit.
+    fn pick(&self, record: &CallRecord) -> Option<(String, u64)> {
+        self.place(&Placement::of(record))
+    }
+
+    fn place(&self, placement: &Placement<'_>) -> Option<(String, u64)> {
+        let limit = placement.instances;
+        if limit > 0 {
+            let running = self
+                .running
+                .values()
+                .filter(|r| r.call.record.release == placement.release)
+                .count()
+                + self.reserved.len();
+            if running >= limit as usize {
+                return None;
+            }
+        }
+        self.workers
+            .iter()
+            .filter(|(_, w)| w.pool == placement.pool && (w.busy.len() as u32) < w.slots)
+            .min_by_key(|(id, w)| {
+                (
+                    !w.cached.contains(placement.digest),
+                    w.busy.len(),
+                    (*id).clone(),
+                )
+            })
+            .map(|(id, w)| (id.clone(), w.session))
+    }
+
+    /// Reserves a slot for a call about to be admitted, so that admission and assignment
+    /// are one commit. Returns the worker, or `None` when the call must queue.
+    pub fn reserve(&mut self, call: &NewCall) -> Option<String> {
+        if !self.queue.is_empty() {
+            // Calls already waiting go first.
+            return None;
+        }
+        let placement = Placement {
+            pool: &call.spec.pool,
+            release: &call.release,
+            digest: &call.release_digest,
+            instances: call.spec.limits.instances,
+        };
+        let (worker, session) = self.place(&placement)?;
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.busy.insert(call.id.clone());
+            w.cached.insert(call.release_digest.clone());
+        }
+        self.reserved
+            .insert(call.id.clone(), (worker.clone(), session));
+        Some(worker)
+    }
+
+    /// Gives back a reservation that was not used (the call was a duplicate, or the write
+    /// failed).
+    pub fn unreserve(&mut self, call_id: &str) {
+        if let Some((worker, _)) = self.reserved.remove(call_id)
+            && let Some(w) = self.workers.get_mut(&worker)
+        {
+            w.busy.remove(call_id);
+        }
+    }
+
+    /// When the state machine next needs a [`Event::Tick`], if nothing else happens first.
+    pub fn next_wake(&self) -> Option<Instant> {
+        let leases = self.workers.values().map(|w| w.lease_until);
+        let orphans = self.orphans.values().filter_map(|o| o.until);
+        let queued = self.queue.iter().filter_map(|q| q.not_before);
+        let fences = self.fencing.values().filter_map(|f| f.retry_at);
+        let fails = self.failing.values().filter_map(|f| f.retry_at);
+        leases
+            .chain(orphans)
+            .chain(queued)
+            .chain(fences)
+            .chain(fails)
+            .min()
+    }
+
+    /// The earliest wall-clock deadline (Unix ms) of a call this scheduler tracks, plus
+    /// grace for running ones: when a deadline must be checked.
+    pub fn next_deadline_ms(&self) -> Option<i64> {
+        let grace = self.timing.deadline_grace.as_millis() as i64;
+        let queued = self
+            .queue
+            .iter()
+            .map(|q| q.call.record.spec.deadline_ms)
+            .filter(|d| *d > 0);
+        let running = self
+            .running
+            .values()
+            .map(|r| r.call.record.spec.deadline_ms)
+            .filter(|d| *d > 0)
+            .map(|d| d + grace);
+        queued.chain(running).min()
+    }
+
+    /// The call a worker session holds under `epoch`, if it does.
+    pub fn held(&self, call_id: &str, worker: &str, epoch: u64) -> Option<Call> {
+        self.running
+            .get(call_id)
+            .filter(|r| r.worker == worker && r.epoch == epoch)
+            .map(|r| r.call.clone())
+    }
+
+    pub fn is_session(&self, worker: &str, session: u64) -> bool {
+        self.is_current(worker, session)
+    }
+
+    pub fn workers(&self) -> Vec<WorkerInfo> {
+        let mut workers: Vec<_> = self
+            .workers
+            .iter()
+            .map(|(id, w)| WorkerInfo {
+                id: id.clone(),
+                pool: w.pool.clone(),
+                slots: w.slots,
+                busy: w.busy.len() as u32,
+            })
+            .collect();
+        workers.sort_by(|a, b| a.id.cmp(&b.id));
+        workers
+    }
+
+    /// Calls waiting for a slot, by pool.
+    pub fn queued(&self) -> HashMap<String, usize> {
+        let mut out = HashMap::new();
+        for q in &self.queue {
+            *out.entry(q.call.record.spec.pool.clone()).or_default() += 1;
+        }
+        out
+    }
+
+    /// Calls of a release not yet ended that this scheduler tracks.
+    pub fn calls_of_release(&self, namespace: &str, release: &str) -> usize {
+        let matches = |c: &Call| c.record.namespace == namespace && c.record.release == release;
+        self.queue.iter().filter(|q| matches(&q.call)).count()
+            + self.running.values().filter(|r| matches(&r.call)).count()
+            + self.orphans.values().filter(|o| matches(&o.call)).count()
+            + self.fencing.values().filter(|f| matches(&f.call)).count()
+    }
+
+    /// Whether workers of a previous control plane may still be re-attaching.
+    pub fn reattaching(&self, now: Instant) -> bool {
+        match self.listening_since {
+            None => true,
+            Some(since) => now < since + self.timing.reattach_grace,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{CallSpec, RunLimits};
+
+    fn timing() -> Timing {
+        Timing {
+            lease: Duration::from_secs(2),
+            reattach_grace: Duration::from_secs(5),
+            deadline_grace: Duration::from_secs(5),
+            retry_backoff: Duration::from_millis(200),
+        }
+    }
+
+    fn record(id: &str, state: CallState, epoch: u64, worker: Option<&str>) -> CallRecord {
+        CallRecord {
+            id: id.into(),
+            namespace: "default".into(),
+            tool: "t".into(),
+            command: "c".into(),
+            release: "t-1".into(),
+            release_digest: "sha256:1".into(),
+            state,
+            args: serde_json::json!({}),
+            spec: CallSpec {
+                pool: "default/default".into(),
+                limits: RunLimits::default(),
+                // Far away unless a test sets it.
+                deadline_ms: crate::call::now_ms() + 3_600_000,
+                ..CallSpec::default()
+            },
+            stdin: Vec::new(),
+            idempotency_key: None,
+            request_hash: String::new(),
+            epoch,
+            worker: worker.map(String::from),
+            result: None,
+            error: None,
+            created_at_ms: 0,
+            finished_at_ms: None,
+        }
+    }
+
+    fn pending(id: &str) -> Call {
+        Call::new(record(id, CallState::Pending, 0, None), None)
+    }
+
+    fn attach(state: &mut State, worker: &str, slots: u32, now: Instant) -> (u64, Vec<Command>) {
+        let commands = state.on(
+            Event::Attach {
+                worker: worker.into(),
+                pool: "default/default".into(),
+                slots,
+                cached: Vec::new(),
+                in_flight: Vec::new(),
+            },
+            now,
+        );
+        let session = commands
+            .iter()
+            .find_map(|c| match c {
+                Command::Registered { session, .. } => Some(*session),
+                _ => None,
+            })
+            .expect("registered");
+        (session, commands)
+    }
+
+    fn assigns(commands: &[Command]) -> Vec<(String, String)> {
+        commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Assign { call, worker, .. } => {
+                    Some((call.record.id.clone(), worker.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn fences(commands: &[Command]) -> Vec<(String, u64)> {
+        commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Fence { call, epoch, .. } => Some((call.record.id.clone(), *epoch)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn fails(commands: &[Command]) -> Vec<(String, ErrorKind)> {
+        commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Fail { call, error } => Some((call.record.id.clone(), error.kind)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A call assigned to `worker` and written at epoch 1.
+    fn running_on(state: &mut State, id: &str, worker: &str, now: Instant) -> Vec<Command> {
+        let out = state.on(Event::Submitted(pending(id)), now);
+        assert_eq!(assigns(&out), [(id.to_string(), worker.to_string())]);
+        state.on(
+            Event::Assigned {
+                call_id: id.into(),
+                epoch: 1,
+            },
+            now,
+        )
+    }
+
+    #[test]
+    fn a_call_goes_to_a_free_slot_and_waits_when_there_is_none() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let out = state.on(Event::Submitted(pending("a")), t0);
+        assert!(assigns(&out).is_empty(), "no worker yet");
+        assert_eq!(state.queued().values().sum::<usize>(), 1);
+        let (_, out) = attach(&mut state, "w1", 1, t0);
+        assert_eq!(assigns(&out), [("a".to_string(), "w1".to_string())]);
+        let out = state.on(Event::Submitted(pending("b")), t0);
+        assert!(assigns(&out).is_empty(), "the only slot is busy");
+        let out = state.on(
+            Event::Assigned {
+                call_id: "a".into(),
+                epoch: 1,
+            },
+            t0,
+        );
+        assert!(matches!(out.as_slice(), [Command::Send { epoch: 1, .. }]));
+        let out = state.on(
+            Event::Finished {
+                call_id: "a".into(),
+            },
+            t0,
+        );
+        assert_eq!(assigns(&out), [("b".to_string(), "w1".to_string())]);
+    }
+
+    #[test]
+    fn a_lost_worker_has_its_calls_fenced_and_reassigned() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let (s1, _) = attach(&mut state, "w1", 1, t0);
+        running_on(&mut state, "a", "w1", t0);
+        let out = state.on(
+            Event::Detached {
+                worker: "w1".into(),
+                session: s1,
+                reason: "stream closed".into(),
+            },
+            t0,
+        );
+        assert_eq!(fences(&out), [("a".to_string(), 1)]);
+        let (_, out) = attach(&mut state, "w2", 1, t0);
+        assert!(assigns(&out).is_empty(), "not before the fence is written");
+        let out = state.on(
+            Event::Fenced {
+                call_id: "a".into(),
+            },
+            t0,
+        );
+        assert_eq!(assigns(&out), [("a".to_string(), "w2".to_string())]);
+    }
+
+    #[test]
+    fn a_silent_worker_loses_its_lease_at_the_lease_and_not_before() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let (session, _) = attach(&mut state, "w1", 1, t0);
+        running_on(&mut state, "a", "w1", t0);
+        assert_eq!(state.next_wake(), Some(t0 + Duration::from_secs(2)));
+        let t1 = t0 + Duration::from_millis(1500);
+        state.on(
+            Event::Heartbeat {
+                worker: "w1".into(),
+                session,
+                cached: Vec::new(),
+            },
+            t1,
+        );
+        let out = state.on(Event::Tick, t0 + Duration::from_millis(3000));
+        assert!(fences(&out).is_empty(), "the heartbeat renewed the lease");
+        let out = state.on(Event::Tick, t1 + Duration::from_secs(2));
+        assert_eq!(fences(&out), [("a".to_string(), 1)]);
+        assert!(
+            out.iter()
+                .any(|c| matches!(c, Command::EndSession { session: s, .. } if *s == session))
+        );
+        assert!(state.workers().is_empty());
+    }
+
+    #[test]
+    fn an_abandoned_call_is_fenced_at_once_but_only_for_its_holder() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let (session, _) = attach(&mut state, "w1", 2, t0);
+        running_on(&mut state, "a", "w1", t0);
+        let stale = state.on(
+            Event::Abandoned {
+                worker: "w1".into(),
+                session,
+                call_id: "a".into(),
+                epoch: 7,
+                reason: "x".into(),
+            },
+            t0,
+        );
+        assert!(fences(&stale).is_empty(), "a stale epoch changes nothing");
+        let out = state.on(
+            Event::Abandoned {
+                worker: "w1".into(),
+                session,
+                call_id: "a".into(),
+                epoch: 1,
+                reason: "commit unacknowledged".into(),
+            },
+            t0,
+        );
+        assert_eq!(fences(&out), [("a".to_string(), 1)]);
+        let out = state.on(
+            Event::Fenced {
+                call_id: "a".into(),
+            },
+            t0,
+        );
+        assert_eq!(
+            assigns(&out),
+            [("a".to_string(), "w1".to_string())],
+            "the slot was freed; the worker itself is still alive"
+        );
+    }
+
+    #[test]
+    fn a_store_error_keeps_the_call_and_retries_with_backoff() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        attach(&mut state, "w1", 1, t0);
+        state.on(Event::Submitted(pending("a")), t0);
+        let out = state.on(
+            Event::AssignFailed {
+                call_id: "a".into(),
+            },
+            t0,
+        );
+        assert!(assigns(&out).is_empty(), "not again at once");
+        let wake = state.next_wake().expect("a retry is due");
+        assert_eq!(wake, t0 + Duration::from_millis(200));
+        let out = state.on(Event::Tick, wake);
+        assert_eq!(assigns(&out), [("a".to_string(), "w1".to_string())]);
+        let out = state.on(
+            Event::AssignFailed {
+                call_id: "a".into(),
+            },
+            wake,
+        );
+        assert!(assigns(&out).is_empty());
+        assert_eq!(state.next_wake(), Some(wake + Duration::from_millis(400)));
+
+        // A failed fence and a failed failure are retried too, never dropped.
+        let t1 = t0 + Duration::from_secs(1);
+        let out = state.on(Event::Tick, t1);
+        assert_eq!(assigns(&out).len(), 1);
+        let out = state.on(
+            Event::Assigned {
+                call_id: "a".into(),
+                epoch: 1,
+            },
+            t1,
+        );
+        assert!(matches!(out.as_slice(), [Command::Send { .. }]));
+        let out = state.on(
+            Event::FenceFailed {
+                call_id: "a".into(),
+            },
+            t1,
+        );
+        assert!(out.is_empty(), "not fencing: nothing to retry");
+    }
+
+    #[test]
+    fn deadlines_fail_queued_calls_and_cancel_running_ones_after_grace() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let mut late = record("q", CallState::Pending, 0, None);
+        late.spec.deadline_ms = crate::call::now_ms() - 1;
+        let out = state.on(Event::Submitted(Call::new(late, None)), t0);
+        assert_eq!(fails(&out), [("q".to_string(), ErrorKind::Timeout)]);
+        let out = state.on(
+            Event::FailFailed {
+                call_id: "q".into(),
+            },
+            t0,
+        );
+        assert!(fails(&out).is_empty());
+        let out = state.on(Event::Tick, t0 + Duration::from_secs(1));
+        assert_eq!(
+            fails(&out),
+            [("q".to_string(), ErrorKind::Timeout)],
+            "retried"
+        );
+        state.on(
+            Event::Finished {
+                call_id: "q".into(),
+            },
+            t0,
+        );
+    }
+
+    #[test]
+    fn a_running_call_past_deadline_and_grace_is_cancelled_and_failed() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        attach(&mut state, "w1", 1, t0);
+        running_on(&mut state, "a", "w1", t0);
+        // Age the call: its deadline moves into the past beyond the grace.
+        if let Some(r) = state.running.get_mut("a") {
+            let mut aged = (*r.call.record).clone();
+            aged.spec.deadline_ms = crate::call::now_ms() - 6_000;
+            r.call.record = Arc::new(aged);
+        }
+        let out = state.on(Event::Tick, t0);
+        assert!(
+            out.iter()
+                .any(|c| matches!(c, Command::Cancel { call_id, epoch: 1, .. } if call_id == "a"))
+        );
+        assert_eq!(fails(&out), [("a".to_string(), ErrorKind::Timeout)]);
+        assert_eq!(state.workers()[0].busy, 0, "the slot is free again");
+    }
+
+    #[test]
+    fn a_late_result_of_a_fenced_call_is_not_held() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let (s1, _) = attach(&mut state, "w1", 1, t0);
+        running_on(&mut state, "a", "w1", t0);
+        assert!(state.held("a", "w1", 1).is_some());
+        state.on(
+            Event::Detached {
+                worker: "w1".into(),
+                session: s1,
+                reason: "x".into(),
+            },
+            t0,
+        );
+        assert!(
+            state.held("a", "w1", 1).is_none(),
+            "its result goes to the store, which refuses it"
+        );
+        state.on(
+            Event::Fenced {
+                call_id: "a".into(),
+            },
+            t0,
+        );
+        attach(&mut state, "w2", 1, t0);
+        state.on(
+            Event::Assigned {
+                call_id: "a".into(),
+                epoch: 3,
+            },
+            t0,
+        );
+        assert!(state.held("a", "w2", 3).is_some());
+        assert!(
+            state.held("a", "w2", 2).is_none(),
+            "a stale epoch holds nothing"
+        );
+    }
+
+    #[test]
+    fn recovered_calls_wait_for_their_worker_from_when_the_port_listens() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let orphan = record("a", CallState::Running, 1, Some("w1"));
+        state.on(Event::Recovered(vec![orphan.clone()]), t0);
+        assert!(state.reattaching(t0));
+        // The catalog takes a minute to sync: the grace has not started.
+        let t1 = t0 + Duration::from_secs(60);
+        let out = state.on(Event::Tick, t1);
+        assert!(fences(&out).is_empty());
+        state.on(Event::Listening, t1);
+        assert_eq!(state.next_wake(), Some(t1 + Duration::from_secs(5)));
+
+        // Its worker re-attaches in time and keeps it.
+        let out = state.on(
+            Event::Attach {
+                worker: "w1".into(),
+                pool: "default/default".into(),
+                slots: 1,
+                cached: Vec::new(),
+                in_flight: vec![Reported {
+                    call_id: "a".into(),
+                    epoch: 1,
+                    stored: Some(orphan),
+                }],
+            },
+            t1 + Duration::from_secs(1),
+        );
+        let session = match &out[0] {
+            Command::Registered {
+                abandon, session, ..
+            } if abandon.is_empty() => *session,
+            other => panic!("{other:?}"),
+        };
+        assert!(state.held("a", "w1", 1).is_some());
+        for secs in [2, 4] {
+            state.on(
+                Event::Heartbeat {
+                    worker: "w1".into(),
+                    session,
+                    cached: Vec::new(),
+                },
+                t1 + Duration::from_secs(secs),
+            );
+        }
+        let out = state.on(Event::Tick, t1 + Duration::from_millis(5500));
+        assert!(
+            fences(&out).is_empty(),
+            "adopted: the grace no longer applies"
+        );
+        assert!(state.held("a", "w1", 1).is_some());
+    }
+
+    #[test]
+    fn an_orphan_whose_worker_does_not_return_is_fenced_after_grace() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        state.on(Event::Listening, t0);
+        let orphan = record("a", CallState::Running, 4, Some("w1"));
+        state.on(Event::Recovered(vec![orphan]), t0);
+        let out = state.on(Event::Tick, t0 + Duration::from_secs(4));
+        assert!(fences(&out).is_empty());
+        let out = state.on(Event::Tick, t0 + Duration::from_secs(5));
+        assert_eq!(fences(&out), [("a".to_string(), 4)]);
+    }
+
+    #[test]
+    fn a_reattaching_worker_gives_up_calls_the_store_moved_on() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        state.on(Event::Listening, t0);
+        let out = state.on(
+            Event::Attach {
+                worker: "w1".into(),
+                pool: "default/default".into(),
+                slots: 1,
+                cached: Vec::new(),
+                in_flight: vec![Reported {
+                    call_id: "a".into(),
+                    epoch: 1,
+                    stored: Some(record("a", CallState::Running, 2, Some("w2"))),
+                }],
+            },
+            t0,
+        );
+        assert!(
+            matches!(&out[0], Command::Registered { abandon, .. } if abandon == &["a".to_string()])
+        );
+        assert_eq!(state.workers()[0].busy, 0);
+    }
+
+    #[test]
+    fn a_second_session_of_a_worker_replaces_the_first_and_takes_back_unreported_calls() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let (s1, _) = attach(&mut state, "w1", 2, t0);
+        running_on(&mut state, "a", "w1", t0);
+        let (s2, out) = attach(&mut state, "w1", 2, t0);
+        assert_ne!(s1, s2);
+        assert!(
+            out.iter()
+                .any(|c| matches!(c, Command::EndSession { session, .. } if *session == s1))
+        );
+        assert_eq!(fences(&out), [("a".to_string(), 1)]);
+        assert!(!state.is_session("w1", s1));
+        // The old session's end changes nothing now.
+        let out = state.on(
+            Event::Detached {
+                worker: "w1".into(),
+                session: s1,
+                reason: "closed".into(),
+            },
+            t0,
+        );
+        assert!(fences(&out).is_empty());
+        assert!(state.is_session("w1", s2));
+    }
+
+    #[test]
+    fn admission_and_assignment_in_one_commit_uses_the_reserved_slot() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        attach(&mut state, "w1", 1, t0);
+        let new = crate::call::NewCall {
+            id: "a".into(),
+            namespace: "default".into(),
+            tool: "t".into(),
+            command: "c".into(),
+            release: "t-1".into(),
+            release_digest: "sha256:1".into(),
+            args: serde_json::json!({}),
+            spec: record("a", CallState::Pending, 0, None).spec,
+            stdin: Vec::new(),
+            idempotency_key: None,
+            request_hash: String::new(),
+            started: crate::call::CallStarted {
+                namespace: "default".into(),
+                tool: "t".into(),
+                command: "c".into(),
+                release: "t-1".into(),
+                version: "1.0.0".into(),
+                digest: "sha256:1".into(),
+                args: serde_json::json!({}),
+                argv: Vec::new(),
+                stdin_bytes: 0,
+                idempotency_key: None,
+            },
+            assign_to: None,
+        };
+        assert_eq!(state.reserve(&new).as_deref(), Some("w1"));
+        let mut other = new.clone();
+        other.id = "b".into();
+        assert_eq!(state.reserve(&other), None, "the only slot is reserved");
+        let out = state.on(
+            Event::AdmittedAssigned {
+                call: Call::new(record("a", CallState::Running, 1, Some("w1")), None),
+                epoch: 1,
+            },
+            t0,
+        );
+        assert!(matches!(out.as_slice(), [Command::Send { epoch: 1, .. }]));
+        assert!(state.held("a", "w1", 1).is_some());
+        state.unreserve("zzz");
+        assert_eq!(state.workers()[0].busy, 1);
+    }
+}
