@@ -5,7 +5,7 @@
 mod common;
 
 use common::witness::{Seen, Witness};
-use common::{Platform, WorkerProcess, fixtures};
+use common::{Platform, WorkerProcess, error_kind, fixtures};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -839,4 +839,142 @@ async fn a_tool_that_depends_on_something_outside_the_oplog_is_caught() {
         ["/first"],
         "the diverging request never left the sandbox"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corrupted_oplog_entry_ends_the_replay_as_a_divergence_naming_it() {
+    use sqlx::Connection as _;
+    let witness = Witness::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let manifests = manifests(root.path(), &witness);
+    let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    let mut workers: Vec<WorkerProcess> = (0..2)
+        .map(|i| WorkerProcess::start(&platform, &format!("c{i}"), 4, root.path()))
+        .collect();
+    let mut news = start_call(
+        &platform,
+        request("idempotent-p1", "corrupt", &witness.base(), 8, 40_000_000),
+    )
+    .await;
+    let mut call_id = String::new();
+    let worker = loop {
+        match news.recv().await {
+            Some(News::Accepted(id)) => call_id = id,
+            Some(News::Running(worker)) => break worker,
+            _ => panic!("the call did not start"),
+        }
+    };
+    // Its first response is durable: the oplog has an http-response entry.
+    platform
+        .eventually("a recorded response", Duration::from_secs(30), || {
+            let (platform, id) = (&platform, call_id.clone());
+            async move {
+                platform
+                    .oplog(&id)
+                    .await
+                    .iter()
+                    .any(|e| e.kind == "http-response")
+            }
+        })
+        .await;
+    // Edit the store as a bad disk or a careless operator would: a status that is a string.
+    let url = format!("sqlite://{}", platform.data.join("toolgrid.db").display());
+    let mut db = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    let seq: i64 = sqlx::query_scalar(
+        "SELECT MIN(seq) FROM oplog WHERE call_id = $1 AND kind = 'http-response'",
+    )
+    .bind(&call_id)
+    .fetch_one(&mut db)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE oplog SET payload = '{\"seq\": 1, \"status\": \"ok\", \"headers\": [], \"bodyBase64\": \"\"}' WHERE call_id = $1 AND seq = $2")
+        .bind(&call_id)
+        .bind(seq)
+        .execute(&mut db)
+        .await
+        .unwrap();
+    db.close().await.unwrap();
+    // Its worker dies: the call moves, and its replay reads the corrupted entry.
+    workers.iter_mut().find(|w| w.id == worker).unwrap().kill();
+    let call = wait_done(&mut news, &platform, &call_id).await;
+    assert_eq!(error_kind(&call), "replay-divergence", "{:?}", call.error);
+    let message = call
+        .error
+        .as_ref()
+        .map(|e| e.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains(&format!("oplog entry {seq} (http-response)")),
+        "the error names the entry: {message}"
+    );
+}
+
+/// The operator's report: the SQLite file locked by another process for longer than the
+/// store's busy timeout in the middle of a call. The call must not stay `running`: it ends
+/// once the lock is gone, and no effect is applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_locked_mid_call_leaves_no_call_behind() {
+    use sqlx::Connection as _;
+    let witness = Witness::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let manifests = manifests(root.path(), &witness);
+    let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    let _workers: Vec<WorkerProcess> = (0..2)
+        .map(|i| WorkerProcess::start(&platform, &format!("l{i}"), 4, root.path()))
+        .collect();
+    let steps = 6;
+    let mut news = start_call(
+        &platform,
+        request(
+            "idempotent-p1",
+            "locked",
+            &witness.base(),
+            steps,
+            40_000_000,
+        ),
+    )
+    .await;
+    let call_id = loop {
+        match news.recv().await {
+            Some(News::Accepted(id)) => break id,
+            Some(_) => {}
+            None => panic!("the call did not start"),
+        }
+    };
+    assert!(
+        witness
+            .wait_for(Duration::from_secs(30), |seen| seen
+                .iter()
+                .any(|s| s.body.contains("locked")))
+            .await
+    );
+    // Another process takes the database: every write of the control plane waits, then
+    // fails, for longer than its busy timeout (10 s).
+    let url = format!("sqlite://{}", platform.data.join("toolgrid.db").display());
+    let mut db = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("PRAGMA busy_timeout = 30000")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    sqlx::query("COMMIT").execute(&mut db).await.unwrap();
+    db.close().await.unwrap();
+
+    let call = wait_done(&mut news, &platform, &call_id).await;
+    assert_eq!(
+        call.state,
+        proto::CallState::Succeeded as i32,
+        "{:?}\n{}",
+        call.error,
+        platform.logs()
+    );
+    let oplog = platform.oplog(&call.id).await;
+    let mut ledger = Ledger::new();
+    ledger.add(&platform, &call).await;
+    ledger.check(&witness.seen());
+    check_outcome(&call, &oplog, &witness.seen(), "locked", steps);
 }
