@@ -13,6 +13,10 @@ pub use model::{
     CallError, CallFilter, CallRecord, CallSpec, CallState, Created, NewCall, NewEntry,
     OplogRecord, ResourceRecord, RunLimits, now_ms,
 };
+pub use model::{
+    DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES, MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES,
+    MAX_RESPONSE_BYTES,
+};
 pub use sql::SqlStore;
 
 use async_trait::async_trait;

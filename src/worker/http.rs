@@ -9,8 +9,10 @@
 //! a `read`/`idempotent` tool), with the same key; otherwise the call ends `outcome-unknown`.
 
 use super::egress::{Egress, Verdict};
+use super::limits::CallMemory;
 use super::link::AppendError;
 use super::recorder::{AbortKind, HTTP_DENIED, HTTP_ERROR, HTTP_REQUEST, HTTP_RESPONSE, HostLog};
+use crate::error::ErrorKind;
 use crate::store::NewEntry;
 use base64::Engine as _;
 use bytes::Bytes;
@@ -31,8 +33,8 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Which attempt of the call sent the request (informational).
 pub const ATTEMPT_HEADER: &str = "toolgrid-attempt";
 
-/// Largest response body recorded; a larger one fails the request.
-const MAX_RESPONSE_BYTES: usize = 16 << 20;
+/// Largest response body recorded unless [`HttpHost::with_limits`] says otherwise.
+const MAX_RESPONSE_BYTES: u64 = crate::store::MAX_RESPONSE_BYTES;
 
 /// A request as a guest makes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +66,25 @@ pub enum HttpFailure {
     Unresolved(String),
     /// The run must stop: fenced, diverged, or outcome unknown (see the log's abort).
     Abort,
+    /// The request or its response passed a limit of the call (`request-limit`,
+    /// `response-limit`, `memory-limit`): the call ends with that kind.
+    Limit(ErrorKind, String),
+}
+
+/// Kinds a recorded `http-error` may name as its message's prefix (`<kind>: ...`): a limit
+/// the response hit, which a replay reports the same way.
+const LIMIT_KINDS: [ErrorKind; 2] = [ErrorKind::ResponseLimit, ErrorKind::MemoryLimit];
+
+/// Why an exchange produced no response.
+enum ExchangeError {
+    Failed(String),
+    Limit(ErrorKind, String),
+}
+
+impl From<String> for ExchangeError {
+    fn from(message: String) -> Self {
+        ExchangeError::Failed(message)
+    }
 }
 
 /// The idempotency key of request `seq` of a call: the same for every attempt.
@@ -90,6 +111,12 @@ pub struct HttpHost {
     sink: Arc<dyn OplogSink>,
     next: AtomicU64,
     timeout: Duration,
+    /// Largest request body sent.
+    request_limit: u64,
+    /// Largest response body received.
+    response_limit: u64,
+    /// Where a response being read is counted while it arrives.
+    memory: Option<Arc<CallMemory>>,
 }
 
 impl HttpHost {
@@ -111,7 +138,29 @@ impl HttpHost {
             sink,
             next: AtomicU64::new(0),
             timeout,
+            request_limit: u64::MAX,
+            response_limit: MAX_RESPONSE_BYTES,
+            memory: None,
         }
+    }
+
+    /// Caps request and response bodies, and counts a response being read against the
+    /// call's memory.
+    pub fn with_limits(
+        mut self,
+        request_limit: u64,
+        response_limit: u64,
+        memory: Option<Arc<CallMemory>>,
+    ) -> Self {
+        self.request_limit = request_limit;
+        self.response_limit = response_limit;
+        self.memory = memory;
+        self
+    }
+
+    /// The largest request body this host sends.
+    pub fn request_limit(&self) -> u64 {
+        self.request_limit
     }
 
     /// Why the run was stopped, if it was.
@@ -148,6 +197,12 @@ impl HttpHost {
     pub async fn send(&self, request: OutgoingRequest) -> Result<Response, HttpFailure> {
         if self.log.aborted().is_some() {
             return Err(HttpFailure::Abort);
+        }
+        if request.body.len() as u64 > self.request_limit {
+            return Err(HttpFailure::Limit(
+                ErrorKind::RequestLimit,
+                request_limit_message(request.body.len() as u64, self.request_limit),
+            ));
         }
         let seq = self.next.fetch_add(1, Ordering::SeqCst) + 1;
         let method = request.method.to_ascii_uppercase();
@@ -187,6 +242,9 @@ impl HttpHost {
                 }
                 Some(entry) if entry.kind == HTTP_ERROR => {
                     let message = message_of(&entry.payload);
+                    if let Some((kind, message)) = limit_of(&message) {
+                        return Err(HttpFailure::Limit(kind, message.to_string()));
+                    }
                     return Err(
                         if entry.payload.get("unresolved") == Some(&Value::Bool(true)) {
                             HttpFailure::Unresolved(message)
@@ -293,12 +351,18 @@ impl HttpHost {
                     "bodyBase64": base64::engine::general_purpose::STANDARD.encode(&response.body),
                 }),
             ),
-            Err(message) => self
+            Err(ExchangeError::Failed(message)) => self
                 .log
                 .record(HTTP_ERROR, json!({ "seq": seq, "message": message })),
+            Err(ExchangeError::Limit(kind, message)) => self
+                .log
+                .record(HTTP_ERROR, json!({ "seq": seq, "message": format!("{kind}: {message}") })),
         }
         self.commit().await?;
-        outcome.map_err(HttpFailure::Failed)
+        outcome.map_err(|error| match error {
+            ExchangeError::Failed(message) => HttpFailure::Failed(message),
+            ExchangeError::Limit(kind, message) => HttpFailure::Limit(kind, message),
+        })
     }
 
     async fn exchange(
@@ -307,9 +371,9 @@ impl HttpHost {
         method: &str,
         request: &OutgoingRequest,
         verdict: Verdict,
-    ) -> Result<Response, String> {
+    ) -> Result<Response, ExchangeError> {
         let Verdict::Allowed { host, addrs } = verdict else {
-            return Err("denied".into());
+            return Err(ExchangeError::Failed("denied".into()));
         };
         let mut builder = reqwest::Client::builder()
             .no_proxy()
@@ -324,7 +388,7 @@ impl HttpHost {
             .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
         let method = reqwest::Method::from_bytes(method.as_bytes())
             .map_err(|e| format!("bad method: {e}"))?;
-        let mut outgoing = client.request(method, &request.url);
+        let mut outgoing = client.request(method.clone(), &request.url);
         for (name, value) in &request.headers {
             if name.eq_ignore_ascii_case(IDEMPOTENCY_KEY)
                 || name.eq_ignore_ascii_case(ATTEMPT_HEADER)
@@ -351,15 +415,43 @@ impl HttpHost {
                 )
             })
             .collect();
+        let limit = self.response_limit;
+        let too_large = |size: &str| {
+            ExchangeError::Limit(
+                ErrorKind::ResponseLimit,
+                format!(
+                    "the response body of {method} {} is {size} bytes, more than the call's \
+                     response limit of {limit} bytes (limits.responseBytes)",
+                    request.url
+                ),
+            )
+        };
+        if let Some(declared) = response.content_length()
+            && declared > limit
+        {
+            return Err(too_large(&declared.to_string()));
+        }
+        // The body is counted against the call's memory while it arrives.
+        let mut held = match &self.memory {
+            Some(memory) => Some(
+                memory
+                    .reserve(0)
+                    .map_err(|e| ExchangeError::Limit(ErrorKind::MemoryLimit, e.to_string()))?,
+            ),
+            None => None,
+        };
         let mut body = Vec::new();
         let mut response = response;
         while let Some(chunk) = response.chunk().await.map_err(|e| describe(&e))? {
-            body.extend_from_slice(&chunk);
-            if body.len() > MAX_RESPONSE_BYTES {
-                return Err(format!(
-                    "the response body is larger than {MAX_RESPONSE_BYTES} bytes"
-                ));
+            let size = body.len() as u64 + chunk.len() as u64;
+            if size > limit {
+                return Err(too_large(&format!("more than {size}")));
             }
+            if let Some(held) = &mut held {
+                held.grow(chunk.len() as u64)
+                    .map_err(|e| ExchangeError::Limit(ErrorKind::MemoryLimit, e.to_string()))?;
+            }
+            body.extend_from_slice(&chunk);
         }
         Ok(Response {
             status,
@@ -377,6 +469,21 @@ fn describe(error: &reqwest::Error) -> String {
         source = inner.source();
     }
     message
+}
+
+/// Why a request body of `size` bytes is refused.
+pub fn request_limit_message(size: u64, limit: u64) -> String {
+    format!(
+        "the outgoing request body is {size} bytes, more than the call's request limit of \
+         {limit} bytes (limits.requestBytes)"
+    )
+}
+
+/// The limit a recorded `http-error` message names, if it names one.
+fn limit_of(message: &str) -> Option<(ErrorKind, &str)> {
+    let (kind, rest) = message.split_once(": ")?;
+    let kind = LIMIT_KINDS.into_iter().find(|k| k.as_str() == kind)?;
+    Some((kind, rest))
 }
 
 fn message_of(payload: &Value) -> String {
