@@ -1147,3 +1147,148 @@ fn parse_guest_request(bytes: &[u8], limit: u64) -> Result<OutgoingRequest, Gues
         body,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn hooks(egress: Vec<crate::api::EgressRule>, request_limit: u64) -> HttpHooks {
+        let trips = Arc::new(Tripwires::default());
+        let memory = CallMemory::new(64 << 20, trips.clone());
+        let host = HttpHost::new(
+            "hooks".into(),
+            1,
+            true,
+            Egress::new(egress.clone()),
+            HostLog::new(Vec::new()),
+            Arc::new(MemorySink::default()),
+            Duration::from_secs(5),
+        )
+        .with_limits(request_limit, 1 << 20, Some(memory.clone()));
+        HttpHooks {
+            host: Arc::new(host),
+            egress: Egress::new(egress),
+            memory,
+            trips,
+        }
+    }
+
+    /// A request body that never ends, counting how often it was polled.
+    fn endless_body(polls: Arc<AtomicUsize>) -> WasiBody {
+        use http_body_util::BodyExt;
+        let chunks = futures::stream::repeat_with(move || {
+            polls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, HttpError>(hyper::body::Frame::data(Bytes::from(vec![b'x'; 64 << 10])))
+        });
+        http_body_util::StreamBody::new(chunks).boxed_unsync()
+    }
+
+    fn post(url: &str, body: WasiBody) -> http::Request<WasiBody> {
+        http::Request::builder()
+            .method("POST")
+            .uri(url)
+            .body(body)
+            .unwrap()
+    }
+
+    async fn send(
+        hooks: &mut HttpHooks,
+        request: http::Request<WasiBody>,
+    ) -> Result<(), HttpError> {
+        let future = hooks.send_request(request, None, Box::new(async { Ok(()) }));
+        std::pin::Pin::from(future).await.map(|_| ())
+    }
+
+    #[tokio::test]
+    async fn an_endless_component_body_stops_at_the_request_limit() {
+        let rule = crate::api::EgressRule {
+            host: "127.0.0.1".into(),
+            ports: vec![9],
+            allow_private: true,
+        };
+        let mut hooks = hooks(vec![rule], 1 << 20);
+        let polls = Arc::new(AtomicUsize::new(0));
+        let error = send(
+            &mut hooks,
+            post("http://127.0.0.1:9/sink", endless_body(polls.clone())),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(error, HttpError::HttpRequestBodySize(Some(limit)) if limit == 1 << 20),
+            "{error:?}"
+        );
+        // Read up to the limit and one chunk more, then no further.
+        assert_eq!(polls.load(Ordering::SeqCst), 17);
+        let (kind, message) = hooks.trips.host_tripped().unwrap();
+        assert_eq!(kind, ErrorKind::RequestLimit);
+        assert_eq!(kind.as_str(), "request-limit");
+        assert!(message.contains("1048576"), "{message}");
+        // What was read is given back.
+        assert_eq!(hooks.memory.host_bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_to_a_refused_destination_is_never_read() {
+        let mut hooks = hooks(Vec::new(), 1 << 20);
+        let polls = Arc::new(AtomicUsize::new(0));
+        let error = send(
+            &mut hooks,
+            post("http://127.0.0.1:9/sink", endless_body(polls.clone())),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(error, HttpError::HttpRequestDenied), "{error:?}");
+        assert_eq!(polls.load(Ordering::SeqCst), 0);
+        assert!(hooks.trips.host_tripped().is_none());
+    }
+
+    #[test]
+    fn both_paths_refuse_the_same_hop_by_hop_headers() {
+        for name in [
+            "host",
+            "connection",
+            "transfer-encoding",
+            "upgrade",
+            "keep-alive",
+            "proxy-connection",
+            "te",
+            "trailer",
+            "Host",
+            "TE",
+        ] {
+            let header = http::HeaderName::from_bytes(name.as_bytes()).unwrap();
+            assert!(is_forbidden_header(&header), "{name}");
+            let document = format!(r#"{{"url": "http://a.example/", "headers": [["{name}", "x"]]}}"#);
+            assert!(
+                matches!(
+                    parse_guest_request(document.as_bytes(), 1 << 20),
+                    Err(GuestRequestError::Invalid(message)) if message.contains(name)
+                ),
+                "{name}"
+            );
+        }
+        let header = http::HeaderName::from_static("content-type");
+        assert!(!is_forbidden_header(&header));
+        let document = r#"{"url": "http://a.example/", "headers": [["Content-Length", "5"]]}"#;
+        assert!(matches!(
+            parse_guest_request(document.as_bytes(), 1 << 20),
+            Err(GuestRequestError::Invalid(_))
+        ));
+        let document = r#"{"url": "http://a.example/", "headers": [["content-type", "text/plain"]], "body": "hello"}"#;
+        let request = parse_guest_request(document.as_bytes(), 5).unwrap();
+        assert_eq!(&request.body[..], b"hello");
+        assert!(matches!(
+            parse_guest_request(document.as_bytes(), 4),
+            Err(GuestRequestError::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn a_request_document_may_hold_a_base64_body_of_the_limit() {
+        assert!(request_document_limit(3) >= 4 + REQUEST_DOCUMENT_OVERHEAD);
+        assert!(request_document_limit(u64::MAX) > u64::from(u32::MAX));
+        assert!(request_document_limit(crate::store::MAX_REQUEST_BYTES) < u64::from(u32::MAX));
+    }
+}
