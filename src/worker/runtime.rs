@@ -515,12 +515,21 @@ impl Runtime {
             }
             let engine = self.engine.clone();
             let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<Artifact> {
-                // SAFETY: the cache directory is this worker's own; it holds only code this
-                // engine serialized, under a name keyed by the engine's compatibility hash.
+                let code = match read_verified(&path) {
+                    Ok(code) => code,
+                    Err(error) => {
+                        // Torn, truncated or altered: never handed to wasmtime.
+                        let _ = std::fs::remove_file(&path);
+                        return Err(error.into());
+                    }
+                };
+                // SAFETY: the bytes are what this engine serialized (their digest, written
+                // with them, matches), under a name keyed by the engine's compatibility hash;
+                // they are deserialized from memory, so the file cannot change underneath.
                 Ok(if kind == "module" {
-                    Artifact::Module(unsafe { Module::deserialize_file(&engine, &path)? })
+                    Artifact::Module(unsafe { Module::deserialize(&engine, &code)? })
                 } else {
-                    Artifact::Component(unsafe { Component::deserialize_file(&engine, &path)? })
+                    Artifact::Component(unsafe { Component::deserialize(&engine, &code)? })
                 })
             })
             .await;
@@ -531,7 +540,12 @@ impl Runtime {
                         tracing::warn!(%digest, %error, "cached artifact does not link; recompiling")
                     }
                 },
-                _ => tracing::warn!(%digest, "unreadable compiled cache entry; recompiling"),
+                Ok(Err(error)) => {
+                    tracing::warn!(%digest, %error, "unusable compiled cache entry; recompiling")
+                }
+                Err(error) => {
+                    tracing::warn!(%digest, %error, "unreadable compiled cache entry; recompiling")
+                }
             }
         }
         None
@@ -556,7 +570,7 @@ impl Runtime {
         };
         if let Ok(serialized) = serialized {
             let path = self.cache_path(digest, kind);
-            if let Err(error) = write_atomically(&path, &serialized) {
+            if let Err(error) = write_verified(&path, &serialized) {
                 tracing::warn!(%digest, %error, "cannot cache compiled code");
             }
         }
@@ -798,10 +812,53 @@ pub fn validate_artifact(bytes: &[u8]) -> Result<&'static str, CompileError> {
     Ok(kind)
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Why a compiled cache entry is not trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheEntryError {
+    #[error("cannot read the cache entry: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the cache entry is {0} bytes, too short to hold its digest")]
+    Short(usize),
+    #[error("the cache entry's code does not match the digest written with it")]
+    Mismatch,
+}
+
+/// Writes compiled code as its SHA-256 followed by the code, to a temporary file that is
+/// synced and then renamed over `path` (and the directory synced): a reader sees the whole
+/// entry or none, and [`read_verified`] catches anything else.
+pub fn write_verified(path: &Path, code: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    let written = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(&Sha256::digest(code))?;
+        file.write_all(code)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    if let Some(dir) = path.parent()
+        && let Ok(dir) = std::fs::File::open(dir)
+    {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+/// Reads a cache entry [`write_verified`] wrote and returns its code once its digest matches.
+pub fn read_verified(path: &Path) -> Result<Vec<u8>, CacheEntryError> {
+    let mut bytes = std::fs::read(path)?;
+    if bytes.len() < 32 {
+        return Err(CacheEntryError::Short(bytes.len()));
+    }
+    let code = bytes.split_off(32);
+    if Sha256::digest(&code).as_slice() != bytes.as_slice() {
+        return Err(CacheEntryError::Mismatch);
+    }
+    Ok(code)
 }
 
 /// Counts epoch ticks spent running guest code against the CPU budget, yields to other
@@ -1283,6 +1340,25 @@ mod tests {
             parse_guest_request(document.as_bytes(), 4),
             Err(GuestRequestError::TooLarge(_))
         ));
+    }
+
+    #[test]
+    fn compiled_cache_entries_are_verified_before_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.module.cwasm");
+        write_verified(&path, b"compiled code").unwrap();
+        assert_eq!(read_verified(&path).unwrap(), b"compiled code");
+        // Flipped, truncated or foreign entries are refused.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(matches!(read_verified(&path), Err(CacheEntryError::Mismatch)));
+        std::fs::write(&path, &bytes[..10]).unwrap();
+        assert!(matches!(read_verified(&path), Err(CacheEntryError::Short(10))));
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1);
     }
 
     #[test]
