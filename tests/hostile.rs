@@ -442,6 +442,55 @@ async fn seventy_mib_of_stdout_under_a_100_mib_limit_is_output_limit() {
     assert!(outcome.stdout.len() <= 16 << 20);
 }
 
+#[tokio::test]
+async fn a_tampered_compiled_cache_entry_is_never_trusted() {
+    let cache = tempfile::tempdir().unwrap();
+    let wat = fixtures::OK_JSON;
+    let bytes = wat::parse_str(wat).unwrap();
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+    runtime(cache.path())
+        .compile(&digest, bytes.clone())
+        .await
+        .unwrap();
+    let entries: Vec<_> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let mut code = std::fs::read(&entries[0]).unwrap();
+    let middle = code.len() / 2;
+    code[middle] ^= 0xff;
+    std::fs::write(&entries[0], &code).unwrap();
+    // A restarted worker refuses the entry and compiles the artifact again.
+    let runtime = runtime(cache.path());
+    let fetched = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let compiled = runtime
+        .prepare(&digest, || {
+            let fetched = fetched.clone();
+            let bytes = bytes.clone();
+            async move {
+                fetched.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, toolgrid::worker::runtime::PrepareError>(bytes)
+            }
+        })
+        .await
+        .unwrap();
+    assert!(fetched.load(std::sync::atomic::Ordering::SeqCst));
+    let outcome = runtime
+        .run(
+            &compiled,
+            RunRequest {
+                call_id: "cache".into(),
+                limits: limits(),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(outcome.failure.is_none(), "{}", message(&outcome));
+    assert_eq!(&outcome.stdout[..], b"{\"ok\": true}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Through a real worker process.
 
@@ -510,6 +559,7 @@ async fn hostile_guests_on_a_real_worker_keep_it_bounded_and_serving() {
     text += &release("flood", "flood.wasm", "{outputBytes: 100Mi}", port);
     text += &release("hugelen", "hugelen.wasm", "{}", port);
     text += &release("ok", "ok.wasm", "{}", port);
+    text += &release("zero", "../../../../../../../../dev/zero", "{}", port);
     std::fs::write(manifests.join("tools.yaml"), text).unwrap();
     let platform = Platform::start(root.path(), &manifests, &["--no-workers"]);
     let worker = WorkerProcess::start(&platform, "hostile", 4, root.path());
@@ -534,6 +584,15 @@ async fn hostile_guests_on_a_real_worker_keep_it_bounded_and_serving() {
             && flood.message.contains("limited to 16Mi"),
         "{}",
         flood.message
+    );
+    // A device is not an artifact: refused with a clear condition, never read.
+    let zero = platform.resource("releases", "zero-1.0.0").await.unwrap();
+    assert_eq!(zero.ready, "False");
+    assert_eq!(zero.reason, "InvalidArtifactFile", "{}", zero.message);
+    assert!(
+        zero.message.contains("not a regular file (it is a character device)"),
+        "{}",
+        zero.message
     );
     let ok = || async {
         let call = platform.call("ok", &[]).await.unwrap();
