@@ -294,10 +294,25 @@ async fn a_huge_request_length_is_request_limit_and_a_stray_pointer_traps() {
     let runtime = runtime(cache.path());
     let server = Server::start().await;
     let outcome = run(&runtime, &raw_sender(0, 0xFFFF_FFF0), &server, limits()).await;
-    assert_eq!(failure_kind(&outcome), "request-limit", "{}", message(&outcome));
-    assert!(message(&outcome).contains("4294967280"), "{}", message(&outcome));
+    assert_eq!(
+        failure_kind(&outcome),
+        "request-limit",
+        "{}",
+        message(&outcome)
+    );
+    assert!(
+        message(&outcome).contains("4294967280"),
+        "{}",
+        message(&outcome)
+    );
     // Within the limit but outside the guest's memory: a trap, not a host allocation.
-    let outcome = run(&runtime, &raw_sender(0xFFFF_0000, 1 << 20), &server, limits()).await;
+    let outcome = run(
+        &runtime,
+        &raw_sender(0xFFFF_0000, 1 << 20),
+        &server,
+        limits(),
+    )
+    .await;
     assert_eq!(failure_kind(&outcome), "trap", "{}", message(&outcome));
     assert!(
         message(&outcome).contains("outside the module's memory"),
@@ -314,14 +329,13 @@ async fn a_huge_declared_body_is_request_limit_and_never_leaves() {
     let server = Server::start().await;
     let url = server.url("/sink");
     // 9 MiB against the default 8 MiB.
-    let outcome = run(
-        &runtime,
-        &big_body_sender(&url, 9 << 20),
-        &server,
-        limits(),
-    )
-    .await;
-    assert_eq!(failure_kind(&outcome), "request-limit", "{}", message(&outcome));
+    let outcome = run(&runtime, &big_body_sender(&url, 9 << 20), &server, limits()).await;
+    assert_eq!(
+        failure_kind(&outcome),
+        "request-limit",
+        "{}",
+        message(&outcome)
+    );
     assert!(message(&outcome).contains("limits.requestBytes"));
     // A release's smaller limit counts too; a body within it is sent.
     let small = RunLimits {
@@ -329,7 +343,12 @@ async fn a_huge_declared_body_is_request_limit_and_never_leaves() {
         ..limits()
     };
     let outcome = run(&runtime, &big_body_sender(&url, 65 << 10), &server, small).await;
-    assert_eq!(failure_kind(&outcome), "request-limit", "{}", message(&outcome));
+    assert_eq!(
+        failure_kind(&outcome),
+        "request-limit",
+        "{}",
+        message(&outcome)
+    );
     assert!(server.seen().is_empty(), "{:?}", server.seen());
     let outcome = run(&runtime, &big_body_sender(&url, 64 << 10), &server, small).await;
     assert!(outcome.failure.is_none(), "{}", message(&outcome));
@@ -358,9 +377,15 @@ async fn a_guest_host_header_never_reaches_the_server() {
         let wat = sender(&document(&url, &[(name, value)]), 1, true, 2);
         let outcome = run(&runtime, &wat, &server, limits()).await;
         assert!(outcome.failure.is_none(), "{name}: {}", message(&outcome));
-        assert_eq!(outcome.exit_code, 2, "{name}: the code of an invalid request");
+        assert_eq!(
+            outcome.exit_code, 2,
+            "{name}: the code of an invalid request"
+        );
         let answer: serde_json::Value = serde_json::from_slice(&outcome.stdout).unwrap();
-        assert_eq!(answer["error"]["kind"], "invalid-request", "{name}: {answer}");
+        assert_eq!(
+            answer["error"]["kind"], "invalid-request",
+            "{name}: {answer}"
+        );
         assert!(
             answer["error"]["message"].as_str().unwrap().contains(name),
             "{answer}"
@@ -373,7 +398,10 @@ async fn a_guest_host_header_never_reaches_the_server() {
     assert_eq!(outcome.exit_code, 0, "{}", message(&outcome));
     let seen = server.seen();
     assert_eq!(seen.len(), 1);
-    assert_eq!(seen[0].host.as_deref(), Some(server.addr.to_string().as_str()));
+    assert_eq!(
+        seen[0].host.as_deref(),
+        Some(server.addr.to_string().as_str())
+    );
 }
 
 #[tokio::test]
@@ -384,7 +412,12 @@ async fn a_response_over_the_limit_is_response_limit() {
     for path in ["/bytes/20971520", "/stream/20971520", "/stream/8388609"] {
         let wat = sender(&document(&server.url(path), &[]), 1, true, 2);
         let outcome = run(&runtime, &wat, &server, limits()).await;
-        assert_eq!(failure_kind(&outcome), "response-limit", "{path}: {}", message(&outcome));
+        assert_eq!(
+            failure_kind(&outcome),
+            "response-limit",
+            "{path}: {}",
+            message(&outcome)
+        );
         assert!(message(&outcome).contains("limits.responseBytes"));
     }
     // A release's own limit, and a response within it.
@@ -395,7 +428,12 @@ async fn a_response_over_the_limit_is_response_limit() {
     };
     let wat = sender(&document(&server.url("/stream/1048577"), &[]), 1, true, 2);
     let outcome = run(&runtime, &wat, &server, small).await;
-    assert_eq!(failure_kind(&outcome), "response-limit", "{}", message(&outcome));
+    assert_eq!(
+        failure_kind(&outcome),
+        "response-limit",
+        "{}",
+        message(&outcome)
+    );
     let wat = sender(&document(&server.url("/bytes/1048576"), &[]), 1, true, 64);
     let outcome = run(&runtime, &wat, &server, small).await;
     assert!(outcome.failure.is_none(), "{}", message(&outcome));
@@ -411,8 +449,17 @@ async fn unread_responses_count_against_the_call_memory() {
     let server = Server::start().await;
     let wat = sender(&document(&server.url("/bytes/4194304"), &[]), 200, false, 1);
     let outcome = run(&runtime, &wat, &server, limits()).await;
-    assert_eq!(failure_kind(&outcome), "memory-limit", "{}", message(&outcome));
-    assert!(message(&outcome).contains("held by the host"), "{}", message(&outcome));
+    assert_eq!(
+        failure_kind(&outcome),
+        "memory-limit",
+        "{}",
+        message(&outcome)
+    );
+    assert!(
+        message(&outcome).contains("held by the host"),
+        "{}",
+        message(&outcome)
+    );
     // 64 MiB holds fewer than 16 unread responses of 4 MiB.
     let sent = server.seen().len();
     assert!((10..=16).contains(&sent), "{sent} requests");
@@ -437,7 +484,12 @@ async fn seventy_mib_of_stdout_under_a_100_mib_limit_is_output_limit() {
         ..limits()
     };
     let outcome = run(&runtime, &printer(70 << 20), &server, limits).await;
-    assert_eq!(failure_kind(&outcome), "output-limit", "{}", message(&outcome));
+    assert_eq!(
+        failure_kind(&outcome),
+        "output-limit",
+        "{}",
+        message(&outcome)
+    );
     assert!(message(&outcome).contains(&(16u64 << 20).to_string()));
     assert!(outcome.stdout.len() <= 16 << 20);
 }
@@ -590,7 +642,8 @@ async fn hostile_guests_on_a_real_worker_keep_it_bounded_and_serving() {
     assert_eq!(zero.ready, "False");
     assert_eq!(zero.reason, "InvalidArtifactFile", "{}", zero.message);
     assert!(
-        zero.message.contains("not a regular file (it is a character device)"),
+        zero.message
+            .contains("not a regular file (it is a character device)"),
         "{}",
         zero.message
     );
@@ -616,7 +669,10 @@ async fn hostile_guests_on_a_real_worker_keep_it_bounded_and_serving() {
         let rss = proc_status_bytes(pid, "VmRSS:");
         eprintln!("after {tool}: worker VmRSS {rss} bytes, VmHWM {hwm} bytes");
         // Unbounded, 200 unread responses of 4 MiB alone would hold 800 MiB.
-        assert!(hwm > 0 && hwm < 512 << 20, "{tool}: worker VmHWM {hwm} bytes");
+        assert!(
+            hwm > 0 && hwm < 512 << 20,
+            "{tool}: worker VmHWM {hwm} bytes"
+        );
     }
     assert!(
         !server

@@ -298,7 +298,10 @@ mod tests {
     #[test]
     fn an_artifact_file_is_a_regular_file_of_bounded_size() {
         let error = read_artifact_file(std::path::Path::new("/dev/zero")).unwrap_err();
-        assert!(matches!(error, ArtifactFileError::NotAFile("a character device")));
+        assert!(matches!(
+            error,
+            ArtifactFileError::NotAFile("a character device")
+        ));
         assert_eq!(
             error.to_string(),
             "not a regular file (it is a character device); name a .wasm file"

@@ -888,29 +888,26 @@ fn release_limits(release: &ToolRelease) -> Result<(Limits, Vec<String>), FieldE
         ));
     }
     let mut notes = Vec::new();
-    let mut bytes = |field: &str,
-                     value: Option<ByteSize>,
-                     default: u64,
-                     max: u64|
-     -> Result<u64, FieldError> {
-        let value = value.map(|v| v.bytes()).unwrap_or(default);
-        if value == 0 {
-            return Err(FieldError::new(
-                format!("spec.limits.{field}"),
-                "must be at least 1 byte",
-            ));
-        }
-        if value > max {
-            notes.push(format!(
-                "limits.{field} {} is above the maximum of {}: calls are limited to {}",
-                ByteSize(value),
-                ByteSize(max),
-                ByteSize(max)
-            ));
-            return Ok(max);
-        }
-        Ok(value)
-    };
+    let mut bytes =
+        |field: &str, value: Option<ByteSize>, default: u64, max: u64| -> Result<u64, FieldError> {
+            let value = value.map(|v| v.bytes()).unwrap_or(default);
+            if value == 0 {
+                return Err(FieldError::new(
+                    format!("spec.limits.{field}"),
+                    "must be at least 1 byte",
+                ));
+            }
+            if value > max {
+                notes.push(format!(
+                    "limits.{field} {} is above the maximum of {}: calls are limited to {}",
+                    ByteSize(value),
+                    ByteSize(max),
+                    ByteSize(max)
+                ));
+                return Ok(max);
+            }
+            Ok(value)
+        };
     let output_bytes = bytes(
         "outputBytes",
         limits.output_bytes,

@@ -367,7 +367,12 @@ pub async fn fetch(url: &str) -> Result<Vec<u8>, String> {
                 .headers()
                 .get(reqwest::header::LOCATION)
                 .and_then(|v| v.to_str().ok())
-                .ok_or_else(|| format!("GET {url} answered {} without a Location", response.status()))?;
+                .ok_or_else(|| {
+                    format!(
+                        "GET {url} answered {} without a Location",
+                        response.status()
+                    )
+                })?;
             let next = url
                 .join(location)
                 .map_err(|e| format!("GET {url} redirects to a bad URL {location:?}: {e}"))?;
@@ -403,7 +408,9 @@ pub async fn fetch(url: &str) -> Result<Vec<u8>, String> {
 async fn redirect_target(url: &url::Url) -> Result<(String, Vec<std::net::SocketAddr>), String> {
     use crate::worker::egress::is_restricted;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!("a redirect to {url} is not followed (not http or https)"));
+        return Err(format!(
+            "a redirect to {url} is not followed (not http or https)"
+        ));
     }
     let host = url
         .host_str()
@@ -422,7 +429,9 @@ async fn redirect_target(url: &url::Url) -> Result<(String, Vec<std::net::Socket
             .collect(),
     };
     if addrs.is_empty() {
-        return Err(format!("a redirect to {url}: {host} resolves to no address"));
+        return Err(format!(
+            "a redirect to {url}: {host} resolves to no address"
+        ));
     }
     if let Some(bad) = addrs.iter().find(|a| is_restricted(a.ip())) {
         return Err(format!(
@@ -445,9 +454,7 @@ mod tests {
             .route("/tool.wasm", axum::routing::get(|| async { "\0asm" }))
             .route(
                 "/loopback",
-                axum::routing::get(|| async {
-                    axum::response::Redirect::temporary("/tool.wasm")
-                }),
+                axum::routing::get(|| async { axum::response::Redirect::temporary("/tool.wasm") }),
             )
             .route(
                 "/metadata",

@@ -113,7 +113,11 @@ impl RunLimits {
 
     /// The response limit a worker enforces (0 means the default).
     pub fn effective_response_bytes(&self) -> u64 {
-        effective(self.response_bytes, DEFAULT_RESPONSE_BYTES, MAX_RESPONSE_BYTES)
+        effective(
+            self.response_bytes,
+            DEFAULT_RESPONSE_BYTES,
+            MAX_RESPONSE_BYTES,
+        )
     }
 }
 

@@ -354,9 +354,10 @@ impl HttpHost {
             Err(ExchangeError::Failed(message)) => self
                 .log
                 .record(HTTP_ERROR, json!({ "seq": seq, "message": message })),
-            Err(ExchangeError::Limit(kind, message)) => self
-                .log
-                .record(HTTP_ERROR, json!({ "seq": seq, "message": format!("{kind}: {message}") })),
+            Err(ExchangeError::Limit(kind, message)) => self.log.record(
+                HTTP_ERROR,
+                json!({ "seq": seq, "message": format!("{kind}: {message}") }),
+            ),
         }
         self.commit().await?;
         outcome.map_err(|error| match error {

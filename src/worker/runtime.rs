@@ -208,7 +208,9 @@ impl WasiHttpHooks for HttpHooks {
                     // The body is counted against the call until the guest drops it.
                     let held = match memory.reserve(response.body.len() as u64) {
                         Ok(held) => held,
-                        Err(error) => return Err(HttpError::InternalError(Some(error.to_string()))),
+                        Err(error) => {
+                            return Err(HttpError::InternalError(Some(error.to_string())));
+                        }
                     };
                     let mut builder = http::Response::builder().status(response.status);
                     for (name, value) in &response.headers {
@@ -1088,8 +1090,7 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
                 .map(|(d, _)| d.len() <= len as usize);
             match fits {
                 Some(true) => {
-                    let Some((document, held)) = caller.data_mut().responses.remove(&handle)
-                    else {
+                    let Some((document, held)) = caller.data_mut().responses.remove(&handle) else {
                         return Ok(4);
                     };
                     memory.write(&mut caller, buf as usize, &document)?;
@@ -1317,7 +1318,8 @@ mod tests {
         ] {
             let header = http::HeaderName::from_bytes(name.as_bytes()).unwrap();
             assert!(is_forbidden_header(&header), "{name}");
-            let document = format!(r#"{{"url": "http://a.example/", "headers": [["{name}", "x"]]}}"#);
+            let document =
+                format!(r#"{{"url": "http://a.example/", "headers": [["{name}", "x"]]}}"#);
             assert!(
                 matches!(
                     parse_guest_request(document.as_bytes(), 1 << 20),
@@ -1353,9 +1355,15 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        assert!(matches!(read_verified(&path), Err(CacheEntryError::Mismatch)));
+        assert!(matches!(
+            read_verified(&path),
+            Err(CacheEntryError::Mismatch)
+        ));
         std::fs::write(&path, &bytes[..10]).unwrap();
-        assert!(matches!(read_verified(&path), Err(CacheEntryError::Short(10))));
+        assert!(matches!(
+            read_verified(&path),
+            Err(CacheEntryError::Short(10))
+        ));
         // No temporary file is left behind.
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
         assert_eq!(names.len(), 1);
