@@ -23,7 +23,8 @@ extern "C" {
 enum {
     TOOLGRID_HTTP_OK = 0,        /* a response (any HTTP status) is ready to take */
     TOOLGRID_HTTP_DENIED = 1,    /* the egress policy refused the destination */
-    TOOLGRID_HTTP_INVALID = 2,   /* the request JSON is malformed */
+    TOOLGRID_HTTP_INVALID = 2,   /* the request JSON is malformed, or sets Host,
+                                    Content-Length or a hop-by-hop header */
     TOOLGRID_HTTP_FAILED = 3,    /* DNS, connection, TLS or protocol failure */
     TOOLGRID_HTTP_BAD_HANDLE = 4 /* no such handle, or the buffer is too small */
 };
@@ -33,7 +34,10 @@ enum {
  *   {"method": "POST", "url": "http://host:port/path",
  *    "headers": [["content-type", "application/json"], ...],
  *    "body": "text"}                 (or "bodyBase64": "..." for binary bodies)
- * Blocks until the response (or failure) is known. Whatever the code, *handle and
+ * Blocks until the response (or failure) is known. A request or response larger than the
+ * release's limits.requestBytes / limits.responseBytes ends the call (request-limit,
+ * response-limit); so do untaken responses beyond the release's memory (memory-limit).
+ * Whatever the code, *handle and
  * *response_len describe a JSON document to take with toolgrid_http_take:
  *   on TOOLGRID_HTTP_OK: {"status": 200, "headers": [[name, value], ...],
  *                         "body": "text"}   (or "bodyBase64" when the body is not UTF-8)

@@ -33,6 +33,10 @@ pub enum ErrorKind {
     MemoryLimit,
     /// The guest wrote more output than allowed.
     OutputLimit,
+    /// An outgoing request (its document or body) was larger than allowed.
+    RequestLimit,
+    /// A response body was larger than allowed.
+    ResponseLimit,
     /// The guest trapped (unreachable, out-of-bounds access, stack overflow, ...).
     Trap,
     /// The release's artifact is not a runnable WASI command.
@@ -50,7 +54,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 22] = [
+    pub const ALL: [ErrorKind; 24] = [
         ErrorKind::InvalidArgument,
         ErrorKind::UnknownTool,
         ErrorKind::UnknownCommand,
@@ -65,6 +69,8 @@ impl ErrorKind {
         ErrorKind::CpuLimit,
         ErrorKind::MemoryLimit,
         ErrorKind::OutputLimit,
+        ErrorKind::RequestLimit,
+        ErrorKind::ResponseLimit,
         ErrorKind::Trap,
         ErrorKind::InvalidArtifact,
         ErrorKind::ReplayDivergence,
@@ -91,6 +97,8 @@ impl ErrorKind {
             ErrorKind::CpuLimit => "cpu-limit",
             ErrorKind::MemoryLimit => "memory-limit",
             ErrorKind::OutputLimit => "output-limit",
+            ErrorKind::RequestLimit => "request-limit",
+            ErrorKind::ResponseLimit => "response-limit",
             ErrorKind::Trap => "trap",
             ErrorKind::InvalidArtifact => "invalid-artifact",
             ErrorKind::ReplayDivergence => "replay-divergence",
@@ -121,9 +129,11 @@ impl ErrorKind {
             ErrorKind::Unauthenticated => Code::Unauthenticated,
             ErrorKind::IdempotencyConflict => Code::AlreadyExists,
             ErrorKind::Timeout => Code::DeadlineExceeded,
-            ErrorKind::CpuLimit | ErrorKind::MemoryLimit | ErrorKind::OutputLimit => {
-                Code::ResourceExhausted
-            }
+            ErrorKind::CpuLimit
+            | ErrorKind::MemoryLimit
+            | ErrorKind::OutputLimit
+            | ErrorKind::RequestLimit
+            | ErrorKind::ResponseLimit => Code::ResourceExhausted,
             ErrorKind::Cancelled => Code::Cancelled,
             ErrorKind::Internal => Code::Internal,
             ErrorKind::ToolError

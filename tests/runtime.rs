@@ -37,6 +37,8 @@ fn limits() -> RunLimits {
         output_bytes: 1 << 20,
         timeout_ms: 30_000,
         instances: 0,
+        request_bytes: 0,
+        response_bytes: 0,
     }
 }
 

@@ -95,9 +95,18 @@ pub struct ReleaseLimits {
     /// CPU time of one call (default 10s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_time: Option<GoDuration>,
-    /// Bytes a call may write to stdout (default 1Mi).
+    /// Bytes a call may write to stdout (default 1Mi; at most 16Mi, a larger value is
+    /// clamped to 16Mi and the Ready condition says so).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_bytes: Option<ByteSize>,
+    /// Largest body of an outgoing request, checked while it streams (default 8Mi; at most
+    /// 64Mi). A larger request ends the call as `request-limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_bytes: Option<ByteSize>,
+    /// Largest body of a response to an outgoing request (default 8Mi; at most 16Mi). A
+    /// larger response ends the call as `response-limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_bytes: Option<ByteSize>,
     /// Calls of this release running at once across the pool (default: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instances: Option<u32>,

@@ -244,6 +244,10 @@ pub struct HttpError {
     /// The host name did not resolve (told to the guest as such).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unresolved: bool,
+    /// A limit of the call stopped the request (`request-limit`, `response-limit`,
+    /// `memory-limit`): a replay ends the call with the same kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<super::ErrorKind>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -407,6 +411,7 @@ mod tests {
                 seq: 1,
                 message: "x".into(),
                 unresolved: true,
+                limit: None,
             }),
         ];
         for entry in entries {

@@ -31,8 +31,9 @@ pub use entry::{
 };
 pub use lifecycle::{Lifecycle, Refusal};
 pub use record::{
-    CallFilter, CallRecord, CallSpec, Created, NewCall, OplogRecord, ResourceRecord, RunLimits,
-    now_ms,
+    CallFilter, CallRecord, CallSpec, Created, DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES,
+    MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, NewCall, OplogRecord, ResourceRecord,
+    RunLimits, now_ms,
 };
 
 use serde::{Deserialize, Serialize};

@@ -25,6 +25,50 @@ pub struct RunLimits {
     /// Calls of the release running at once across the pool; 0 for no limit.
     #[serde(default)]
     pub instances: u32,
+    /// Largest outgoing request body (and preview 1 request document); 0 for the default.
+    #[serde(default)]
+    pub request_bytes: u64,
+    /// Largest response body an outgoing request may receive; 0 for the default.
+    #[serde(default)]
+    pub response_bytes: u64,
+}
+
+/// Default of a release's `limits.requestBytes`.
+pub const DEFAULT_REQUEST_BYTES: u64 = 8 << 20;
+/// Largest `limits.requestBytes` honoured; a larger value is clamped to it.
+pub const MAX_REQUEST_BYTES: u64 = 64 << 20;
+/// Default of a release's `limits.responseBytes`.
+pub const DEFAULT_RESPONSE_BYTES: u64 = 8 << 20;
+/// Largest `limits.responseBytes` honoured: a response is recorded in the oplog (base64) and
+/// committed in one message, which must stay well under the 64 MiB gRPC message limit.
+pub const MAX_RESPONSE_BYTES: u64 = 16 << 20;
+/// Largest `limits.outputBytes` honoured: a call's stdout travels to the control plane in
+/// one message (64 MiB gRPC limit) and is stored with the call.
+pub const MAX_OUTPUT_BYTES: u64 = 16 << 20;
+
+impl RunLimits {
+    /// The stdout limit a worker enforces: `outputBytes`, at most [`MAX_OUTPUT_BYTES`].
+    pub fn effective_output_bytes(&self) -> u64 {
+        self.output_bytes.clamp(1, MAX_OUTPUT_BYTES)
+    }
+
+    /// The request limit a worker enforces (0 means the default).
+    pub fn effective_request_bytes(&self) -> u64 {
+        effective(self.request_bytes, DEFAULT_REQUEST_BYTES, MAX_REQUEST_BYTES)
+    }
+
+    /// The response limit a worker enforces (0 means the default).
+    pub fn effective_response_bytes(&self) -> u64 {
+        effective(
+            self.response_bytes,
+            DEFAULT_RESPONSE_BYTES,
+            MAX_RESPONSE_BYTES,
+        )
+    }
+}
+
+fn effective(value: u64, default: u64, max: u64) -> u64 {
+    if value == 0 { default } else { value.min(max) }
 }
 
 /// Everything a worker needs to run a call, fixed when the call is admitted so that a

@@ -10,6 +10,9 @@ use sha2::{Digest as _, Sha256};
 use std::collections::HashSet;
 use std::sync::Mutex;
 
+/// Largest artifact read from a file or fetched from a URL.
+pub const MAX_ARTIFACT_BYTES: u64 = 256 << 20;
+
 /// What became of a release's artifact.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArtifactOutcome {
@@ -160,14 +163,18 @@ pub fn load_local(
         "file" => {
             let relative = artifact.file.as_deref().unwrap_or_default();
             let path = release.source.dir().join(relative);
-            match std::fs::read(&path) {
+            match read_artifact_file(&path) {
                 Ok(bytes) => check_bytes(bytes, expected),
-                Err(error) => LoadedArtifact::failed(
+                Err(ArtifactFileError::Unreadable(error)) => LoadedArtifact::failed(
                     "ArtifactNotFound",
                     format!(
                         "spec.artifact.file: cannot read {}: {error}",
                         path.display()
                     ),
+                ),
+                Err(error) => LoadedArtifact::failed(
+                    "InvalidArtifactFile",
+                    format!("spec.artifact.file: {}: {error}", path.display()),
                 ),
             }
         }
@@ -204,6 +211,53 @@ pub fn load_local(
     }
 }
 
+/// Why an artifact file is not read.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactFileError {
+    #[error("{0}")]
+    Unreadable(#[from] std::io::Error),
+    #[error("not a regular file (it is {0}); name a .wasm file")]
+    NotAFile(&'static str),
+    #[error("the file is larger than the {MAX_ARTIFACT_BYTES} bytes an artifact may have")]
+    TooLarge,
+}
+
+/// Reads an artifact file: a regular file (a symbolic link to one is fine) of at most
+/// [`MAX_ARTIFACT_BYTES`]; never a device, pipe or directory, and never more than that many
+/// bytes even if the file grows while it is read.
+pub fn read_artifact_file(path: &std::path::Path) -> Result<Vec<u8>, ArtifactFileError> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)?;
+    let metadata = file.metadata()?;
+    let file_type = metadata.file_type();
+    if !file_type.is_file() {
+        use std::os::unix::fs::FileTypeExt as _;
+        let what = if file_type.is_dir() {
+            "a directory"
+        } else if file_type.is_char_device() {
+            "a character device"
+        } else if file_type.is_block_device() {
+            "a block device"
+        } else if file_type.is_fifo() {
+            "a pipe"
+        } else if file_type.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(ArtifactFileError::NotAFile(what));
+    }
+    if metadata.len() > MAX_ARTIFACT_BYTES {
+        return Err(ArtifactFileError::TooLarge);
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(MAX_ARTIFACT_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_ARTIFACT_BYTES {
+        return Err(ArtifactFileError::TooLarge);
+    }
+    Ok(bytes)
+}
+
 /// The bytes under `key` of a ConfigMap (`binaryData`, else `data`).
 pub fn config_map_key(
     config_maps: &[Sourced<ConfigMap>],
@@ -235,4 +289,41 @@ pub fn bytes_of(cm: &ConfigMap, key: &str) -> Option<Vec<u8>> {
                 .and_then(|d| d.get(key))
                 .map(|s| s.clone().into_bytes())
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_artifact_file_is_a_regular_file_of_bounded_size() {
+        let error = read_artifact_file(std::path::Path::new("/dev/zero")).unwrap_err();
+        assert!(matches!(
+            error,
+            ArtifactFileError::NotAFile("a character device")
+        ));
+        assert_eq!(
+            error.to_string(),
+            "not a regular file (it is a character device); name a .wasm file"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            read_artifact_file(dir.path()),
+            Err(ArtifactFileError::NotAFile("a directory"))
+        ));
+        let path = dir.path().join("tool.wasm");
+        std::fs::write(&path, b"\0asm").unwrap();
+        assert_eq!(read_artifact_file(&path).unwrap(), b"\0asm");
+        // A sparse file larger than the limit is refused without being read.
+        let big = std::fs::File::create(dir.path().join("big.wasm")).unwrap();
+        big.set_len(MAX_ARTIFACT_BYTES + 1).unwrap();
+        assert!(matches!(
+            read_artifact_file(&dir.path().join("big.wasm")),
+            Err(ArtifactFileError::TooLarge)
+        ));
+        assert!(matches!(
+            read_artifact_file(&dir.path().join("missing.wasm")),
+            Err(ArtifactFileError::Unreadable(_))
+        ));
+    }
 }

@@ -415,6 +415,7 @@ impl<'a> Resolver<'a> {
                 ("Tool".into(), spec.tool.clone()),
                 ("Version".into(), spec.version.clone()),
             ];
+            let mut notes: Vec<String> = Vec::new();
             let outcome = (|| -> Result<ResolvedRelease, (Desired, Option<FieldError>)> {
                 let spec_error = |e: FieldError| (Desired::not_ready("InvalidSpec", ""), Some(e));
                 if !is_dns_subdomain(&d.id.key.name) {
@@ -439,7 +440,8 @@ impl<'a> Resolver<'a> {
                         format!("{digest:?} is not of the form sha256:<64 lowercase hex digits>"),
                     )));
                 }
-                let limits = release_limits(d.object).map_err(spec_error)?;
+                let (limits, clamped) = release_limits(d.object).map_err(spec_error)?;
+                notes = clamped;
                 for (i, rule) in spec.network.iter().flat_map(|n| &n.egress).enumerate() {
                     if rule.host.trim().is_empty() {
                         return Err(spec_error(FieldError::new(
@@ -552,10 +554,14 @@ impl<'a> Resolver<'a> {
                     extra.insert("size".into(), json!(release.size));
                     extra.insert("artifactKind".into(), json!(release.artifact_kind));
                     columns.push(("Digest".into(), short_digest(&release.digest)));
-                    let message = format!(
+                    let mut message = format!(
                         "{} {} of {} bytes",
                         release.artifact_kind, release.digest, release.size
                     );
+                    for note in &notes {
+                        message.push_str("; ");
+                        message.push_str(note);
+                    }
                     self.record_declared(
                         &d,
                         Desired::ready("ArtifactReady", message),
@@ -858,7 +864,14 @@ pub fn check_tool(tool: &Tool, key: &ObjectKey) -> Result<ResolvedTool, FieldErr
     })
 }
 
-fn release_limits(release: &ToolRelease) -> Result<Limits, FieldError> {
+/// The limits of a release with defaults applied, and a note for each value clamped to its
+/// maximum (said in the Ready condition).
+fn release_limits(release: &ToolRelease) -> Result<(Limits, Vec<String>), FieldError> {
+    use crate::api::units::ByteSize;
+    use crate::store::{
+        DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES, MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES,
+        MAX_RESPONSE_BYTES,
+    };
     let limits = release.spec.limits.clone().unwrap_or_default();
     let memory = limits.memory.map(|m| m.bytes()).unwrap_or(DEFAULT_MEMORY);
     if !(64 * 1024..=MAX_MEMORY).contains(&memory) {
@@ -874,22 +887,56 @@ fn release_limits(release: &ToolRelease) -> Result<Limits, FieldError> {
             "must be longer than zero",
         ));
     }
-    let output_bytes = limits
-        .output_bytes
-        .map(|o| o.bytes())
-        .unwrap_or(DEFAULT_OUTPUT);
-    if output_bytes == 0 {
-        return Err(FieldError::new(
-            "spec.limits.outputBytes",
-            "must be at least 1 byte",
-        ));
-    }
-    Ok(Limits {
-        memory_bytes: memory,
-        cpu_time,
-        output_bytes,
-        instances: limits.instances.unwrap_or(0),
-    })
+    let mut notes = Vec::new();
+    let mut bytes =
+        |field: &str, value: Option<ByteSize>, default: u64, max: u64| -> Result<u64, FieldError> {
+            let value = value.map(|v| v.bytes()).unwrap_or(default);
+            if value == 0 {
+                return Err(FieldError::new(
+                    format!("spec.limits.{field}"),
+                    "must be at least 1 byte",
+                ));
+            }
+            if value > max {
+                notes.push(format!(
+                    "limits.{field} {} is above the maximum of {}: calls are limited to {}",
+                    ByteSize(value),
+                    ByteSize(max),
+                    ByteSize(max)
+                ));
+                return Ok(max);
+            }
+            Ok(value)
+        };
+    let output_bytes = bytes(
+        "outputBytes",
+        limits.output_bytes,
+        DEFAULT_OUTPUT,
+        MAX_OUTPUT_BYTES,
+    )?;
+    let request_bytes = bytes(
+        "requestBytes",
+        limits.request_bytes,
+        DEFAULT_REQUEST_BYTES,
+        MAX_REQUEST_BYTES,
+    )?;
+    let response_bytes = bytes(
+        "responseBytes",
+        limits.response_bytes,
+        DEFAULT_RESPONSE_BYTES,
+        MAX_RESPONSE_BYTES,
+    )?;
+    Ok((
+        Limits {
+            memory_bytes: memory,
+            cpu_time,
+            output_bytes,
+            instances: limits.instances.unwrap_or(0),
+            request_bytes,
+            response_bytes,
+        },
+        notes,
+    ))
 }
 
 /// Checks a WorkerPool; returns the workers wanted and the slots of each.

@@ -65,6 +65,8 @@ pub struct Limits {
     pub output_bytes: u64,
     /// Calls of the release running at once; 0 for no limit.
     pub instances: u32,
+    pub request_bytes: u64,
+    pub response_bytes: u64,
 }
 
 /// A Ready ToolRelease.

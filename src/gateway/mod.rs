@@ -271,6 +271,8 @@ impl Gateway {
                     output_bytes: release.limits.output_bytes,
                     timeout_ms,
                     instances: release.limits.instances,
+                    request_bytes: release.limits.request_bytes,
+                    response_bytes: release.limits.response_bytes,
                 },
                 effect: tool.effect.as_str().into(),
                 command: command_def,

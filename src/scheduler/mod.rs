@@ -728,6 +728,8 @@ fn assign_of(
             cpu_time_ms: spec.limits.cpu_time_ms,
             output_bytes: spec.limits.output_bytes,
             timeout_ms: remaining.min(spec.limits.timeout_ms.max(1)),
+            request_bytes: spec.limits.request_bytes,
+            response_bytes: spec.limits.response_bytes,
         }),
         replay,
         effect: spec.effect.clone(),

@@ -12,6 +12,10 @@ pub use crate::call::{
     CallError, CallFilter, CallRecord, CallSpec, CallState, Created, NewCall, OplogEntry,
     OplogRecord, ResourceRecord, RunLimits, RunSummary, now_ms,
 };
+pub use crate::call::{
+    DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES, MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES,
+    MAX_RESPONSE_BYTES,
+};
 pub use sql::SqlStore;
 
 use async_trait::async_trait;

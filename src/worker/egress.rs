@@ -47,28 +47,42 @@ impl Egress {
         })
     }
 
-    /// Checks a URL: scheme, rule, and every address the host resolves to.
-    pub async fn check(&self, url: &url::Url) -> Verdict {
+    /// Whether a rule names the URL's scheme, host and port (without resolving it): the
+    /// check made before a request body is read.
+    pub fn admits(&self, url: &url::Url) -> Result<(), String> {
+        self.rule_of(url).map(|_| ())
+    }
+
+    fn rule_of(&self, url: &url::Url) -> Result<(String, u16, &EgressRule), String> {
         let scheme = url.scheme();
         if scheme != "http" && scheme != "https" {
-            return Verdict::Denied(format!(
+            return Err(format!(
                 "scheme {scheme:?} is not allowed (use http or https)"
             ));
         }
         let Some(host) = url.host_str() else {
-            return Verdict::Denied("the URL has no host".into());
+            return Err("the URL has no host".into());
         };
         let host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_ascii_lowercase();
         let Some(port) = url.port_or_known_default() else {
-            return Verdict::Denied("the URL has no port".into());
+            return Err("the URL has no port".into());
         };
         let Some(rule) = self.rule_for(&host, port) else {
-            return Verdict::Denied(format!(
+            return Err(format!(
                 "egress to {host}:{port} is not allowed by the release's network.egress"
             ));
+        };
+        Ok((host, port, rule))
+    }
+
+    /// Checks a URL: scheme, rule, and every address the host resolves to.
+    pub async fn check(&self, url: &url::Url) -> Verdict {
+        let (host, port, rule) = match self.rule_of(url) {
+            Ok(found) => found,
+            Err(reason) => return Verdict::Denied(reason),
         };
         let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
             Ok(ip) => vec![SocketAddr::new(ip, port)],

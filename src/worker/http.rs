@@ -9,9 +9,11 @@
 //! a `read`/`idempotent` tool), with the same key; otherwise the call ends `outcome-unknown`.
 
 use super::egress::{Egress, Verdict};
+use super::limits::CallMemory;
 use super::link::AppendError;
 use super::recorder::{AbortKind, HostLog};
 use crate::call::{self, OplogEntry};
+use crate::error::ErrorKind;
 use bytes::Bytes;
 use sha2::{Digest as _, Sha256};
 use std::sync::Arc;
@@ -29,8 +31,8 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Which attempt of the call sent the request (informational).
 pub const ATTEMPT_HEADER: &str = "toolgrid-attempt";
 
-/// Largest response body recorded; a larger one fails the request.
-const MAX_RESPONSE_BYTES: usize = 16 << 20;
+/// Largest response body recorded unless [`HttpHost::with_limits`] says otherwise.
+const MAX_RESPONSE_BYTES: u64 = crate::store::MAX_RESPONSE_BYTES;
 
 /// A request as a guest makes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +64,21 @@ pub enum HttpFailure {
     Unresolved(String),
     /// The run must stop: fenced, diverged, or outcome unknown (see the log's abort).
     Abort,
+    /// The request or its response passed a limit of the call (`request-limit`,
+    /// `response-limit`, `memory-limit`): the call ends with that kind.
+    Limit(ErrorKind, String),
+}
+
+/// Why an exchange produced no response.
+enum ExchangeError {
+    Failed(String),
+    Limit(ErrorKind, String),
+}
+
+impl From<String> for ExchangeError {
+    fn from(message: String) -> Self {
+        ExchangeError::Failed(message)
+    }
 }
 
 /// The idempotency key of request `seq` of a call: the same for every attempt.
@@ -89,6 +106,12 @@ pub struct HttpHost {
     next: AtomicU64,
     timeout: Duration,
     commit_order: tokio::sync::Mutex<()>,
+    /// Largest request body sent.
+    request_limit: u64,
+    /// Largest response body received.
+    response_limit: u64,
+    /// Where a response being read is counted while it arrives.
+    memory: Option<Arc<CallMemory>>,
 }
 
 impl HttpHost {
@@ -111,7 +134,29 @@ impl HttpHost {
             next: AtomicU64::new(0),
             timeout,
             commit_order: tokio::sync::Mutex::new(()),
+            request_limit: u64::MAX,
+            response_limit: MAX_RESPONSE_BYTES,
+            memory: None,
         }
+    }
+
+    /// Caps request and response bodies, and counts a response being read against the
+    /// call's memory.
+    pub fn with_limits(
+        mut self,
+        request_limit: u64,
+        response_limit: u64,
+        memory: Option<Arc<CallMemory>>,
+    ) -> Self {
+        self.request_limit = request_limit;
+        self.response_limit = response_limit;
+        self.memory = memory;
+        self
+    }
+
+    /// The largest request body this host sends.
+    pub fn request_limit(&self) -> u64 {
+        self.request_limit
     }
 
     /// Why the run was stopped, if it was.
@@ -152,6 +197,12 @@ impl HttpHost {
         if self.log.aborted().is_some() {
             return Err(HttpFailure::Abort);
         }
+        if request.body.len() as u64 > self.request_limit {
+            return Err(HttpFailure::Limit(
+                ErrorKind::RequestLimit,
+                request_limit_message(request.body.len() as u64, self.request_limit),
+            ));
+        }
         let seq = self.next.fetch_add(1, Ordering::SeqCst) + 1;
         let method = request.method.to_ascii_uppercase();
         let body_sha = hex::encode(Sha256::digest(&request.body));
@@ -179,11 +230,12 @@ impl HttpHost {
                 Some(OplogEntry::HttpDenied(denied)) => {
                     return Err(HttpFailure::Denied(denied.message));
                 }
-                Some(OplogEntry::HttpError(error)) if error.unresolved => {
-                    return Err(HttpFailure::Unresolved(error.message));
-                }
                 Some(OplogEntry::HttpError(error)) => {
-                    return Err(HttpFailure::Failed(error.message));
+                    return Err(match error.limit {
+                        Some(kind) => HttpFailure::Limit(kind, error.message),
+                        None if error.unresolved => HttpFailure::Unresolved(error.message),
+                        None => HttpFailure::Failed(error.message),
+                    });
                 }
                 _ => {}
             }
@@ -256,6 +308,7 @@ impl HttpHost {
                     seq,
                     message: reason.clone(),
                     unresolved: true,
+                    limit: None,
                 }));
                 Some(HttpFailure::Unresolved(reason.clone()))
             }
@@ -282,14 +335,28 @@ impl HttpHost {
                     headers: response.headers.clone(),
                     body: response.body.to_vec(),
                 })),
-            Err(message) => self.log.record(OplogEntry::HttpError(call::HttpError {
-                seq,
-                message: message.clone(),
-                unresolved: false,
-            })),
+            Err(ExchangeError::Failed(message)) => {
+                self.log.record(OplogEntry::HttpError(call::HttpError {
+                    seq,
+                    message: message.clone(),
+                    unresolved: false,
+                    limit: None,
+                }))
+            }
+            Err(ExchangeError::Limit(kind, message)) => {
+                self.log.record(OplogEntry::HttpError(call::HttpError {
+                    seq,
+                    message: message.clone(),
+                    unresolved: false,
+                    limit: Some(*kind),
+                }))
+            }
         }
         self.commit().await?;
-        outcome.map_err(HttpFailure::Failed)
+        outcome.map_err(|error| match error {
+            ExchangeError::Failed(message) => HttpFailure::Failed(message),
+            ExchangeError::Limit(kind, message) => HttpFailure::Limit(kind, message),
+        })
     }
 
     async fn exchange(
@@ -298,9 +365,9 @@ impl HttpHost {
         method: &str,
         request: &OutgoingRequest,
         verdict: Verdict,
-    ) -> Result<Response, String> {
+    ) -> Result<Response, ExchangeError> {
         let Verdict::Allowed { host, addrs } = verdict else {
-            return Err("denied".into());
+            return Err(ExchangeError::Failed("denied".into()));
         };
         let mut builder = reqwest::Client::builder()
             .no_proxy()
@@ -315,7 +382,7 @@ impl HttpHost {
             .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
         let method = reqwest::Method::from_bytes(method.as_bytes())
             .map_err(|e| format!("bad method: {e}"))?;
-        let mut outgoing = client.request(method, &request.url);
+        let mut outgoing = client.request(method.clone(), &request.url);
         for (name, value) in &request.headers {
             if name.eq_ignore_ascii_case(IDEMPOTENCY_KEY)
                 || name.eq_ignore_ascii_case(ATTEMPT_HEADER)
@@ -342,15 +409,43 @@ impl HttpHost {
                 )
             })
             .collect();
+        let limit = self.response_limit;
+        let too_large = |size: &str| {
+            ExchangeError::Limit(
+                ErrorKind::ResponseLimit,
+                format!(
+                    "the response body of {method} {} is {size} bytes, more than the call's \
+                     response limit of {limit} bytes (limits.responseBytes)",
+                    request.url
+                ),
+            )
+        };
+        if let Some(declared) = response.content_length()
+            && declared > limit
+        {
+            return Err(too_large(&declared.to_string()));
+        }
+        // The body is counted against the call's memory while it arrives.
+        let mut held = match &self.memory {
+            Some(memory) => Some(
+                memory
+                    .reserve(0)
+                    .map_err(|e| ExchangeError::Limit(ErrorKind::MemoryLimit, e.to_string()))?,
+            ),
+            None => None,
+        };
         let mut body = Vec::new();
         let mut response = response;
         while let Some(chunk) = response.chunk().await.map_err(|e| describe(&e))? {
-            body.extend_from_slice(&chunk);
-            if body.len() > MAX_RESPONSE_BYTES {
-                return Err(format!(
-                    "the response body is larger than {MAX_RESPONSE_BYTES} bytes"
-                ));
+            let size = body.len() as u64 + chunk.len() as u64;
+            if size > limit {
+                return Err(too_large(&format!("more than {size}")));
             }
+            if let Some(held) = &mut held {
+                held.grow(chunk.len() as u64)
+                    .map_err(|e| ExchangeError::Limit(ErrorKind::MemoryLimit, e.to_string()))?;
+            }
+            body.extend_from_slice(&chunk);
         }
         Ok(Response {
             status,
@@ -368,4 +463,12 @@ fn describe(error: &reqwest::Error) -> String {
         source = inner.source();
     }
     message
+}
+
+/// Why a request body of `size` bytes is refused.
+pub fn request_limit_message(size: u64, limit: u64) -> String {
+    format!(
+        "the outgoing request body is {size} bytes, more than the call's request limit of \
+         {limit} bytes (limits.requestBytes)"
+    )
 }

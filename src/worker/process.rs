@@ -456,6 +456,8 @@ async fn run_call(
             output_bytes: limits.output_bytes,
             timeout_ms: limits.timeout_ms,
             instances: 0,
+            request_bytes: limits.request_bytes,
+            response_bytes: limits.response_bytes,
         },
         replay,
     };

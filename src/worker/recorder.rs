@@ -547,6 +547,7 @@ mod tests {
             seq: 4,
             message: "x".into(),
             unresolved: false,
+            limit: None,
         })]);
         let reason = log.divergence().expect("diverged");
         assert!(reason.contains("request 4"), "{reason}");

@@ -4,7 +4,8 @@
 use super::egress::Egress;
 use super::http::{HttpFailure, HttpHost, OplogSink, OutgoingRequest};
 use super::limits::{
-    CappedOutput, MemoryLimitExceeded, MemoryLimiter, OutputLimitExceeded, TailOutput, Tripwires,
+    CallMemory, CappedOutput, HostBytes, MemoryLimitExceeded, MemoryLimiter, OutputLimitExceeded,
+    TailOutput, Tripwires,
 };
 use super::link::AppendError;
 use super::recorder::{AbortKind, HostLog, RecordedMonotonicClock, RecordedRng, RecordedWallClock};
@@ -96,9 +97,12 @@ pub struct ModuleState {
     limiter: MemoryLimiter,
     /// Outgoing HTTP through the `toolgrid` import.
     http: Arc<HttpHost>,
-    /// Response documents not yet taken by the guest, by handle.
-    responses: HashMap<u32, Vec<u8>>,
+    /// Response documents not yet taken by the guest, by handle, each counted against the
+    /// call's memory until it is taken.
+    responses: HashMap<u32, (Vec<u8>, HostBytes)>,
     next_handle: u32,
+    memory: Arc<CallMemory>,
+    trips: Arc<Tripwires>,
 }
 
 /// The state of a preview 2 call.
@@ -120,12 +124,33 @@ impl WasiHttpView for ComponentState {
     }
 }
 
+/// Headers a guest may not set, on either path: wasi-http's hop-by-hop and routing headers
+/// ([`wasmtime_wasi_http::DEFAULT_FORBIDDEN_HEADERS`]: `connection`, `keep-alive`,
+/// `proxy-authenticate`, `proxy-authorization`, `proxy-connection`, `transfer-encoding`,
+/// `upgrade`, `host`, `http2-settings`) and the other hop-by-hop headers `te` and `trailer`.
+/// `content-length` is not set by a guest either: a component's is checked against its body
+/// by wasi-http and then dropped, a preview 1 request carrying one is refused; the host
+/// sets it from the body it sends.
+pub fn is_forbidden_header(name: &http::HeaderName) -> bool {
+    wasmtime_wasi_http::DEFAULT_FORBIDDEN_HEADERS.contains(name)
+        || name == http::header::TE
+        || name == http::header::TRAILER
+}
+
 /// `wasi:http/outgoing-handler` through the call's [`HttpHost`].
 struct HttpHooks {
     host: Arc<HttpHost>,
+    /// The release's egress policy, checked before a request body is read.
+    egress: Egress,
+    memory: Arc<CallMemory>,
+    trips: Arc<Tripwires>,
 }
 
 impl WasiHttpHooks for HttpHooks {
+    fn forbidden_header_filter(&mut self) -> wasmtime_wasi_http::ForbiddenHeaderFilter {
+        Arc::new(is_forbidden_header)
+    }
+
     fn send_request(
         &mut self,
         request: http::Request<WasiBody>,
@@ -140,18 +165,30 @@ impl WasiHttpHooks for HttpHooks {
             > + Send,
     > {
         let host = self.host.clone();
+        let egress = self.egress.clone();
+        let memory = self.memory.clone();
+        let trips = self.trips.clone();
         Box::new(async move {
             use http_body_util::BodyExt;
             let (parts, body) = request.into_parts();
-            let body = body.collect().await?.to_bytes();
+            let url = parts.uri.to_string();
+            // A destination the policy refuses never has its body read: it is sent on empty,
+            // and refused (and recorded) in order like any other request.
+            let admitted = url::Url::parse(&url)
+                .ok()
+                .is_some_and(|u| egress.admits(&u).is_ok());
+            let body = if admitted {
+                read_request_body(body, host.request_limit(), &memory, &trips).await?
+            } else {
+                drop(body);
+                (Bytes::new(), None)
+            };
+            let (body, request_held) = body;
             let headers = parts
                 .headers
                 .iter()
                 .filter(|(name, _)| {
-                    !matches!(
-                        name.as_str(),
-                        "host" | "content-length" | "transfer-encoding" | "connection"
-                    )
+                    !is_forbidden_header(name) && *name != http::header::CONTENT_LENGTH
                 })
                 .map(|(name, value)| {
                     (
@@ -162,17 +199,29 @@ impl WasiHttpHooks for HttpHooks {
                 .collect();
             let outgoing = OutgoingRequest {
                 method: parts.method.as_str().to_string(),
-                url: parts.uri.to_string(),
+                url,
                 headers,
                 body,
             };
             match host.send(outgoing).await {
                 Ok(response) => {
+                    drop(request_held);
+                    // The body is counted against the call until the guest drops it.
+                    let held = match memory.reserve(response.body.len() as u64) {
+                        Ok(held) => held,
+                        Err(error) => {
+                            return Err(HttpError::InternalError(Some(error.to_string())));
+                        }
+                    };
                     let mut builder = http::Response::builder().status(response.status);
                     for (name, value) in &response.headers {
                         builder = builder.header(name, value);
                     }
                     let body = http_body_util::Full::new(response.body)
+                        .map_frame(move |frame| {
+                            let _counted = &held;
+                            frame
+                        })
                         .map_err(|never| match never {})
                         .boxed_unsync();
                     let response = builder
@@ -189,9 +238,54 @@ impl WasiHttpHooks for HttpHooks {
                 Err(HttpFailure::Abort) => Err(HttpError::InternalError(Some(
                     "the call is being stopped".into(),
                 ))),
+                Err(HttpFailure::Limit(kind, message)) => {
+                    trips.trip(kind, message.clone());
+                    Err(match kind {
+                        ErrorKind::RequestLimit => {
+                            HttpError::HttpRequestBodySize(Some(host.request_limit()))
+                        }
+                        ErrorKind::ResponseLimit => HttpError::HttpResponseBodySize(None),
+                        _ => HttpError::InternalError(Some(message)),
+                    })
+                }
             }
         })
     }
+}
+
+/// Reads a component's outgoing body as it streams, up to `limit` bytes, counting it against
+/// the call's memory. A longer body trips `request-limit` and stops reading at once.
+async fn read_request_body(
+    mut body: WasiBody,
+    limit: u64,
+    memory: &Arc<CallMemory>,
+    trips: &Tripwires,
+) -> Result<(Bytes, Option<HostBytes>), HttpError> {
+    use http_body_util::BodyExt;
+    let mut held = memory
+        .reserve(0)
+        .map_err(|e| HttpError::InternalError(Some(e.to_string())))?;
+    let mut collected = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        let size = collected.len() as u64 + data.len() as u64;
+        if size > limit {
+            trips.trip(
+                ErrorKind::RequestLimit,
+                format!(
+                    "the outgoing request body streams past the call's request limit of \
+                     {limit} bytes (limits.requestBytes)"
+                ),
+            );
+            return Err(HttpError::HttpRequestBodySize(Some(limit)));
+        }
+        held.grow(data.len() as u64)
+            .map_err(|e| HttpError::InternalError(Some(e.to_string())))?;
+        collected.extend_from_slice(&data);
+    }
+    Ok((collected.freeze(), Some(held)))
 }
 
 impl WasiView for ComponentState {
@@ -424,12 +518,21 @@ impl Runtime {
             }
             let engine = self.engine.clone();
             let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<Artifact> {
-                // SAFETY: the cache directory is this worker's own; it holds only code this
-                // engine serialized, under a name keyed by the engine's compatibility hash.
+                let code = match read_verified(&path) {
+                    Ok(code) => code,
+                    Err(error) => {
+                        // Torn, truncated or altered: never handed to wasmtime.
+                        let _ = std::fs::remove_file(&path);
+                        return Err(error.into());
+                    }
+                };
+                // SAFETY: the bytes are what this engine serialized (their digest, written
+                // with them, matches), under a name keyed by the engine's compatibility hash;
+                // they are deserialized from memory, so the file cannot change underneath.
                 Ok(if kind == "module" {
-                    Artifact::Module(unsafe { Module::deserialize_file(&engine, &path)? })
+                    Artifact::Module(unsafe { Module::deserialize(&engine, &code)? })
                 } else {
-                    Artifact::Component(unsafe { Component::deserialize_file(&engine, &path)? })
+                    Artifact::Component(unsafe { Component::deserialize(&engine, &code)? })
                 })
             })
             .await;
@@ -440,7 +543,12 @@ impl Runtime {
                         tracing::warn!(%digest, %error, "cached artifact does not link; recompiling")
                     }
                 },
-                _ => tracing::warn!(%digest, "unreadable compiled cache entry; recompiling"),
+                Ok(Err(error)) => {
+                    tracing::warn!(%digest, %error, "unusable compiled cache entry; recompiling")
+                }
+                Err(error) => {
+                    tracing::warn!(%digest, %error, "unreadable compiled cache entry; recompiling")
+                }
             }
         }
         None
@@ -465,7 +573,7 @@ impl Runtime {
         };
         if let Ok(serialized) = serialized {
             let path = self.cache_path(digest, kind);
-            if let Err(error) = write_atomically(&path, &serialized) {
+            if let Err(error) = write_verified(&path, &serialized) {
                 tracing::warn!(%digest, %error, "cannot cache compiled code");
             }
         }
@@ -512,7 +620,7 @@ impl Runtime {
         for entry in request.prelude {
             log.record(entry);
         }
-        let stdout = CappedOutput::new(request.limits.output_bytes, trips.clone());
+        let stdout = CappedOutput::new(request.limits.effective_output_bytes(), trips.clone());
         let stderr = TailOutput::new(STDERR_TAIL);
         let mut builder = WasiCtxBuilder::new();
         builder
@@ -526,22 +634,30 @@ impl Runtime {
             .secure_random(RecordedRng::secure(log.clone()))
             .insecure_random(RecordedRng::insecure(log.clone()))
             .insecure_random_seed(seed_of(&request.call_id));
-        let limiter = MemoryLimiter::new(request.limits.memory_bytes, trips.clone());
+        let memory = CallMemory::new(request.limits.memory_bytes, trips.clone());
+        let limiter = MemoryLimiter::new(memory.clone());
         let timeout = Duration::from_millis(request.limits.timeout_ms.max(1));
         let cpu_limit_ms = request.limits.cpu_time_ms.max(1);
         let sink: Arc<dyn OplogSink> = request
             .sink
             .clone()
             .unwrap_or_else(|| Arc::new(MemorySink::default()));
-        let http = Arc::new(HttpHost::new(
-            request.call_id.clone(),
-            request.attempt.max(1),
-            request.repeatable,
-            Egress::new(request.egress.clone()),
-            log.clone(),
-            sink,
-            timeout,
-        ));
+        let http = Arc::new(
+            HttpHost::new(
+                request.call_id.clone(),
+                request.attempt.max(1),
+                request.repeatable,
+                Egress::new(request.egress.clone()),
+                log.clone(),
+                sink,
+                timeout,
+            )
+            .with_limits(
+                request.limits.effective_request_bytes(),
+                request.limits.effective_response_bytes(),
+                Some(memory.clone()),
+            ),
+        );
 
         let result = match compiled {
             Compiled::Module(pre) => {
@@ -551,10 +667,12 @@ impl Runtime {
                     http,
                     responses: HashMap::new(),
                     next_handle: 1,
+                    memory: memory.clone(),
+                    trips: trips.clone(),
                 };
                 let mut store = Store::new(&self.engine, state);
                 store.limiter(|s| &mut s.limiter);
-                arm_cpu_budget(&mut store, cpu_limit_ms, log.clone());
+                arm_cpu_budget(&mut store, cpu_limit_ms, log.clone(), trips.clone());
                 tokio::time::timeout(timeout, async {
                     let instance = pre.instantiate_async(&mut store).await?;
                     let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
@@ -568,11 +686,16 @@ impl Runtime {
                     table: ResourceTable::new(),
                     limiter,
                     http_ctx: WasiHttpCtx::new(),
-                    http_hooks: HttpHooks { host: http },
+                    http_hooks: HttpHooks {
+                        host: http,
+                        egress: Egress::new(request.egress.clone()),
+                        memory: memory.clone(),
+                        trips: trips.clone(),
+                    },
                 };
                 let mut store = Store::new(&self.engine, state);
                 store.limiter(|s| &mut s.limiter);
-                arm_cpu_budget(&mut store, cpu_limit_ms, log.clone());
+                arm_cpu_budget(&mut store, cpu_limit_ms, log.clone(), trips.clone());
                 tokio::time::timeout(timeout, async {
                     let command = pre.instantiate_async(&mut store).await?;
                     match command.wasi_cli_run().call_run(&mut store).await? {
@@ -585,6 +708,10 @@ impl Runtime {
         };
 
         let (exit_code, failure) = match result {
+            // A limit the host tripped is the outcome even if the guest hung afterwards.
+            Err(_elapsed) if trips.host_tripped().is_some() && log.aborted().is_none() => {
+                classify(Err(wasmtime::Error::msg("stopped")), &trips, &log)
+            }
             Err(_elapsed) => (
                 -1,
                 Some(Failure {
@@ -691,15 +818,63 @@ pub fn validate_artifact(bytes: &[u8]) -> Result<&'static str, CompileError> {
     Ok(kind)
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Why a compiled cache entry is not trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheEntryError {
+    #[error("cannot read the cache entry: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the cache entry is {0} bytes, too short to hold its digest")]
+    Short(usize),
+    #[error("the cache entry's code does not match the digest written with it")]
+    Mismatch,
+}
+
+/// Writes compiled code as its SHA-256 followed by the code, to a temporary file that is
+/// synced and then renamed over `path` (and the directory synced): a reader sees the whole
+/// entry or none, and [`read_verified`] catches anything else.
+pub fn write_verified(path: &Path, code: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    let written = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(&Sha256::digest(code))?;
+        file.write_all(code)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    if let Some(dir) = path.parent()
+        && let Ok(dir) = std::fs::File::open(dir)
+    {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+/// Reads a cache entry [`write_verified`] wrote and returns its code once its digest matches.
+pub fn read_verified(path: &Path) -> Result<Vec<u8>, CacheEntryError> {
+    let mut bytes = std::fs::read(path)?;
+    if bytes.len() < 32 {
+        return Err(CacheEntryError::Short(bytes.len()));
+    }
+    let code = bytes.split_off(32);
+    if Sha256::digest(&code).as_slice() != bytes.as_slice() {
+        return Err(CacheEntryError::Mismatch);
+    }
+    Ok(code)
 }
 
 /// Counts epoch ticks spent running guest code against the CPU budget, yields to other
 /// calls at every tick, and stops a diverged replay before it can do anything else.
-fn arm_cpu_budget<T: 'static>(store: &mut Store<T>, limit_ms: u64, log: Arc<HostLog>) {
+fn arm_cpu_budget<T: 'static>(
+    store: &mut Store<T>,
+    limit_ms: u64,
+    log: Arc<HostLog>,
+    trips: Arc<Tripwires>,
+) {
     let budget = limit_ms.div_ceil(TICK.as_millis() as u64).max(1);
     let mut used = 0u64;
     store.set_epoch_deadline(1);
@@ -710,6 +885,9 @@ fn arm_cpu_budget<T: 'static>(store: &mut Store<T>, limit_ms: u64, log: Arc<Host
         }
         if let Some((_, reason)) = log.aborted() {
             return Err(Stopped(reason).into());
+        }
+        if let Some((kind, reason)) = trips.host_tripped() {
+            return Err(Stopped(format!("{kind}: {reason}")).into());
         }
         Ok(UpdateDeadline::Yield(1))
     });
@@ -730,6 +908,11 @@ fn classify(
             return failure(ErrorKind::Cancelled, reason);
         }
         None => {}
+    }
+    // A limit tripped on the guest's behalf ends the call whatever the guest did next
+    // (ignored a failed write and exited 0, trapped on the error, or hung).
+    if let Some((kind, message)) = trips.host_tripped() {
+        return failure(kind, message);
     }
     let exit_code = match &result {
         Ok(()) => Some(0),
@@ -774,6 +957,32 @@ fn seed_of(call_id: &str) -> u128 {
     u128::from_le_bytes(bytes)
 }
 
+/// A limit the host enforced inside a guest's call to it; the guest traps with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}: {message}")]
+struct HostLimit {
+    kind: ErrorKind,
+    message: String,
+}
+
+/// Trips `kind` for the call and returns the trap that stops the guest now.
+fn trap_limit(trips: &Tripwires, kind: ErrorKind, message: String) -> wasmtime::Error {
+    trips.trip(kind, message.clone());
+    wasmtime::Error::new(HostLimit { kind, message })
+}
+
+/// Largest request document `http_send` reads for a request limit of `limit` body bytes:
+/// the body base64-encoded (4/3 of it) and a generous allowance for the URL and headers.
+pub fn request_document_limit(limit: u64) -> u64 {
+    limit
+        .saturating_mul(4)
+        .div_ceil(3)
+        .saturating_add(REQUEST_DOCUMENT_OVERHEAD)
+}
+
+/// Bytes of a preview 1 request document allowed besides its body.
+const REQUEST_DOCUMENT_OVERHEAD: u64 = 1 << 20;
+
 /// The `toolgrid` import of preview 1 modules: `http_send` and `http_take` (see
 /// `include/toolgrid_http.h` and docs/host-abi.md).
 fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Result<()> {
@@ -784,11 +993,46 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
          (request, request_len, handle_out, len_out): (u32, u32, u32, u32)| {
             Box::new(async move {
                 let memory = guest_memory(&mut caller)?;
-                let mut bytes = vec![0u8; request_len as usize];
-                memory.read(&caller, request as usize, &mut bytes)?;
                 let host = caller.data().http.clone();
-                let (code, document) = match parse_guest_request(&bytes) {
-                    Err(message) => (2, error_document("invalid-request", &message)),
+                let trips = caller.data().trips.clone();
+                // The declared length is checked against the limit before anything is read,
+                // and the document is read from a checked slice of the guest's memory.
+                let document_limit = request_document_limit(host.request_limit());
+                if u64::from(request_len) > document_limit {
+                    return Err(trap_limit(
+                        &trips,
+                        ErrorKind::RequestLimit,
+                        format!(
+                            "the request document is {request_len} bytes, more than the {document_limit} \
+                             bytes allowed for the call's request limit of {} bytes (limits.requestBytes)",
+                            host.request_limit()
+                        ),
+                    ));
+                }
+                let start = request as usize;
+                let Some(bytes) = start
+                    .checked_add(request_len as usize)
+                    .and_then(|end| memory.data(&caller).get(start..end))
+                else {
+                    return Err(wasmtime::Error::msg(format!(
+                        "toolgrid.http_send: the request ({request_len} bytes at {request}) is \
+                         outside the module's memory"
+                    )));
+                };
+                // What the host builds from the document is counted against the call.
+                let held = caller
+                    .data()
+                    .memory
+                    .reserve(u64::from(request_len))
+                    .map_err(wasmtime::Error::new)?;
+                let parsed = parse_guest_request(bytes, host.request_limit());
+                let (code, document) = match parsed {
+                    Err(GuestRequestError::Invalid(message)) => {
+                        (2, error_document("invalid-request", &message))
+                    }
+                    Err(GuestRequestError::TooLarge(message)) => {
+                        return Err(trap_limit(&trips, ErrorKind::RequestLimit, message));
+                    }
                     Ok(outgoing) => match host.send(outgoing).await {
                         Ok(response) => (0, response_document(&response)),
                         Err(HttpFailure::Denied(message)) => {
@@ -805,14 +1049,31 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
                             let reason = host_abort_reason(&caller);
                             return Err(wasmtime::Error::new(Stopped(reason)));
                         }
+                        Err(HttpFailure::Limit(kind, message)) => {
+                            return Err(trap_limit(&trips, kind, message));
+                        }
                     },
                 };
+                drop(held);
                 let document = serde_json::to_vec(&document).unwrap_or_default();
+                let len = u32::try_from(document.len()).map_err(|_| {
+                    trap_limit(
+                        &trips,
+                        ErrorKind::ResponseLimit,
+                        format!("the response document is {} bytes", document.len()),
+                    )
+                })?;
+                // An untaken document stays counted against the call's memory: a guest that
+                // never takes its responses reaches its memory limit, not the worker's.
+                let held = caller
+                    .data()
+                    .memory
+                    .reserve(u64::from(len))
+                    .map_err(wasmtime::Error::new)?;
                 let state = caller.data_mut();
                 let handle = state.next_handle;
                 state.next_handle = state.next_handle.wrapping_add(1).max(1);
-                let len = document.len() as u32;
-                state.responses.insert(handle, document);
+                state.responses.insert(handle, (document, held));
                 memory.write(&mut caller, handle_out as usize, &handle.to_le_bytes())?;
                 memory.write(&mut caller, len_out as usize, &len.to_le_bytes())?;
                 Ok(code)
@@ -832,15 +1093,14 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
                 .data()
                 .responses
                 .get(&handle)
-                .map(|d| d.len() <= len as usize);
+                .map(|(d, _)| d.len() <= len as usize);
             match fits {
                 Some(true) => {
-                    let document = caller
-                        .data_mut()
-                        .responses
-                        .remove(&handle)
-                        .unwrap_or_default();
+                    let Some((document, held)) = caller.data_mut().responses.remove(&handle) else {
+                        return Ok(4);
+                    };
                     memory.write(&mut caller, buf as usize, &document)?;
+                    drop(held);
                     Ok(0)
                 }
                 _ => Ok(4),
@@ -885,8 +1145,17 @@ fn response_document(response: &super::http::Response) -> serde_json::Value {
     document
 }
 
+/// Why a request document of `toolgrid.http_send` is refused.
+#[derive(Debug, PartialEq, Eq)]
+enum GuestRequestError {
+    /// Malformed, or sets a header a tool may not set: told to the guest (code 2).
+    Invalid(String),
+    /// The body is larger than the call's request limit: the call ends `request-limit`.
+    TooLarge(String),
+}
+
 /// Reads the request document of `toolgrid.http_send`.
-fn parse_guest_request(bytes: &[u8]) -> Result<OutgoingRequest, String> {
+fn parse_guest_request(bytes: &[u8], limit: u64) -> Result<OutgoingRequest, GuestRequestError> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Document {
@@ -903,8 +1172,19 @@ fn parse_guest_request(bytes: &[u8]) -> Result<OutgoingRequest, String> {
     fn get() -> String {
         "GET".into()
     }
-    let document: Document =
-        serde_json::from_slice(bytes).map_err(|e| format!("the request is not valid JSON: {e}"))?;
+    use GuestRequestError::{Invalid, TooLarge};
+    let document: Document = serde_json::from_slice(bytes)
+        .map_err(|e| Invalid(format!("the request is not valid JSON: {e}")))?;
+    for (name, _) in &document.headers {
+        let header = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| Invalid(format!("{name:?} is not a valid header name")))?;
+        if is_forbidden_header(&header) || header == http::header::CONTENT_LENGTH {
+            return Err(Invalid(format!(
+                "the header {name:?} may not be set by a tool (it is hop-by-hop, or the host \
+                 sets it)"
+            )));
+        }
+    }
     let body = match (document.body, document.body_base64) {
         (Some(text), None) => Bytes::from(text),
         (None, Some(encoded)) => {
@@ -912,16 +1192,193 @@ fn parse_guest_request(bytes: &[u8]) -> Result<OutgoingRequest, String> {
             Bytes::from(
                 base64::engine::general_purpose::STANDARD
                     .decode(encoded)
-                    .map_err(|e| format!("bodyBase64 is not base64: {e}"))?,
+                    .map_err(|e| Invalid(format!("bodyBase64 is not base64: {e}")))?,
             )
         }
         (None, None) => Bytes::new(),
-        (Some(_), Some(_)) => return Err("give body or bodyBase64, not both".into()),
+        (Some(_), Some(_)) => return Err(Invalid("give body or bodyBase64, not both".into())),
     };
+    if body.len() as u64 > limit {
+        return Err(TooLarge(super::http::request_limit_message(
+            body.len() as u64,
+            limit,
+        )));
+    }
     Ok(OutgoingRequest {
         method: document.method,
         url: document.url,
         headers: document.headers,
         body,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn hooks(egress: Vec<crate::api::EgressRule>, request_limit: u64) -> HttpHooks {
+        let trips = Arc::new(Tripwires::default());
+        let memory = CallMemory::new(64 << 20, trips.clone());
+        let host = HttpHost::new(
+            "hooks".into(),
+            1,
+            true,
+            Egress::new(egress.clone()),
+            HostLog::new(Vec::new()),
+            Arc::new(MemorySink::default()),
+            Duration::from_secs(5),
+        )
+        .with_limits(request_limit, 1 << 20, Some(memory.clone()));
+        HttpHooks {
+            host: Arc::new(host),
+            egress: Egress::new(egress),
+            memory,
+            trips,
+        }
+    }
+
+    /// A request body that never ends, counting how often it was polled.
+    fn endless_body(polls: Arc<AtomicUsize>) -> WasiBody {
+        use http_body_util::BodyExt;
+        let chunks = futures::stream::repeat_with(move || {
+            polls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, HttpError>(hyper::body::Frame::data(Bytes::from(vec![b'x'; 64 << 10])))
+        });
+        http_body_util::StreamBody::new(chunks).boxed_unsync()
+    }
+
+    fn post(url: &str, body: WasiBody) -> http::Request<WasiBody> {
+        http::Request::builder()
+            .method("POST")
+            .uri(url)
+            .body(body)
+            .unwrap()
+    }
+
+    async fn send(
+        hooks: &mut HttpHooks,
+        request: http::Request<WasiBody>,
+    ) -> Result<(), HttpError> {
+        let future = hooks.send_request(request, None, Box::new(async { Ok(()) }));
+        std::pin::Pin::from(future).await.map(|_| ())
+    }
+
+    #[tokio::test]
+    async fn an_endless_component_body_stops_at_the_request_limit() {
+        let rule = crate::api::EgressRule {
+            host: "127.0.0.1".into(),
+            ports: vec![9],
+            allow_private: true,
+        };
+        let mut hooks = hooks(vec![rule], 1 << 20);
+        let polls = Arc::new(AtomicUsize::new(0));
+        let error = send(
+            &mut hooks,
+            post("http://127.0.0.1:9/sink", endless_body(polls.clone())),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(error, HttpError::HttpRequestBodySize(Some(limit)) if limit == 1 << 20),
+            "{error:?}"
+        );
+        // Read up to the limit and one chunk more, then no further.
+        assert_eq!(polls.load(Ordering::SeqCst), 17);
+        let (kind, message) = hooks.trips.host_tripped().unwrap();
+        assert_eq!(kind, ErrorKind::RequestLimit);
+        assert_eq!(kind.as_str(), "request-limit");
+        assert!(message.contains("1048576"), "{message}");
+        // What was read is given back.
+        assert_eq!(hooks.memory.host_bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_to_a_refused_destination_is_never_read() {
+        let mut hooks = hooks(Vec::new(), 1 << 20);
+        let polls = Arc::new(AtomicUsize::new(0));
+        let error = send(
+            &mut hooks,
+            post("http://127.0.0.1:9/sink", endless_body(polls.clone())),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(error, HttpError::HttpRequestDenied), "{error:?}");
+        assert_eq!(polls.load(Ordering::SeqCst), 0);
+        assert!(hooks.trips.host_tripped().is_none());
+    }
+
+    #[test]
+    fn both_paths_refuse_the_same_hop_by_hop_headers() {
+        for name in [
+            "host",
+            "connection",
+            "transfer-encoding",
+            "upgrade",
+            "keep-alive",
+            "proxy-connection",
+            "te",
+            "trailer",
+            "Host",
+            "TE",
+        ] {
+            let header = http::HeaderName::from_bytes(name.as_bytes()).unwrap();
+            assert!(is_forbidden_header(&header), "{name}");
+            let document =
+                format!(r#"{{"url": "http://a.example/", "headers": [["{name}", "x"]]}}"#);
+            assert!(
+                matches!(
+                    parse_guest_request(document.as_bytes(), 1 << 20),
+                    Err(GuestRequestError::Invalid(message)) if message.contains(name)
+                ),
+                "{name}"
+            );
+        }
+        let header = http::HeaderName::from_static("content-type");
+        assert!(!is_forbidden_header(&header));
+        let document = r#"{"url": "http://a.example/", "headers": [["Content-Length", "5"]]}"#;
+        assert!(matches!(
+            parse_guest_request(document.as_bytes(), 1 << 20),
+            Err(GuestRequestError::Invalid(_))
+        ));
+        let document = r#"{"url": "http://a.example/", "headers": [["content-type", "text/plain"]], "body": "hello"}"#;
+        let request = parse_guest_request(document.as_bytes(), 5).unwrap();
+        assert_eq!(&request.body[..], b"hello");
+        assert!(matches!(
+            parse_guest_request(document.as_bytes(), 4),
+            Err(GuestRequestError::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn compiled_cache_entries_are_verified_before_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.module.cwasm");
+        write_verified(&path, b"compiled code").unwrap();
+        assert_eq!(read_verified(&path).unwrap(), b"compiled code");
+        // Flipped, truncated or foreign entries are refused.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(matches!(
+            read_verified(&path),
+            Err(CacheEntryError::Mismatch)
+        ));
+        std::fs::write(&path, &bytes[..10]).unwrap();
+        assert!(matches!(
+            read_verified(&path),
+            Err(CacheEntryError::Short(10))
+        ));
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn a_request_document_may_hold_a_base64_body_of_the_limit() {
+        assert!(request_document_limit(3) >= 4 + REQUEST_DOCUMENT_OVERHEAD);
+        assert!(request_document_limit(u64::MAX) > u64::from(u32::MAX));
+        assert!(request_document_limit(crate::store::MAX_REQUEST_BYTES) < u64::from(u32::MAX));
+    }
 }
