@@ -9,6 +9,7 @@ use crate::proto::{self, WorkerEvent, control_event, worker_event};
 use crate::store::{NewEntry, RunLimits};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -370,10 +371,12 @@ async fn run_call(
             serde_json::json!({"worker": worker_id, "attempt": attempt, "epoch": assign.epoch, "entries": assign.replay.len()}),
         ));
     }
+    let sent = Arc::new(AtomicU64::new(0));
     let sink: Arc<dyn OplogSink> = Arc::new(LinkSink {
         slot: slot.clone(),
         call_id: assign.call_id.clone(),
         epoch: assign.epoch,
+        sent: sent.clone(),
     });
     let request = RunRequest {
         call_id: assign.call_id.clone(),
@@ -431,6 +434,7 @@ async fn run_call(
         result.failure_kind = failure.kind.as_str().into();
         result.failure_message = failure.message;
     }
+    result.first_wseq = sent.load(Ordering::SeqCst);
     result.entries = outcome
         .log
         .take_pending()
@@ -451,13 +455,19 @@ struct LinkSink {
     slot: LinkSlot,
     call_id: String,
     epoch: u64,
+    /// Entries sent so far under this epoch: the next append's first wseq.
+    sent: Arc<AtomicU64>,
 }
 
 #[async_trait::async_trait]
 impl OplogSink for LinkSink {
     async fn append(&self, entries: Vec<NewEntry>) -> Result<(), AppendError> {
+        let first_wseq = self.sent.fetch_add(entries.len() as u64, Ordering::SeqCst);
         match self.slot.get() {
-            Some(link) => link.append(&self.call_id, self.epoch, entries).await,
+            Some(link) => {
+                link.append(&self.call_id, self.epoch, first_wseq, entries)
+                    .await
+            }
             None => Err(AppendError::Unacknowledged(
                 "not attached to the control plane".into(),
             )),
