@@ -414,7 +414,7 @@ impl Scheduler {
         let entries = append.entries.iter().map(entry_from_proto).collect();
         let result = self
             .store
-            .append_oplog(&append.call_id, append.epoch, entries)
+            .append_oplog(&append.call_id, append.epoch, append.first_wseq, entries)
             .await;
         let error = match result {
             Ok(()) => String::new(),
@@ -462,7 +462,13 @@ impl Scheduler {
         let entries = result.entries.iter().map(entry_from_proto).collect();
         let accepted = match self
             .store
-            .complete_call(&result.call_id, result.epoch, entries, outcome)
+            .complete_call(
+                &result.call_id,
+                result.epoch,
+                result.first_wseq,
+                entries,
+                outcome,
+            )
             .await
         {
             Ok(done) => {
