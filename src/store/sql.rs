@@ -368,7 +368,7 @@ async fn migrate(pool: &AnyPool, backend: Backend) -> Result<i64, StoreError> {
                 .execute(&mut *tx)
                 .await?;
         }
-        tracing::info!(version = migration.version, "store schema upgraded");
+        tracing::debug!(version = migration.version, "store migration applied");
     }
     if found < SCHEMA_VERSION {
         sqlx::query("UPDATE schema_version SET version = $1 WHERE id = 1")
@@ -416,11 +416,7 @@ impl SqlStore {
             .await?;
         let found = retrying(options.retry, |_| migrate(&write_pool, backend)).await?;
         if found != SCHEMA_VERSION {
-            tracing::info!(
-                from = found,
-                to = SCHEMA_VERSION,
-                "store schema is up to date"
-            );
+            tracing::info!(from = found, to = SCHEMA_VERSION, "store schema upgraded");
         }
         let reads = pool_options(backend, 4, options.busy_timeout)
             .connect(&url)
