@@ -2,42 +2,82 @@
 //! `TOOLGRID_TEST_POSTGRES_URL` names a server (CI starts one; `.ci/start-postgres`).
 
 use serde_json::json;
+use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use toolgrid::call::{
     Assigned, CallStarted, ErrorKind, MonotonicClock, OplogEntry, Random, RandomSource, RunSummary,
     WallClock,
 };
 use toolgrid::store::{
-    self, CallError, CallFilter, CallOutcome, CallSpec, CallState, Created, NewCall,
-    ResourceRecord, Store, StoreError,
+    self, CallError, CallFilter, CallOutcome, CallSpec, CallState, Created, NewCall, OpenOptions,
+    ResourceRecord, RetryPolicy, SCHEMA_VERSION, Store, StoreError,
 };
 
+/// Cases share the PostgreSQL server; the one that restarts it runs alone.
+static SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// The backends of a case, holding the shared server while they are iterated.
+struct Backends {
+    _server: tokio::sync::RwLockReadGuard<'static, ()>,
+    urls: std::vec::IntoIter<(String, String)>,
+}
+
+impl Iterator for Backends {
+    type Item = (String, String);
+    fn next(&mut self) -> Option<Self::Item> {
+        self.urls.next()
+    }
+}
+
+/// The admin URL of the test PostgreSQL server, if there is one. Without one the
+/// PostgreSQL half of each case is skipped, except in CI (`CI=true`), where that fails.
+fn postgres_admin_url() -> Option<String> {
+    match std::env::var("TOOLGRID_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true but TOOLGRID_TEST_POSTGRES_URL is not set: start PostgreSQL with .ci/start-postgres"
+            );
+            eprintln!("skipping PostgreSQL: TOOLGRID_TEST_POSTGRES_URL is not set");
+            None
+        }
+    }
+}
+
+/// A fresh database on the test PostgreSQL server.
+async fn fresh_postgres(admin: &str) -> String {
+    use sqlx::Connection;
+    let name = format!("toolgrid_{}", uuid::Uuid::now_v7().simple());
+    let mut conn = sqlx::PgConnection::connect(admin)
+        .await
+        .expect("connect to PostgreSQL");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .expect("create database");
+    let base = admin
+        .rsplit_once('/')
+        .map(|(base, _)| base)
+        .unwrap_or(admin);
+    format!("{base}/{name}")
+}
+
 /// The backends to run a case on: a fresh SQLite file, and a fresh PostgreSQL database.
-async fn backends(dir: &tempfile::TempDir) -> Vec<(String, String)> {
+async fn backends(dir: &tempfile::TempDir) -> Backends {
+    let server = SERVER.read().await;
     let mut urls = vec![(
         "sqlite".to_string(),
         format!("sqlite://{}", dir.path().join("store.db").display()),
     )];
-    match std::env::var("TOOLGRID_TEST_POSTGRES_URL") {
-        Ok(admin) => {
-            use sqlx::Connection;
-            let name = format!("toolgrid_{}", uuid::Uuid::now_v7().simple());
-            let mut conn = sqlx::PgConnection::connect(&admin)
-                .await
-                .expect("connect to PostgreSQL");
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                .execute(&mut conn)
-                .await
-                .expect("create database");
-            let base = admin
-                .rsplit_once('/')
-                .map(|(base, _)| base)
-                .unwrap_or(&admin);
-            urls.push(("postgres".to_string(), format!("{base}/{name}")));
-        }
-        Err(_) => eprintln!("skipping PostgreSQL: TOOLGRID_TEST_POSTGRES_URL is not set"),
+    if let Some(admin) = postgres_admin_url() {
+        urls.push(("postgres".to_string(), fresh_postgres(&admin).await));
     }
-    urls
+    Backends {
+        _server: server,
+        urls: urls.into_iter(),
+    }
 }
 
 fn new_call(id: &str, key: Option<&str>, args: serde_json::Value) -> NewCall {
@@ -115,6 +155,7 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
             .append_oplog(
                 "c1",
                 1,
+                0,
                 vec![OplogEntry::WallClock(WallClock { secs: 1, nanos: 2 })],
             )
             .await
@@ -124,6 +165,7 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
                 store
                     .append_oplog(
                         "c1",
+                        0,
                         0,
                         vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 0 })]
                     )
@@ -145,6 +187,7 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
                     .append_oplog(
                         "c1",
                         1,
+                        1,
                         vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 1 })]
                     )
                     .await
@@ -154,7 +197,7 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
         assert!(
             is_stale(
                 store
-                    .complete_call("c1", 1, vec![], success(json!(1)))
+                    .complete_call("c1", 1, 1, vec![], success(json!(1)))
                     .await
             ),
             "{backend}"
@@ -170,6 +213,7 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
             .complete_call(
                 "c1",
                 3,
+                0,
                 vec![OplogEntry::Random(Random {
                     source: RandomSource::Secure,
                     bytes: vec![0],
@@ -186,7 +230,7 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
         assert!(
             is_stale(
                 store
-                    .complete_call("c1", 3, vec![], success(json!(2)))
+                    .complete_call("c1", 3, 1, vec![], success(json!(2)))
                     .await
             ),
             "{backend}"
@@ -391,6 +435,7 @@ async fn concurrent_appends_are_group_committed_in_order_per_call() {
                         .append_oplog(
                             &format!("g{i}"),
                             1,
+                            n as u64,
                             vec![OplogEntry::MonotonicClock(MonotonicClock { ns: n })],
                         )
                         .await
@@ -433,7 +478,7 @@ async fn committed_calls_survive_reopening_the_store() {
                 .unwrap();
             store.assign_call("d1", "w").await.unwrap();
             store
-                .complete_call("d1", 1, vec![], success(json!({"kept": true})))
+                .complete_call("d1", 1, 0, vec![], success(json!({"kept": true})))
                 .await
                 .unwrap();
         }
@@ -446,4 +491,602 @@ async fn committed_calls_survive_reopening_the_store() {
         assert_eq!(call.result, Some(json!({"kept": true})), "{backend}");
         assert_eq!(store.oplog("d1").await.unwrap().len(), 3);
     }
+}
+
+/// The schema as it was before versions existed (migration 1), to create an old database.
+fn unversioned_schema(blob: &str) -> Vec<String> {
+    vec![
+        "CREATE TABLE IF NOT EXISTS calls (
+            id TEXT PRIMARY KEY,
+            namespace TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            command TEXT NOT NULL,
+            release TEXT NOT NULL,
+            release_digest TEXT NOT NULL,
+            state TEXT NOT NULL,
+            args_json TEXT NOT NULL,
+            spec_json TEXT NOT NULL,
+            stdin BLOBTYPE NOT NULL,
+            idempotency_key TEXT,
+            request_hash TEXT NOT NULL,
+            epoch BIGINT NOT NULL,
+            worker TEXT,
+            next_seq BIGINT NOT NULL,
+            result_json TEXT,
+            error_json TEXT,
+            created_at_ms BIGINT NOT NULL,
+            finished_at_ms BIGINT
+        )"
+        .replace("BLOBTYPE", blob),
+        "CREATE UNIQUE INDEX IF NOT EXISTS calls_by_key ON calls (namespace, idempotency_key) \
+         WHERE idempotency_key IS NOT NULL"
+            .into(),
+        "CREATE INDEX IF NOT EXISTS calls_by_time ON calls (created_at_ms)".into(),
+        "CREATE INDEX IF NOT EXISTS calls_by_state ON calls (state)".into(),
+        "CREATE TABLE IF NOT EXISTS oplog (
+            call_id TEXT NOT NULL,
+            seq BIGINT NOT NULL,
+            epoch BIGINT NOT NULL,
+            kind TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            recorded_at_ms BIGINT NOT NULL,
+            PRIMARY KEY (call_id, seq)
+        )"
+        .into(),
+        "CREATE TABLE IF NOT EXISTS artifacts (
+            digest TEXT PRIMARY KEY,
+            size BIGINT NOT NULL,
+            bytes BLOBTYPE NOT NULL,
+            created_at_ms BIGINT NOT NULL
+        )"
+        .replace("BLOBTYPE", blob),
+        "CREATE TABLE IF NOT EXISTS resources (
+            kind TEXT NOT NULL,
+            namespace TEXT NOT NULL,
+            name TEXT NOT NULL,
+            spec_hash TEXT NOT NULL,
+            generation BIGINT NOT NULL,
+            status_json TEXT NOT NULL,
+            PRIMARY KEY (kind, namespace, name)
+        )"
+        .into(),
+    ]
+}
+
+/// A plain connection to the database behind a store URL.
+async fn raw_connection(backend: &str, url: &str) -> sqlx::AnyConnection {
+    use sqlx::Connection;
+    sqlx::any::install_default_drivers();
+    let url = match backend {
+        "sqlite" => format!("{url}?mode=rwc"),
+        _ => url.to_string(),
+    };
+    sqlx::AnyConnection::connect(&url).await.unwrap()
+}
+
+async fn schema_version(conn: &mut sqlx::AnyConnection) -> i64 {
+    use sqlx::Row;
+    sqlx::query("SELECT version FROM schema_version")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+        .try_get("version")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_old_database_is_upgraded_in_place_and_a_newer_one_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        {
+            let mut conn = raw_connection(&backend, &url).await;
+            let blob = if backend == "sqlite" { "BLOB" } else { "BYTEA" };
+            for statement in unversioned_schema(blob) {
+                sqlx::query(sqlx::AssertSqlSafe(statement))
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+            }
+            // A running call written by the old code: one entry, epoch 1.
+            sqlx::query(
+                "INSERT INTO calls (id, namespace, tool, command, release, release_digest, state, \
+                 args_json, spec_json, stdin, idempotency_key, request_hash, epoch, worker, next_seq, \
+                 result_json, error_json, created_at_ms, finished_at_ms) VALUES ('old', 'default', \
+                 'semver', 'compare', 'semver-1.0.0', 'sha256:00', 'running', '{}', '{\"pool\": \"p\", \
+                 \"argv\": [], \"limits\": {\"memoryBytes\": 0, \"cpuTimeMs\": 0, \"outputBytes\": 0, \
+                 \"timeoutMs\": 0}, \"effect\": \"read\"}', $1, NULL, 'h', 1, 'w', 2, NULL, NULL, 1, NULL)",
+            )
+            .bind(b"x".as_slice())
+            .execute(&mut conn)
+            .await
+            .unwrap();
+            sqlx::query(
+                "INSERT INTO oplog (call_id, seq, epoch, kind, payload, recorded_at_ms) \
+                 VALUES ('old', 0, 0, 'call-started', '{}', 1), ('old', 1, 1, 'assigned', '{}', 1)",
+            )
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+
+        let store = store::open(&url).await.unwrap();
+        let mut conn = raw_connection(&backend, &url).await;
+        assert_eq!(schema_version(&mut conn).await, SCHEMA_VERSION, "{backend}");
+        let old = store.get_call("old").await.unwrap().expect("the old call");
+        assert_eq!(old.state, CallState::Running, "{backend}");
+        store
+            .append_oplog(
+                "old",
+                1,
+                0,
+                vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 1 })],
+            )
+            .await
+            .unwrap();
+        let done = store
+            .complete_call("old", 1, 1, vec![], success(json!("ok")))
+            .await
+            .unwrap();
+        assert_eq!(done.state, CallState::Succeeded);
+        assert_eq!(store.oplog("old").await.unwrap().len(), 4, "{backend}");
+        drop(store);
+
+        // Opening again changes nothing.
+        let store = store::open(&url).await.unwrap();
+        assert_eq!(schema_version(&mut conn).await, SCHEMA_VERSION);
+        assert_eq!(store.oplog("old").await.unwrap().len(), 4, "{backend}");
+        drop(store);
+
+        // A store written by a newer binary is refused, untouched.
+        sqlx::query("UPDATE schema_version SET version = $1")
+            .bind(SCHEMA_VERSION + 1)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let refused = store::open(&url).await.err();
+        assert!(
+            matches!(refused, Some(StoreError::SchemaTooNew { found, supported })
+                if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
+            "{backend}: {refused:?}"
+        );
+        assert_eq!(schema_version(&mut conn).await, SCHEMA_VERSION + 1);
+    }
+}
+
+#[tokio::test]
+async fn repeated_appends_and_completions_are_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let store = store::open(&url).await.unwrap();
+        store
+            .create_call(new_call("i1", None, json!({})))
+            .await
+            .unwrap();
+        assert_eq!(store.assign_call("i1", "w").await.unwrap(), 1);
+        let two = || {
+            vec![
+                OplogEntry::MonotonicClock(MonotonicClock { ns: 0 }),
+                OplogEntry::MonotonicClock(MonotonicClock { ns: 1 }),
+            ]
+        };
+        store.append_oplog("i1", 1, 0, two()).await.unwrap();
+        // The same append again (its commit's outcome was unknown to the worker).
+        store.append_oplog("i1", 1, 0, two()).await.unwrap();
+        store
+            .append_oplog(
+                "i1",
+                1,
+                2,
+                vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 2 })],
+            )
+            .await
+            .unwrap();
+        let done = store
+            .complete_call(
+                "i1",
+                1,
+                3,
+                vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 3 })],
+                success(json!(7)),
+            )
+            .await
+            .unwrap();
+        // The same completion again returns the ended call; a different one is refused.
+        let again = store
+            .complete_call(
+                "i1",
+                1,
+                3,
+                vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 3 })],
+                success(json!(7)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(again, done, "{backend}");
+        assert!(
+            is_stale(
+                store
+                    .complete_call("i1", 1, 3, vec![], success(json!(8)))
+                    .await
+            ),
+            "{backend}"
+        );
+        assert!(
+            is_stale(
+                store
+                    .complete_call("i1", 2, 3, vec![], success(json!(7)))
+                    .await
+            ),
+            "{backend}: another epoch"
+        );
+        let oplog = store.oplog("i1").await.unwrap();
+        let ns: Vec<i64> = oplog
+            .iter()
+            .filter_map(|e| match e.entry() {
+                Ok(OplogEntry::MonotonicClock(MonotonicClock { ns })) => Some(ns as i64),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ns, [0, 1, 2, 3], "{backend}: each entry once");
+        let seqs: Vec<u64> = oplog.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (0..7).collect::<Vec<u64>>(), "{backend}: no gaps");
+        assert_eq!(oplog.last().unwrap().kind, "outcome");
+    }
+}
+
+fn failure() -> CallError {
+    CallError::new(ErrorKind::Timeout, "too slow")
+}
+
+#[tokio::test]
+async fn retention_deletes_old_finished_calls_and_unused_artifacts_only() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let store = store::open(&url).await.unwrap();
+        let with_digest = |id: &str, digest: &str| {
+            let mut call = new_call(id, None, json!({"id": id}));
+            call.release_digest = digest.into();
+            call
+        };
+        for digest in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+            store
+                .put_artifact(&format!("sha256:{digest}"), digest.as_bytes())
+                .await
+                .unwrap();
+        }
+        // Old: a succeeded, b failed, f succeeded (but f is kept); d pending, e running.
+        for (id, digest) in [
+            ("old-a", "sha256:a"),
+            ("old-b", "sha256:b"),
+            ("old-f", "sha256:f"),
+        ] {
+            store.create_call(with_digest(id, digest)).await.unwrap();
+        }
+        store.assign_call("old-a", "w").await.unwrap();
+        store
+            .append_oplog(
+                "old-a",
+                1,
+                0,
+                vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 1 })],
+            )
+            .await
+            .unwrap();
+        store
+            .complete_call("old-a", 1, 1, vec![], success(json!(1)))
+            .await
+            .unwrap();
+        store.fail_call("old-b", failure()).await.unwrap();
+        store.fail_call("old-f", failure()).await.unwrap();
+        store
+            .create_call(with_digest("pending-d", "sha256:d"))
+            .await
+            .unwrap();
+        store
+            .create_call(with_digest("running-e", "sha256:e"))
+            .await
+            .unwrap();
+        store.assign_call("running-e", "w").await.unwrap();
+        // More old calls than one retention batch deletes.
+        let many = 450;
+        let mut tasks = Vec::new();
+        for i in 0..many {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let id = format!("bulk-{i}");
+                store
+                    .create_call(new_call(&id, None, json!({"i": i})))
+                    .await
+                    .unwrap();
+                store.fail_call(&id, failure()).await.unwrap();
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let cutoff = store::now_ms();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Young: c succeeded after the cutoff; i stored after the cutoff.
+        store
+            .create_call(with_digest("young-c", "sha256:c"))
+            .await
+            .unwrap();
+        store.fail_call("young-c", failure()).await.unwrap();
+        store.put_artifact("sha256:i", b"i").await.unwrap();
+
+        let keep: HashSet<String> = ["sha256:f", "sha256:h"].map(String::from).into();
+        let report = store.delete_finished_before(cutoff, &keep).await.unwrap();
+        assert_eq!(report.calls, 3 + many, "{backend}");
+        // call-started, assigned, random, outcome; call-started, outcome for the rest.
+        assert_eq!(report.oplog_entries, 4 + 2 * (2 + many), "{backend}");
+        assert_eq!(
+            report.artifacts,
+            ["sha256:a", "sha256:b", "sha256:g"],
+            "{backend}"
+        );
+        assert!(store.artifact_purges() > 0);
+
+        for gone in ["old-a", "old-b", "old-f", "bulk-0", "bulk-449"] {
+            assert!(
+                store.get_call(gone).await.unwrap().is_none(),
+                "{backend}: {gone}"
+            );
+            assert!(
+                store.oplog(gone).await.unwrap().is_empty(),
+                "{backend}: {gone}"
+            );
+        }
+        for kept in ["pending-d", "running-e", "young-c"] {
+            assert!(
+                store.get_call(kept).await.unwrap().is_some(),
+                "{backend}: {kept}"
+            );
+            assert!(
+                !store.oplog(kept).await.unwrap().is_empty(),
+                "{backend}: {kept}"
+            );
+        }
+        for digest in ["a", "b", "g"] {
+            let digest = format!("sha256:{digest}");
+            assert!(
+                store.get_artifact(&digest).await.unwrap().is_none(),
+                "{backend}: {digest}"
+            );
+        }
+        for digest in ["c", "d", "e", "f", "h", "i"] {
+            let digest = format!("sha256:{digest}");
+            assert!(
+                store.get_artifact(&digest).await.unwrap().is_some(),
+                "{backend}: {digest}"
+            );
+        }
+
+        // Nothing in flight was touched: the calls go on.
+        store
+            .append_oplog(
+                "running-e",
+                1,
+                0,
+                vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 2 })],
+            )
+            .await
+            .unwrap();
+        store
+            .complete_call("running-e", 1, 1, vec![], success(json!(2)))
+            .await
+            .unwrap();
+        assert_eq!(store.assign_call("pending-d", "w").await.unwrap(), 1);
+
+        // Again: nothing left to delete.
+        let report = store.delete_finished_before(cutoff, &keep).await.unwrap();
+        assert_eq!(report, store::RetentionReport::default(), "{backend}");
+    }
+}
+
+#[tokio::test]
+async fn writes_wait_out_an_sqlite_lock_held_past_the_busy_timeout() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let store = store::open_with(
+        &format!("sqlite://{}?busy_timeout_ms=200", path.display()),
+        OpenOptions {
+            retry: RetryPolicy {
+                give_up_after: Duration::from_secs(20),
+                ..RetryPolicy::default()
+            },
+            ..OpenOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    store
+        .create_call(new_call("l1", None, json!({})))
+        .await
+        .unwrap();
+    store.assign_call("l1", "w").await.unwrap();
+
+    let mut holder = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let locked_at = Instant::now();
+    let writes = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .append_oplog(
+                    "l1",
+                    1,
+                    0,
+                    vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 0 })],
+                )
+                .await?;
+            store
+                .complete_call(
+                    "l1",
+                    1,
+                    1,
+                    vec![OplogEntry::MonotonicClock(MonotonicClock { ns: 1 })],
+                    success(json!("done")),
+                )
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!writes.is_finished(), "the writes wait for the lock");
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    let done = writes
+        .await
+        .unwrap()
+        .expect("the writes succeed once the lock is gone");
+    assert!(locked_at.elapsed() >= Duration::from_secs(2));
+    assert_eq!(done.state, CallState::Succeeded);
+    let ns: Vec<i64> = store
+        .oplog("l1")
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e.entry() {
+            Ok(OplogEntry::MonotonicClock(MonotonicClock { ns })) => Some(ns as i64),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ns, [0, 1], "each entry exactly once");
+
+    // A lock that outlasts the retries fails the write by name.
+    let short = store::open_with(
+        &format!("sqlite://{}?busy_timeout_ms=50", path.display()),
+        OpenOptions {
+            retry: RetryPolicy {
+                first_delay: Duration::from_millis(10),
+                max_delay: Duration::from_millis(50),
+                give_up_after: Duration::from_millis(400),
+            },
+            ..OpenOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let failed = short.create_call(new_call("l2", None, json!({}))).await;
+    assert!(
+        matches!(failed, Err(StoreError::Unavailable { attempts, .. }) if attempts > 1),
+        "{failed:?}"
+    );
+    sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+    assert!(matches!(
+        short.create_call(new_call("l2", None, json!({}))).await,
+        Ok(Created::New(_))
+    ));
+}
+
+/// Restarts the test PostgreSQL server (`.ci/start-postgres`'s: PGDATA=/tmp/toolgrid-postgres,
+/// run as the postgres user). `None` when this machine cannot (not root, no server there).
+fn restart_postgres() -> Option<Result<(), String>> {
+    const PGDATA: &str = "/tmp/toolgrid-postgres";
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let bin = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let version: u32 = e.file_name().to_str()?.parse().ok()?;
+            Some((version, e.path().join("bin")))
+        })
+        .max()
+        .map(|(_, bin)| bin)?;
+    if !root || !std::path::Path::new(PGDATA).join("postmaster.pid").exists() {
+        return None;
+    }
+    let command = format!(
+        "{}/pg_ctl -D {PGDATA} -m fast -w -l {PGDATA}.log restart",
+        bin.display()
+    );
+    let status = std::process::Command::new("su")
+        .args(["postgres", "-s", "/bin/sh", "-c", &command])
+        .stdout(std::process::Stdio::null())
+        .status();
+    Some(match status {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(format!("{command}: {status}")),
+        Err(error) => Err(format!("{command}: {error}")),
+    })
+}
+
+#[tokio::test]
+async fn appends_across_a_postgres_restart_are_stored_exactly_once() {
+    let Some(admin) = postgres_admin_url() else {
+        return;
+    };
+    // Every other case waits while the server restarts.
+    let _alone = SERVER.write().await;
+    let url = fresh_postgres(&admin).await;
+    let store = store::open(&url).await.unwrap();
+    store
+        .create_call(new_call("r1", None, json!({})))
+        .await
+        .unwrap();
+    store.assign_call("r1", "w").await.unwrap();
+    let appends = 60u64;
+    let writer = tokio::spawn({
+        let store = store.clone();
+        async move {
+            for n in 0..appends {
+                store
+                    .append_oplog(
+                        "r1",
+                        1,
+                        n,
+                        vec![OplogEntry::MonotonicClock(MonotonicClock { ns: n })],
+                    )
+                    .await
+                    .map_err(|e| format!("append {n}: {e}"))?;
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            Ok::<_, String>(())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let restarted = tokio::task::spawn_blocking(restart_postgres).await.unwrap();
+    match restarted {
+        Some(result) => result.expect("restart PostgreSQL"),
+        None => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true but this test cannot restart PostgreSQL (needs root and .ci/start-postgres's server)"
+            );
+            eprintln!("skipping the restart: not root, or no server in /tmp/toolgrid-postgres");
+        }
+    }
+    writer.await.unwrap().expect("every append succeeds");
+    let ns: Vec<u64> = store
+        .oplog("r1")
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e.entry() {
+            Ok(OplogEntry::MonotonicClock(MonotonicClock { ns })) => Some(ns),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ns,
+        (0..appends).collect::<Vec<u64>>(),
+        "each append exactly once"
+    );
+    // The store keeps working.
+    let done = store
+        .complete_call("r1", 1, appends, vec![], success(json!("after")))
+        .await
+        .unwrap();
+    assert_eq!(done.state, CallState::Succeeded);
 }

@@ -49,10 +49,19 @@ impl LoadedArtifact {
 }
 
 /// Puts Ready artifacts in the store, once per digest: a resource source resolves again on
-/// every change, and an artifact it already stored need not be written again.
+/// every change, and an artifact it already stored need not be written again. When
+/// retention has deleted artifacts since ([`Store::artifact_purges`]), every digest is
+/// stored again once, in case it was one of them.
 #[derive(Debug, Default)]
 pub struct StoredArtifacts {
-    digests: Mutex<HashSet<String>>,
+    digests: Mutex<Stored>,
+}
+
+#[derive(Debug, Default)]
+struct Stored {
+    /// The store's purge count when `digests` was last known to be complete.
+    purges: u64,
+    digests: HashSet<String>,
 }
 
 impl StoredArtifacts {
@@ -65,16 +74,24 @@ impl StoredArtifacts {
         if let (ArtifactOutcome::Ready { digest, .. }, Some(bytes)) =
             (&loaded.outcome, &loaded.bytes)
         {
-            let known = self.digests().contains(digest);
+            let purges = store.artifact_purges();
+            let known = {
+                let mut stored = self.stored();
+                if stored.purges != purges {
+                    stored.digests.clear();
+                    stored.purges = purges;
+                }
+                stored.digests.contains(digest)
+            };
             if !known {
                 store.put_artifact(digest, bytes).await?;
-                self.digests().insert(digest.clone());
+                self.stored().digests.insert(digest.clone());
             }
         }
         Ok(loaded.outcome)
     }
 
-    fn digests(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    fn stored(&self) -> std::sync::MutexGuard<'_, Stored> {
         self.digests.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -534,7 +534,7 @@ async fn append_loop(
             while start.elapsed() < duration {
                 let entry = OplogEntry::WallClock(WallClock { secs: n, nanos: 0 });
                 let begin = Instant::now();
-                store.append_oplog(&id, 1, vec![entry]).await?;
+                store.append_oplog(&id, 1, n, vec![entry]).await?;
                 latencies.push(begin.elapsed());
                 n += 1;
             }

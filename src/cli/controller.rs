@@ -49,6 +49,11 @@ pub struct ControllerArgs {
     /// Name of the leader election Lease.
     #[arg(long, default_value = "toolgrid-controller")]
     lease_name: String,
+    /// Delete calls that ended longer ago than this (e.g. `7d`), with their oplogs and the
+    /// artifacts no current release or remaining call uses; checked at start and hourly.
+    /// Default: keep all.
+    #[arg(long, env = "TOOLGRID_RETAIN", value_parser = humantime::parse_duration)]
+    retain: Option<std::time::Duration>,
 }
 
 impl ControllerArgs {
@@ -84,6 +89,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         pod_name,
         pod_namespace: args.pod_namespace,
         lease_name: args.lease_name,
+        retain: args.retain,
     })
     .await
 }

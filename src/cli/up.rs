@@ -2,12 +2,14 @@
 
 use crate::api::units::GoDuration;
 use crate::catalog::ManifestSource;
-use crate::platform::{ControlPlane, Listeners, LocalPools};
+use crate::platform::{ControlPlane, Listeners, LocalPools, retention};
 use crate::scheduler::SchedulerConfig;
+use crate::store::{FaultyStore, Store};
 use anyhow::Context;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
@@ -39,6 +41,10 @@ pub struct UpArgs {
     /// How long to wait for every pool's first worker before saying ready anyway.
     #[arg(long, default_value = "60s")]
     ready_timeout: GoDuration,
+    /// Delete calls that ended longer ago than this (e.g. `7d`), with their oplogs and the
+    /// artifacts nothing uses any more; checked at start and hourly. Default: keep all.
+    #[arg(long, env = "TOOLGRID_RETAIN", value_parser = humantime::parse_duration)]
+    retain: Option<Duration>,
 }
 
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
@@ -59,6 +65,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let store = crate::store::open(&store_url)
         .await
         .with_context(|| format!("cannot open the store at {store_url}"))?;
+    // For end-to-end fault tests: `TOOLGRID_FAULTS=complete:2,append:1` (see store::faulty).
+    let store: Arc<dyn Store> = match std::env::var("TOOLGRID_FAULTS") {
+        Ok(spec) if !spec.is_empty() => {
+            let faulty = FaultyStore::from_spec(store, &spec).map_err(anyhow::Error::msg)?;
+            tracing::warn!(faults = %spec, "the store fails on cue (TOOLGRID_FAULTS)");
+            Arc::new(faulty)
+        }
+        _ => store,
+    };
     let config = SchedulerConfig {
         heartbeat_interval: args.heartbeat.get(),
         lease: args.lease.get(),
@@ -66,8 +81,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         ..SchedulerConfig::default()
     };
     let control_plane = ControlPlane::start(store.clone(), config).await?;
-    let source = ManifestSource::new(manifests.clone(), store, control_plane.catalog.clone());
+    let source = ManifestSource::new(
+        manifests.clone(),
+        store.clone(),
+        control_plane.catalog.clone(),
+    );
     source.reload().await.context("cannot load the manifests")?;
+    if let Some(retain) = args.retain {
+        retention::spawn(store, control_plane.catalog.clone(), retain);
+    }
     tokio::spawn({
         let source = source.clone();
         async move {

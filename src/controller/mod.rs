@@ -44,6 +44,8 @@ pub struct Settings {
     pub pod_name: String,
     pub pod_namespace: String,
     pub lease_name: String,
+    /// Delete calls that ended longer ago than this (retention); `None` keeps them all.
+    pub retain: Option<Duration>,
 }
 
 /// Runs the controller until it stops leading or is told to stop.
@@ -110,7 +112,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         &client,
         settings.watch_namespace.as_deref(),
         control_plane.catalog.clone(),
-        store,
+        store.clone(),
     );
     source.wait_synced().await?;
     let snapshot = source.resolve_once().await?;
@@ -120,6 +122,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         pools = snapshot.pools.len(),
         "catalog synced"
     );
+    if let Some(retain) = settings.retain {
+        crate::platform::retention::spawn(store, control_plane.catalog.clone(), retain);
+    }
     let caches = source.caches.clone();
     tokio::spawn(source.clone().drive());
 

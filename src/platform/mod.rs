@@ -3,6 +3,7 @@
 //! controller adds the Kubernetes source.
 
 mod local_pools;
+pub mod retention;
 
 pub use local_pools::LocalPools;
 

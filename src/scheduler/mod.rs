@@ -571,7 +571,7 @@ impl Scheduler {
         let result = match proto::entries_from_wire(&append.entries) {
             Ok(entries) => {
                 self.store
-                    .append_oplog(&append.call_id, append.epoch, entries)
+                    .append_oplog(&append.call_id, append.epoch, append.first_wseq, entries)
                     .await
             }
             Err(error) => Err(StoreError::Corrupt(format!("the worker sent {error}"))),
@@ -630,7 +630,13 @@ impl Scheduler {
         let outcome = (self.judge)(&interface, &call.record, &result, worker);
         match self
             .store
-            .complete_call(&result.call_id, result.epoch, entries, outcome)
+            .complete_call(
+                &result.call_id,
+                result.epoch,
+                result.first_wseq,
+                entries,
+                outcome,
+            )
             .await
         {
             Ok(done) => {

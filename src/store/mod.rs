@@ -5,7 +5,12 @@
 //! task that commits whatever is queued in one transaction (group commit), so a burst of
 //! oplog appends costs one fsync, not one each. Fencing lives here: an append or a
 //! completion whose epoch is not the call's current one is refused.
+//!
+//! The schema carries a version and upgrades itself in place when opened (see
+//! [`SCHEMA_VERSION`]); a write that fails for a passing reason (a lock, a lost connection, a
+//! full disk) is retried with backoff before it fails as [`StoreError::Unavailable`].
 
+pub mod faulty;
 mod sql;
 
 pub use crate::call::{
@@ -16,9 +21,11 @@ pub use crate::call::{
     DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES, MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES,
     MAX_RESPONSE_BYTES,
 };
-pub use sql::SqlStore;
+pub use faulty::{FaultyStore, Op};
+pub use sql::{OpenOptions, RetryPolicy, SCHEMA_VERSION, SqlStore, is_transient};
 
 use async_trait::async_trait;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// Why a store operation failed.
@@ -44,6 +51,17 @@ pub enum StoreError {
     Corrupt(String),
     #[error("the store writer has stopped")]
     Closed,
+    /// The database kept failing for a passing reason (busy, connection lost, disk full)
+    /// until the writer gave up; nothing of the write was applied (or, if its commit's
+    /// outcome was unknown, it was applied exactly once: appends and completions are
+    /// idempotent).
+    #[error("the store is unavailable after {attempts} attempts: {last}")]
+    Unavailable { attempts: u32, last: String },
+    /// The database was written by a newer toolgrid: this binary must not touch it.
+    #[error(
+        "the store's schema is version {found}, newer than this binary's {supported}: upgrade toolgrid"
+    )]
+    SchemaTooNew { found: i64, supported: i64 },
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
 }
@@ -61,17 +79,27 @@ pub trait Store: Send + Sync + 'static {
     /// that worker's appends are refused, records why, and leaves the call pending.
     async fn fence_call(&self, call_id: &str, epoch: u64, reason: &str) -> Result<u64, StoreError>;
     /// Appends entries under `epoch`; refused with [`StoreError::StaleEpoch`] otherwise.
+    ///
+    /// `first_wseq` is the writer's own number of the first entry within (call, epoch):
+    /// entry `i` is `first_wseq + i`. An append whose first entry is already stored under
+    /// that number is a repeat of one that committed, and succeeds without storing anything.
     async fn append_oplog(
         &self,
         call_id: &str,
         epoch: u64,
+        first_wseq: u64,
         entries: Vec<OplogEntry>,
     ) -> Result<(), StoreError>;
-    /// Appends the last entries and the outcome, and ends the call, under `epoch`.
+    /// Appends the last entries (numbered from `first_wseq` as in
+    /// [`append_oplog`](Store::append_oplog)) and the outcome, and ends the call, under
+    /// `epoch`. Completing a call that this epoch already ended with the same outcome
+    /// returns the ended call (a repeated completion); otherwise an ended call is refused
+    /// with [`StoreError::StaleEpoch`].
     async fn complete_call(
         &self,
         call_id: &str,
         epoch: u64,
+        first_wseq: u64,
         entries: Vec<OplogEntry>,
         outcome: CallOutcome,
     ) -> Result<CallRecord, StoreError>;
@@ -92,6 +120,30 @@ pub trait Store: Send + Sync + 'static {
     async fn load_resources(&self) -> Result<Vec<ResourceRecord>, StoreError>;
     /// Replaces the bookkeeping of every resource with `records`.
     async fn save_resources(&self, records: Vec<ResourceRecord>) -> Result<(), StoreError>;
+    /// Retention: deletes the calls that ended (succeeded or failed) before `cutoff_ms`
+    /// with their oplogs, then the artifacts stored before `cutoff_ms` that no remaining
+    /// call uses and that are not in `keep_artifacts` (the digests of current releases).
+    /// Calls still pending or running are never deleted. Works in bounded batches, so
+    /// other writes go on between them.
+    async fn delete_finished_before(
+        &self,
+        cutoff_ms: i64,
+        keep_artifacts: &HashSet<String>,
+    ) -> Result<RetentionReport, StoreError>;
+    /// How many times retention has deleted artifacts through this store: a cache of
+    /// stored digests must be forgotten when this changes.
+    fn artifact_purges(&self) -> u64 {
+        0
+    }
+}
+
+/// What [`Store::delete_finished_before`] deleted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RetentionReport {
+    pub calls: u64,
+    pub oplog_entries: u64,
+    /// Digests of the deleted artifacts.
+    pub artifacts: Vec<String>,
 }
 
 /// How a call ended, as the worker's result was judged.
@@ -102,7 +154,13 @@ pub struct CallOutcome {
     pub run: RunSummary,
 }
 
-/// Opens the store named by `url` (`sqlite://PATH` or `postgres://...`).
+/// Opens the store named by `url` (`sqlite://PATH` or `postgres://...`), upgrading its
+/// schema if it is older than this binary's.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     Ok(Arc::new(SqlStore::open(url).await?))
+}
+
+/// [`open`] with explicit options (busy timeout, write retries).
+pub async fn open_with(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(SqlStore::open_with(url, options).await?))
 }

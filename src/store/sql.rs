@@ -1,16 +1,22 @@
 //! The SQL implementation of [`Store`], for SQLite and PostgreSQL alike.
 
-use super::{CallOutcome, Store, StoreError};
+use super::{CallOutcome, RetentionReport, Store, StoreError};
 use crate::call::*;
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Row};
-use std::time::Duration;
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// Most writes committed in one transaction.
 const MAX_BATCH: usize = 256;
+
+/// Calls deleted per retention transaction.
+const RETENTION_BATCH: i64 = 200;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Backend {
@@ -18,10 +24,50 @@ enum Backend {
     Postgres,
 }
 
+/// How the writer retries a write that failed for a passing reason (see [`is_transient`]):
+/// after `first_delay`, doubling up to `max_delay`, until `give_up_after` has passed since
+/// the first attempt; then the write fails with [`StoreError::Unavailable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub first_delay: Duration,
+    pub max_delay: Duration,
+    pub give_up_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            first_delay: Duration::from_millis(50),
+            max_delay: Duration::from_secs(2),
+            give_up_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How a store is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// SQLite: how long a statement waits for another connection's lock before it fails
+    /// (and is retried by the writer). `?busy_timeout_ms=N` in the URL overrides it.
+    pub busy_timeout: Duration,
+    /// Retries of failed writes (and of the schema upgrade at open).
+    pub retry: RetryPolicy,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            busy_timeout: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
 /// A store on SQLite or PostgreSQL; writes are group-committed by one writer task.
 pub struct SqlStore {
     reads: AnyPool,
     writer: mpsc::Sender<Job>,
+    artifact_purges: AtomicU64,
 }
 
 enum WriteOp {
@@ -38,11 +84,13 @@ enum WriteOp {
     Append {
         call_id: String,
         epoch: u64,
+        first_wseq: u64,
         entries: Vec<OplogEntry>,
     },
     Complete {
         call_id: String,
         epoch: u64,
+        first_wseq: u64,
         entries: Vec<OplogEntry>,
         outcome: CallOutcome,
     },
@@ -55,12 +103,24 @@ enum WriteOp {
         bytes: Vec<u8>,
     },
     SaveResources(Vec<ResourceRecord>),
+    /// Deletes up to `limit` calls that ended before `cutoff_ms`, and their oplogs.
+    PurgeCalls {
+        cutoff_ms: i64,
+        limit: i64,
+    },
+    /// Deletes artifacts stored before `cutoff_ms` that no call uses, except `keep`.
+    PurgeArtifacts {
+        cutoff_ms: i64,
+        keep: HashSet<String>,
+    },
 }
 
 enum Reply {
     Created(Box<Created>),
     Epoch(u64),
     Record(Box<CallRecord>),
+    Purged { calls: u64, entries: u64 },
+    PurgedArtifacts(Vec<String>),
     Done,
 }
 
@@ -77,7 +137,51 @@ macro_rules! call_columns {
     };
 }
 
-fn schema(backend: Backend) -> Vec<String> {
+/// One step of the schema. Steps are applied in order, each once, in one transaction at
+/// open; the `schema_version` table records the last one applied. Never edit a step that
+/// has shipped: add the next one.
+struct Migration {
+    version: i64,
+    statements: fn(Backend) -> Vec<String>,
+}
+
+const MIGRATIONS: &[Migration] = &[
+    // The schema before versions existed, exactly (so its databases are version 1).
+    Migration {
+        version: 1,
+        statements: schema_v1,
+    },
+    // The writer's own number of each entry within (call, epoch): a repeated append is
+    // recognised and not stored twice.
+    Migration {
+        version: 2,
+        statements: |_| {
+            vec![
+                "ALTER TABLE oplog ADD COLUMN wseq BIGINT".into(),
+                "CREATE UNIQUE INDEX IF NOT EXISTS oplog_by_wseq ON oplog (call_id, epoch, wseq) \
+                 WHERE wseq IS NOT NULL"
+                    .into(),
+            ]
+        },
+    },
+    // Retention finds ended calls by their end, and artifacts' users by digest.
+    Migration {
+        version: 3,
+        statements: |_| {
+            vec![
+                "CREATE INDEX IF NOT EXISTS calls_by_finish ON calls (finished_at_ms) \
+                 WHERE finished_at_ms IS NOT NULL"
+                    .into(),
+                "CREATE INDEX IF NOT EXISTS calls_by_digest ON calls (release_digest)".into(),
+            ]
+        },
+    },
+];
+
+/// The schema version this binary writes; a store at a newer one is refused.
+pub const SCHEMA_VERSION: i64 = 3;
+
+fn schema_v1(backend: Backend) -> Vec<String> {
     let blob = match backend {
         Backend::Sqlite => "BLOB",
         Backend::Postgres => "BYTEA",
@@ -140,34 +244,161 @@ fn schema(backend: Backend) -> Vec<String> {
     ]
 }
 
-fn pool_options(backend: Backend, max: u32) -> AnyPoolOptions {
+fn pool_options(backend: Backend, max: u32, busy_timeout: Duration) -> AnyPoolOptions {
     let options = AnyPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(30));
     match backend {
         Backend::Postgres => options,
-        Backend::Sqlite => options.after_connect(|conn, _| {
+        Backend::Sqlite => options.after_connect(move |conn, _| {
             Box::pin(async move {
                 // WAL lets readers run beside the writer; FULL fsyncs every commit.
-                for pragma in [
-                    "PRAGMA journal_mode=WAL",
-                    "PRAGMA synchronous=FULL",
-                    "PRAGMA busy_timeout=10000",
-                ] {
+                for pragma in ["PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL"] {
                     sqlx::query(pragma).execute(&mut *conn).await?;
                 }
+                let busy = format!("PRAGMA busy_timeout={}", busy_timeout.as_millis());
+                // A number formatted into our own pragma.
+                sqlx::query(AssertSqlSafe(busy)).execute(&mut *conn).await?;
                 Ok(())
             })
         }),
     }
 }
 
+/// Whether a database error is passing (a lock held by another connection, a lost or
+/// refused connection, a server shutting down, an I/O error, a full disk), so the same
+/// write may succeed later; anything else (a bad statement, a constraint) is not.
+pub fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::BeginFailed => true,
+        sqlx::Error::Database(error) => error.code().is_some_and(|code| transient_code(&code)),
+        _ => false,
+    }
+}
+
+/// `code` is a PostgreSQL SQLSTATE (five characters) or an SQLite extended result code (a
+/// number below 10000).
+fn transient_code(code: &str) -> bool {
+    if code.len() == 5 {
+        // Connection exceptions, insufficient resources (disk full, out of memory, too many
+        // connections), shutdowns, I/O errors, serialization failures, deadlocks, lock
+        // timeouts.
+        return code.starts_with("08")
+            || code.starts_with("53")
+            || matches!(
+                code,
+                "57P01" | "57P02" | "57P03" | "58030" | "40001" | "40P01" | "55P03"
+            );
+    }
+    match code.parse::<u32>() {
+        // SQLite primary codes: BUSY, LOCKED, IOERR, FULL, CANTOPEN, PROTOCOL.
+        Ok(extended) => matches!(extended & 0xff, 5 | 6 | 10 | 13 | 14 | 15),
+        Err(_) => false,
+    }
+}
+
+/// Runs `attempt` until it succeeds, fails for good, or `policy` gives up on a transient
+/// failure. `attempt` is told how many attempts came before it.
+async fn retrying<T, F, Fut>(policy: RetryPolicy, mut attempt: F) -> Result<T, StoreError>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let start = Instant::now();
+    let mut delay = policy.first_delay;
+    let mut attempts = 0u32;
+    loop {
+        let error = match attempt(attempts).await {
+            Err(StoreError::Database(error)) if is_transient(&error) => error,
+            other => return other,
+        };
+        attempts += 1;
+        if start.elapsed() + delay > policy.give_up_after {
+            tracing::error!(%error, attempts, "store write failed; giving up");
+            return Err(StoreError::Unavailable {
+                attempts,
+                last: error.to_string(),
+            });
+        }
+        tracing::warn!(%error, attempts, retry_in = ?delay, "store write failed; retrying");
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(policy.max_delay);
+    }
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`] in one transaction; returns the version found.
+async fn migrate(pool: &AnyPool, backend: Backend) -> Result<i64, StoreError> {
+    let mut tx = pool.begin().await?;
+    if backend == Backend::Postgres {
+        // Two processes opening one database upgrade it one after the other.
+        sqlx::query("SELECT 1 FROM (SELECT pg_advisory_xact_lock(7406283)) AS upgrade_lock")
+            .fetch_one(&mut *tx)
+            .await?;
+    }
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS schema_version (id INTEGER PRIMARY KEY, version BIGINT NOT NULL)",
+    )
+    .execute(&mut *tx)
+    .await?;
+    // A write first: SQLite takes its write lock here, before reading the version.
+    sqlx::query(
+        "INSERT INTO schema_version (id, version) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+    )
+    .execute(&mut *tx)
+    .await?;
+    let found: i64 = sqlx::query("SELECT version FROM schema_version WHERE id = 1")
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("version")?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for migration in MIGRATIONS.iter().filter(|m| m.version > found) {
+        for statement in (migration.statements)(backend) {
+            // Our own DDL.
+            sqlx::query(AssertSqlSafe(statement))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tracing::debug!(version = migration.version, "store migration applied");
+    }
+    if found < SCHEMA_VERSION {
+        sqlx::query("UPDATE schema_version SET version = $1 WHERE id = 1")
+            .bind(SCHEMA_VERSION)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(found)
+}
+
 impl SqlStore {
-    /// Opens (and creates, for SQLite) the database at `url` and starts the writer.
+    /// Opens (and creates, for SQLite) the database at `url`, upgrades its schema, and
+    /// starts the writer.
     pub async fn open(url: &str) -> Result<Self, StoreError> {
+        Self::open_with(url, OpenOptions::default()).await
+    }
+
+    /// [`SqlStore::open`] with explicit options.
+    pub async fn open_with(url: &str, mut options: OpenOptions) -> Result<Self, StoreError> {
         sqlx::any::install_default_drivers();
         let (backend, url) = if let Some(path) = url.strip_prefix("sqlite://") {
-            let path = path.split('?').next().unwrap_or_default();
+            let (path, query) = path.split_once('?').unwrap_or((path, ""));
+            for (key, value) in query.split('&').filter_map(|kv| kv.split_once('=')) {
+                if key == "busy_timeout_ms"
+                    && let Ok(ms) = value.parse()
+                {
+                    options.busy_timeout = Duration::from_millis(ms);
+                }
+            }
             if let Some(parent) = std::path::Path::new(path).parent()
                 && !parent.as_os_str().is_empty()
             {
@@ -180,17 +411,23 @@ impl SqlStore {
         } else {
             return Err(StoreError::UnsupportedUrl(url.to_string()));
         };
-        let write_pool = pool_options(backend, 1).connect(&url).await?;
-        for statement in schema(backend) {
-            // Our own DDL, only the blob type name differs by backend.
-            sqlx::query(AssertSqlSafe(statement))
-                .execute(&write_pool)
-                .await?;
+        let write_pool = pool_options(backend, 1, options.busy_timeout)
+            .connect(&url)
+            .await?;
+        let found = retrying(options.retry, |_| migrate(&write_pool, backend)).await?;
+        if found != SCHEMA_VERSION {
+            tracing::info!(from = found, to = SCHEMA_VERSION, "store schema upgraded");
         }
-        let reads = pool_options(backend, 4).connect(&url).await?;
+        let reads = pool_options(backend, 4, options.busy_timeout)
+            .connect(&url)
+            .await?;
         let (writer, rx) = mpsc::channel(4096);
-        tokio::spawn(run_writer(write_pool, rx));
-        Ok(SqlStore { reads, writer })
+        tokio::spawn(run_writer(write_pool, rx, options.retry));
+        Ok(SqlStore {
+            reads,
+            writer,
+            artifact_purges: AtomicU64::new(0),
+        })
     }
 
     async fn write(&self, op: WriteOp) -> Result<Reply, StoreError> {
@@ -203,7 +440,18 @@ impl SqlStore {
     }
 }
 
-async fn run_writer(pool: AnyPool, mut rx: mpsc::Receiver<Job>) {
+/// The same [`StoreError::Unavailable`] for every job of a batch that gave up.
+fn unavailable_again(error: &StoreError) -> Option<StoreError> {
+    match error {
+        StoreError::Unavailable { attempts, last } => Some(StoreError::Unavailable {
+            attempts: *attempts,
+            last: last.clone(),
+        }),
+        _ => None,
+    }
+}
+
+async fn run_writer(pool: AnyPool, mut rx: mpsc::Receiver<Job>, retry: RetryPolicy) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -212,22 +460,33 @@ async fn run_writer(pool: AnyPool, mut rx: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        match commit_batch(&pool, &batch).await {
+        // A retried batch may have committed already (the connection died during COMMIT):
+        // every operation recognises its own earlier commit (see `execute`).
+        let result = retrying(retry, |tried| commit_batch(&pool, &batch, tried > 0)).await;
+        match result {
             Ok(replies) => {
                 for (job, reply) in batch.into_iter().zip(replies) {
                     let _ = job.reply.send(reply);
                 }
             }
-            // One bad write must not fail its neighbours: retry each on its own.
             Err(error) if batch.len() == 1 => {
                 let job = batch.remove(0);
-                let _ = job.reply.send(Err(error.into()));
+                let _ = job.reply.send(Err(error));
             }
+            // The database stayed unreachable: retrying each write alone would not help.
+            Err(error @ StoreError::Unavailable { .. }) => {
+                for job in batch {
+                    let again = unavailable_again(&error).unwrap_or(StoreError::Closed);
+                    let _ = job.reply.send(Err(again));
+                }
+            }
+            // One bad write must not fail its neighbours: retry each on its own.
             Err(_) => {
                 for job in batch {
-                    let reply = match commit_batch(&pool, std::slice::from_ref(&job)).await {
+                    let single = std::slice::from_ref(&job);
+                    let reply = match retrying(retry, |_| commit_batch(&pool, single, true)).await {
                         Ok(mut replies) => replies.remove(0),
-                        Err(error) => Err(error.into()),
+                        Err(error) => Err(error),
                     };
                     let _ = job.reply.send(reply);
                 }
@@ -237,16 +496,18 @@ async fn run_writer(pool: AnyPool, mut rx: mpsc::Receiver<Job>) {
 }
 
 /// Runs `jobs` in one transaction. A database error aborts the batch; refusals such as a
-/// stale epoch are per job and change nothing.
+/// stale epoch are per job and change nothing. `again` says the batch (or a batch with
+/// these jobs) was tried before and may have committed.
 async fn commit_batch(
     pool: &AnyPool,
     jobs: &[Job],
-) -> Result<Vec<Result<Reply, StoreError>>, sqlx::Error> {
+    again: bool,
+) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
     let mut tx = pool.begin().await?;
     let mut replies = Vec::with_capacity(jobs.len());
     for job in jobs {
-        match execute(&mut tx, &job.op).await {
-            Err(StoreError::Database(error)) => return Err(error),
+        match execute(&mut tx, &job.op, again).await {
+            Err(StoreError::Database(error)) => return Err(StoreError::Database(error)),
             reply => replies.push(reply),
         }
     }
@@ -254,45 +515,95 @@ async fn commit_batch(
     Ok(replies)
 }
 
-async fn execute(conn: &mut AnyConnection, op: &WriteOp) -> Result<Reply, StoreError> {
+/// Runs one write. With `again` the write may have committed in an earlier attempt whose
+/// outcome was unknown; each operation then recognises its own commit instead of being
+/// applied twice (appends and completions always do).
+async fn execute(conn: &mut AnyConnection, op: &WriteOp, again: bool) -> Result<Reply, StoreError> {
     match op {
-        WriteOp::Create(call) => create(conn, call)
-            .await
-            .map(|c| Reply::Created(Box::new(c))),
+        WriteOp::Create(call) => {
+            if again
+                && let Some(existing) = select_call(conn, &call.id).await?
+                && existing.request_hash == call.request_hash
+            {
+                return Ok(Reply::Created(Box::new(Created::New(existing))));
+            }
+            create(conn, call)
+                .await
+                .map(|c| Reply::Created(Box::new(c)))
+        }
         WriteOp::Assign { call_id, worker } => {
+            if again && let Some(epoch) = committed_assignment(conn, call_id, worker).await? {
+                return Ok(Reply::Epoch(epoch));
+            }
             assign(conn, call_id, worker).await.map(Reply::Epoch)
         }
         WriteOp::Fence {
             call_id,
             epoch,
             reason,
-        } => fence(conn, call_id, *epoch, reason).await.map(Reply::Epoch),
+        } => match fence(conn, call_id, *epoch, reason).await {
+            Err(StoreError::StaleEpoch { current, state, .. })
+                if again && current == epoch + 1 && state == CallState::Pending =>
+            {
+                // Only this fence moves a running call at `epoch` to pending at `epoch + 1`.
+                Ok(Reply::Epoch(current))
+            }
+            other => other.map(Reply::Epoch),
+        },
         WriteOp::Append {
             call_id,
             epoch,
+            first_wseq,
             entries,
         } => {
-            reserve_and_insert(conn, call_id, *epoch, entries, None).await?;
+            if !entries.is_empty() && wseq_stored(conn, call_id, *epoch, *first_wseq).await? {
+                return Ok(Reply::Done);
+            }
+            reserve_and_insert(conn, call_id, *epoch, *first_wseq, entries, None).await?;
             Ok(Reply::Done)
         }
         WriteOp::Complete {
             call_id,
             epoch,
+            first_wseq,
             entries,
             outcome,
         } => {
-            let record = reserve_and_insert(conn, call_id, *epoch, entries, Some(outcome))
-                .await?
-                .ok_or_else(|| StoreError::NotFound(call_id.clone()))?;
-            Ok(Reply::Record(Box::new(record)))
+            match reserve_and_insert(conn, call_id, *epoch, *first_wseq, entries, Some(outcome))
+                .await
+            {
+                Ok(record) => {
+                    let record = record.ok_or_else(|| StoreError::NotFound(call_id.clone()))?;
+                    Ok(Reply::Record(Box::new(record)))
+                }
+                Err(StoreError::StaleEpoch {
+                    call_id: id,
+                    epoch: stale,
+                    current,
+                    state,
+                }) => match select_call(conn, call_id).await? {
+                    Some(record) if ended_by(&record, *epoch, outcome) => {
+                        Ok(Reply::Record(Box::new(record)))
+                    }
+                    _ => Err(StoreError::StaleEpoch {
+                        call_id: id,
+                        epoch: stale,
+                        current,
+                        state,
+                    }),
+                },
+                Err(error) => Err(error),
+            }
         }
         WriteOp::Fail { call_id, error } => fail(conn, call_id, error)
             .await
             .map(|r| Reply::Record(Box::new(r))),
         WriteOp::PutArtifact { digest, bytes } => {
+            // Storing an artifact again refreshes its time, so retention keeps what the
+            // catalog has just stored.
             sqlx::query(
                 "INSERT INTO artifacts (digest, size, bytes, created_at_ms) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (digest) DO NOTHING",
+                 ON CONFLICT (digest) DO UPDATE SET created_at_ms = excluded.created_at_ms",
             )
             .bind(digest.as_str())
             .bind(bytes.len() as i64)
@@ -322,7 +633,139 @@ async fn execute(conn: &mut AnyConnection, op: &WriteOp) -> Result<Reply, StoreE
             }
             Ok(Reply::Done)
         }
+        WriteOp::PurgeCalls { cutoff_ms, limit } => {
+            let (calls, entries) = purge_calls(conn, *cutoff_ms, *limit).await?;
+            Ok(Reply::Purged { calls, entries })
+        }
+        WriteOp::PurgeArtifacts { cutoff_ms, keep } => purge_artifacts(conn, *cutoff_ms, keep)
+            .await
+            .map(Reply::PurgedArtifacts),
     }
+}
+
+/// Whether an append numbered from `first_wseq` under (call, epoch) is already stored.
+async fn wseq_stored(
+    conn: &mut AnyConnection,
+    call_id: &str,
+    epoch: u64,
+    first_wseq: u64,
+) -> Result<bool, StoreError> {
+    let row = sqlx::query(
+        "SELECT 1 AS stored FROM oplog WHERE call_id = $1 AND epoch = $2 AND wseq = $3",
+    )
+    .bind(call_id)
+    .bind(epoch as i64)
+    .bind(first_wseq as i64)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.is_some())
+}
+
+/// Whether `record` was ended under `epoch` with `outcome` (a repeated completion).
+fn ended_by(record: &CallRecord, epoch: u64, outcome: &CallOutcome) -> bool {
+    record.epoch == epoch
+        && match &outcome.result {
+            Ok(value) => {
+                record.state == CallState::Succeeded && record.result.as_ref() == Some(value)
+            }
+            Err(error) => record.state == CallState::Failed && record.error.as_ref() == Some(error),
+        }
+}
+
+/// The epoch of an assignment of the call to `worker` that is the call's last entry, i.e.
+/// one that committed in an attempt whose outcome was unknown.
+async fn committed_assignment(
+    conn: &mut AnyConnection,
+    call_id: &str,
+    worker: &str,
+) -> Result<Option<u64>, StoreError> {
+    let row = sqlx::query(
+        "SELECT c.epoch AS epoch FROM calls c JOIN oplog o ON o.call_id = c.id AND o.seq = c.next_seq - 1 \
+         WHERE c.id = $1 AND c.state = 'running' AND c.worker = $2 AND o.kind = 'assigned' AND o.epoch = c.epoch",
+    )
+    .bind(call_id)
+    .bind(worker)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row
+        .map(|r| r.try_get::<i64, _>("epoch"))
+        .transpose()?
+        .map(|e| e as u64))
+}
+
+/// Placeholders `$first, $first+1, ...` for `n` values.
+fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Deletes up to `limit` calls that ended before `cutoff_ms`, oldest first, with their
+/// oplogs; returns how many calls and entries went.
+async fn purge_calls(
+    conn: &mut AnyConnection,
+    cutoff_ms: i64,
+    limit: i64,
+) -> Result<(u64, u64), StoreError> {
+    let ids: Vec<String> = sqlx::query(
+        "SELECT id FROM calls WHERE state IN ('succeeded', 'failed') AND finished_at_ms < $1 \
+         ORDER BY finished_at_ms, id LIMIT $2",
+    )
+    .bind(cutoff_ms)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?
+    .iter()
+    .map(|row| row.try_get("id"))
+    .collect::<Result<_, _>>()?;
+    if ids.is_empty() {
+        return Ok((0, 0));
+    }
+    // Only numbered placeholders are formatted into the statements.
+    let list = placeholders(1, ids.len());
+    let mut entries = sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM oplog WHERE call_id IN ({list})"
+    )));
+    let mut calls = sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM calls WHERE id IN ({list}) AND state IN ('succeeded', 'failed')"
+    )));
+    for id in &ids {
+        entries = entries.bind(id.as_str());
+        calls = calls.bind(id.as_str());
+    }
+    let entries = entries.execute(&mut *conn).await?.rows_affected();
+    let calls = calls.execute(&mut *conn).await?.rows_affected();
+    Ok((calls, entries))
+}
+
+/// Deletes the artifacts stored before `cutoff_ms` that no call uses and that are not in
+/// `keep`; returns their digests.
+async fn purge_artifacts(
+    conn: &mut AnyConnection,
+    cutoff_ms: i64,
+    keep: &HashSet<String>,
+) -> Result<Vec<String>, StoreError> {
+    let unused: Vec<String> = sqlx::query(
+        "SELECT digest FROM artifacts WHERE created_at_ms < $1 \
+         AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.release_digest = artifacts.digest) \
+         ORDER BY digest",
+    )
+    .bind(cutoff_ms)
+    .fetch_all(&mut *conn)
+    .await?
+    .iter()
+    .map(|row| row.try_get("digest"))
+    .collect::<Result<_, _>>()?;
+    let mut deleted = Vec::new();
+    for digest in unused.into_iter().filter(|d| !keep.contains(d)) {
+        sqlx::query("DELETE FROM artifacts WHERE digest = $1")
+            .bind(digest.as_str())
+            .execute(&mut *conn)
+            .await?;
+        deleted.push(digest);
+    }
+    Ok(deleted)
 }
 
 fn json_text(value: &impl serde::Serialize) -> String {
@@ -472,6 +915,7 @@ async fn reserve_and_insert(
     conn: &mut AnyConnection,
     call_id: &str,
     epoch: u64,
+    first_wseq: u64,
     entries: &[OplogEntry],
     outcome: Option<&CallOutcome>,
 ) -> Result<Option<CallRecord>, StoreError> {
@@ -514,7 +958,14 @@ async fn reserve_and_insert(
         return Err(refusal(conn, call_id, epoch).await);
     };
     let first = row.try_get::<i64, _>("next_seq")? - count;
-    let mut rows: Vec<(EntryKind, Value)> = entries.iter().map(OplogEntry::to_parts).collect();
+    let mut rows: Vec<(EntryKind, Value, Option<i64>)> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let (kind, payload) = e.to_parts();
+            (kind, payload, Some((first_wseq + i as u64) as i64))
+        })
+        .collect();
     if let Some(outcome) = outcome {
         let (state, ended) = match &outcome.result {
             Ok(_) => (Ended::Succeeded, None),
@@ -525,7 +976,8 @@ async fn reserve_and_insert(
             error: ended,
             run: Some(outcome.run.clone()),
         });
-        rows.push(entry.to_parts());
+        let (kind, payload) = entry.to_parts();
+        rows.push((kind, payload, None));
     }
     insert_entries(conn, call_id, first, epoch as i64, &rows, now).await?;
     match outcome {
@@ -534,7 +986,7 @@ async fn reserve_and_insert(
     }
 }
 
-/// Entries per INSERT statement (6 parameters each, well under every backend's limit).
+/// Entries per INSERT statement (7 parameters each, well under every backend's limit).
 const ENTRIES_PER_INSERT: usize = 100;
 
 /// Writes consecutive entries from sequence number `first`, many rows per statement.
@@ -543,31 +995,22 @@ async fn insert_entries(
     call_id: &str,
     first: i64,
     epoch: i64,
-    rows: &[(EntryKind, Value)],
+    rows: &[(EntryKind, Value, Option<i64>)],
     now: i64,
 ) -> Result<(), StoreError> {
     for (chunk_index, chunk) in rows.chunks(ENTRIES_PER_INSERT).enumerate() {
         let mut sql = String::from(
-            "INSERT INTO oplog (call_id, seq, epoch, kind, payload, recorded_at_ms) VALUES ",
+            "INSERT INTO oplog (call_id, seq, epoch, kind, payload, recorded_at_ms, wseq) VALUES ",
         );
         for i in 0..chunk.len() {
-            let p = i * 6;
             if i > 0 {
                 sql.push_str(", ");
             }
-            sql.push_str(&format!(
-                "(${}, ${}, ${}, ${}, ${}, ${})",
-                p + 1,
-                p + 2,
-                p + 3,
-                p + 4,
-                p + 5,
-                p + 6
-            ));
+            sql.push_str(&format!("({})", placeholders(i * 7 + 1, 7)));
         }
         // Only numbered placeholders are formatted into the statement.
         let mut query = sqlx::query(AssertSqlSafe(sql));
-        for (i, (kind, payload)) in chunk.iter().enumerate() {
+        for (i, (kind, payload, wseq)) in chunk.iter().enumerate() {
             let seq = first + (chunk_index * ENTRIES_PER_INSERT + i) as i64;
             query = query
                 .bind(call_id)
@@ -575,7 +1018,8 @@ async fn insert_entries(
                 .bind(epoch)
                 .bind(kind.as_str())
                 .bind(payload.to_string())
-                .bind(now);
+                .bind(now)
+                .bind(*wseq);
         }
         query.execute(&mut *conn).await?;
     }
@@ -734,11 +1178,13 @@ impl Store for SqlStore {
         &self,
         call_id: &str,
         epoch: u64,
+        first_wseq: u64,
         entries: Vec<OplogEntry>,
     ) -> Result<(), StoreError> {
         self.write(WriteOp::Append {
             call_id: call_id.into(),
             epoch,
+            first_wseq,
             entries,
         })
         .await
@@ -749,6 +1195,7 @@ impl Store for SqlStore {
         &self,
         call_id: &str,
         epoch: u64,
+        first_wseq: u64,
         entries: Vec<OplogEntry>,
         outcome: CallOutcome,
     ) -> Result<CallRecord, StoreError> {
@@ -756,6 +1203,7 @@ impl Store for SqlStore {
             .write(WriteOp::Complete {
                 call_id: call_id.into(),
                 epoch,
+                first_wseq,
                 entries,
                 outcome,
             })
@@ -888,5 +1336,171 @@ impl Store for SqlStore {
         self.write(WriteOp::SaveResources(records))
             .await
             .map(|_| ())
+    }
+
+    async fn delete_finished_before(
+        &self,
+        cutoff_ms: i64,
+        keep_artifacts: &HashSet<String>,
+    ) -> Result<RetentionReport, StoreError> {
+        let mut report = RetentionReport::default();
+        // One bounded transaction per batch: other writes go between them.
+        loop {
+            let reply = self
+                .write(WriteOp::PurgeCalls {
+                    cutoff_ms,
+                    limit: RETENTION_BATCH,
+                })
+                .await?;
+            let Reply::Purged { calls, entries } = reply else {
+                return Err(StoreError::Corrupt("unexpected writer reply".into()));
+            };
+            report.calls += calls;
+            report.oplog_entries += entries;
+            if calls < RETENTION_BATCH as u64 {
+                break;
+            }
+        }
+        let reply = self
+            .write(WriteOp::PurgeArtifacts {
+                cutoff_ms,
+                keep: keep_artifacts.clone(),
+            })
+            .await?;
+        let Reply::PurgedArtifacts(artifacts) = reply else {
+            return Err(StoreError::Corrupt("unexpected writer reply".into()));
+        };
+        if !artifacts.is_empty() {
+            self.artifact_purges.fetch_add(1, Ordering::SeqCst);
+        }
+        report.artifacts = artifacts;
+        Ok(report)
+    }
+
+    fn artifact_purges(&self) -> u64 {
+        self.artifact_purges.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_errors_are_told_from_permanent_ones() {
+        use std::io::{Error, ErrorKind};
+        assert!(is_transient(&sqlx::Error::Io(Error::new(
+            ErrorKind::ConnectionRefused,
+            "refused"
+        ))));
+        assert!(is_transient(&sqlx::Error::Io(Error::other("disk"))));
+        assert!(is_transient(&sqlx::Error::PoolTimedOut));
+        assert!(is_transient(&sqlx::Error::Protocol("eof".into())));
+        assert!(!is_transient(&sqlx::Error::RowNotFound));
+        assert!(!is_transient(&sqlx::Error::PoolClosed));
+        assert!(!is_transient(&sqlx::Error::ColumnNotFound("x".into())));
+
+        // SQLite extended result codes.
+        for code in [
+            "5", "517", "261", "6", "262", "10", "266", "3850", "13", "14",
+        ] {
+            assert!(transient_code(code), "SQLite {code}");
+        }
+        for code in ["1", "19", "2067", "1555", "11", "8"] {
+            assert!(!transient_code(code), "SQLite {code}");
+        }
+        // PostgreSQL SQLSTATEs.
+        for code in [
+            "08000", "08006", "08001", "57P01", "57P02", "57P03", "53100", "53300", "58030",
+            "40001", "40P01",
+        ] {
+            assert!(transient_code(code), "PostgreSQL {code}");
+        }
+        for code in ["23505", "42601", "42P01", "22P02", "25P02"] {
+            assert!(!transient_code(code), "PostgreSQL {code}");
+        }
+        assert!(!transient_code("busy"));
+    }
+
+    #[tokio::test]
+    async fn real_errors_are_classified() {
+        sqlx::any::install_default_drivers();
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        let pool = pool_options(Backend::Sqlite, 1, Duration::from_millis(10))
+            .connect(&url)
+            .await
+            .unwrap();
+        let syntax = sqlx::query("SELEC 1").execute(&pool).await.unwrap_err();
+        assert!(!is_transient(&syntax), "{syntax}");
+        sqlx::query("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO t VALUES (1)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let unique = sqlx::query("INSERT INTO t VALUES (1)")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert!(!is_transient(&unique), "{unique}");
+
+        // Another connection holds the write lock past the busy timeout.
+        let other = pool_options(Backend::Sqlite, 1, Duration::from_millis(10))
+            .connect(&url)
+            .await
+            .unwrap();
+        let mut holder = other.acquire().await.unwrap();
+        sqlx::query("BEGIN EXCLUSIVE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let busy = sqlx::query("INSERT INTO t VALUES (2)")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert!(is_transient(&busy), "{busy}");
+        sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn retrying_gives_up_with_unavailable() {
+        let policy = RetryPolicy {
+            first_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(4),
+            give_up_after: Duration::from_millis(40),
+        };
+        let result: Result<(), StoreError> = retrying(policy, |_| async {
+            Err(StoreError::Database(sqlx::Error::PoolTimedOut))
+        })
+        .await;
+        assert!(
+            matches!(result, Err(StoreError::Unavailable { attempts, .. }) if attempts > 3),
+            "{result:?}"
+        );
+        let mut seen = 0;
+        let result = retrying(policy, |tried| {
+            seen = tried;
+            async move {
+                if tried < 2 {
+                    Err(StoreError::Database(sqlx::Error::PoolTimedOut))
+                } else {
+                    Ok(tried)
+                }
+            }
+        })
+        .await;
+        assert_eq!(result.unwrap(), 2);
+        assert_eq!(seen, 2);
+        let result: Result<(), StoreError> = retrying(policy, |_| async {
+            Err(StoreError::Database(sqlx::Error::RowNotFound))
+        })
+        .await;
+        assert!(
+            matches!(result, Err(StoreError::Database(_))),
+            "permanent: no retry"
+        );
     }
 }

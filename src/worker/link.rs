@@ -49,11 +49,13 @@ impl Link {
             .is_ok()
     }
 
-    /// Commits entries and waits until the control plane says they are durable.
+    /// Commits entries (numbered from `first_wseq` within the epoch) and waits until the
+    /// control plane says they are durable.
     pub async fn append(
         &self,
         call_id: &str,
         epoch: u64,
+        first_wseq: u64,
         entries: Vec<OplogEntry>,
     ) -> Result<(), AppendError> {
         let request_id = self.next_request.fetch_add(1, Ordering::Relaxed);
@@ -68,6 +70,7 @@ impl Link {
             request_id,
             entries: proto::entries_to_wire(&entries),
             sync: true,
+            first_wseq,
         };
         if !self.send(worker_event::Event::Append(append)).await {
             self.acks

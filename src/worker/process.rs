@@ -11,6 +11,7 @@ use crate::proto::{self, WorkerEvent, control_event, worker_event};
 use crate::store::RunLimits;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -435,10 +436,12 @@ async fn run_call(
             entries: replay.len() as u64,
         }));
     }
+    let sent = Arc::new(AtomicU64::new(0));
     let sink: Arc<dyn OplogSink> = Arc::new(LinkSink {
         slot: slot.clone(),
         call_id: assign.call_id.clone(),
         epoch: assign.epoch,
+        sent: sent.clone(),
     });
     let request = RunRequest {
         call_id: assign.call_id.clone(),
@@ -466,7 +469,7 @@ async fn run_call(
     if outcome.fenced {
         return match outcome.log.aborted() {
             Some((AbortKind::Unacknowledged, reason)) => {
-                tracing::warn!(%reason, "call given up: a commit went unacknowledged");
+                tracing::warn!(%reason, "call abandoned: a commit went unacknowledged");
                 Ran::Abandoned(reason)
             }
             aborted => {
@@ -497,6 +500,7 @@ async fn run_call(
         result.failure_kind = failure.kind.as_str().into();
         result.failure_message = failure.message;
     }
+    result.first_wseq = sent.load(Ordering::SeqCst);
     result.entries = proto::entries_to_wire(&outcome.log.take_pending());
     result.run_micros = outcome.elapsed.as_micros() as u64;
     result.replayed = replayed as u64;
@@ -509,13 +513,19 @@ struct LinkSink {
     slot: LinkSlot,
     call_id: String,
     epoch: u64,
+    /// Entries sent so far under this epoch: the next append's first wseq.
+    sent: Arc<AtomicU64>,
 }
 
 #[async_trait::async_trait]
 impl OplogSink for LinkSink {
     async fn append(&self, entries: Vec<OplogEntry>) -> Result<(), AppendError> {
+        let first_wseq = self.sent.fetch_add(entries.len() as u64, Ordering::SeqCst);
         match self.slot.get() {
-            Some(link) => link.append(&self.call_id, self.epoch, entries).await,
+            Some(link) => {
+                link.append(&self.call_id, self.epoch, first_wseq, entries)
+                    .await
+            }
             None => Err(AppendError::Unacknowledged(
                 "not attached to the control plane".into(),
             )),

@@ -380,6 +380,8 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
                 want_flags["watch-namespace"] = watch
             if v["otlp"].get("endpoint"):
                 want_flags["otlp-endpoint"] = v["otlp"]["endpoint"]
+            if v["store"].get("retain"):
+                want_flags["retain"] = v["store"]["retain"]
             c.eq(flags, want_flags, "controller flags")
             env = ct.get("env") or []
             names = [e["name"] for e in env]
@@ -495,7 +497,7 @@ CASES = [
     ("customized", {"fullnameOverride": "tg", "image": {"digest": "sha256:" + "ab" * 32},
                     "workerImage": "registry.example/toolgrid-worker:1", "otlp": {"endpoint": "http://otel.observability:4317"},
                     "service": {"grpcPort": 443, "type": "LoadBalancer"}, "workerLease": "5s",
-                    "store": {"sqlite": {"storageClass": "-", "size": "10Gi"}},
+                    "store": {"sqlite": {"storageClass": "-", "size": "10Gi"}, "retain": "7d"},
                     "serviceAccount": {"name": "toolgrid-controller"},
                     "extraEnv": [{"name": "RUST_LOG", "value": "info"}],
                     "defaultWorkerPool": {"replicas": 5, "slotsPerWorker": 64}}, {}),
