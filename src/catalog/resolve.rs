@@ -6,7 +6,7 @@ use super::artifacts::{ArtifactOutcome, is_valid_digest, source_kind};
 use super::interface::{CommandInterface, FieldError, is_kebab};
 use super::manifest::{ResourceSet, Source, Sourced};
 use super::snapshot::*;
-use crate::api::conditions::{self, Desired};
+use crate::api::conditions::{self, Desired, Reason};
 use crate::api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
@@ -55,7 +55,7 @@ pub struct Identities {
 }
 
 /// The first reference of an Agent to something missing, as a condition reason and message.
-fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(&'static str, String)> {
+fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(Reason, String)> {
     let ns = agent.metadata.namespace.clone().unwrap_or_default();
     let key = |name: &str| ObjectKey::new(ns.clone(), name);
     let spec = &agent.spec;
@@ -63,7 +63,7 @@ fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(&'static
         && !identities.service_accounts.contains(&key(sa))
     {
         return Some((
-            "MissingServiceAccount",
+            Reason::MissingServiceAccount,
             format!("spec.serviceAccount: there is no ServiceAccount {ns}/{sa}"),
         ));
     }
@@ -71,7 +71,7 @@ fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(&'static
         && !identities.secrets.contains(&key(&secret.name))
     {
         return Some((
-            "MissingSecret",
+            Reason::MissingSecret,
             format!(
                 "spec.tokenSecretRef: there is no Secret {ns}/{}",
                 secret.name
@@ -82,7 +82,7 @@ fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(&'static
         && !identities.secrets.contains(&key(&secret.name))
     {
         return Some((
-            "MissingSecret",
+            Reason::MissingSecret,
             format!("spec.secretRef: there is no Secret {ns}/{}", secret.name),
         ));
     }
@@ -90,7 +90,7 @@ fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(&'static
         && !identities.config_maps.contains(&key(&config.name))
     {
         return Some((
-            "MissingConfigMap",
+            Reason::MissingConfigMap,
             format!(
                 "spec.configMapRef: there is no ConfigMap {ns}/{}",
                 config.name
@@ -228,7 +228,7 @@ impl<'a> Resolver<'a> {
         tracing::warn!(kind = %d.id.kind, resource = %d.id.key, "{message}");
         self.record_declared(
             d,
-            Desired::not_ready("InvalidSpec", message),
+            Desired::not_ready(Reason::InvalidSpec, message),
             Map::new(),
             Vec::new(),
         );
@@ -302,7 +302,7 @@ impl<'a> Resolver<'a> {
             };
             self.record(
                 (&id, &source, previous_generation, ""),
-                Desired::not_ready("DuplicateName", message),
+                Desired::not_ready(Reason::DuplicateName, message),
                 Map::new(),
                 Vec::new(),
             );
@@ -334,7 +334,7 @@ impl<'a> Resolver<'a> {
                     };
                     self.record(
                         (&id, &doc.source, generation, ""),
-                        Desired::not_ready("InvalidSpec", message),
+                        Desired::not_ready(Reason::InvalidSpec, message),
                         Map::new(),
                         Vec::new(),
                     );
@@ -360,7 +360,10 @@ impl<'a> Resolver<'a> {
                     extra.insert("desiredWorkers".into(), json!(desired));
                     self.record_declared(
                         &d,
-                        Desired::ready("Resolved", format!("{desired} workers of {slots} slots")),
+                        Desired::ready(
+                            Reason::Resolved,
+                            format!("{desired} workers of {slots} slots"),
+                        ),
                         extra,
                         columns,
                     );
@@ -416,7 +419,8 @@ impl<'a> Resolver<'a> {
                 ("Version".into(), spec.version.clone()),
             ];
             let outcome = (|| -> Result<ResolvedRelease, (Desired, Option<FieldError>)> {
-                let spec_error = |e: FieldError| (Desired::not_ready("InvalidSpec", ""), Some(e));
+                let spec_error =
+                    |e: FieldError| (Desired::not_ready(Reason::InvalidSpec, ""), Some(e));
                 if !is_dns_subdomain(&d.id.key.name) {
                     return Err(spec_error(FieldError::new(
                         "metadata.name",
@@ -455,12 +459,12 @@ impl<'a> Resolver<'a> {
                         key: tool_key.clone(),
                     }) {
                         (
-                            "ToolNotValid",
+                            Reason::ToolNotValid,
                             format!("spec.tool: Tool {tool_key} is not valid (see its status)"),
                         )
                     } else {
                         (
-                            "UnknownTool",
+                            Reason::UnknownTool,
                             format!(
                                 "spec.tool: there is no Tool {:?} in namespace {ns:?}",
                                 spec.tool
@@ -479,7 +483,7 @@ impl<'a> Resolver<'a> {
                     None => {
                         return Err((
                             Desired::not_ready(
-                                "ArtifactPending",
+                                Reason::ArtifactPending,
                                 "the artifact has not been loaded yet",
                             ),
                             None,
@@ -497,7 +501,7 @@ impl<'a> Resolver<'a> {
                 {
                     return Err((
                         Desired::not_ready(
-                            "UnknownPool",
+                            Reason::UnknownPool,
                             format!(
                                 "spec.pool: there is no valid WorkerPool {pool:?} in namespace {ns:?}"
                             ),
@@ -511,7 +515,7 @@ impl<'a> Resolver<'a> {
                 {
                     return Err((
                         Desired::not_ready(
-                            "ImmutableRelease",
+                            Reason::ImmutableRelease,
                             format!(
                                 "release {} was Ready with artifact {previous} and is immutable; its artifact is now {digest}: publish a new version instead",
                                 d.id.key
@@ -524,7 +528,7 @@ impl<'a> Resolver<'a> {
                 if let Some(other) = versions.get(&version_key) {
                     return Err((
                         Desired::not_ready(
-                            "DuplicateVersion",
+                            Reason::DuplicateVersion,
                             format!(
                                 "version {version} of tool {:?} is also released by {}",
                                 spec.tool, other.name
@@ -558,7 +562,7 @@ impl<'a> Resolver<'a> {
                     );
                     self.record_declared(
                         &d,
-                        Desired::ready("ArtifactReady", message),
+                        Desired::ready(Reason::ArtifactReady, message),
                         extra,
                         columns,
                     );
@@ -607,7 +611,7 @@ impl<'a> Resolver<'a> {
                     extra.insert("version".into(), json!(release.version.to_string()));
                     columns.push(("Release".into(), release.key.name.clone()));
                     Desired::ready(
-                        "Released",
+                        Reason::Released,
                         format!(
                             "calls run release {} (version {})",
                             release.key.name, release.version
@@ -617,7 +621,7 @@ impl<'a> Resolver<'a> {
                 None => {
                     columns.push(("Release".into(), "<none>".into()));
                     Desired::not_ready(
-                        "NoReadyRelease",
+                        Reason::NoReadyRelease,
                         format!(
                             "no Ready ToolRelease of tool {:?} in namespace {:?}",
                             key.name, key.namespace
@@ -637,10 +641,9 @@ impl<'a> Resolver<'a> {
                 .input
                 .identities
                 .and_then(|ids| missing_reference(d.object, ids));
-            match check_agent(d.object) {
-                Err(e) => self.invalid(&d, e),
-                Ok(()) if missing.is_some() => {
-                    let (reason, message) = missing.unwrap_or_default();
+            match (check_agent(d.object), missing) {
+                (Err(e), _) => self.invalid(&d, e),
+                (Ok(()), Some((reason, message))) => {
                     self.record_declared(
                         &d,
                         Desired::not_ready(reason, message),
@@ -648,7 +651,7 @@ impl<'a> Resolver<'a> {
                         Vec::new(),
                     );
                 }
-                Ok(()) => {
+                (Ok(()), None) => {
                     let identity = d
                         .object
                         .spec
@@ -658,7 +661,7 @@ impl<'a> Resolver<'a> {
                         .unwrap_or_else(|| "token".into());
                     self.record_declared(
                         &d,
-                        Desired::ready("Resolved", format!("identity: {identity}")),
+                        Desired::ready(Reason::Resolved, format!("identity: {identity}")),
                         Map::new(),
                         vec![("Identity".into(), identity)],
                     );
@@ -681,7 +684,7 @@ impl<'a> Resolver<'a> {
                     ];
                     self.record_declared(
                         &d,
-                        Desired::ready("Resolved", format!("{step} step")),
+                        Desired::ready(Reason::Resolved, format!("{step} step")),
                         Map::new(),
                         columns,
                     );
@@ -712,16 +715,16 @@ impl<'a> Resolver<'a> {
                 .agents
                 .iter()
                 .find(|a| !agents.contains_key(&ObjectKey::new(ns.clone(), (*a).clone())))
-                .map(|a| ("UnknownAgent", format!("spec.agents: there is no valid Agent {a:?} in namespace {ns:?}")))
+                .map(|a| (Reason::UnknownAgent, format!("spec.agents: there is no valid Agent {a:?} in namespace {ns:?}")))
                 .or_else(|| {
                     spec.middleware
                         .iter()
                         .find(|m| !middleware.contains_key(&ObjectKey::new(ns.clone(), (*m).clone())))
-                        .map(|m| ("UnknownMiddleware", format!("spec.middleware: there is no valid Middleware {m:?} in namespace {ns:?}")))
+                        .map(|m| (Reason::UnknownMiddleware, format!("spec.middleware: there is no valid Middleware {m:?} in namespace {ns:?}")))
                 })
                 .or_else(|| {
                     (!self.snapshot.tools.contains_key(&ObjectKey::new(ns.clone(), spec.tool.clone())))
-                        .then(|| ("UnknownTool", format!("spec.tool: there is no valid Tool {:?} in namespace {ns:?}", spec.tool)))
+                        .then(|| (Reason::UnknownTool, format!("spec.tool: there is no valid Tool {:?} in namespace {ns:?}", spec.tool)))
                 });
             let resolved = resolve_binding_release(d.object, &self.snapshot.releases);
             let mut extra = Map::new();
@@ -731,7 +734,10 @@ impl<'a> Resolver<'a> {
                 (None, Ok(release)) => {
                     extra.insert("resolvedRelease".into(), json!(release.name));
                     columns.push(("Release".into(), release.name.clone()));
-                    Desired::ready("Resolved", format!("calls run release {}", release.name))
+                    Desired::ready(
+                        Reason::Resolved,
+                        format!("calls run release {}", release.name),
+                    )
                 }
             };
             self.record_declared(&d, ready, extra, columns);
@@ -744,7 +750,7 @@ impl<'a> Resolver<'a> {
 pub fn resolve_binding_release<'r>(
     binding: &ToolBinding,
     releases: &'r BTreeMap<ObjectKey, Arc<ResolvedRelease>>,
-) -> Result<&'r ObjectKey, (&'static str, String)> {
+) -> Result<&'r ObjectKey, (Reason, String)> {
     let ns = binding.metadata.namespace.clone().unwrap_or_default();
     let spec = &binding.spec;
     let candidates = releases
@@ -761,7 +767,7 @@ pub fn resolve_binding_release<'r>(
             .map(|r| &r.key)
             .ok_or_else(|| {
                 (
-                    "NoMatchingRelease",
+                    Reason::NoMatchingRelease,
                     format!(
                         "spec.release.name: no Ready ToolRelease {name:?} of tool {:?}",
                         spec.tool
@@ -772,7 +778,7 @@ pub fn resolve_binding_release<'r>(
     let range = match &selector.version {
         Some(v) => Some(semver::VersionReq::parse(v).map_err(|e| {
             (
-                "InvalidSpec",
+                Reason::InvalidSpec,
                 format!("spec.release.version: {v:?} is not a version range: {e}"),
             )
         })?),
@@ -784,7 +790,7 @@ pub fn resolve_binding_release<'r>(
         .map(|r| &r.key)
         .ok_or_else(|| {
             (
-                "NoMatchingRelease",
+                Reason::NoMatchingRelease,
                 format!(
                     "no Ready ToolRelease of tool {:?} matches {}",
                     spec.tool,
@@ -1161,7 +1167,7 @@ spec: {effect: read, commands: [{name: default}]}
         artifacts.insert(
             ObjectKey::new("default", "echo-1.0.0"),
             ArtifactOutcome::Failed {
-                reason: "InvalidArtifact",
+                reason: Reason::InvalidArtifact,
                 message: "bad magic".into(),
             },
         );
@@ -1172,17 +1178,17 @@ spec: {effect: read, commands: [{name: default}]}
                 .reason
                 .clone()
         };
-        assert_eq!(reason("ghost-1.0.0"), "UnknownTool");
-        assert_eq!(reason("echo-bad"), "InvalidSpec");
+        assert_eq!(reason("ghost-1.0.0"), Reason::UnknownTool);
+        assert_eq!(reason("echo-bad"), Reason::InvalidSpec);
         assert!(
             state(&snapshot, Kind::ToolRelease, "echo-bad")
                 .ready
                 .message
                 .contains("spec.version")
         );
-        assert_eq!(reason("echo-1.0.0"), "InvalidArtifact");
-        assert_eq!(reason("echo-again"), "ArtifactReady");
-        assert_eq!(reason("echo-2.0.0"), "UnknownPool");
+        assert_eq!(reason("echo-1.0.0"), Reason::InvalidArtifact);
+        assert_eq!(reason("echo-again"), Reason::ArtifactReady);
+        assert_eq!(reason("echo-2.0.0"), Reason::UnknownPool);
         assert_eq!(
             snapshot
                 .tool("default", "echo")
@@ -1211,11 +1217,11 @@ spec: {effect: read, commands: [{name: default}]}
         );
         assert_eq!(
             state(&snapshot, Kind::ToolRelease, "a").ready.reason,
-            "ArtifactReady"
+            Reason::ArtifactReady
         );
         assert_eq!(
             state(&snapshot, Kind::ToolRelease, "b").ready.reason,
-            "DuplicateVersion"
+            Reason::DuplicateVersion
         );
     }
 
@@ -1232,7 +1238,7 @@ spec: {effect: read, commands: [{name: default}]}
         let previous = previous_of(&first);
         let second = run(&set, &ready_artifacts(&set, "sha256:b"), &previous, T1);
         let release = state(&second, Kind::ToolRelease, "echo-1.0.0");
-        assert_eq!(release.ready.reason, "ImmutableRelease");
+        assert_eq!(release.ready.reason, Reason::ImmutableRelease);
         assert_eq!(
             release.status["digest"], "sha256:a",
             "the status keeps the digest it was Ready with"
@@ -1273,7 +1279,7 @@ spec: {effect: read, commands: [{name: default}]}
         let bare = set_of(BASE);
         let fourth = run(&bare, &HashMap::new(), &previous_of(&third), T1);
         let tool = state(&fourth, Kind::Tool, "echo");
-        assert_eq!(tool.ready.reason, "NoReadyRelease");
+        assert_eq!(tool.ready.reason, Reason::NoReadyRelease);
         assert_eq!(
             tool.status["conditions"][0]["lastTransitionTime"],
             "2026-01-01T00:05:00Z"
@@ -1286,7 +1292,7 @@ spec: {effect: read, commands: [{name: default}]}
         load_text(Path::new("other.yaml"), BASE, &mut set);
         let snapshot = run(&set, &HashMap::new(), &HashMap::new(), T0);
         let tool = state(&snapshot, Kind::Tool, "echo");
-        assert_eq!(tool.ready.reason, "DuplicateName");
+        assert_eq!(tool.ready.reason, Reason::DuplicateName);
         assert!(tool.ready.message.contains("m.yaml") && tool.ready.message.contains("other.yaml"));
         assert!(snapshot.tool("default", "echo").is_none());
         assert!(snapshot.pools.is_empty());
@@ -1348,17 +1354,20 @@ spec: {{agents: [nobody], tool: echo}}
             T0,
         );
         let reason = |kind, name: &str| state(&snapshot, kind, name).ready.reason.clone();
-        assert_eq!(reason(Kind::WorkerPool, "both"), "InvalidSpec");
-        assert_eq!(reason(Kind::Agent, "reporter"), "Resolved");
-        assert_eq!(reason(Kind::Agent, "nobody"), "InvalidSpec");
-        assert_eq!(reason(Kind::Middleware, "two-steps"), "InvalidSpec");
-        assert_eq!(reason(Kind::Middleware, "audit"), "Resolved");
-        assert_eq!(reason(Kind::ToolBinding, "ok"), "Resolved");
+        assert_eq!(reason(Kind::WorkerPool, "both"), Reason::InvalidSpec);
+        assert_eq!(reason(Kind::Agent, "reporter"), Reason::Resolved);
+        assert_eq!(reason(Kind::Agent, "nobody"), Reason::InvalidSpec);
+        assert_eq!(reason(Kind::Middleware, "two-steps"), Reason::InvalidSpec);
+        assert_eq!(reason(Kind::Middleware, "audit"), Reason::Resolved);
+        assert_eq!(reason(Kind::ToolBinding, "ok"), Reason::Resolved);
         assert_eq!(
             state(&snapshot, Kind::ToolBinding, "ok").status["resolvedRelease"],
             "echo-1.2.0"
         );
-        assert_eq!(reason(Kind::ToolBinding, "too-new"), "NoMatchingRelease");
-        assert_eq!(reason(Kind::ToolBinding, "stranger"), "UnknownAgent");
+        assert_eq!(
+            reason(Kind::ToolBinding, "too-new"),
+            Reason::NoMatchingRelease
+        );
+        assert_eq!(reason(Kind::ToolBinding, "stranger"), Reason::UnknownAgent);
     }
 }

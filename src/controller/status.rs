@@ -1,7 +1,7 @@
 //! Status decisions of the controller as plain functions: what to write, when a change is
 //! worth an event, and a pool's live status.
 
-use crate::api::conditions::{self, Desired};
+use crate::api::conditions::{self, Desired, Reason};
 use crate::catalog::ResourceState;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
@@ -91,17 +91,17 @@ pub fn pool_status(
     }
     let ready = if live.attached > 0 {
         Desired::ready(
-            "WorkersAttached",
+            Reason::WorkersAttached,
             format!(
                 "{} of {} workers attached, {} slots busy",
                 live.attached, live.desired, live.busy
             ),
         )
     } else if live.desired == 0 {
-        Desired::ready("ScaledToZero", "no workers are wanted")
+        Desired::ready(Reason::ScaledToZero, "no workers are wanted")
     } else {
         Desired::not_ready(
-            "NoWorkers",
+            Reason::NoWorkers,
             format!("0 of {} workers attached yet", live.desired),
         )
     };
@@ -128,9 +128,12 @@ mod tests {
     fn resolved(ready: bool) -> ResourceState {
         let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         let desired = if ready {
-            Desired::ready("Resolved", "2 workers of 16 slots")
+            Desired::ready(Reason::Resolved, "2 workers of 16 slots")
         } else {
-            Desired::not_ready("InvalidSpec", "spec: set replicas or autoscale, not both")
+            Desired::not_ready(
+                Reason::InvalidSpec,
+                "spec: set replicas or autoscale, not both",
+            )
         };
         let mut conditions = Vec::new();
         conditions::apply(&mut conditions, &desired, Some(3), now);

@@ -472,7 +472,7 @@ impl Gateway {
                     row_of(
                         r,
                         r.ready.status,
-                        &r.ready.reason,
+                        r.ready.reason.as_str(),
                         &r.ready.message,
                         r.columns.clone(),
                         r.status.clone(),
@@ -537,7 +537,7 @@ fn live_pool_row(
         return row_of(
             state,
             false,
-            &state.ready.reason,
+            state.ready.reason.as_str(),
             &state.ready.message,
             columns,
             status,
