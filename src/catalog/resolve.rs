@@ -7,12 +7,15 @@ use super::interface::{CommandInterface, FieldError, is_kebab};
 use super::manifest::{ResourceSet, Source, Sourced};
 use super::snapshot::*;
 use crate::api::conditions::{self, Desired, Reason};
-use crate::api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
+use crate::api::{
+    Agent, Kind, KindStatus, Middleware, Tool, ToolBinding, ToolBindingStatus, ToolRelease,
+    ToolReleaseStatus, ToolStatus, WorkerPool, WorkerPoolStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::core::object::HasSpec;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -173,12 +176,13 @@ impl<'a> Resolver<'a> {
         out
     }
 
-    /// Records a resource's state; `extra` holds the kind's own status fields.
+    /// Records a resource's state; `status` holds the kind's own status fields (the
+    /// conditions and observedGeneration are filled in here).
     fn record(
         &mut self,
         declared: (&ResourceId, &Source, i64, &str),
         ready: Desired,
-        extra: Map<String, Value>,
+        mut status: KindStatus,
         columns: Vec<(String, String)>,
     ) {
         let (id, source, generation, spec_hash) = declared;
@@ -188,12 +192,7 @@ impl<'a> Resolver<'a> {
             .and_then(|c| serde_json::from_value(c.clone()).ok())
             .unwrap_or_default();
         conditions::apply_ready(&mut conditions, &ready, Some(generation), self.input.now);
-        let mut status = extra;
-        status.insert(
-            "conditions".into(),
-            serde_json::to_value(&conditions).unwrap_or_default(),
-        );
-        status.insert("observedGeneration".into(), json!(generation));
+        status.set_conditions(conditions, generation);
         self.snapshot.resources.insert(
             id.clone(),
             ResourceState {
@@ -202,7 +201,7 @@ impl<'a> Resolver<'a> {
                 generation,
                 spec_hash: spec_hash.to_string(),
                 ready,
-                status: Value::Object(status),
+                status: status.to_value(),
                 columns,
             },
         );
@@ -212,13 +211,13 @@ impl<'a> Resolver<'a> {
         &mut self,
         d: &Declared<'_, T>,
         ready: Desired,
-        extra: Map<String, Value>,
+        status: KindStatus,
         columns: Vec<(String, String)>,
     ) {
         self.record(
             (&d.id, d.source, d.generation, &d.spec_hash),
             ready,
-            extra,
+            status,
             columns,
         );
     }
@@ -229,7 +228,7 @@ impl<'a> Resolver<'a> {
         self.record_declared(
             d,
             Desired::not_ready(Reason::InvalidSpec, message),
-            Map::new(),
+            KindStatus::empty(d.id.kind),
             Vec::new(),
         );
     }
@@ -303,7 +302,7 @@ impl<'a> Resolver<'a> {
             self.record(
                 (&id, &source, previous_generation, ""),
                 Desired::not_ready(Reason::DuplicateName, message),
-                Map::new(),
+                KindStatus::empty(id.kind),
                 Vec::new(),
             );
             if let Some(state) = self.snapshot.resources.get_mut(&id) {
@@ -335,7 +334,7 @@ impl<'a> Resolver<'a> {
                     self.record(
                         (&id, &doc.source, generation, ""),
                         Desired::not_ready(Reason::InvalidSpec, message),
-                        Map::new(),
+                        KindStatus::empty(id.kind),
                         Vec::new(),
                     );
                 }
@@ -356,15 +355,17 @@ impl<'a> Resolver<'a> {
                         ("Desired".into(), desired.to_string()),
                         ("Slots".into(), slots.to_string()),
                     ];
-                    let mut extra = Map::new();
-                    extra.insert("desiredWorkers".into(), json!(desired));
+                    let status = KindStatus::WorkerPool(WorkerPoolStatus {
+                        desired_workers: desired,
+                        ..WorkerPoolStatus::default()
+                    });
                     self.record_declared(
                         &d,
                         Desired::ready(
                             Reason::Resolved,
                             format!("{desired} workers of {slots} slots"),
                         ),
-                        extra,
+                        status,
                         columns,
                     );
                     self.snapshot.pools.insert(
@@ -399,21 +400,15 @@ impl<'a> Resolver<'a> {
         for d in self.declared(Kind::ToolRelease, &self.input.set.releases) {
             let spec = &d.object.spec;
             let ns = d.id.key.namespace.clone();
-            let previous_digest = self
+            let previous: ToolReleaseStatus = self
                 .input
                 .previous
                 .get(&d.id)
-                .and_then(|p| p.status.get("digest"))
-                .and_then(Value::as_str)
-                .map(String::from);
-            let was_ready = self
-                .input
-                .previous
-                .get(&d.id)
-                .and_then(|p| p.status.get("conditions"))
-                .and_then(|c| serde_json::from_value::<Vec<Condition>>(c.clone()).ok())
-                .is_some_and(|c| conditions::is_ready(&c));
-            let mut extra = Map::new();
+                .and_then(|p| serde_json::from_value(p.status.clone()).ok())
+                .unwrap_or_default();
+            let previous_digest = previous.digest;
+            let was_ready = conditions::is_ready(&previous.conditions);
+            let mut status = ToolReleaseStatus::default();
             let mut columns = vec![
                 ("Tool".into(), spec.tool.clone()),
                 ("Version".into(), spec.version.clone()),
@@ -552,9 +547,9 @@ impl<'a> Resolver<'a> {
             })();
             match outcome {
                 Ok(release) => {
-                    extra.insert("digest".into(), json!(release.digest));
-                    extra.insert("size".into(), json!(release.size));
-                    extra.insert("artifactKind".into(), json!(release.artifact_kind));
+                    status.digest = Some(release.digest.clone());
+                    status.size = Some(release.size);
+                    status.artifact_kind = Some(release.artifact_kind.to_string());
                     columns.push(("Digest".into(), short_digest(&release.digest)));
                     let message = format!(
                         "{} {} of {} bytes",
@@ -563,7 +558,7 @@ impl<'a> Resolver<'a> {
                     self.record_declared(
                         &d,
                         Desired::ready(Reason::ArtifactReady, message),
-                        extra,
+                        KindStatus::ToolRelease(status),
                         columns,
                     );
                     self.snapshot
@@ -573,13 +568,13 @@ impl<'a> Resolver<'a> {
                 Err((_, Some(error))) => self.invalid(&d, error),
                 Err((mut desired, None)) => {
                     if let Some(previous) = previous_digest {
-                        extra.insert("digest".into(), json!(previous));
+                        status.digest = Some(previous);
                     }
                     if !d.source.is_cluster() {
                         desired.message = format!("{} ({})", desired.message, d.source);
                     }
                     tracing::warn!(resource = %d.id.key, reason = %desired.reason, "ToolRelease not ready: {}", desired.message);
-                    self.record_declared(&d, desired, extra, columns);
+                    self.record_declared(&d, desired, KindStatus::ToolRelease(status), columns);
                 }
             }
         }
@@ -594,7 +589,7 @@ impl<'a> Resolver<'a> {
                 .filter(|r| r.key.namespace == key.namespace && r.tool == key.name)
                 .max_by(|a, b| a.version.cmp(&b.version));
             tool.release = newest.map(|r| r.key.clone());
-            let mut extra = Map::new();
+            let mut status = ToolStatus::default();
             let commands = tool
                 .commands
                 .iter()
@@ -607,8 +602,8 @@ impl<'a> Resolver<'a> {
             ];
             let ready = match newest {
                 Some(release) => {
-                    extra.insert("release".into(), json!(release.key.name));
-                    extra.insert("version".into(), json!(release.version.to_string()));
+                    status.release = Some(release.key.name.clone());
+                    status.version = Some(release.version.to_string());
                     columns.push(("Release".into(), release.key.name.clone()));
                     Desired::ready(
                         Reason::Released,
@@ -629,7 +624,7 @@ impl<'a> Resolver<'a> {
                     )
                 }
             };
-            self.record_declared(&d, ready, extra, columns);
+            self.record_declared(&d, ready, KindStatus::Tool(status), columns);
             self.snapshot.tools.insert(key, Arc::new(tool));
         }
     }
@@ -647,7 +642,7 @@ impl<'a> Resolver<'a> {
                     self.record_declared(
                         &d,
                         Desired::not_ready(reason, message),
-                        Map::new(),
+                        KindStatus::empty(Kind::Agent),
                         Vec::new(),
                     );
                 }
@@ -662,7 +657,7 @@ impl<'a> Resolver<'a> {
                     self.record_declared(
                         &d,
                         Desired::ready(Reason::Resolved, format!("identity: {identity}")),
-                        Map::new(),
+                        KindStatus::empty(Kind::Agent),
                         vec![("Identity".into(), identity)],
                     );
                     valid.insert(d.id.key.clone(), d.object);
@@ -685,7 +680,7 @@ impl<'a> Resolver<'a> {
                     self.record_declared(
                         &d,
                         Desired::ready(Reason::Resolved, format!("{step} step")),
-                        Map::new(),
+                        KindStatus::empty(Kind::Middleware),
                         columns,
                     );
                     valid.insert(d.id.key.clone(), d.object);
@@ -727,12 +722,12 @@ impl<'a> Resolver<'a> {
                         .then(|| (Reason::UnknownTool, format!("spec.tool: there is no valid Tool {:?} in namespace {ns:?}", spec.tool)))
                 });
             let resolved = resolve_binding_release(d.object, &self.snapshot.releases);
-            let mut extra = Map::new();
+            let mut status = ToolBindingStatus::default();
             let ready = match (problem, resolved) {
                 (Some((reason, message)), _) => Desired::not_ready(reason, message),
                 (None, Err((reason, message))) => Desired::not_ready(reason, message),
                 (None, Ok(release)) => {
-                    extra.insert("resolvedRelease".into(), json!(release.name));
+                    status.resolved_release = Some(release.name.clone());
                     columns.push(("Release".into(), release.name.clone()));
                     Desired::ready(
                         Reason::Resolved,
@@ -740,7 +735,7 @@ impl<'a> Resolver<'a> {
                     )
                 }
             };
-            self.record_declared(&d, ready, extra, columns);
+            self.record_declared(&d, ready, KindStatus::ToolBinding(status), columns);
         }
     }
 }
