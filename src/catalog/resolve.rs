@@ -1167,12 +1167,7 @@ spec: {effect: read, commands: [{name: default}]}
             },
         );
         let snapshot = run(&set, &artifacts, &HashMap::new(), T0);
-        let reason = |name: &str| {
-            state(&snapshot, Kind::ToolRelease, name)
-                .ready
-                .reason
-                .clone()
-        };
+        let reason = |name: &str| state(&snapshot, Kind::ToolRelease, name).ready.reason;
         assert_eq!(reason("ghost-1.0.0"), Reason::UnknownTool);
         assert_eq!(reason("echo-bad"), Reason::InvalidSpec);
         assert!(
@@ -1348,7 +1343,7 @@ spec: {{agents: [nobody], tool: echo}}
             &HashMap::new(),
             T0,
         );
-        let reason = |kind, name: &str| state(&snapshot, kind, name).ready.reason.clone();
+        let reason = |kind, name: &str| state(&snapshot, kind, name).ready.reason;
         assert_eq!(reason(Kind::WorkerPool, "both"), Reason::InvalidSpec);
         assert_eq!(reason(Kind::Agent, "reporter"), Reason::Resolved);
         assert_eq!(reason(Kind::Agent, "nobody"), Reason::InvalidSpec);
