@@ -2,8 +2,11 @@
 //! (`tests/helm/controller_smoke.py`, on `tests/helm/fakekube.py`): the examples become
 //! Ready, the pool's Deployment is made, a tool call runs on a worker, status goes only
 //! through server-side apply to the status subresource, the ToolRelease finalizer holds and
-//! lets go, invalid releases are refused, and SIGTERM gives the leader Lease up. Skips
-//! (with the reason) when PyYAML is missing.
+//! lets go, invalid releases are refused, and SIGTERM gives the leader Lease up. When python3
+//! or PyYAML is missing it skips with the reason, except under `CI=true`, where it fails
+//! (`common::require`).
+
+mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -14,27 +17,16 @@ fn repo() -> PathBuf {
 
 #[test]
 fn the_controller_reconciles_the_examples_against_a_fake_api_server() {
-    let run = Command::new("python3")
-        .arg(repo().join("tests/helm/controller_smoke.py"))
-        .arg("--toolgrid")
-        .arg(env!("CARGO_BIN_EXE_toolgrid"))
-        .current_dir(repo())
-        .env_remove("KUBECONFIG")
-        .output();
-    let run = match run {
-        Ok(run) => run,
-        Err(error) => {
-            eprintln!("skipping the controller smoke test: cannot run python3: {error}");
-            return;
-        }
-    };
-    if run.status.code() == Some(77) {
-        eprintln!(
-            "skipping the controller smoke test: {}",
-            String::from_utf8_lossy(&run.stderr).trim()
-        );
+    let Some(run) = common::run_python_check(
+        Command::new("python3")
+            .arg(repo().join("tests/helm/controller_smoke.py"))
+            .arg("--toolgrid")
+            .arg(env!("CARGO_BIN_EXE_toolgrid"))
+            .current_dir(repo())
+            .env_remove("KUBECONFIG"),
+    ) else {
         return;
-    }
+    };
     assert!(
         run.status.success(),
         "the controller smoke test failed ({}):\n{}\n{}",

@@ -223,6 +223,60 @@ fn payload(entry: &proto::OplogRecord) -> Value {
     serde_json::from_str(&entry.payload_json).unwrap()
 }
 
+/// Has the witness ask the control plane (GetOplog, which reads the store), as each request
+/// arrives and before it is answered, whether that request's `http-request` entry with its
+/// key is already durable: a worker that sent first and committed after fails
+/// [`Ledger::check`]. While the control plane restarts the probe asks again.
+fn probe_commit_before_send(witness: &Witness, platform: &Platform) {
+    let endpoint = format!("http://{}", platform.grpc);
+    witness.set_probe(move |seen| {
+        let endpoint = endpoint.clone();
+        async move {
+            let key = seen.key.clone().ok_or("no Idempotency-Key")?;
+            let (call_id, seq) = key
+                .strip_prefix("toolgrid-")
+                .and_then(|rest| rest.rsplit_once('-'))
+                .ok_or_else(|| format!("{key} is not a toolgrid key"))?;
+            let seq: u64 = seq.parse().map_err(|_| format!("{key}: no number"))?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let asked = async {
+                    let mut client = proto::tools_client::ToolsClient::connect(endpoint.clone())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    client
+                        .get_oplog(proto::GetOplogRequest {
+                            call_id: call_id.into(),
+                        })
+                        .await
+                        .map(|r| r.into_inner().entries)
+                        .map_err(|e| e.to_string())
+                }
+                .await;
+                match asked {
+                    Ok(entries) => {
+                        let durable = entries.iter().filter(|e| e.kind == "http-request").any(|e| {
+                            let p = payload(e);
+                            p["seq"].as_u64() == Some(seq) && p["idempotencyKey"] == key.as_str()
+                        });
+                        return if durable {
+                            Ok(())
+                        } else {
+                            Err(format!(
+                                "its http-request entry was not in the durable oplog of {call_id} when it arrived"
+                            ))
+                        };
+                    }
+                    Err(why) if Instant::now() > deadline => {
+                        return Err(format!("could not read the oplog of {call_id}: {why}"));
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+        }
+    });
+}
+
 /// The checks every test makes of what the witness saw against the oplogs.
 struct Ledger {
     /// Oplog of every call, by id.
@@ -246,8 +300,22 @@ impl Ledger {
     }
 
     /// No effect was applied twice without the same key; the oplog knows every request the
-    /// witness saw; a write tool's POST was never sent twice.
+    /// witness saw, and knew it durably when the request arrived (the probe); a write tool's
+    /// POST was never sent twice.
     fn check(&self, seen: &[Seen]) {
+        for request in seen {
+            match &request.probe {
+                Some(Ok(())) => {}
+                Some(Err(why)) => panic!(
+                    "commit before send: {} {} ({:?}): {why}",
+                    request.method, request.path, request.key
+                ),
+                None => panic!(
+                    "{} {} arrived without the commit-before-send probe",
+                    request.method, request.path
+                ),
+            }
+        }
         // An effect is a POST with its body (each names its run and step).
         let mut keys_by_effect: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
         for request in seen {
@@ -388,6 +456,7 @@ async fn workers_killed_at_random_points_never_apply_an_effect_twice() {
     let root = tempfile::tempdir().unwrap();
     let manifests = manifests(root.path(), &witness);
     let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    probe_commit_before_send(&witness, &platform);
     let mut workers: Vec<WorkerProcess> = (0..3)
         .map(|i| WorkerProcess::start(&platform, &format!("w{i}"), 4, root.path()))
         .collect();
@@ -522,6 +591,7 @@ async fn a_paused_worker_loses_its_call_and_is_fenced_when_it_wakes() {
     let root = tempfile::tempdir().unwrap();
     let manifests = manifests(root.path(), &witness);
     let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    probe_commit_before_send(&witness, &platform);
     let workers: Vec<WorkerProcess> = (0..2)
         .map(|i| WorkerProcess::start(&platform, &format!("p{i}"), 4, root.path()))
         .collect();
@@ -609,6 +679,7 @@ async fn a_control_plane_killed_mid_call_loses_no_accepted_call() {
     let root = tempfile::tempdir().unwrap();
     let manifests = manifests(root.path(), &witness);
     let mut platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    probe_commit_before_send(&witness, &platform);
     let workers: Vec<WorkerProcess> = (0..2)
         .map(|i| WorkerProcess::start(&platform, &format!("c{i}"), 4, root.path()))
         .collect();
@@ -694,6 +765,7 @@ async fn calls_survive_a_restart_of_toolgrid_up_with_its_own_workers() {
     let root = tempfile::tempdir().unwrap();
     let manifests = manifests(root.path(), &witness);
     let mut platform = Platform::start(root.path(), &manifests, &["--lease", "1s"]);
+    probe_commit_before_send(&witness, &platform);
     let steps = 6;
     let mut accepted = Vec::new();
     for i in 0..3 {
@@ -795,6 +867,7 @@ async fn a_tool_that_depends_on_something_outside_the_oplog_is_caught() {
     let root = tempfile::tempdir().unwrap();
     let manifests = manifests(root.path(), &witness);
     let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    probe_commit_before_send(&witness, &platform);
     let mut workers: Vec<WorkerProcess> = (0..2)
         .map(|i| WorkerProcess::start(&platform, &format!("d{i}"), 4, root.path()))
         .collect();
@@ -839,6 +912,7 @@ async fn a_tool_that_depends_on_something_outside_the_oplog_is_caught() {
         ["/first"],
         "the diverging request never left the sandbox"
     );
+    witness.assert_probes_passed();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -919,6 +993,7 @@ async fn a_store_locked_mid_call_leaves_no_call_behind() {
     let root = tempfile::tempdir().unwrap();
     let manifests = manifests(root.path(), &witness);
     let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    probe_commit_before_send(&witness, &platform);
     let _workers: Vec<WorkerProcess> = (0..2)
         .map(|i| WorkerProcess::start(&platform, &format!("l{i}"), 4, root.path()))
         .collect();

@@ -325,6 +325,26 @@ async fn outgoing_requests_are_committed_first_carry_keys_and_replay_from_the_op
         allow_private: true,
     }];
     let sink = Arc::new(MemorySink::default());
+    // On arrival, before it is answered, a request's `http-request` entry (with its key) is
+    // already in what the worker committed: a worker that sent first and committed after
+    // (even in the same append as the response) fails here.
+    let committed_so_far = sink.clone();
+    witness.set_probe(move |seen| {
+        let committed = committed_so_far.entries.lock().unwrap().clone();
+        async move {
+            let key = seen.key.clone().ok_or("no Idempotency-Key")?;
+            if committed.iter().any(|e| {
+                matches!(e, OplogEntry::HttpRequest(r) if r.idempotency_key == key)
+            }) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "its http-request entry ({key}) was not committed when it arrived; committed: {:?}",
+                    committed.iter().map(|e| e.kind().as_str()).collect::<Vec<_>>()
+                ))
+            }
+        }
+    });
     let mut first = request("h1", &["h"], vec![]);
     first.egress = egress.clone();
     first.sink = Some(sink.clone());
@@ -342,7 +362,9 @@ async fn outgoing_requests_are_committed_first_carry_keys_and_replay_from_the_op
     assert_eq!(seen[0].key.as_deref(), Some("toolgrid-h1-1"));
     assert_eq!(seen[1].key.as_deref(), Some("toolgrid-h1-2"));
     assert_eq!(seen[0].body, "one");
-    // The start of each request was committed before it left; its response after it came.
+    // The start of each request was committed before it left (the probe); its response
+    // after it came.
+    witness.assert_probes_passed();
     let committed = sink.entries.lock().unwrap().clone();
     let kinds: Vec<&str> = committed.iter().map(|e| e.kind().as_str()).collect();
     assert_eq!(
@@ -401,6 +423,7 @@ async fn outgoing_requests_are_committed_first_carry_keys_and_replay_from_the_op
         "the same key as the first time"
     );
     assert_eq!(seen[2].attempt.as_deref(), Some("2"));
+    witness.assert_probes_passed();
 
     // A replay that sends something else at the same number diverges before sending it.
     let other = http_module(&[format!(

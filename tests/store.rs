@@ -1,5 +1,8 @@
 //! One test suite for both store backends: SQLite always, PostgreSQL when
-//! `TOOLGRID_TEST_POSTGRES_URL` names a server (CI starts one; `.ci/start-postgres`).
+//! `TOOLGRID_TEST_POSTGRES_URL` names a server (CI starts one; `.ci/start-postgres`; under
+//! `CI=true` its absence is a failure, `common::require`).
+
+mod common;
 
 use serde_json::json;
 use std::collections::HashSet;
@@ -416,8 +419,9 @@ async fn artifacts_and_resource_records_round_trip() {
 async fn concurrent_appends_are_group_committed_in_order_per_call() {
     let dir = tempfile::tempdir().unwrap();
     for (backend, url) in backends(&dir).await {
-        let store: Arc<dyn Store> = store::open(&url).await.unwrap();
-        let calls = 16;
+        let store = Arc::new(store::SqlStore::open(&url).await.unwrap());
+        let calls: u64 = 16;
+        let appends_per_call: u64 = 25;
         for i in 0..calls {
             let id = format!("g{i}");
             store
@@ -426,11 +430,12 @@ async fn concurrent_appends_are_group_committed_in_order_per_call() {
                 .unwrap();
             store.assign_call(&id, "w").await.unwrap();
         }
+        let before = store.commits();
         let mut tasks = Vec::new();
         for i in 0..calls {
             let store = store.clone();
             tasks.push(tokio::spawn(async move {
-                for n in 0..25 {
+                for n in 0..appends_per_call {
                     store
                         .append_oplog(
                             &format!("g{i}"),
@@ -446,6 +451,14 @@ async fn concurrent_appends_are_group_committed_in_order_per_call() {
         for task in tasks {
             task.await.unwrap();
         }
+        // Group commit: the 16 writers' appends share transactions (one fsync each), so
+        // there are far fewer commits than appends; one transaction per append fails here.
+        let appends = calls * appends_per_call;
+        let commits = store.commits() - before;
+        assert!(
+            commits > 0 && commits <= appends / 4,
+            "{backend}: {appends} concurrent appends took {commits} commits"
+        );
         for i in 0..calls {
             let oplog = store.oplog(&format!("g{i}")).await.unwrap();
             let ns: Vec<i64> = oplog
@@ -457,7 +470,7 @@ async fn concurrent_appends_are_group_committed_in_order_per_call() {
                 .collect();
             assert_eq!(
                 ns,
-                (0..25).collect::<Vec<i64>>(),
+                (0..appends_per_call as i64).collect::<Vec<i64>>(),
                 "{backend}: call g{i} keeps its order"
             );
             let seqs: Vec<u64> = oplog.iter().map(|e| e.seq).collect();

@@ -19,46 +19,123 @@ pub const RECONCILING: &str = "Reconciling";
 /// kstatus: the object cannot become Ready until it (or its artifact) changes.
 pub const STALLED: &str = "Stalled";
 
-/// Reasons of `Ready=False` that are a fault of the object itself, so only a change to it
-/// helps: kstatus `Stalled`. Every other reason waits for something (an artifact being
-/// loaded, a referenced object, workers) and is kstatus `Reconciling`.
-const STALLED_REASONS: &[&str] = &[
-    "InvalidSpec",
-    "DuplicateName",
-    "DuplicateVersion",
-    "ImmutableRelease",
-    "InvalidArtifact",
-    "InvalidArtifactSource",
-    "InvalidDigest",
-    "DigestMismatch",
-    "UnsupportedSource",
-];
+/// Declares [`Reason`]: each variant's name is its CamelCase string, and whether it is
+/// stalled is said once, next to it.
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $name:ident: $kind:ident,)*) => {
+        /// Why a resource is (or is not) Ready: the condition's machine-readable reason.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Reason {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl Reason {
+            /// Every reason.
+            pub const ALL: &'static [Reason] = &[$(Reason::$name,)*];
+
+            /// The CamelCase name written to the condition.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$name => stringify!($name),)*
+                }
+            }
+
+            /// Whether `Ready=False` with this reason is a fault of the object itself, so only
+            /// a change to it helps (kstatus `Stalled`); otherwise it waits for something (an
+            /// artifact being loaded, a referenced object, workers) and is `Reconciling`.
+            pub fn stalled(self) -> bool {
+                match self {
+                    $(Reason::$name => reasons!(@stalled $kind),)*
+                }
+            }
+        }
+    };
+    (@stalled stalled) => { true };
+    (@stalled waiting) => { false };
+    (@stalled ready) => { false };
+}
+
+reasons! {
+    // Ready=True
+    /// A pool, agent, middleware or binding whose spec and references check out.
+    Resolved: ready,
+    /// A release whose artifact is loaded and checked.
+    ArtifactReady: ready,
+    /// A tool with a Ready release.
+    Released: ready,
+    /// A pool with workers attached.
+    WorkersAttached: ready,
+    /// A pool that wants no workers.
+    ScaledToZero: ready,
+    // Ready=False, waiting for something else: Reconciling
+    ArtifactPending: waiting,
+    ArtifactNotFound: waiting,
+    ToolNotValid: waiting,
+    UnknownTool: waiting,
+    UnknownPool: waiting,
+    UnknownAgent: waiting,
+    UnknownMiddleware: waiting,
+    NoReadyRelease: waiting,
+    NoMatchingRelease: waiting,
+    MissingServiceAccount: waiting,
+    MissingSecret: waiting,
+    MissingConfigMap: waiting,
+    NoWorkers: waiting,
+    // Ready=False, only a change to the object helps: Stalled
+    InvalidSpec: stalled,
+    DuplicateName: stalled,
+    DuplicateVersion: stalled,
+    ImmutableRelease: stalled,
+    InvalidArtifact: stalled,
+    InvalidArtifactFile: stalled,
+    InvalidArtifactSource: stalled,
+    InvalidDigest: stalled,
+    DigestMismatch: stalled,
+    UnsupportedSource: stalled,
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Reason {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Reason::ALL
+            .iter()
+            .copied()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| format!("{s:?} is not a toolgrid condition reason"))
+    }
+}
 
 /// One condition as a reconcile decides it, before timestamps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Desired {
     pub type_: &'static str,
     pub status: bool,
-    /// CamelCase, machine-readable.
-    pub reason: String,
+    pub reason: Reason,
     pub message: String,
 }
 
 impl Desired {
-    pub fn ready(reason: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn ready(reason: Reason, message: impl Into<String>) -> Self {
         Desired {
             type_: READY,
             status: true,
-            reason: reason.into(),
+            reason,
             message: message.into(),
         }
     }
 
-    pub fn not_ready(reason: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn not_ready(reason: Reason, message: impl Into<String>) -> Self {
         Desired {
             type_: READY,
             status: false,
-            reason: reason.into(),
+            reason,
             message: message.into(),
         }
     }
@@ -83,14 +160,14 @@ pub fn apply(
                 existing.last_transition_time = Time(now);
                 existing.status = status.to_string();
             }
-            existing.reason = desired.reason.clone();
+            existing.reason = desired.reason.to_string();
             existing.message = desired.message.clone();
             existing.observed_generation = generation;
         }
         None => conditions.push(Condition {
             type_: desired.type_.to_string(),
             status: status.to_string(),
-            reason: desired.reason.clone(),
+            reason: desired.reason.to_string(),
             message: desired.message.clone(),
             observed_generation: generation,
             last_transition_time: Time(now),
@@ -107,10 +184,7 @@ pub fn apply_ready(
     now: Timestamp,
 ) {
     apply(conditions, ready, generation, now);
-    let kstatus = match (
-        ready.status,
-        STALLED_REASONS.contains(&ready.reason.as_str()),
-    ) {
+    let kstatus = match (ready.status, ready.reason.stalled()) {
         (true, _) => None,
         (false, true) => Some(STALLED),
         (false, false) => Some(RECONCILING),
@@ -122,7 +196,7 @@ pub fn apply_ready(
         let desired = Desired {
             type_,
             status: true,
-            reason: ready.reason.clone(),
+            reason: ready.reason,
             message: ready.message.clone(),
         };
         apply(conditions, &desired, generation, now);
@@ -151,23 +225,23 @@ mod tests {
         let mut conditions = Vec::new();
         apply(
             &mut conditions,
-            &Desired::not_ready("Pending", "waiting"),
+            &Desired::not_ready(Reason::ArtifactPending, "waiting"),
             Some(1),
             t0,
         );
         apply(
             &mut conditions,
-            &Desired::not_ready("StillPending", "still"),
+            &Desired::not_ready(Reason::ArtifactNotFound, "still"),
             Some(2),
             t1,
         );
         assert_eq!(conditions.len(), 1);
         assert_eq!(conditions[0].last_transition_time, Time(t0));
-        assert_eq!(conditions[0].reason, "StillPending");
+        assert_eq!(conditions[0].reason, "ArtifactNotFound");
         assert_eq!(conditions[0].observed_generation, Some(2));
         apply(
             &mut conditions,
-            &Desired::ready("Resolved", "ok"),
+            &Desired::ready(Reason::Resolved, "ok"),
             Some(2),
             t2,
         );
@@ -189,7 +263,7 @@ mod tests {
         let t2: Timestamp = "2026-01-01T00:02:00Z".parse().unwrap();
         let mut conditions = Vec::new();
         // Waiting for something else: Reconciling.
-        let pending = Desired::not_ready("ArtifactPending", "loading");
+        let pending = Desired::not_ready(Reason::ArtifactPending, "loading");
         apply_ready(&mut conditions, &pending, Some(1), t0);
         assert_eq!(
             types(&conditions),
@@ -201,7 +275,7 @@ mod tests {
         assert_eq!(conditions[1].message, "loading");
         assert_eq!(conditions[1].observed_generation, Some(1));
         // A fault of the object: Stalled replaces Reconciling; Ready keeps its transition time.
-        let bad = Desired::not_ready("DigestMismatch", "sha256:aa is not sha256:bb");
+        let bad = Desired::not_ready(Reason::DigestMismatch, "sha256:aa is not sha256:bb");
         apply_ready(&mut conditions, &bad, Some(2), t1);
         assert_eq!(
             types(&conditions),
@@ -218,10 +292,43 @@ mod tests {
         // Ready: both kstatus conditions go.
         apply_ready(
             &mut conditions,
-            &Desired::ready("Resolved", "ok"),
+            &Desired::ready(Reason::Resolved, "ok"),
             Some(3),
             t2,
         );
         assert_eq!(types(&conditions), [("Ready", "True", "Resolved")]);
+    }
+
+    #[test]
+    fn reasons_are_camel_case_round_trip_and_know_whether_they_are_stalled() {
+        for reason in Reason::ALL {
+            let name = reason.as_str();
+            assert!(
+                name.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+                    && name.chars().all(|c| c.is_ascii_alphanumeric()),
+                "{name}"
+            );
+            assert_eq!(name.parse::<Reason>(), Ok(*reason));
+        }
+        assert!(Reason::DigestMismatch.stalled());
+        assert!(!Reason::ArtifactPending.stalled());
+        assert!(!Reason::Resolved.stalled());
+        assert!("Pending".parse::<Reason>().is_err());
+    }
+
+    #[test]
+    fn the_docs_list_exactly_the_stalled_reasons() {
+        let docs = include_str!("../../docs/gitops.md");
+        let row = docs
+            .lines()
+            .find(|l| l.starts_with("| `Stalled=True` |"))
+            .expect("docs/gitops.md has the Stalled row");
+        let listed: Vec<&str> = row.split('`').skip(3).step_by(2).collect();
+        let stalled: Vec<&str> = Reason::ALL
+            .iter()
+            .filter(|r| r.stalled())
+            .map(|r| r.as_str())
+            .collect();
+        assert_eq!(listed, stalled);
     }
 }

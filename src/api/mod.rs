@@ -116,6 +116,62 @@ impl Kind {
     }
 }
 
+/// A resource's status as its kind's `*Status` type: what both resource sources write.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KindStatus {
+    Tool(ToolStatus),
+    ToolRelease(ToolReleaseStatus),
+    ToolBinding(ToolBindingStatus),
+    Middleware(MiddlewareStatus),
+    Agent(AgentStatus),
+    WorkerPool(WorkerPoolStatus),
+}
+
+/// Runs `$body` with `$status` bound to the `*Status` inside `$value`, whatever the kind.
+macro_rules! each_status {
+    ($value:expr, $status:ident => $body:expr) => {
+        match $value {
+            KindStatus::Tool($status) => $body,
+            KindStatus::ToolRelease($status) => $body,
+            KindStatus::ToolBinding($status) => $body,
+            KindStatus::Middleware($status) => $body,
+            KindStatus::Agent($status) => $body,
+            KindStatus::WorkerPool($status) => $body,
+        }
+    };
+}
+
+impl KindStatus {
+    /// An empty status of `kind`.
+    pub fn empty(kind: Kind) -> KindStatus {
+        match kind {
+            Kind::Tool => KindStatus::Tool(ToolStatus::default()),
+            Kind::ToolRelease => KindStatus::ToolRelease(ToolReleaseStatus::default()),
+            Kind::ToolBinding => KindStatus::ToolBinding(ToolBindingStatus::default()),
+            Kind::Middleware => KindStatus::Middleware(MiddlewareStatus::default()),
+            Kind::Agent => KindStatus::Agent(AgentStatus::default()),
+            Kind::WorkerPool => KindStatus::WorkerPool(WorkerPoolStatus::default()),
+        }
+    }
+
+    /// Sets what every kind's status has: its conditions and the generation they describe.
+    pub fn set_conditions(
+        &mut self,
+        conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+        observed_generation: i64,
+    ) {
+        each_status!(self, status => {
+            status.conditions = conditions;
+            status.observed_generation = Some(observed_generation);
+        })
+    }
+
+    /// The status as written to the API (and kept in the store).
+    pub fn to_value(&self) -> serde_json::Value {
+        each_status!(self, status => serde_json::to_value(status).unwrap_or_default())
+    }
+}
+
 impl std::fmt::Display for Kind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -134,5 +190,29 @@ mod tests {
             assert_eq!(Kind::parse(kind.short_name()), Some(kind));
         }
         assert_eq!(Kind::parse("releases"), None);
+    }
+
+    #[test]
+    fn a_kind_status_writes_its_own_fields_and_nothing_unset() {
+        let mut tool = KindStatus::empty(Kind::Tool);
+        tool.set_conditions(Vec::new(), 3);
+        assert_eq!(
+            tool.to_value(),
+            serde_json::json!({"conditions": [], "observedGeneration": 3})
+        );
+        let mut release = KindStatus::ToolRelease(ToolReleaseStatus {
+            digest: Some("sha256:aa".into()),
+            ..ToolReleaseStatus::default()
+        });
+        release.set_conditions(Vec::new(), 1);
+        assert_eq!(
+            release.to_value(),
+            serde_json::json!({"conditions": [], "observedGeneration": 1, "digest": "sha256:aa"})
+        );
+        for kind in Kind::ALL {
+            let mut status = KindStatus::empty(kind);
+            status.set_conditions(Vec::new(), 1);
+            assert_eq!(status.to_value()["observedGeneration"], 1, "{kind}");
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! as WASI commands before a release can be Ready.
 
 use super::manifest::Sourced;
+use crate::api::conditions::Reason;
 use crate::api::{ArtifactSource, ToolRelease};
 use crate::store::{Store, StoreError};
 use crate::worker::runtime::validate_artifact;
@@ -24,7 +25,7 @@ pub enum ArtifactOutcome {
     },
     Failed {
         /// CamelCase condition reason.
-        reason: &'static str,
+        reason: Reason,
         message: String,
     },
 }
@@ -37,7 +38,7 @@ pub struct LoadedArtifact {
 }
 
 impl LoadedArtifact {
-    fn failed(reason: &'static str, message: impl Into<String>) -> Self {
+    fn failed(reason: Reason, message: impl Into<String>) -> Self {
         LoadedArtifact {
             outcome: ArtifactOutcome::Failed {
                 reason,
@@ -117,7 +118,7 @@ pub fn check_bytes(bytes: Vec<u8>, expected: Option<&str>) -> LoadedArtifact {
         && expected != digest
     {
         return LoadedArtifact::failed(
-            "DigestMismatch",
+            Reason::DigestMismatch,
             format!("spec.artifact.digest is {expected} but the artifact's digest is {digest}"),
         );
     }
@@ -130,7 +131,7 @@ pub fn check_bytes(bytes: Vec<u8>, expected: Option<&str>) -> LoadedArtifact {
             },
             bytes: Some(bytes),
         },
-        Err(error) => LoadedArtifact::failed("InvalidArtifact", error.to_string()),
+        Err(error) => LoadedArtifact::failed(Reason::InvalidArtifact, error.to_string()),
     }
 }
 
@@ -163,13 +164,13 @@ pub fn load_local(
     let artifact = &release.object.spec.artifact;
     let source = match source_kind(artifact) {
         Ok(source) => source,
-        Err(message) => return LoadedArtifact::failed("InvalidArtifactSource", message),
+        Err(message) => return LoadedArtifact::failed(Reason::InvalidArtifactSource, message),
     };
     if let Some(digest) = &artifact.digest
         && !is_valid_digest(digest)
     {
         return LoadedArtifact::failed(
-            "InvalidDigest",
+            Reason::InvalidDigest,
             format!(
                 "spec.artifact.digest {digest:?} is not of the form sha256:<64 lowercase hex digits>"
             ),
@@ -183,14 +184,14 @@ pub fn load_local(
             match read_artifact_file(&path) {
                 Ok(bytes) => check_bytes(bytes, expected),
                 Err(ArtifactFileError::Unreadable(error)) => LoadedArtifact::failed(
-                    "ArtifactNotFound",
+                    Reason::ArtifactNotFound,
                     format!(
                         "spec.artifact.file: cannot read {}: {error}",
                         path.display()
                     ),
                 ),
                 Err(error) => LoadedArtifact::failed(
-                    "InvalidArtifactFile",
+                    Reason::InvalidArtifactFile,
                     format!("spec.artifact.file: {}: {error}", path.display()),
                 ),
             }
@@ -198,7 +199,7 @@ pub fn load_local(
         "configMap" => {
             let Some(reference) = &artifact.config_map else {
                 return LoadedArtifact::failed(
-                    "InvalidArtifactSource",
+                    Reason::InvalidArtifactSource,
                     "spec.artifact.configMap is empty",
                 );
             };
@@ -210,18 +211,18 @@ pub fn load_local(
                 .unwrap_or_default();
             match config_map_key(config_maps, namespace, &reference.name, &reference.key) {
                 Ok(bytes) => check_bytes(bytes, expected),
-                Err(message) => LoadedArtifact::failed("ArtifactNotFound", message),
+                Err(message) => LoadedArtifact::failed(Reason::ArtifactNotFound, message),
             }
         }
         _ => {
             if expected.is_none() {
                 return LoadedArtifact::failed(
-                    "InvalidArtifactSource",
+                    Reason::InvalidArtifactSource,
                     "spec.artifact.url requires spec.artifact.digest",
                 );
             }
             LoadedArtifact::failed(
-                "UnsupportedSource",
+                Reason::UnsupportedSource,
                 "spec.artifact.url is fetched by the cluster controller; in a manifest directory use file or configMap",
             )
         }

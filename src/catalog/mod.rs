@@ -4,6 +4,7 @@
 pub mod artifacts;
 pub mod interface;
 pub mod manifest;
+pub mod pool_health;
 pub mod resolve;
 pub mod snapshot;
 mod source;

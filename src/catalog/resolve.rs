@@ -6,13 +6,16 @@ use super::artifacts::{ArtifactOutcome, is_valid_digest, source_kind};
 use super::interface::{CommandInterface, FieldError, is_kebab};
 use super::manifest::{ResourceSet, Source, Sourced};
 use super::snapshot::*;
-use crate::api::conditions::{self, Desired};
-use crate::api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
+use crate::api::conditions::{self, Desired, Reason};
+use crate::api::{
+    Agent, Kind, KindStatus, Middleware, Tool, ToolBinding, ToolBindingStatus, ToolRelease,
+    ToolReleaseStatus, ToolStatus, WorkerPool, WorkerPoolStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::core::object::HasSpec;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -55,7 +58,7 @@ pub struct Identities {
 }
 
 /// The first reference of an Agent to something missing, as a condition reason and message.
-fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(&'static str, String)> {
+fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(Reason, String)> {
     let ns = agent.metadata.namespace.clone().unwrap_or_default();
     let key = |name: &str| ObjectKey::new(ns.clone(), name);
     let spec = &agent.spec;
@@ -63,7 +66,7 @@ fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(&'static
         && !identities.service_accounts.contains(&key(sa))
     {
         return Some((
-            "MissingServiceAccount",
+            Reason::MissingServiceAccount,
             format!("spec.serviceAccount: there is no ServiceAccount {ns}/{sa}"),
         ));
     }
@@ -71,7 +74,7 @@ fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(&'static
         && !identities.secrets.contains(&key(&secret.name))
     {
         return Some((
-            "MissingSecret",
+            Reason::MissingSecret,
             format!(
                 "spec.tokenSecretRef: there is no Secret {ns}/{}",
                 secret.name
@@ -82,7 +85,7 @@ fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(&'static
         && !identities.secrets.contains(&key(&secret.name))
     {
         return Some((
-            "MissingSecret",
+            Reason::MissingSecret,
             format!("spec.secretRef: there is no Secret {ns}/{}", secret.name),
         ));
     }
@@ -90,7 +93,7 @@ fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(&'static
         && !identities.config_maps.contains(&key(&config.name))
     {
         return Some((
-            "MissingConfigMap",
+            Reason::MissingConfigMap,
             format!(
                 "spec.configMapRef: there is no ConfigMap {ns}/{}",
                 config.name
@@ -173,12 +176,13 @@ impl<'a> Resolver<'a> {
         out
     }
 
-    /// Records a resource's state; `extra` holds the kind's own status fields.
+    /// Records a resource's state; `status` holds the kind's own status fields (the
+    /// conditions and observedGeneration are filled in here).
     fn record(
         &mut self,
         declared: (&ResourceId, &Source, i64, &str),
         ready: Desired,
-        extra: Map<String, Value>,
+        mut status: KindStatus,
         columns: Vec<(String, String)>,
     ) {
         let (id, source, generation, spec_hash) = declared;
@@ -188,12 +192,7 @@ impl<'a> Resolver<'a> {
             .and_then(|c| serde_json::from_value(c.clone()).ok())
             .unwrap_or_default();
         conditions::apply_ready(&mut conditions, &ready, Some(generation), self.input.now);
-        let mut status = extra;
-        status.insert(
-            "conditions".into(),
-            serde_json::to_value(&conditions).unwrap_or_default(),
-        );
-        status.insert("observedGeneration".into(), json!(generation));
+        status.set_conditions(conditions, generation);
         self.snapshot.resources.insert(
             id.clone(),
             ResourceState {
@@ -202,7 +201,7 @@ impl<'a> Resolver<'a> {
                 generation,
                 spec_hash: spec_hash.to_string(),
                 ready,
-                status: Value::Object(status),
+                status: status.to_value(),
                 columns,
             },
         );
@@ -212,13 +211,13 @@ impl<'a> Resolver<'a> {
         &mut self,
         d: &Declared<'_, T>,
         ready: Desired,
-        extra: Map<String, Value>,
+        status: KindStatus,
         columns: Vec<(String, String)>,
     ) {
         self.record(
             (&d.id, d.source, d.generation, &d.spec_hash),
             ready,
-            extra,
+            status,
             columns,
         );
     }
@@ -228,8 +227,8 @@ impl<'a> Resolver<'a> {
         tracing::warn!(kind = %d.id.kind, resource = %d.id.key, "{message}");
         self.record_declared(
             d,
-            Desired::not_ready("InvalidSpec", message),
-            Map::new(),
+            Desired::not_ready(Reason::InvalidSpec, message),
+            KindStatus::empty(d.id.kind),
             Vec::new(),
         );
     }
@@ -302,8 +301,8 @@ impl<'a> Resolver<'a> {
             };
             self.record(
                 (&id, &source, previous_generation, ""),
-                Desired::not_ready("DuplicateName", message),
-                Map::new(),
+                Desired::not_ready(Reason::DuplicateName, message),
+                KindStatus::empty(id.kind),
                 Vec::new(),
             );
             if let Some(state) = self.snapshot.resources.get_mut(&id) {
@@ -334,8 +333,8 @@ impl<'a> Resolver<'a> {
                     };
                     self.record(
                         (&id, &doc.source, generation, ""),
-                        Desired::not_ready("InvalidSpec", message),
-                        Map::new(),
+                        Desired::not_ready(Reason::InvalidSpec, message),
+                        KindStatus::empty(id.kind),
                         Vec::new(),
                     );
                 }
@@ -356,12 +355,17 @@ impl<'a> Resolver<'a> {
                         ("Desired".into(), desired.to_string()),
                         ("Slots".into(), slots.to_string()),
                     ];
-                    let mut extra = Map::new();
-                    extra.insert("desiredWorkers".into(), json!(desired));
+                    let status = KindStatus::WorkerPool(WorkerPoolStatus {
+                        desired_workers: desired,
+                        ..WorkerPoolStatus::default()
+                    });
                     self.record_declared(
                         &d,
-                        Desired::ready("Resolved", format!("{desired} workers of {slots} slots")),
-                        extra,
+                        Desired::ready(
+                            Reason::Resolved,
+                            format!("{desired} workers of {slots} slots"),
+                        ),
+                        status,
                         columns,
                     );
                     self.snapshot.pools.insert(
@@ -396,28 +400,23 @@ impl<'a> Resolver<'a> {
         for d in self.declared(Kind::ToolRelease, &self.input.set.releases) {
             let spec = &d.object.spec;
             let ns = d.id.key.namespace.clone();
-            let previous_digest = self
+            let previous: ToolReleaseStatus = self
                 .input
                 .previous
                 .get(&d.id)
-                .and_then(|p| p.status.get("digest"))
-                .and_then(Value::as_str)
-                .map(String::from);
-            let was_ready = self
-                .input
-                .previous
-                .get(&d.id)
-                .and_then(|p| p.status.get("conditions"))
-                .and_then(|c| serde_json::from_value::<Vec<Condition>>(c.clone()).ok())
-                .is_some_and(|c| conditions::is_ready(&c));
-            let mut extra = Map::new();
+                .and_then(|p| serde_json::from_value(p.status.clone()).ok())
+                .unwrap_or_default();
+            let previous_digest = previous.digest;
+            let was_ready = conditions::is_ready(&previous.conditions);
+            let mut status = ToolReleaseStatus::default();
             let mut columns = vec![
                 ("Tool".into(), spec.tool.clone()),
                 ("Version".into(), spec.version.clone()),
             ];
             let mut notes: Vec<String> = Vec::new();
             let outcome = (|| -> Result<ResolvedRelease, (Desired, Option<FieldError>)> {
-                let spec_error = |e: FieldError| (Desired::not_ready("InvalidSpec", ""), Some(e));
+                let spec_error =
+                    |e: FieldError| (Desired::not_ready(Reason::InvalidSpec, ""), Some(e));
                 if !is_dns_subdomain(&d.id.key.name) {
                     return Err(spec_error(FieldError::new(
                         "metadata.name",
@@ -457,12 +456,12 @@ impl<'a> Resolver<'a> {
                         key: tool_key.clone(),
                     }) {
                         (
-                            "ToolNotValid",
+                            Reason::ToolNotValid,
                             format!("spec.tool: Tool {tool_key} is not valid (see its status)"),
                         )
                     } else {
                         (
-                            "UnknownTool",
+                            Reason::UnknownTool,
                             format!(
                                 "spec.tool: there is no Tool {:?} in namespace {ns:?}",
                                 spec.tool
@@ -481,7 +480,7 @@ impl<'a> Resolver<'a> {
                     None => {
                         return Err((
                             Desired::not_ready(
-                                "ArtifactPending",
+                                Reason::ArtifactPending,
                                 "the artifact has not been loaded yet",
                             ),
                             None,
@@ -499,7 +498,7 @@ impl<'a> Resolver<'a> {
                 {
                     return Err((
                         Desired::not_ready(
-                            "UnknownPool",
+                            Reason::UnknownPool,
                             format!(
                                 "spec.pool: there is no valid WorkerPool {pool:?} in namespace {ns:?}"
                             ),
@@ -513,7 +512,7 @@ impl<'a> Resolver<'a> {
                 {
                     return Err((
                         Desired::not_ready(
-                            "ImmutableRelease",
+                            Reason::ImmutableRelease,
                             format!(
                                 "release {} was Ready with artifact {previous} and is immutable; its artifact is now {digest}: publish a new version instead",
                                 d.id.key
@@ -526,7 +525,7 @@ impl<'a> Resolver<'a> {
                 if let Some(other) = versions.get(&version_key) {
                     return Err((
                         Desired::not_ready(
-                            "DuplicateVersion",
+                            Reason::DuplicateVersion,
                             format!(
                                 "version {version} of tool {:?} is also released by {}",
                                 spec.tool, other.name
@@ -550,9 +549,9 @@ impl<'a> Resolver<'a> {
             })();
             match outcome {
                 Ok(release) => {
-                    extra.insert("digest".into(), json!(release.digest));
-                    extra.insert("size".into(), json!(release.size));
-                    extra.insert("artifactKind".into(), json!(release.artifact_kind));
+                    status.digest = Some(release.digest.clone());
+                    status.size = Some(release.size);
+                    status.artifact_kind = Some(release.artifact_kind.to_string());
                     columns.push(("Digest".into(), short_digest(&release.digest)));
                     let mut message = format!(
                         "{} {} of {} bytes",
@@ -564,8 +563,8 @@ impl<'a> Resolver<'a> {
                     }
                     self.record_declared(
                         &d,
-                        Desired::ready("ArtifactReady", message),
-                        extra,
+                        Desired::ready(Reason::ArtifactReady, message),
+                        KindStatus::ToolRelease(status),
                         columns,
                     );
                     self.snapshot
@@ -575,13 +574,13 @@ impl<'a> Resolver<'a> {
                 Err((_, Some(error))) => self.invalid(&d, error),
                 Err((mut desired, None)) => {
                     if let Some(previous) = previous_digest {
-                        extra.insert("digest".into(), json!(previous));
+                        status.digest = Some(previous);
                     }
                     if !d.source.is_cluster() {
                         desired.message = format!("{} ({})", desired.message, d.source);
                     }
                     tracing::warn!(resource = %d.id.key, reason = %desired.reason, "ToolRelease not ready: {}", desired.message);
-                    self.record_declared(&d, desired, extra, columns);
+                    self.record_declared(&d, desired, KindStatus::ToolRelease(status), columns);
                 }
             }
         }
@@ -596,7 +595,7 @@ impl<'a> Resolver<'a> {
                 .filter(|r| r.key.namespace == key.namespace && r.tool == key.name)
                 .max_by(|a, b| a.version.cmp(&b.version));
             tool.release = newest.map(|r| r.key.clone());
-            let mut extra = Map::new();
+            let mut status = ToolStatus::default();
             let commands = tool
                 .commands
                 .iter()
@@ -609,11 +608,11 @@ impl<'a> Resolver<'a> {
             ];
             let ready = match newest {
                 Some(release) => {
-                    extra.insert("release".into(), json!(release.key.name));
-                    extra.insert("version".into(), json!(release.version.to_string()));
+                    status.release = Some(release.key.name.clone());
+                    status.version = Some(release.version.to_string());
                     columns.push(("Release".into(), release.key.name.clone()));
                     Desired::ready(
-                        "Released",
+                        Reason::Released,
                         format!(
                             "calls run release {} (version {})",
                             release.key.name, release.version
@@ -623,7 +622,7 @@ impl<'a> Resolver<'a> {
                 None => {
                     columns.push(("Release".into(), "<none>".into()));
                     Desired::not_ready(
-                        "NoReadyRelease",
+                        Reason::NoReadyRelease,
                         format!(
                             "no Ready ToolRelease of tool {:?} in namespace {:?}",
                             key.name, key.namespace
@@ -631,7 +630,7 @@ impl<'a> Resolver<'a> {
                     )
                 }
             };
-            self.record_declared(&d, ready, extra, columns);
+            self.record_declared(&d, ready, KindStatus::Tool(status), columns);
             self.snapshot.tools.insert(key, Arc::new(tool));
         }
     }
@@ -643,18 +642,17 @@ impl<'a> Resolver<'a> {
                 .input
                 .identities
                 .and_then(|ids| missing_reference(d.object, ids));
-            match check_agent(d.object) {
-                Err(e) => self.invalid(&d, e),
-                Ok(()) if missing.is_some() => {
-                    let (reason, message) = missing.unwrap_or_default();
+            match (check_agent(d.object), missing) {
+                (Err(e), _) => self.invalid(&d, e),
+                (Ok(()), Some((reason, message))) => {
                     self.record_declared(
                         &d,
                         Desired::not_ready(reason, message),
-                        Map::new(),
+                        KindStatus::empty(Kind::Agent),
                         Vec::new(),
                     );
                 }
-                Ok(()) => {
+                (Ok(()), None) => {
                     let identity = d
                         .object
                         .spec
@@ -664,8 +662,8 @@ impl<'a> Resolver<'a> {
                         .unwrap_or_else(|| "token".into());
                     self.record_declared(
                         &d,
-                        Desired::ready("Resolved", format!("identity: {identity}")),
-                        Map::new(),
+                        Desired::ready(Reason::Resolved, format!("identity: {identity}")),
+                        KindStatus::empty(Kind::Agent),
                         vec![("Identity".into(), identity)],
                     );
                     valid.insert(d.id.key.clone(), d.object);
@@ -687,8 +685,8 @@ impl<'a> Resolver<'a> {
                     ];
                     self.record_declared(
                         &d,
-                        Desired::ready("Resolved", format!("{step} step")),
-                        Map::new(),
+                        Desired::ready(Reason::Resolved, format!("{step} step")),
+                        KindStatus::empty(Kind::Middleware),
                         columns,
                     );
                     valid.insert(d.id.key.clone(), d.object);
@@ -718,29 +716,32 @@ impl<'a> Resolver<'a> {
                 .agents
                 .iter()
                 .find(|a| !agents.contains_key(&ObjectKey::new(ns.clone(), (*a).clone())))
-                .map(|a| ("UnknownAgent", format!("spec.agents: there is no valid Agent {a:?} in namespace {ns:?}")))
+                .map(|a| (Reason::UnknownAgent, format!("spec.agents: there is no valid Agent {a:?} in namespace {ns:?}")))
                 .or_else(|| {
                     spec.middleware
                         .iter()
                         .find(|m| !middleware.contains_key(&ObjectKey::new(ns.clone(), (*m).clone())))
-                        .map(|m| ("UnknownMiddleware", format!("spec.middleware: there is no valid Middleware {m:?} in namespace {ns:?}")))
+                        .map(|m| (Reason::UnknownMiddleware, format!("spec.middleware: there is no valid Middleware {m:?} in namespace {ns:?}")))
                 })
                 .or_else(|| {
                     (!self.snapshot.tools.contains_key(&ObjectKey::new(ns.clone(), spec.tool.clone())))
-                        .then(|| ("UnknownTool", format!("spec.tool: there is no valid Tool {:?} in namespace {ns:?}", spec.tool)))
+                        .then(|| (Reason::UnknownTool, format!("spec.tool: there is no valid Tool {:?} in namespace {ns:?}", spec.tool)))
                 });
             let resolved = resolve_binding_release(d.object, &self.snapshot.releases);
-            let mut extra = Map::new();
+            let mut status = ToolBindingStatus::default();
             let ready = match (problem, resolved) {
                 (Some((reason, message)), _) => Desired::not_ready(reason, message),
                 (None, Err((reason, message))) => Desired::not_ready(reason, message),
                 (None, Ok(release)) => {
-                    extra.insert("resolvedRelease".into(), json!(release.name));
+                    status.resolved_release = Some(release.name.clone());
                     columns.push(("Release".into(), release.name.clone()));
-                    Desired::ready("Resolved", format!("calls run release {}", release.name))
+                    Desired::ready(
+                        Reason::Resolved,
+                        format!("calls run release {}", release.name),
+                    )
                 }
             };
-            self.record_declared(&d, ready, extra, columns);
+            self.record_declared(&d, ready, KindStatus::ToolBinding(status), columns);
         }
     }
 }
@@ -750,7 +751,7 @@ impl<'a> Resolver<'a> {
 pub fn resolve_binding_release<'r>(
     binding: &ToolBinding,
     releases: &'r BTreeMap<ObjectKey, Arc<ResolvedRelease>>,
-) -> Result<&'r ObjectKey, (&'static str, String)> {
+) -> Result<&'r ObjectKey, (Reason, String)> {
     let ns = binding.metadata.namespace.clone().unwrap_or_default();
     let spec = &binding.spec;
     let candidates = releases
@@ -767,7 +768,7 @@ pub fn resolve_binding_release<'r>(
             .map(|r| &r.key)
             .ok_or_else(|| {
                 (
-                    "NoMatchingRelease",
+                    Reason::NoMatchingRelease,
                     format!(
                         "spec.release.name: no Ready ToolRelease {name:?} of tool {:?}",
                         spec.tool
@@ -778,7 +779,7 @@ pub fn resolve_binding_release<'r>(
     let range = match &selector.version {
         Some(v) => Some(semver::VersionReq::parse(v).map_err(|e| {
             (
-                "InvalidSpec",
+                Reason::InvalidSpec,
                 format!("spec.release.version: {v:?} is not a version range: {e}"),
             )
         })?),
@@ -790,7 +791,7 @@ pub fn resolve_binding_release<'r>(
         .map(|r| &r.key)
         .ok_or_else(|| {
             (
-                "NoMatchingRelease",
+                Reason::NoMatchingRelease,
                 format!(
                     "no Ready ToolRelease of tool {:?} matches {}",
                     spec.tool,
@@ -1208,28 +1209,23 @@ spec: {effect: read, commands: [{name: default}]}
         artifacts.insert(
             ObjectKey::new("default", "echo-1.0.0"),
             ArtifactOutcome::Failed {
-                reason: "InvalidArtifact",
+                reason: Reason::InvalidArtifact,
                 message: "bad magic".into(),
             },
         );
         let snapshot = run(&set, &artifacts, &HashMap::new(), T0);
-        let reason = |name: &str| {
-            state(&snapshot, Kind::ToolRelease, name)
-                .ready
-                .reason
-                .clone()
-        };
-        assert_eq!(reason("ghost-1.0.0"), "UnknownTool");
-        assert_eq!(reason("echo-bad"), "InvalidSpec");
+        let reason = |name: &str| state(&snapshot, Kind::ToolRelease, name).ready.reason;
+        assert_eq!(reason("ghost-1.0.0"), Reason::UnknownTool);
+        assert_eq!(reason("echo-bad"), Reason::InvalidSpec);
         assert!(
             state(&snapshot, Kind::ToolRelease, "echo-bad")
                 .ready
                 .message
                 .contains("spec.version")
         );
-        assert_eq!(reason("echo-1.0.0"), "InvalidArtifact");
-        assert_eq!(reason("echo-again"), "ArtifactReady");
-        assert_eq!(reason("echo-2.0.0"), "UnknownPool");
+        assert_eq!(reason("echo-1.0.0"), Reason::InvalidArtifact);
+        assert_eq!(reason("echo-again"), Reason::ArtifactReady);
+        assert_eq!(reason("echo-2.0.0"), Reason::UnknownPool);
         assert_eq!(
             snapshot
                 .tool("default", "echo")
@@ -1258,11 +1254,11 @@ spec: {effect: read, commands: [{name: default}]}
         );
         assert_eq!(
             state(&snapshot, Kind::ToolRelease, "a").ready.reason,
-            "ArtifactReady"
+            Reason::ArtifactReady
         );
         assert_eq!(
             state(&snapshot, Kind::ToolRelease, "b").ready.reason,
-            "DuplicateVersion"
+            Reason::DuplicateVersion
         );
     }
 
@@ -1279,7 +1275,7 @@ spec: {effect: read, commands: [{name: default}]}
         let previous = previous_of(&first);
         let second = run(&set, &ready_artifacts(&set, "sha256:b"), &previous, T1);
         let release = state(&second, Kind::ToolRelease, "echo-1.0.0");
-        assert_eq!(release.ready.reason, "ImmutableRelease");
+        assert_eq!(release.ready.reason, Reason::ImmutableRelease);
         assert_eq!(
             release.status["digest"], "sha256:a",
             "the status keeps the digest it was Ready with"
@@ -1320,7 +1316,7 @@ spec: {effect: read, commands: [{name: default}]}
         let bare = set_of(BASE);
         let fourth = run(&bare, &HashMap::new(), &previous_of(&third), T1);
         let tool = state(&fourth, Kind::Tool, "echo");
-        assert_eq!(tool.ready.reason, "NoReadyRelease");
+        assert_eq!(tool.ready.reason, Reason::NoReadyRelease);
         assert_eq!(
             tool.status["conditions"][0]["lastTransitionTime"],
             "2026-01-01T00:05:00Z"
@@ -1333,7 +1329,7 @@ spec: {effect: read, commands: [{name: default}]}
         load_text(Path::new("other.yaml"), BASE, &mut set);
         let snapshot = run(&set, &HashMap::new(), &HashMap::new(), T0);
         let tool = state(&snapshot, Kind::Tool, "echo");
-        assert_eq!(tool.ready.reason, "DuplicateName");
+        assert_eq!(tool.ready.reason, Reason::DuplicateName);
         assert!(tool.ready.message.contains("m.yaml") && tool.ready.message.contains("other.yaml"));
         assert!(snapshot.tool("default", "echo").is_none());
         assert!(snapshot.pools.is_empty());
@@ -1394,18 +1390,21 @@ spec: {{agents: [nobody], tool: echo}}
             &HashMap::new(),
             T0,
         );
-        let reason = |kind, name: &str| state(&snapshot, kind, name).ready.reason.clone();
-        assert_eq!(reason(Kind::WorkerPool, "both"), "InvalidSpec");
-        assert_eq!(reason(Kind::Agent, "reporter"), "Resolved");
-        assert_eq!(reason(Kind::Agent, "nobody"), "InvalidSpec");
-        assert_eq!(reason(Kind::Middleware, "two-steps"), "InvalidSpec");
-        assert_eq!(reason(Kind::Middleware, "audit"), "Resolved");
-        assert_eq!(reason(Kind::ToolBinding, "ok"), "Resolved");
+        let reason = |kind, name: &str| state(&snapshot, kind, name).ready.reason;
+        assert_eq!(reason(Kind::WorkerPool, "both"), Reason::InvalidSpec);
+        assert_eq!(reason(Kind::Agent, "reporter"), Reason::Resolved);
+        assert_eq!(reason(Kind::Agent, "nobody"), Reason::InvalidSpec);
+        assert_eq!(reason(Kind::Middleware, "two-steps"), Reason::InvalidSpec);
+        assert_eq!(reason(Kind::Middleware, "audit"), Reason::Resolved);
+        assert_eq!(reason(Kind::ToolBinding, "ok"), Reason::Resolved);
         assert_eq!(
             state(&snapshot, Kind::ToolBinding, "ok").status["resolvedRelease"],
             "echo-1.2.0"
         );
-        assert_eq!(reason(Kind::ToolBinding, "too-new"), "NoMatchingRelease");
-        assert_eq!(reason(Kind::ToolBinding, "stranger"), "UnknownAgent");
+        assert_eq!(
+            reason(Kind::ToolBinding, "too-new"),
+            Reason::NoMatchingRelease
+        );
+        assert_eq!(reason(Kind::ToolBinding, "stranger"), Reason::UnknownAgent);
     }
 }

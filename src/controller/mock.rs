@@ -445,6 +445,7 @@ fn lease_settings() -> LeaseSettings {
         namespace: "toolgrid".into(),
         identity: "pod-a".into(),
         duration: Duration::from_secs(15),
+        renew_deadline: Duration::from_secs(10),
         renew_every: Duration::from_secs(5),
     }
 }
@@ -563,4 +564,147 @@ async fn leader_election_creates_renews_follows_and_takes_over() {
         "{released}"
     );
     task.await.unwrap().expect("released");
+}
+
+/// Lease timing short enough for a test in real time: the lease lasts 3 s, the leader steps
+/// down 1.5 s after its last renewal started, and tries every 0.3 s.
+fn quick_lease_settings() -> LeaseSettings {
+    LeaseSettings {
+        duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_millis(1500),
+        renew_every: Duration::from_millis(300),
+        ..lease_settings()
+    }
+}
+
+const LEASE_PATH: &str =
+    "/apis/coordination.k8s.io/v1/namespaces/toolgrid/leases/toolgrid-controller";
+
+/// Starts campaigning against a mock API and lets it create the lease; returns the mock,
+/// the watch, and when the lease expires for the other replicas (its renewTime plus its
+/// duration, as a standby computes it).
+async fn elected(
+    settings: LeaseSettings,
+) -> (
+    Handle,
+    tokio::sync::watch::Receiver<bool>,
+    k8s_openapi::jiff::Timestamp,
+) {
+    let (client, mut handle) = mock_client();
+    let elector = Arc::new(LeaderElector::new(
+        kube::Api::namespaced(client, "toolgrid"),
+        settings,
+    ));
+    let mut leading = elector.run();
+    expect(
+        &mut handle,
+        Method::GET,
+        LEASE_PATH,
+        &[],
+        StatusCode::NOT_FOUND,
+        |_| not_found(),
+    )
+    .await;
+    let created = expect(
+        &mut handle,
+        Method::POST,
+        "/apis/coordination.k8s.io/v1/namespaces/toolgrid/leases",
+        &[],
+        StatusCode::CREATED,
+        |b| b.clone(),
+    )
+    .await;
+    tokio::time::timeout(Duration::from_secs(5), leading.wait_for(|l| *l))
+        .await
+        .expect("it leads")
+        .unwrap();
+    let renewed: k8s_openapi::jiff::Timestamp = created["spec"]["renewTime"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let seconds = created["spec"]["leaseDurationSeconds"].as_i64().unwrap();
+    (
+        handle,
+        leading,
+        renewed + k8s_openapi::jiff::SignedDuration::from_secs(seconds),
+    )
+}
+
+/// Waits until the leader steps down; panics if it still leads when its lease expires.
+async fn steps_down_before(
+    leading: &mut tokio::sync::watch::Receiver<bool>,
+    expiry: k8s_openapi::jiff::Timestamp,
+) -> k8s_openapi::jiff::Timestamp {
+    let left = expiry.duration_since(k8s_openapi::jiff::Timestamp::now());
+    let left = Duration::try_from(left).unwrap_or_default();
+    tokio::time::timeout(left, leading.wait_for(|l| !*l))
+        .await
+        .expect("the leader still leads when its lease expires: two leaders could act at once")
+        .unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    assert!(
+        now < expiry,
+        "stepped down at {now}, the lease expired at {expiry}"
+    );
+    now
+}
+
+#[tokio::test]
+async fn a_leader_whose_lease_renewal_hangs_steps_down_before_the_lease_expires() {
+    let settings = quick_lease_settings();
+    let (mut handle, mut leading, expiry) = elected(settings.clone()).await;
+    // The renewal's GET reaches the API server and is never answered.
+    let (request, _never_answered) =
+        tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("it renews")
+            .expect("the mock service");
+    assert_eq!(request.method(), Method::GET);
+    assert_eq!(request.uri().path(), LEASE_PATH);
+    assert!(
+        *leading.borrow(),
+        "still leading while the renewal is pending"
+    );
+    let stepped_down = steps_down_before(&mut leading, expiry).await;
+    // Not sooner than it must: at its renew deadline, a margin before the expiry.
+    let margin = expiry.duration_since(stepped_down);
+    assert!(
+        margin
+            <= k8s_openapi::jiff::SignedDuration::try_from(
+                settings.duration - settings.renew_deadline
+            )
+            .unwrap()
+                + k8s_openapi::jiff::SignedDuration::from_millis(100),
+        "stepped down {margin:?} before the expiry"
+    );
+}
+
+#[tokio::test]
+async fn a_leader_whose_lease_renewals_keep_failing_steps_down_before_the_lease_expires() {
+    let (mut handle, mut leading, expiry) = elected(quick_lease_settings()).await;
+    // Every renewal fails at once (the API server is unavailable); the leader keeps trying.
+    let tries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let failing = tokio::spawn({
+        let tries = tries.clone();
+        async move {
+            while let Some((request, respond)) = handle.next_request().await {
+                assert_eq!(request.uri().path(), LEASE_PATH);
+                tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "ServiceUnavailable", "code": 503, "message": "unavailable"});
+                respond.send_response(
+                    Response::builder()
+                        .status(StatusCode::SERVICE_UNAVAILABLE)
+                        .body(Body::from(serde_json::to_vec(&status).unwrap()))
+                        .unwrap(),
+                );
+            }
+        }
+    });
+    steps_down_before(&mut leading, expiry).await;
+    assert!(
+        tries.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "it tried to renew more than once"
+    );
+    failing.abort();
 }

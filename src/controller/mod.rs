@@ -80,13 +80,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
     let elector = Arc::new(LeaderElector::new(
         Api::namespaced(client.clone(), &settings.pod_namespace),
-        LeaseSettings {
-            name: settings.lease_name.clone(),
-            namespace: settings.pod_namespace.clone(),
-            identity: settings.pod_name.clone(),
-            duration: Duration::from_secs(15),
-            renew_every: Duration::from_secs(5),
-        },
+        LeaseSettings::standard(
+            settings.lease_name.clone(),
+            settings.pod_namespace.clone(),
+            settings.pod_name.clone(),
+        ),
     ));
     let mut leading = elector.clone().run();
     tracing::info!(identity = %settings.pod_name, "campaigning for leadership");
@@ -95,6 +93,43 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     }
     readiness.set_leader(true);
 
+    // From here on everything runs only while we lead: losing the lease (or failing to
+    // renew it in time) stops it at once, during start-up too.
+    let lost = async {
+        while leading.changed().await.is_ok() {
+            if !*leading.borrow() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        led = lead(&settings, client, recorder, &readiness) => led?,
+        _ = lost => {
+            readiness.set_leader(false);
+            anyhow::bail!("lost leadership; exiting so that only the new leader schedules");
+        }
+    }
+    readiness.set_leader(false);
+    match tokio::time::timeout(Duration::from_secs(5), elector.release()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "cannot release the lease; the next leader waits for it to expire")
+        }
+        Err(_) => tracing::warn!(
+            "the lease API did not answer; the next leader waits for the lease to expire"
+        ),
+    }
+    Ok(())
+}
+
+/// The leader's work: the store, the catalog, the servers and the reconcilers, until told
+/// to stop (Ok) or something stops (Err).
+async fn lead(
+    settings: &Settings,
+    client: Client,
+    recorder: Recorder,
+    readiness: &Readiness,
+) -> anyhow::Result<()> {
     let store = crate::store::open(&settings.store_url)
         .await
         .with_context(|| format!("cannot open the store at {}", settings.store_url))?;
@@ -148,24 +183,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        _ = async {
-            while leading.changed().await.is_ok() {
-                if !*leading.borrow() {
-                    break;
-                }
-            }
-        } => {
-            readiness.set_leader(false);
-            anyhow::bail!("lost leadership; exiting so that only the new leader schedules");
-        }
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
         _ = terminate.recv() => tracing::info!("terminated; stopping"),
         _ = server => anyhow::bail!("the servers stopped"),
         _ = controllers => anyhow::bail!("the controllers stopped"),
-    }
-    readiness.set_leader(false);
-    if let Err(error) = elector.release().await {
-        tracing::warn!(%error, "cannot release the lease; the next leader waits for it to expire");
     }
     Ok(())
 }

@@ -173,19 +173,6 @@ pub(crate) async fn reconcile_release(
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
-/// What the scheduler knows of a pool's workers: (attached, busy slots, queued calls).
-fn live_counts(scheduler: &Scheduler, pool: &str) -> (u32, u32, u32) {
-    let workers = scheduler.workers();
-    let attached = workers.iter().filter(|w| w.pool == pool).count() as u32;
-    let busy = workers
-        .iter()
-        .filter(|w| w.pool == pool)
-        .map(|w| w.busy)
-        .sum();
-    let queued = scheduler.queued().get(pool).copied().unwrap_or_default() as u32;
-    (attached, busy, queued)
-}
-
 /// A pool's Deployment (created or updated with server-side apply) and live status.
 pub(crate) async fn reconcile_pool(
     pool: Arc<WorkerPool>,
@@ -200,8 +187,13 @@ pub(crate) async fn reconcile_pool(
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
     let key = key_of(&*pool);
-    let (attached, busy, queued) = live_counts(&ctx.scheduler, &key.to_string());
-    let desired = desired_workers(&pool, busy, queued);
+    let mut live = LivePool::observe(
+        &key.to_string(),
+        &ctx.scheduler.workers(),
+        &ctx.scheduler.queued(),
+        ctx.scheduler.reattaching(),
+    );
+    let desired = desired_workers(&pool, live.busy, live.queued);
     let deployment = desired_deployment(&pool, &ctx.workers, desired);
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let applied = deployments
@@ -220,14 +212,8 @@ pub(crate) async fn reconcile_pool(
         .get("status")
         .cloned()
         .unwrap_or(Value::Null);
-    let live = LivePool {
-        desired,
-        ready,
-        attached,
-        busy,
-        queued,
-        reattaching: ctx.scheduler.reattaching(),
-    };
+    live.desired = desired;
+    live.ready = ready;
     let status = pool_status(&state, &current, live, k8s_openapi::jiff::Timestamp::now());
     write_status(&ctx, &*pool, &status).await?;
     // Live counts change without any watch event: look again soon.

@@ -2,6 +2,7 @@
 //! Secrets and ServiceAccounts they refer to, resolved by the same reconcile logic as a
 //! manifest directory ([`crate::catalog::resolve`]) whenever anything changes.
 
+use crate::api::conditions::Reason;
 use crate::api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
 use crate::catalog::artifacts::{
     ArtifactOutcome, LoadedArtifact, MAX_ARTIFACT_BYTES, StoredArtifacts, check_bytes,
@@ -265,20 +266,20 @@ impl ClusterSource {
         set: &ResourceSet,
     ) -> LoadedArtifact {
         let artifact = &release.object.spec.artifact;
-        let failed = |reason: &'static str, message: String| LoadedArtifact {
+        let failed = |reason: Reason, message: String| LoadedArtifact {
             outcome: ArtifactOutcome::Failed { reason, message },
             bytes: None,
         };
         let source = match source_kind(artifact) {
             Ok(source) => source,
-            Err(message) => return failed("InvalidArtifactSource", message),
+            Err(message) => return failed(Reason::InvalidArtifactSource, message),
         };
         let expected = artifact.digest.as_deref();
         match source {
             "configMap" => {
                 let Some(reference) = &artifact.config_map else {
                     return failed(
-                        "InvalidArtifactSource",
+                        Reason::InvalidArtifactSource,
                         "spec.artifact.configMap is empty".into(),
                     );
                 };
@@ -295,13 +296,13 @@ impl ClusterSource {
                     &reference.key,
                 ) {
                     Ok(bytes) => check_bytes(bytes, expected),
-                    Err(message) => failed("ArtifactNotFound", message),
+                    Err(message) => failed(Reason::ArtifactNotFound, message),
                 }
             }
             "url" => {
                 let Some(digest) = expected else {
                     return failed(
-                        "InvalidArtifactSource",
+                        Reason::InvalidArtifactSource,
                         "spec.artifact.url requires spec.artifact.digest".into(),
                     );
                 };
@@ -323,9 +324,10 @@ impl ClusterSource {
                 }
                 let loaded = match fetch(&url).await {
                     Ok(bytes) => check_bytes(bytes, Some(digest)),
-                    Err(message) => {
-                        failed("ArtifactNotFound", format!("spec.artifact.url: {message}"))
-                    }
+                    Err(message) => failed(
+                        Reason::ArtifactNotFound,
+                        format!("spec.artifact.url: {message}"),
+                    ),
                 };
                 self.fetched
                     .lock()
@@ -334,7 +336,7 @@ impl ClusterSource {
                 loaded
             }
             _ => failed(
-                "UnsupportedSource",
+                Reason::UnsupportedSource,
                 "spec.artifact.file is for manifest directories; in a cluster use configMap or url"
                     .into(),
             ),

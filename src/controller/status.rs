@@ -1,8 +1,10 @@
 //! Status decisions of the controller as plain functions: what to write, when a change is
 //! worth an event, and a pool's live status.
 
-use crate::api::conditions::{self, Desired};
+use crate::api::WorkerPoolStatus;
+use crate::api::conditions;
 use crate::catalog::ResourceState;
+use crate::catalog::pool_health::pool_ready;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
@@ -47,90 +49,63 @@ pub fn ready_transition(current: &Value, desired: &Value) -> Option<(bool, Strin
     Some((after.status == "True", after.reason, after.message))
 }
 
-/// What the scheduler and the Deployment say about a pool right now.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LivePool {
-    pub desired: u32,
-    /// Pods the Deployment reports ready.
-    pub ready: u32,
-    pub attached: u32,
-    pub busy: u32,
-    pub queued: u32,
-    /// The control plane has just started and workers may still be re-attaching, so
-    /// "none attached" is not yet news.
-    pub reattaching: bool,
-}
+pub use crate::catalog::pool_health::LivePool;
 
-/// A pool's status: the resolved one, with the live counts, and Ready only while a worker
-/// is attached (or none is wanted).
+/// A pool's status: the resolved one, with the live counts, and Ready as
+/// [`pool_ready`] decides (the same as `toolgrid get pools`).
 pub fn pool_status(
     resolved: &ResourceState,
     current: &Value,
     live: LivePool,
     now: Timestamp,
 ) -> Value {
-    let mut status = resolved.status.clone();
-    if let Some(obj) = status.as_object_mut() {
-        obj.insert("desiredWorkers".into(), json!(live.desired));
-        obj.insert("readyWorkers".into(), json!(live.ready));
-        obj.insert("attachedWorkers".into(), json!(live.attached));
-        obj.insert("busySlots".into(), json!(live.busy));
-        obj.insert("queuedCalls".into(), json!(live.queued));
-    }
-    if !resolved.ready.status {
-        return status;
-    }
-    let current_conditions = current.get("conditions").filter(|c| !c.is_null());
-    if live.attached == 0 && live.reattaching && current_conditions.is_some() {
-        // A fresh leader knows no workers yet: keep what the last leader said rather
-        // than flapping Ready to False and back while workers re-attach.
-        if let (Some(obj), Some(conditions)) = (status.as_object_mut(), current_conditions) {
-            obj.insert("conditions".into(), conditions.clone());
+    let mut status: WorkerPoolStatus =
+        serde_json::from_value(resolved.status.clone()).unwrap_or_default();
+    status.desired_workers = live.desired;
+    status.ready_workers = live.ready;
+    status.attached_workers = live.attached;
+    status.busy_slots = live.busy;
+    status.queued_calls = live.queued;
+    if resolved.ready.status {
+        let current: Option<Vec<Condition>> = current
+            .get("conditions")
+            .filter(|c| !c.is_null())
+            .and_then(|c| serde_json::from_value(c.clone()).ok());
+        match current {
+            // A fresh leader knows no workers yet: keep what the last leader said rather
+            // than flapping Ready to False and back while workers re-attach.
+            Some(conditions) if live.may_be_reattaching() => status.conditions = conditions,
+            current => {
+                let mut conditions = current.unwrap_or_default();
+                conditions::apply_ready(
+                    &mut conditions,
+                    &pool_ready(&live),
+                    Some(resolved.generation),
+                    now,
+                );
+                status.conditions = conditions;
+            }
         }
-        return status;
     }
-    let ready = if live.attached > 0 {
-        Desired::ready(
-            "WorkersAttached",
-            format!(
-                "{} of {} workers attached, {} slots busy",
-                live.attached, live.desired, live.busy
-            ),
-        )
-    } else if live.desired == 0 {
-        Desired::ready("ScaledToZero", "no workers are wanted")
-    } else {
-        Desired::not_ready(
-            "NoWorkers",
-            format!("0 of {} workers attached yet", live.desired),
-        )
-    };
-    let mut conditions: Vec<Condition> = current
-        .get("conditions")
-        .and_then(|c| serde_json::from_value(c.clone()).ok())
-        .unwrap_or_default();
-    conditions::apply_ready(&mut conditions, &ready, Some(resolved.generation), now);
-    if let Some(obj) = status.as_object_mut() {
-        obj.insert(
-            "conditions".into(),
-            serde_json::to_value(&conditions).unwrap_or_default(),
-        );
-    }
-    status
+    serde_json::to_value(&status).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::Kind;
+    use crate::api::conditions::{Desired, Reason};
     use crate::catalog::{ObjectKey, ResourceId};
 
     fn resolved(ready: bool) -> ResourceState {
         let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         let desired = if ready {
-            Desired::ready("Resolved", "2 workers of 16 slots")
+            Desired::ready(Reason::Resolved, "2 workers of 16 slots")
         } else {
-            Desired::not_ready("InvalidSpec", "spec: set replicas or autoscale, not both")
+            Desired::not_ready(
+                Reason::InvalidSpec,
+                "spec: set replicas or autoscale, not both",
+            )
         };
         let mut conditions = Vec::new();
         conditions::apply(&mut conditions, &desired, Some(3), now);

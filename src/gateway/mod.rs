@@ -11,6 +11,8 @@ pub use grpc::ToolsService;
 pub use http::router;
 
 use crate::api::Kind;
+use crate::api::WorkerPoolStatus;
+use crate::catalog::pool_health::{LivePool, pool_ready};
 use crate::catalog::{Catalog, ResolvedTool, ResourceState, Snapshot};
 use crate::error::{ApiError, ErrorKind};
 use crate::proto;
@@ -486,17 +488,20 @@ impl Gateway {
         let snapshot = self.catalog.current();
         let workers = self.scheduler.workers();
         let queued = self.scheduler.queued();
+        let reattaching = self.scheduler.reattaching();
         Ok(snapshot
             .resources_of(kind)
             .filter(|r| namespace.is_empty() || r.id.key.namespace == namespace)
             .map(|r| {
                 if kind == Kind::WorkerPool {
-                    live_pool_row(r, &workers, &queued)
+                    let pool = r.id.key.to_string();
+                    let live = LivePool::observe(&pool, &workers, &queued, reattaching);
+                    live_pool_row(r, &snapshot, live)
                 } else {
                     row_of(
                         r,
                         r.ready.status,
-                        &r.ready.reason,
+                        r.ready.reason.as_str(),
                         &r.ready.message,
                         r.columns.clone(),
                         r.status.clone(),
@@ -537,48 +542,40 @@ fn row_of(
     }
 }
 
-/// A pool's row: valid in the catalog, and Ready only with a worker attached.
-fn live_pool_row(
-    state: &ResourceState,
-    workers: &[crate::scheduler::WorkerInfo],
-    queued: &std::collections::HashMap<String, usize>,
-) -> proto::ResourceRow {
-    let pool = state.id.key.to_string();
-    let attached: Vec<_> = workers.iter().filter(|w| w.pool == pool).collect();
-    let busy: u32 = attached.iter().map(|w| w.busy).sum();
-    let queue = queued.get(&pool).copied().unwrap_or_default();
+/// A pool's row: valid in the catalog, and Ready as [`pool_ready`] decides (the same as
+/// the WorkerPool status the controller writes).
+fn live_pool_row(state: &ResourceState, snapshot: &Snapshot, live: LivePool) -> proto::ResourceRow {
+    let live = LivePool {
+        desired: snapshot
+            .pools
+            .get(&state.id.key)
+            .map(|p| p.desired_workers)
+            .unwrap_or_default(),
+        ..live
+    };
     let mut columns = state.columns.clone();
-    columns.push(("Attached".into(), attached.len().to_string()));
-    columns.push(("Busy".into(), busy.to_string()));
-    columns.push(("Queued".into(), queue.to_string()));
-    let mut status = state.status.clone();
-    if let Some(obj) = status.as_object_mut() {
-        obj.insert("attachedWorkers".into(), json!(attached.len()));
-        obj.insert("busySlots".into(), json!(busy));
-        obj.insert("queuedCalls".into(), json!(queue));
-    }
-    if !state.ready.status {
-        return row_of(
-            state,
-            false,
-            &state.ready.reason,
-            &state.ready.message,
-            columns,
-            status,
-        );
-    }
-    if attached.is_empty() {
-        return row_of(
-            state,
-            false,
-            "NoWorkers",
-            "no worker is attached yet",
-            columns,
-            status,
-        );
-    }
-    let message = format!("{} workers attached, {busy} slots busy", attached.len());
-    row_of(state, true, "WorkersAttached", &message, columns, status)
+    columns.push(("Attached".into(), live.attached.to_string()));
+    columns.push(("Busy".into(), live.busy.to_string()));
+    columns.push(("Queued".into(), live.queued.to_string()));
+    let mut status: WorkerPoolStatus =
+        serde_json::from_value(state.status.clone()).unwrap_or_default();
+    status.attached_workers = live.attached;
+    status.busy_slots = live.busy;
+    status.queued_calls = live.queued;
+    let status = serde_json::to_value(&status).unwrap_or_default();
+    let ready = if state.ready.status {
+        pool_ready(&live)
+    } else {
+        state.ready.clone()
+    };
+    row_of(
+        state,
+        ready.status,
+        ready.reason.as_str(),
+        &ready.message,
+        columns,
+        status,
+    )
 }
 
 /// Fingerprint of a request: the same key with a different request is a conflict.

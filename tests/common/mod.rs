@@ -16,6 +16,45 @@ use toolgrid::proto::{self, tools_client::ToolsClient};
 
 pub const TOOLGRID: &str = env!("CARGO_BIN_EXE_toolgrid");
 
+/// Whether CI runs these tests (`CI=true`, as CI services set it): then nothing may skip.
+pub fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// The one rule for a test that needs something the machine may lack: true when `present`.
+/// When it is missing, under CI (`CI=true`) the test fails naming `what`; on a developer's
+/// machine it prints why it skips and returns false (the caller returns). Only the real-cluster
+/// test (`tests/k8s_e2e.rs`) skips without asking here.
+#[track_caller]
+pub fn require(what: &str, present: bool) -> bool {
+    if present {
+        return true;
+    }
+    if under_ci() {
+        panic!("{what}: missing, and under CI=true a test must not skip (see .ci/run)");
+    }
+    eprintln!("skipping: {what} (under CI=true this is a failure)");
+    false
+}
+
+/// Runs a Python check script; `None` (after `require`) when python3 cannot run or the
+/// script exits 77, its "cannot run here" status, giving the reason on stderr.
+#[track_caller]
+pub fn run_python_check(command: &mut Command) -> Option<std::process::Output> {
+    let run = match command.output() {
+        Ok(run) => run,
+        Err(error) => {
+            require(&format!("python3 cannot run: {error}"), false);
+            return None;
+        }
+    };
+    if run.status.code() == Some(77) {
+        require(String::from_utf8_lossy(&run.stderr).trim(), false);
+        return None;
+    }
+    Some(run)
+}
+
 /// TLS for the tests' own HTTP clients (reqwest is built without a default provider).
 pub fn install_tls() {
     let _ = rustls::crypto::ring::default_provider().install_default();

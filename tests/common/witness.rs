@@ -1,6 +1,8 @@
 //! An independent witness: an HTTP server on loopback that records every request with its
 //! `Idempotency-Key`, attempt and body, so tests can check that no effect ran twice (unless
-//! with the same key) and that no effect happened that the oplog does not know.
+//! with the same key) and that no effect happened that the oplog does not know. A probe
+//! (`set_probe`) runs on each request as it arrives, before it is answered, so a test can
+//! check what was already durable when the request left (commit before send).
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -19,12 +21,22 @@ pub struct Seen {
     pub attempt: Option<String>,
     pub body: String,
     pub at: Instant,
+    /// What the probe found on arrival (`None` without a probe).
+    pub probe: Option<Result<(), String>>,
 }
+
+/// A check run on each request as it arrives, before the witness answers it.
+pub type Probe = Arc<
+    dyn Fn(Seen) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
 
 #[derive(Default)]
 struct Inner {
     seen: Mutex<Vec<Seen>>,
     delay: Mutex<Duration>,
+    probe: Mutex<Option<Probe>>,
     count: watch::Sender<usize>,
 }
 
@@ -56,6 +68,33 @@ impl Witness {
     /// Every response waits this long (to widen the window of in-flight requests).
     pub fn set_delay(&self, delay: Duration) {
         *self.inner.delay.lock().unwrap() = delay;
+    }
+
+    /// Runs `probe` on every request from now on, before answering it; its verdict is in
+    /// [`Seen::probe`].
+    pub fn set_probe<F, Fut>(&self, probe: F)
+    where
+        F: Fn(Seen) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), String>> + Send + 'static,
+    {
+        *self.inner.probe.lock().unwrap() = Some(Arc::new(move |seen| Box::pin(probe(seen))));
+    }
+
+    /// Panics unless every request seen so far passed the probe.
+    pub fn assert_probes_passed(&self) {
+        for seen in self.seen() {
+            match &seen.probe {
+                Some(Ok(())) => {}
+                Some(Err(why)) => panic!(
+                    "{} {} ({:?}) failed the witness's probe on arrival: {why}",
+                    seen.method, seen.path, seen.key
+                ),
+                None => panic!(
+                    "{} {} arrived before a probe was set",
+                    seen.method, seen.path
+                ),
+            }
+        }
     }
 
     pub fn seen(&self) -> Vec<Seen> {
@@ -93,14 +132,19 @@ async fn record(
             .and_then(|v| v.to_str().ok())
             .map(String::from)
     };
-    let seen = Seen {
+    let mut seen = Seen {
         method: method.to_string(),
         path: uri.path().to_string(),
         key: header("idempotency-key"),
         attempt: header("toolgrid-attempt"),
         body: String::from_utf8_lossy(&body).into_owned(),
         at: Instant::now(),
+        probe: None,
     };
+    let probe = inner.probe.lock().unwrap().clone();
+    if let Some(probe) = probe {
+        seen.probe = Some(probe(seen.clone()).await);
+    }
     let delay = *inner.delay.lock().unwrap();
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
