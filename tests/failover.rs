@@ -1053,3 +1053,133 @@ async fn a_store_locked_mid_call_leaves_no_call_behind() {
     ledger.check(&witness.seen());
     check_outcome(&call, &oplog, &witness.seen(), "locked", steps);
 }
+
+/// Store writes that fail on cue (`TOOLGRID_FAULTS`, a `FaultyStore` around the real one):
+/// a failed or unacknowledged append, a completion that fails, and one that commits but
+/// reports failure (its outcome unknown). Each call ends exactly once, succeeded, with one
+/// outcome in its oplog, and no effect applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn store_writes_that_fail_on_cue_leave_no_call_behind() {
+    let cases = [
+        ("append:1", "write-p1"),
+        ("append:after=1", "idempotent-p1"),
+        ("complete:2", "write-p1"),
+        ("complete:after=1", "write-p2"),
+        ("append:2,complete:1", "idempotent-p2"),
+    ];
+    for (faults, tool) in cases {
+        let witness = Witness::start().await;
+        let root = tempfile::tempdir().unwrap();
+        let manifests = manifests(root.path(), &witness);
+        let platform =
+            Platform::start_with_env(root.path(), &manifests, &[], &[("TOOLGRID_FAULTS", faults)]);
+        probe_commit_before_send(&witness, &platform);
+        let run = format!("faults-{}", faults.replace([':', '=', ','], "-"));
+        let steps = 3;
+        let mut news =
+            start_call(&platform, request(tool, &run, &witness.base(), steps, 1000)).await;
+        let call_id = loop {
+            match news.recv().await {
+                Some(News::Accepted(id)) => break id,
+                Some(_) => {}
+                None => panic!("{faults}: the call did not start"),
+            }
+        };
+        let call = wait_done(&mut news, &platform, &call_id).await;
+        assert_eq!(
+            call.state,
+            proto::CallState::Succeeded as i32,
+            "{faults}: {:?}\n{}",
+            call.error,
+            platform.logs()
+        );
+        let oplog = platform.oplog(&call.id).await;
+        let outcomes = oplog.iter().filter(|e| e.kind == "outcome").count();
+        assert_eq!(outcomes, 1, "{faults}: one outcome: {oplog:?}");
+        let mut ledger = Ledger::new();
+        ledger.add(&platform, &call).await;
+        ledger.check(&witness.seen());
+        check_outcome(&call, &oplog, &witness.seen(), &run, steps);
+        assert!(
+            platform.logs().contains("injected"),
+            "{faults}: the fault was injected:\n{}",
+            platform.logs()
+        );
+    }
+}
+
+/// The cluster store's server restarts in the middle of a call (connections cut, writes
+/// refused while it comes back): the call still ends exactly once, every effect once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_restart_mid_call_leaves_no_call_behind() {
+    let admin = std::env::var("TOOLGRID_TEST_POSTGRES_URL").ok();
+    if !common::require(
+        "PostgreSQL (TOOLGRID_TEST_POSTGRES_URL, from .ci/start-postgres)",
+        admin.is_some(),
+    ) {
+        return;
+    }
+    let url = common::postgres::fresh_postgres(&admin.unwrap_or_default()).await;
+    let witness = Witness::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let manifests = manifests(root.path(), &witness);
+    let platform = Platform::start(root.path(), &manifests, &["--store", &url]);
+    probe_commit_before_send(&witness, &platform);
+    let steps = 6;
+    let mut news = start_call(
+        &platform,
+        request(
+            "idempotent-p2",
+            "pg-restart",
+            &witness.base(),
+            steps,
+            30_000_000,
+        ),
+    )
+    .await;
+    let call_id = loop {
+        match news.recv().await {
+            Some(News::Accepted(id)) => break id,
+            Some(_) => {}
+            None => panic!("the call did not start"),
+        }
+    };
+    assert!(
+        witness
+            .wait_for(Duration::from_secs(30), |seen| seen
+                .iter()
+                .any(|s| s.body.contains("pg-restart")))
+            .await
+    );
+    let restarted = common::postgres::restart_postgres();
+    if !common::require(
+        "a PostgreSQL server this test can restart (root, .ci/start-postgres's)",
+        restarted.is_some(),
+    ) {
+        return;
+    }
+    restarted.unwrap_or(Ok(())).expect("restart PostgreSQL");
+    // The restart happened mid-call, not after it.
+    assert!(
+        !witness
+            .seen()
+            .iter()
+            .any(|s| s.body.contains(&format!("\"step\":{steps}"))),
+        "the call had finished before the restart"
+    );
+
+    let call = wait_done(&mut news, &platform, &call_id).await;
+    assert_eq!(
+        call.state,
+        proto::CallState::Succeeded as i32,
+        "{:?}\n{}",
+        call.error,
+        platform.logs()
+    );
+    let oplog = platform.oplog(&call.id).await;
+    assert_eq!(oplog.iter().filter(|e| e.kind == "outcome").count(), 1);
+    let mut ledger = Ledger::new();
+    ledger.add(&platform, &call).await;
+    ledger.check(&witness.seen());
+    check_outcome(&call, &oplog, &witness.seen(), "pg-restart", steps);
+}

@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::postgres::{fresh_postgres, restart_postgres};
 use serde_json::json;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -47,24 +48,6 @@ fn postgres_admin_url() -> Option<String> {
             None
         }
     }
-}
-
-/// A fresh database on the test PostgreSQL server.
-async fn fresh_postgres(admin: &str) -> String {
-    use sqlx::Connection;
-    let name = format!("toolgrid_{}", uuid::Uuid::now_v7().simple());
-    let mut conn = sqlx::PgConnection::connect(admin)
-        .await
-        .expect("connect to PostgreSQL");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut conn)
-        .await
-        .expect("create database");
-    let base = admin
-        .rsplit_once('/')
-        .map(|(base, _)| base)
-        .unwrap_or(admin);
-    format!("{base}/{name}")
 }
 
 /// The backends to run a case on: a fresh SQLite file, and a fresh PostgreSQL database.
@@ -1000,39 +983,6 @@ async fn writes_wait_out_an_sqlite_lock_held_past_the_busy_timeout() {
         short.create_call(new_call("l2", None, json!({}))).await,
         Ok(Created::New(_))
     ));
-}
-
-/// Restarts the test PostgreSQL server (`.ci/start-postgres`'s: PGDATA=/tmp/toolgrid-postgres,
-/// run as the postgres user). `None` when this machine cannot (not root, no server there).
-fn restart_postgres() -> Option<Result<(), String>> {
-    const PGDATA: &str = "/tmp/toolgrid-postgres";
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let bin = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let version: u32 = e.file_name().to_str()?.parse().ok()?;
-            Some((version, e.path().join("bin")))
-        })
-        .max()
-        .map(|(_, bin)| bin)?;
-    if !root || !std::path::Path::new(PGDATA).join("postmaster.pid").exists() {
-        return None;
-    }
-    let command = format!(
-        "{}/pg_ctl -D {PGDATA} -m fast -w -l {PGDATA}.log restart",
-        bin.display()
-    );
-    let status = std::process::Command::new("su")
-        .args(["postgres", "-s", "/bin/sh", "-c", &command])
-        .stdout(std::process::Stdio::null())
-        .status();
-    Some(match status {
-        Ok(status) if status.success() => Ok(()),
-        Ok(status) => Err(format!("{command}: {status}")),
-        Err(error) => Err(format!("{command}: {error}")),
-    })
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fixtures;
+pub mod postgres;
 pub mod witness;
 
 use std::io::{BufRead, BufReader};
@@ -69,12 +70,25 @@ pub struct Platform {
     pub data: PathBuf,
     pub log: PathBuf,
     extra_args: Vec<String>,
+    /// Environment of the `toolgrid up` process beyond the test's own.
+    env: Vec<(String, String)>,
     starts: u32,
 }
 
 impl Platform {
     /// Starts `toolgrid up` on `manifests` with a fresh data directory under `root`.
     pub fn start(root: &Path, manifests: &Path, extra_args: &[&str]) -> Platform {
+        Platform::start_with_env(root, manifests, extra_args, &[])
+    }
+
+    /// [`Platform::start`] with extra environment variables for `toolgrid up` (e.g.
+    /// `TOOLGRID_FAULTS`), set on that process only.
+    pub fn start_with_env(
+        root: &Path,
+        manifests: &Path,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Platform {
         install_tls();
         let data = root.join("data");
         let mut platform = Platform {
@@ -85,6 +99,10 @@ impl Platform {
             log: root.join("up.log"),
             data,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             starts: 0,
         };
         platform.spawn("127.0.0.1:0", None);
@@ -111,6 +129,7 @@ impl Platform {
                     .unwrap_or_default(),
             )
             .args(&self.extra_args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
