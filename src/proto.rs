@@ -38,3 +38,49 @@ pub fn entries_from_wire(
         .map(crate::call::OplogEntry::try_from)
         .collect()
 }
+
+/// Bytes of entries one message on the worker link carries at most (unless a single entry is
+/// larger: entries are capped well below the link's 64 MiB message limit, see
+/// `call::MAX_RESPONSE_BYTES`).
+pub const LINK_BATCH_BYTES: usize = 4 << 20;
+
+/// Splits entries into consecutive batches of at most [`LINK_BATCH_BYTES`] each (a larger
+/// single entry travels alone), so no message on the worker link outgrows its limit.
+pub fn link_batches(entries: Vec<OplogEntry>) -> Vec<Vec<OplogEntry>> {
+    let mut batches = Vec::new();
+    let mut batch = Vec::new();
+    let mut size = 0;
+    for entry in entries {
+        let bytes = entry.kind.len() + entry.payload.len() + 8;
+        if !batch.is_empty() && size + bytes > LINK_BATCH_BYTES {
+            batches.push(std::mem::take(&mut batch));
+            size = 0;
+        }
+        size += bytes;
+        batch.push(entry);
+    }
+    if !batch.is_empty() {
+        batches.push(batch);
+    }
+    batches
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_batches_stay_under_the_budget_and_keep_order() {
+        let entry = |n: usize| OplogEntry {
+            kind: "http-response".into(),
+            payload: vec![b'x'; n],
+        };
+        let entries = vec![entry(3 << 20), entry(2 << 20), entry(9 << 20), entry(10), entry(10)];
+        let sizes: Vec<Vec<usize>> = link_batches(entries)
+            .iter()
+            .map(|b| b.iter().map(|e| e.payload.len()).collect())
+            .collect();
+        assert_eq!(sizes, [vec![3 << 20], vec![2 << 20], vec![9 << 20], vec![10, 10]]);
+        assert!(link_batches(Vec::new()).is_empty());
+    }
+}

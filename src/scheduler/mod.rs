@@ -437,7 +437,27 @@ impl Scheduler {
         replay: Vec<proto::OplogEntry>,
         attempt: u32,
     ) {
-        let assign = assign_of(&call.record, epoch, attempt, replay);
+        // A replay too large for one message goes ahead of its Assign in chunks.
+        let replay_bytes: usize = replay.iter().map(|e| e.payload.len()).sum();
+        let (replay, chunks) = if replay_bytes > proto::LINK_BATCH_BYTES {
+            let batches = proto::link_batches(replay);
+            let chunks = batches.len() as u32;
+            for entries in batches {
+                let chunk = proto::ReplayChunk {
+                    call_id: call.record.id.clone(),
+                    epoch,
+                    entries,
+                };
+                if !self.send(worker, session, control_event::Event::ReplayChunk(chunk)) {
+                    break;
+                }
+            }
+            (Vec::new(), chunks)
+        } else {
+            (replay, 0)
+        };
+        let mut assign = assign_of(&call.record, epoch, attempt, replay);
+        assign.replay_chunks = chunks;
         tracing::info!(call = %call.record.id, tool = %call.record.tool, worker, epoch, "call assigned");
         self.calls.progress(
             &call.record.id,
@@ -742,5 +762,6 @@ fn assign_of(
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
         attempt,
         egress_json: serde_json::to_string(&spec.egress).unwrap_or_default(),
+        replay_chunks: 0,
     }
 }

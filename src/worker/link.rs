@@ -50,13 +50,30 @@ impl Link {
     }
 
     /// Commits entries (numbered from `first_wseq` within the epoch) and waits until the
-    /// control plane says they are durable.
+    /// control plane says they are durable. Entries too large for one message go as
+    /// several appends, in order, each acknowledged before the next.
     pub async fn append(
         &self,
         call_id: &str,
         epoch: u64,
         first_wseq: u64,
         entries: Vec<OplogEntry>,
+    ) -> Result<(), AppendError> {
+        let mut wseq = first_wseq;
+        for batch in proto::link_batches(proto::entries_to_wire(&entries)) {
+            let count = batch.len() as u64;
+            self.append_one(call_id, epoch, wseq, batch).await?;
+            wseq += count;
+        }
+        Ok(())
+    }
+
+    async fn append_one(
+        &self,
+        call_id: &str,
+        epoch: u64,
+        first_wseq: u64,
+        entries: Vec<proto::OplogEntry>,
     ) -> Result<(), AppendError> {
         let request_id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (ack_tx, ack_rx) = oneshot::channel();
@@ -68,7 +85,7 @@ impl Link {
             call_id: call_id.to_string(),
             epoch,
             request_id,
-            entries: proto::entries_to_wire(&entries),
+            entries,
             sync: true,
             first_wseq,
         };

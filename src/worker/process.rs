@@ -202,6 +202,8 @@ async fn session(
         })
     };
 
+    // Chunked replays being received, by (call, epoch): chunks so far and their entries.
+    let mut replays: HashMap<(String, u64), (u32, Vec<proto::OplogEntry>)> = HashMap::new();
     let outcome = loop {
         let message = match inbound.message().await {
             Ok(Some(message)) => message,
@@ -212,7 +214,42 @@ async fn session(
             }
         };
         match message.event {
-            Some(control_event::Event::Assign(assign)) => {
+            Some(control_event::Event::ReplayChunk(chunk)) => {
+                // Parts of a large replay come ahead of their Assign, in order.
+                if replays.len() >= MAX_PENDING_REPLAYS
+                    && !replays.contains_key(&(chunk.call_id.clone(), chunk.epoch))
+                {
+                    tracing::warn!(call = %chunk.call_id, "too many replays being received; dropping one");
+                    continue;
+                }
+                let (count, entries) = replays
+                    .entry((chunk.call_id, chunk.epoch))
+                    .or_insert_with(|| (0, Vec::new()));
+                *count += 1;
+                entries.extend(chunk.entries);
+            }
+            Some(control_event::Event::Assign(mut assign)) => {
+                if assign.replay_chunks > 0 {
+                    let key = (assign.call_id.clone(), assign.epoch);
+                    match replays.remove(&key) {
+                        Some((count, mut entries)) if count == assign.replay_chunks => {
+                            entries.append(&mut assign.replay);
+                            assign.replay = entries;
+                        }
+                        _ => {
+                            // The replay did not arrive whole: this worker cannot run the
+                            // call; the control plane gives it to another.
+                            tracing::warn!(call = %assign.call_id, "a chunked replay arrived incomplete; giving the call up");
+                            let abandoned = proto::Abandoned {
+                                call_id: assign.call_id,
+                                epoch: assign.epoch,
+                                reason: "its replay arrived incomplete".into(),
+                            };
+                            link.send(worker_event::Event::Abandoned(abandoned)).await;
+                            continue;
+                        }
+                    }
+                }
                 start_call(config, runtime, in_flight, slot, assign)
             }
             Some(control_event::Event::Ack(ack)) => link.acknowledge(ack),
@@ -358,6 +395,9 @@ enum Ran {
     Abandoned(String),
 }
 
+/// Chunked replays a session receives at once, at most (each is followed by its Assign).
+const MAX_PENDING_REPLAYS: usize = 64;
+
 /// How long a result the control plane could not store waits before it is sent again.
 const RESULT_RETRY: Duration = Duration::from_millis(500);
 
@@ -448,7 +488,7 @@ async fn run_call(
         attempt,
         repeatable: matches!(assign.effect.as_str(), "read" | "idempotent"),
         egress,
-        sink: Some(sink),
+        sink: Some(sink.clone()),
         prelude,
         argv: assign.argv,
         env,
@@ -500,8 +540,27 @@ async fn run_call(
         result.failure_kind = failure.kind.as_str().into();
         result.failure_message = failure.message;
     }
+    // Entries still buffered go with the result, unless they are large: then they are
+    // committed first (in link-sized appends), so the result message stays small.
+    let mut pending = proto::entries_to_wire(&outcome.log.take_pending());
+    let pending_bytes: usize = pending.iter().map(|e| e.payload.len()).sum();
+    if pending_bytes > proto::LINK_BATCH_BYTES {
+        let entries = match proto::entries_from_wire(&pending) {
+            Ok(entries) => entries,
+            Err(error) => return Ran::Abandoned(format!("a recorded entry does not encode: {error}")),
+        };
+        match sink.append(entries).await {
+            Ok(()) => pending.clear(),
+            Err(AppendError::Fenced) => return Ran::Fenced,
+            Err(AppendError::Unacknowledged(why)) => {
+                return Ran::Abandoned(format!(
+                    "the control plane did not acknowledge the last entries: {why}"
+                ));
+            }
+        }
+    }
     result.first_wseq = sent.load(Ordering::SeqCst);
-    result.entries = proto::entries_to_wire(&outcome.log.take_pending());
+    result.entries = pending;
     result.run_micros = outcome.elapsed.as_micros() as u64;
     result.replayed = replayed as u64;
     result.recorded = recorded as u64;
