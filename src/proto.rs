@@ -75,12 +75,21 @@ mod tests {
             kind: "http-response".into(),
             payload: vec![b'x'; n],
         };
-        let entries = vec![entry(3 << 20), entry(2 << 20), entry(9 << 20), entry(10), entry(10)];
+        let entries = vec![
+            entry(3 << 20),
+            entry(2 << 20),
+            entry(9 << 20),
+            entry(10),
+            entry(10),
+        ];
         let sizes: Vec<Vec<usize>> = link_batches(entries)
             .iter()
             .map(|b| b.iter().map(|e| e.payload.len()).collect())
             .collect();
-        assert_eq!(sizes, [vec![3 << 20], vec![2 << 20], vec![9 << 20], vec![10, 10]]);
+        assert_eq!(
+            sizes,
+            [vec![3 << 20], vec![2 << 20], vec![9 << 20], vec![10, 10]]
+        );
         assert!(link_batches(Vec::new()).is_empty());
     }
 }

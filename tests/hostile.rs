@@ -40,6 +40,7 @@ impl Server {
         let app = axum::Router::new()
             .route("/bytes/{n}", axum::routing::any(bytes))
             .route("/stream/{n}", axum::routing::any(stream))
+            .route("/slow", axum::routing::any(slow))
             .fallback(small)
             .with_state(seen.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -97,6 +98,18 @@ async fn stream(
         ]))
     });
     Body::from_stream(futures::stream::iter(chunks))
+}
+
+/// Answers after a few seconds, long enough to kill the worker that waits for it.
+async fn slow(
+    State(seen): State<Arc<Mutex<Vec<Seen>>>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> &'static str {
+    note(&seen, uri.path().to_string(), &headers, &body);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    "{\"slow\": true}"
 }
 
 async fn small(
@@ -691,4 +704,115 @@ async fn hostile_guests_on_a_real_worker_keep_it_bounded_and_serving() {
     let logs = worker.logs();
     assert!(!logs.contains("panicked"), "{logs}");
     ok().await;
+}
+
+/// Draws `draws` random blocks of `block` bytes (each its own oplog entry: a clock reading
+/// between them stops them coalescing), then GETs `fast` (committing all of it first), then
+/// GETs `slow`, then prints `{"ok": true}`.
+fn big_oplog(draws: u32, block: u32, fast: &str, slow: &str) -> String {
+    let (fast_len, slow_len) = (fast.len(), slow.len());
+    let (fast, slow) = (wat_string(fast.as_bytes()), wat_string(slow.as_bytes()));
+    let ok = wat_string(b"{\"ok\": true}");
+    let pages = (block + 65536).div_ceil(65536);
+    format!(
+        r#"(module {IMPORTS}
+  (import "wasi_snapshot_preview1" "random_get" (func $random (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "clock_time_get" (func $clock (param i32 i64 i32) (result i32)))
+  (memory (export "memory") {pages})
+  (data (i32.const 512) "{ok}")
+  (data (i32.const 1024) "{fast}")
+  (data (i32.const 4096) "{slow}")
+  (func (export "_start") (local $i i32)
+    (loop $draws
+      (drop (call $random (i32.const 65536) (i32.const {block})))
+      (drop (call $clock (i32.const 0) (i64.const 1) (i32.const 32)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $draws (i32.lt_u (local.get $i) (i32.const {draws}))))
+    (drop (call $send (i32.const 1024) (i32.const {fast_len}) (i32.const 16) (i32.const 20)))
+    (drop (call $send (i32.const 4096) (i32.const {slow_len}) (i32.const 16) (i32.const 20)))
+    (i32.store (i32.const 0) (i32.const 512))
+    (i32.store (i32.const 4) (i32.const 12))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#
+    )
+}
+
+/// A call whose oplog outgrows one message of the worker link (64 MiB): its commits go in
+/// link-sized appends, and when its worker dies its replay goes to the next worker in
+/// chunks; it still finishes, and neither stream breaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oplog_larger_than_a_link_message_commits_and_replays_in_chunks() {
+    let server = Server::start().await;
+    let port = server.addr.port();
+    let root = tempfile::tempdir().unwrap();
+    let bin = root.path().join("bin");
+    let manifests = root.path().join("manifests");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&manifests).unwrap();
+    let wat = big_oplog(
+        5,
+        2 << 20,
+        &document(&server.url("/fast"), &[]),
+        &document(&server.url("/slow"), &[]),
+    );
+    fixtures::write_wat(&bin, "big-oplog.wasm", &wat);
+    let mut text = String::from(
+        "apiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {name: default}\nspec: {replicas: 1, slotsPerWorker: 2}\n",
+    );
+    text += &release("bigoplog", "big-oplog.wasm", "{cpuTime: 60s}", port);
+    std::fs::write(manifests.join("tools.yaml"), text).unwrap();
+    // A killed worker is noticed by its stream closing; the lease only has to outlast a
+    // debug build busy with tens of MiB of entries on a loaded machine.
+    let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "20s"]);
+    let mut first = WorkerProcess::start(&platform, "first", 2, root.path());
+    let call = {
+        let platform_call = platform.call("bigoplog", &[]);
+        tokio::pin!(platform_call);
+        // The worker is waiting for /slow: everything before it is durable. Kill it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            tokio::select! {
+                done = &mut platform_call => panic!("the call ended before its worker was killed: {done:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            if server.seen().iter().any(|s| s.path == "/slow") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the call never reached /slow; worker log:\n{}\ncontrol plane log:\n{}",
+                first.logs(),
+                platform.logs()
+            );
+        }
+        first.kill();
+        let second = WorkerProcess::start(&platform, "second", 2, root.path());
+        let call = platform_call.await.unwrap();
+        (call, second)
+    };
+    let (call, second) = call;
+    assert_eq!(
+        result_of(&call),
+        serde_json::json!({"ok": true}),
+        "{:?}\nworker log:\n{}",
+        call.error,
+        second.logs()
+    );
+    let oplog = platform.oplog(&call.id).await;
+    let payload_bytes: usize = oplog.iter().map(|e| e.payload_json.len()).sum();
+    assert!(
+        payload_bytes > 64 << 20,
+        "the oplog is larger than one link message: {payload_bytes} bytes"
+    );
+    let replay = oplog
+        .iter()
+        .find(|e| e.kind == "replay")
+        .expect("the second worker replayed the call");
+    assert!(
+        replay.payload_json.contains("\"worker\":\"second\""),
+        "{}",
+        replay.payload_json
+    );
+    // The fast request was answered from the oplog; only the in-flight slow GET was re-sent.
+    let fast = server.seen().iter().filter(|s| s.path == "/fast").count();
+    assert_eq!(fast, 1, "the recorded request was not sent again");
 }

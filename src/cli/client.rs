@@ -564,13 +564,9 @@ pub struct OplogArgs {
 pub async fn oplog(args: OplogArgs) -> ExitCode {
     let result = async {
         let mut client = connect(&args.endpoint.endpoint).await?;
-        let response = client
-            .get_oplog(proto::GetOplogRequest {
-                call_id: args.call_id.clone(),
-            })
+        let response = oplog_of(&mut client, &args.call_id)
             .await
-            .map_err(|s| ApiError::from(&s))?
-            .into_inner();
+            .map_err(|s| ApiError::from(&s))?;
         if args.output == "json" {
             let entries: Vec<Value> = response
                 .entries
@@ -680,5 +676,31 @@ mod tests {
         assert_eq!(args.stdin.as_deref(), Some("-"));
         assert_eq!(args.idempotency_key.as_deref(), Some("k1"));
         assert_eq!(args.endpoint.endpoint, "127.0.0.1:9");
+    }
+}
+
+/// A call's whole oplog, following `GetOplog`'s pages.
+pub async fn oplog_of(
+    client: &mut crate::proto::tools_client::ToolsClient<tonic::transport::Channel>,
+    call_id: &str,
+) -> Result<proto::GetOplogResponse, tonic::Status> {
+    let mut all = proto::GetOplogResponse {
+        call_id: call_id.to_string(),
+        ..Default::default()
+    };
+    let mut from_seq = 0;
+    loop {
+        let page = client
+            .get_oplog(proto::GetOplogRequest {
+                call_id: call_id.to_string(),
+                from_seq,
+            })
+            .await?
+            .into_inner();
+        all.entries.extend(page.entries);
+        if !page.more || page.next_seq <= from_seq {
+            return Ok(all);
+        }
+        from_seq = page.next_seq;
     }
 }

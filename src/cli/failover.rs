@@ -168,7 +168,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let channel = Channel::from_shared(format!("http://{grpc}"))?
         .connect()
         .await?;
-    let mut client = ToolsClient::new(channel);
+    let mut client = ToolsClient::new(channel).max_decoding_message_size(64 << 20);
     let request = |run: &str| proto::InvokeRequest {
         tool: "effects".into(),
         command: "run".into(),
@@ -254,12 +254,8 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
             }
         };
         let total = killed_at.elapsed();
-        let oplog = client
-            .get_oplog(proto::GetOplogRequest {
-                call_id: call_id.clone(),
-            })
+        let oplog = super::client::oplog_of(&mut client, &call_id)
             .await?
-            .into_inner()
             .entries;
         let assignments = oplog.iter().filter(|e| e.kind == "assigned").count();
         if assignments < 2 {

@@ -1,7 +1,7 @@
 //! The `toolgrid` command line: the platform (`up`, `worker`) and the client side.
 
 mod bench;
-mod client;
+pub mod client;
 mod componentize;
 mod controller;
 mod failover;

@@ -547,7 +547,9 @@ async fn run_call(
     if pending_bytes > proto::LINK_BATCH_BYTES {
         let entries = match proto::entries_from_wire(&pending) {
             Ok(entries) => entries,
-            Err(error) => return Ran::Abandoned(format!("a recorded entry does not encode: {error}")),
+            Err(error) => {
+                return Ran::Abandoned(format!("a recorded entry does not encode: {error}"));
+            }
         };
         match sink.append(entries).await {
             Ok(()) => pending.clear(),

@@ -194,6 +194,7 @@ impl Platform {
         ToolsClient::connect(format!("http://{}", self.grpc))
             .await
             .expect("connect gRPC")
+            .max_decoding_message_size(64 << 20)
     }
 
     /// Calls a tool over gRPC with command-line tokens.
@@ -237,13 +238,9 @@ impl Platform {
 
     pub async fn oplog(&self, call_id: &str) -> Vec<proto::OplogRecord> {
         let mut client = self.client().await;
-        client
-            .get_oplog(proto::GetOplogRequest {
-                call_id: call_id.into(),
-            })
+        toolgrid::cli::client::oplog_of(&mut client, call_id)
             .await
             .expect("oplog")
-            .into_inner()
             .entries
     }
 
