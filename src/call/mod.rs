@@ -20,15 +20,16 @@
 //! that records them; the scheduler applies them to its view.
 
 mod entry;
+mod error;
 mod lifecycle;
 mod record;
 
-pub use crate::error::ErrorKind;
 pub use entry::{
     Assigned, CallStarted, Ended, EntryError, EntryKind, Fenced, HttpDenied, HttpError,
     HttpRequest, HttpResponse, MonotonicClock, OplogEntry, Outcome, Random, RandomSource,
     ReplayStarted, RunSummary, WallClock,
 };
+pub use error::ErrorKind;
 pub use lifecycle::{Lifecycle, Refusal};
 pub use record::{
     CallFilter, CallRecord, CallSpec, Created, DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES,
@@ -110,4 +111,45 @@ impl CallError {
 
 fn is_zero(v: &i32) -> bool {
     *v == 0
+}
+
+#[cfg(test)]
+mod tests {
+    /// The call model and the scheduler's decisions stay free of IO: no transport, storage,
+    /// sandbox or cluster client, and none of the modules that hold them.
+    #[test]
+    fn the_domain_core_imports_no_transport_storage_or_sandbox() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let files = [
+            "src/call/mod.rs",
+            "src/call/entry.rs",
+            "src/call/error.rs",
+            "src/call/lifecycle.rs",
+            "src/call/record.rs",
+            "src/scheduler/state.rs",
+        ];
+        let forbidden = [
+            "tonic::",
+            "sqlx::",
+            "wasmtime",
+            "kube::",
+            "hyper::",
+            "axum::",
+            "reqwest::",
+            "tokio::",
+            "crate::proto",
+            "crate::store",
+            "crate::worker",
+            "crate::gateway",
+            "crate::controller",
+        ];
+        for file in files {
+            let text = std::fs::read_to_string(root.join(file)).expect(file);
+            // The code, not its tests (this list is in one).
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for word in forbidden {
+                assert!(!code.contains(word), "{file} mentions {word}");
+            }
+        }
+    }
 }

@@ -1,0 +1,154 @@
+//! The error kinds callers see: one stable kebab-case name each, the same on every front
+//! door (gRPC metadata and `CallError.kind`, HTTP JSON, the CLI's one-line errors). The
+//! transports map them to their own status codes at the edge (`crate::error`).
+
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// Arguments or stdin break the Tool's schema.
+    InvalidArgument,
+    /// No such tool in the namespace.
+    UnknownTool,
+    /// The tool has no such command.
+    UnknownCommand,
+    /// The tool has no Ready release (or its pool has no workers).
+    Unavailable,
+    /// The caller may not make this call.
+    PermissionDenied,
+    /// The caller is not known.
+    Unauthenticated,
+    /// The idempotency key was used for a different request.
+    IdempotencyConflict,
+    /// No such call.
+    NotFound,
+    /// The tool exited non-zero (with a declared error, or a generic one).
+    ToolError,
+    /// The tool's stdout is not JSON or breaks the result schema.
+    InvalidResult,
+    /// The call ran past its timeout.
+    Timeout,
+    /// The guest used up its CPU time.
+    CpuLimit,
+    /// The guest grew its memory past the limit.
+    MemoryLimit,
+    /// The guest wrote more output than allowed.
+    OutputLimit,
+    /// An outgoing request (its document or body) was larger than allowed.
+    RequestLimit,
+    /// A response body was larger than allowed.
+    ResponseLimit,
+    /// The guest trapped (unreachable, out-of-bounds access, stack overflow, ...).
+    Trap,
+    /// The release's artifact is not a runnable WASI command.
+    InvalidArtifact,
+    /// A re-run call made a host call the oplog does not have.
+    ReplayDivergence,
+    /// A request may have reached its destination, and repeating it is not safe.
+    OutcomeUnknown,
+    /// The guest's outgoing request was refused by the egress policy.
+    EgressDenied,
+    /// A person or policy refused the call.
+    Denied,
+    Cancelled,
+    Internal,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 24] = [
+        ErrorKind::InvalidArgument,
+        ErrorKind::UnknownTool,
+        ErrorKind::UnknownCommand,
+        ErrorKind::Unavailable,
+        ErrorKind::PermissionDenied,
+        ErrorKind::Unauthenticated,
+        ErrorKind::IdempotencyConflict,
+        ErrorKind::NotFound,
+        ErrorKind::ToolError,
+        ErrorKind::InvalidResult,
+        ErrorKind::Timeout,
+        ErrorKind::CpuLimit,
+        ErrorKind::MemoryLimit,
+        ErrorKind::OutputLimit,
+        ErrorKind::RequestLimit,
+        ErrorKind::ResponseLimit,
+        ErrorKind::Trap,
+        ErrorKind::InvalidArtifact,
+        ErrorKind::ReplayDivergence,
+        ErrorKind::OutcomeUnknown,
+        ErrorKind::EgressDenied,
+        ErrorKind::Denied,
+        ErrorKind::Cancelled,
+        ErrorKind::Internal,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidArgument => "invalid-argument",
+            ErrorKind::UnknownTool => "unknown-tool",
+            ErrorKind::UnknownCommand => "unknown-command",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::PermissionDenied => "permission-denied",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::IdempotencyConflict => "idempotency-conflict",
+            ErrorKind::NotFound => "not-found",
+            ErrorKind::ToolError => "tool-error",
+            ErrorKind::InvalidResult => "invalid-result",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::CpuLimit => "cpu-limit",
+            ErrorKind::MemoryLimit => "memory-limit",
+            ErrorKind::OutputLimit => "output-limit",
+            ErrorKind::RequestLimit => "request-limit",
+            ErrorKind::ResponseLimit => "response-limit",
+            ErrorKind::Trap => "trap",
+            ErrorKind::InvalidArtifact => "invalid-artifact",
+            ErrorKind::ReplayDivergence => "replay-divergence",
+            ErrorKind::OutcomeUnknown => "outcome-unknown",
+            ErrorKind::EgressDenied => "egress-denied",
+            ErrorKind::Denied => "denied",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Internal => "internal",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        ErrorKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The HTTP status of a response carrying this kind.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorKind::InvalidArgument => 400,
+            ErrorKind::Unauthenticated => 401,
+            ErrorKind::PermissionDenied | ErrorKind::Denied | ErrorKind::EgressDenied => 403,
+            ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => 404,
+            ErrorKind::IdempotencyConflict => 409,
+            ErrorKind::Cancelled => 499,
+            ErrorKind::Internal => 500,
+            ErrorKind::Unavailable => 503,
+            ErrorKind::Timeout => 504,
+            // The call ran and failed: the request itself was fine.
+            _ => 422,
+        }
+    }
+}
+
+impl serde::Serialize for ErrorKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ErrorKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        ErrorKind::parse(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown error kind {name:?}")))
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
