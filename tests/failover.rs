@@ -183,6 +183,29 @@ async fn start_call(
     rx
 }
 
+/// The id of a streamed call, once it is accepted.
+async fn accepted(news: &mut tokio::sync::mpsc::UnboundedReceiver<News>) -> String {
+    loop {
+        match news.recv().await {
+            Some(News::Accepted(id)) => return id,
+            Some(_) => {}
+            None => panic!("the call was not accepted"),
+        }
+    }
+}
+
+/// Waits until the witness has seen an effect of `run`.
+async fn first_effect(witness: &Witness, run: &str) {
+    assert!(
+        witness
+            .wait_for(Duration::from_secs(30), |seen| seen
+                .iter()
+                .any(|s| s.body.contains(run)))
+            .await,
+        "no effect of {run} reached the witness"
+    );
+}
+
 /// Follows a streamed call to its end (asking the store if the stream breaks).
 async fn wait_done(
     news: &mut tokio::sync::mpsc::UnboundedReceiver<News>,
@@ -243,13 +266,11 @@ fn probe_commit_before_send(witness: &Witness, platform: &Platform) {
                 let asked = async {
                     let mut client = proto::tools_client::ToolsClient::connect(endpoint.clone())
                         .await
-                        .map_err(|e| e.to_string())?;
-                    client
-                        .get_oplog(proto::GetOplogRequest {
-                            call_id: call_id.into(),
-                        })
+                        .map_err(|e| e.to_string())?
+                        .max_decoding_message_size(64 << 20);
+                    toolgrid::cli::client::oplog_of(&mut client, call_id)
                         .await
-                        .map(|r| r.into_inner().entries)
+                        .map(|r| r.entries)
                         .map_err(|e| e.to_string())
                 }
                 .await;
@@ -616,13 +637,7 @@ async fn a_paused_worker_loses_its_call_and_is_fenced_when_it_wakes() {
         }
     };
     let paused = workers.iter().find(|w| w.id == worker).unwrap();
-    assert!(
-        witness
-            .wait_for(Duration::from_secs(30), |seen| seen
-                .iter()
-                .any(|s| s.body.contains("paused")))
-            .await
-    );
+    first_effect(&witness, "paused").await;
     paused.signal(libc::SIGSTOP);
 
     // The lease lapses and the call finishes on the other worker.
@@ -1009,20 +1024,8 @@ async fn a_store_locked_mid_call_leaves_no_call_behind() {
         ),
     )
     .await;
-    let call_id = loop {
-        match news.recv().await {
-            Some(News::Accepted(id)) => break id,
-            Some(_) => {}
-            None => panic!("the call did not start"),
-        }
-    };
-    assert!(
-        witness
-            .wait_for(Duration::from_secs(30), |seen| seen
-                .iter()
-                .any(|s| s.body.contains("locked")))
-            .await
-    );
+    let call_id = accepted(&mut news).await;
+    first_effect(&witness, "locked").await;
     // Another process takes the database: every write of the control plane waits, then
     // fails, for longer than its busy timeout (10 s).
     let url = format!("sqlite://{}", platform.data.join("toolgrid.db").display());
@@ -1137,20 +1140,8 @@ async fn a_postgres_restart_mid_call_leaves_no_call_behind() {
         ),
     )
     .await;
-    let call_id = loop {
-        match news.recv().await {
-            Some(News::Accepted(id)) => break id,
-            Some(_) => {}
-            None => panic!("the call did not start"),
-        }
-    };
-    assert!(
-        witness
-            .wait_for(Duration::from_secs(30), |seen| seen
-                .iter()
-                .any(|s| s.body.contains("pg-restart")))
-            .await
-    );
+    let call_id = accepted(&mut news).await;
+    first_effect(&witness, "pg-restart").await;
     let restarted = common::postgres::restart_postgres();
     if !common::require(
         "a PostgreSQL server this test can restart (root, .ci/start-postgres's)",
