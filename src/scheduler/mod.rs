@@ -296,6 +296,7 @@ impl Scheduler {
             } => {
                 tokio::spawn(async move {
                     this.send_assignment(&call, &worker, session, epoch, Vec::new(), 1)
+                        .await
                 });
             }
             Command::Fence {
@@ -344,6 +345,22 @@ impl Scheduler {
         }
     }
 
+    /// Sends on a session's stream, waiting for room; false only when the stream is gone.
+    async fn send_in_order(&self, worker: &str, session: u64, event: control_event::Event) -> bool {
+        let tx = self
+            .sessions()
+            .get(&(worker.to_string(), session))
+            .map(|s| s.tx.clone());
+        match tx {
+            Some(tx) => tx
+                .send(Ok(ControlEvent { event: Some(event) }))
+                .await
+                .is_ok(),
+            None => false,
+        }
+    }
+
+    /// Sends on a session's stream if there is room now (a cancel: best effort).
     fn send(&self, worker: &str, session: u64, event: control_event::Event) -> bool {
         let tx = self
             .sessions()
@@ -421,6 +438,7 @@ impl Scheduler {
                     epoch,
                 } if call.record.id == id => {
                     self.send_assignment(&call, &worker, session, epoch, replay.clone(), attempt)
+                        .await
                 }
                 other => self.execute(other),
             }
@@ -428,7 +446,7 @@ impl Scheduler {
         let _ = (worker, session);
     }
 
-    fn send_assignment(
+    async fn send_assignment(
         self: &Arc<Self>,
         call: &Call,
         worker: &str,
@@ -448,7 +466,10 @@ impl Scheduler {
                     epoch,
                     entries,
                 };
-                if !self.send(worker, session, control_event::Event::ReplayChunk(chunk)) {
+                if !self
+                    .send_in_order(worker, session, control_event::Event::ReplayChunk(chunk))
+                    .await
+                {
                     break;
                 }
             }
@@ -468,7 +489,10 @@ impl Scheduler {
                 epoch,
             },
         );
-        if !self.send(worker, session, control_event::Event::Assign(assign)) {
+        if !self
+            .send_in_order(worker, session, control_event::Event::Assign(assign))
+            .await
+        {
             self.on(Event::Detached {
                 worker: worker.to_string(),
                 session,
