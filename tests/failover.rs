@@ -16,12 +16,18 @@ fn fixture(name: &str) -> PathBuf {
     fixtures::repo().join(format!("tests/fixtures/tools/{name}/{name}.wasm"))
 }
 
-/// A Tool like the `effects` fixtures (`run --base --run --steps --work`) and its release.
+/// A Tool like the `effects` fixtures (`run --base --run --steps --work`, and for
+/// effects-http `--concurrency`) and its release.
 fn effects_tool(name: &str, wasm: &str, effect: &str, port: u16, egress: &str) -> String {
     let egress = if egress.is_empty() {
         format!("[{{host: 127.0.0.1, ports: [{port}], allowPrivate: true}}]")
     } else {
         egress.to_string()
+    };
+    let concurrency = if wasm == "effects-http" {
+        "\n        - {name: concurrency, schema: {type: integer, minimum: 1, maximum: 2}, default: 1}"
+    } else {
+        ""
     };
     format!(
         r#"---
@@ -37,7 +43,7 @@ spec:
         - {{name: base, schema: {{type: string}}, required: true}}
         - {{name: run, schema: {{type: string}}, required: true}}
         - {{name: steps, schema: {{type: integer, minimum: 1}}, default: 5}}
-        - {{name: work, schema: {{type: integer, minimum: 0}}, default: 2000000}}
+        - {{name: work, schema: {{type: integer, minimum: 0}}, default: 2000000}}{concurrency}
       result: {{type: object, required: [run]}}
       errors:
         - {{name: request-failed, exitCode: 3}}
@@ -1081,13 +1087,7 @@ async fn store_writes_that_fail_on_cue_leave_no_call_behind() {
         let steps = 3;
         let mut news =
             start_call(&platform, request(tool, &run, &witness.base(), steps, 1000)).await;
-        let call_id = loop {
-            match news.recv().await {
-                Some(News::Accepted(id)) => break id,
-                Some(_) => {}
-                None => panic!("{faults}: the call did not start"),
-            }
-        };
+        let call_id = accepted(&mut news).await;
         let call = wait_done(&mut news, &platform, &call_id).await;
         assert_eq!(
             call.state,
@@ -1173,4 +1173,217 @@ async fn a_postgres_restart_mid_call_leaves_no_call_behind() {
     ledger.add(&platform, &call).await;
     ledger.check(&witness.seen());
     check_outcome(&call, &oplog, &witness.seen(), "pg-restart", steps);
+}
+
+/// The body of lane `lane` of step `step` of an effects-http `--concurrency 2` run.
+fn lane_body(run: &str, step: u32, lane: &str) -> String {
+    format!("{{\"run\":\"{run}\",\"step\":{step},\"lane\":\"{lane}\"}}")
+}
+
+/// The step of the newest pair (both lanes' POSTs) of `run` the witness saw from attempt
+/// `min_attempt` or later.
+fn newest_pair(seen: &[Seen], run: &str, steps: u32, min_attempt: u32) -> u32 {
+    let from = |s: &Seen| {
+        s.attempt
+            .as_deref()
+            .and_then(|a| a.parse::<u32>().ok())
+            .is_some_and(|a| a >= min_attempt)
+    };
+    (1..=steps)
+        .rev()
+        .find(|&step| {
+            ["a", "b"].iter().all(|lane| {
+                let body = lane_body(run, step, lane);
+                seen.iter()
+                    .any(|s| s.method == "POST" && s.body == body && from(s))
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// Two concurrent `wasi:http` requests per step (effects-http `--concurrency 2`): they are
+/// numbered in the guest's issue order (lane a before lane b, whatever the order they
+/// finish in), so a replay after a kill matches them again. Rounds of calls run at once;
+/// all workers are SIGKILLed twice a round, each time once every unfinished call has a new
+/// pair of requests durable (the witness saw both, and the probe checked their starts were
+/// committed); the calls move and replay. Until at least 50 replays happened: none may
+/// diverge, and no effect is applied twice under different keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_replayed_after_kills_never_diverge() {
+    use sha2::Digest as _;
+    let witness = Witness::start().await;
+    witness.set_delay(Duration::from_millis(10));
+    let root = tempfile::tempdir().unwrap();
+    let manifests = manifests(root.path(), &witness);
+    let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+    probe_commit_before_send(&witness, &platform);
+    let ids = ["q0", "q1", "q2"];
+    let mut workers: Vec<WorkerProcess> = ids
+        .iter()
+        .map(|id| WorkerProcess::start(&platform, id, 4, root.path()))
+        .collect();
+    let (steps, work, per_round, kills_per_round) = (12u32, 2_000_000u64, 6, 2);
+    let began = Instant::now();
+    let mut ledger = Ledger::new();
+    let mut outcomes: Vec<(proto::Call, String)> = Vec::new();
+    let mut replays = 0;
+    let mut round = 0;
+    while replays < 50 {
+        round += 1;
+        assert!(
+            round <= 15,
+            "only {replays} replays in {} rounds",
+            round - 1
+        );
+        // (run, news, call id, ended)
+        let mut calls = Vec::new();
+        for i in 0..per_round {
+            let run = format!("q{round}-{i}");
+            let request = proto::InvokeRequest {
+                tool: "idempotent-p2".into(),
+                command: "run".into(),
+                args_json: serde_json::json!({
+                    "base": witness.base(), "run": run, "steps": steps, "work": work,
+                    "concurrency": 2,
+                })
+                .to_string(),
+                idempotency_key: format!("key-{run}"),
+                ..Default::default()
+            };
+            let mut news = start_call(&platform, request).await;
+            let id = loop {
+                match tokio::time::timeout(Duration::from_secs(30), news.recv())
+                    .await
+                    .expect("news of the call")
+                {
+                    Some(News::Accepted(id)) => break id,
+                    Some(News::Done(call)) => panic!("the call ended at once: {call:?}"),
+                    Some(_) => {}
+                    None => panic!("the call stream broke"),
+                }
+            };
+            calls.push((run, news, id, None::<proto::Call>));
+        }
+        // The step of the newest pair of each call when its worker was last killed.
+        let mut killed_after: HashMap<String, u32> = HashMap::new();
+        for kill in 1..=kills_per_round {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let seen = witness.seen();
+                let mut ready = true;
+                for (run, news, _, ended) in calls.iter_mut() {
+                    while let Ok(event) = news.try_recv() {
+                        if let News::Done(call) = event {
+                            *ended = Some(*call);
+                        }
+                    }
+                    let before = killed_after.get(run.as_str()).copied().unwrap_or(0);
+                    if ended.is_none() && newest_pair(&seen, run, steps, kill) <= before {
+                        ready = false;
+                    }
+                }
+                if ready {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: the calls made no new pair of requests before kill {kill}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let seen = witness.seen();
+            for worker in workers.iter_mut() {
+                worker.signal(libc::SIGKILL);
+                worker.kill();
+            }
+            for (run, _, _, _) in &calls {
+                killed_after.insert(run.clone(), newest_pair(&seen, run, steps, kill));
+            }
+            for (i, id) in ids.iter().enumerate() {
+                workers[i] = WorkerProcess::start(&platform, id, 4, root.path());
+            }
+        }
+        for (run, mut news, id, ended) in calls {
+            let call = match ended {
+                Some(call) => call,
+                None => wait_done(&mut news, &platform, &id).await,
+            };
+            assert_eq!(
+                call.state,
+                proto::CallState::Succeeded as i32,
+                "{run} ({id}) did not succeed: {:?}",
+                call.error
+            );
+            ledger.add(&platform, &call).await;
+            let oplog = &ledger.oplogs[&call.id];
+            let mut replayed = 0;
+            for entry in oplog.iter().filter(|e| e.kind == "replay") {
+                let entries = payload(entry)["entries"].as_u64().unwrap_or_default();
+                // At least the clock reading and the first pair of requests.
+                assert!(entries >= 3, "{run}: a replay of {entries} entries");
+                replayed += 1;
+            }
+            let assigned = oplog.iter().filter(|e| e.kind == "assigned").count();
+            assert!(
+                assigned == 1 || replayed >= 1,
+                "{run}: assigned {assigned} times, never replayed"
+            );
+            replays += replayed;
+            outcomes.push((call, run));
+        }
+        eprintln!(
+            "round {round}: {replays} replays after {:?}",
+            began.elapsed()
+        );
+    }
+
+    let seen = witness.seen();
+    ledger.check(&seen);
+    let sha = |body: &str| hex::encode(sha2::Sha256::digest(body.as_bytes()));
+    for (call, run) in &outcomes {
+        let result: Value = serde_json::from_str(&call.result_json).unwrap();
+        assert_eq!(result["run"], run.as_str());
+        assert_eq!(result["concurrency"], 2);
+        assert_eq!(
+            result["postStatuses"].as_array().map(Vec::len),
+            Some(2 * steps as usize),
+            "{result}"
+        );
+        // Numbered in issue order: per step, lane a, lane b, then the GET.
+        for entry in ledger.oplogs[&call.id]
+            .iter()
+            .filter(|e| e.kind == "http-request")
+        {
+            let request = payload(entry);
+            let seq = request["seq"].as_u64().unwrap();
+            let step = (seq - 1) / 3 + 1;
+            let expected = match seq % 3 {
+                1 => ("POST", sha(&lane_body(run, step as u32, "a"))),
+                2 => ("POST", sha(&lane_body(run, step as u32, "b"))),
+                _ => ("GET", sha("")),
+            };
+            assert_eq!(
+                (
+                    request["method"].as_str().unwrap(),
+                    request["bodySha256"].as_str().unwrap()
+                ),
+                (expected.0, expected.1.as_str()),
+                "{run}: request {seq} is not the one issued {seq}th: {request}"
+            );
+        }
+        for step in 1..=steps {
+            for lane in ["a", "b"] {
+                let body = lane_body(run, step, lane);
+                assert!(
+                    seen.iter().any(|s| s.method == "POST" && s.body == body),
+                    "{run}: step {step} lane {lane} never reached the witness"
+                );
+            }
+        }
+    }
+    eprintln!(
+        "{replays} replays over {} calls in {round} rounds, {:?}",
+        outcomes.len(),
+        began.elapsed()
+    );
 }

@@ -423,7 +423,7 @@ async fn concurrent_appends_are_group_committed_in_order_per_call() {
                         .append_oplog(
                             &format!("g{i}"),
                             1,
-                            n as u64,
+                            n,
                             vec![OplogEntry::MonotonicClock(MonotonicClock { ns: n })],
                         )
                         .await

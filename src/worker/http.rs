@@ -192,8 +192,27 @@ impl HttpHost {
         }
     }
 
-    /// Sends one request (or answers it from the oplog), by the rules above.
+    /// Takes the next request number. A request is numbered when the guest issues it, so
+    /// that a replay numbers concurrent requests the same way whatever order they finish
+    /// in: a number taken is used by [`HttpHost::send_numbered`], or by nothing if the
+    /// request never gets that far (its body fails or passes the request limit), in the
+    /// live run and the replay alike.
+    pub fn next_seq(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Numbers one request and sends it (the preview 1 path: its requests are sequential).
     pub async fn send(&self, request: OutgoingRequest) -> Result<Response, HttpFailure> {
+        self.send_numbered(self.next_seq(), request).await
+    }
+
+    /// Sends request number `seq` (from [`HttpHost::next_seq`]) or answers it from the
+    /// oplog, by the rules above.
+    pub async fn send_numbered(
+        &self,
+        seq: u64,
+        request: OutgoingRequest,
+    ) -> Result<Response, HttpFailure> {
         if self.log.aborted().is_some() {
             return Err(HttpFailure::Abort);
         }
@@ -203,17 +222,24 @@ impl HttpHost {
                 request_limit_message(request.body.len() as u64, self.request_limit),
             ));
         }
-        let seq = self.next.fetch_add(1, Ordering::SeqCst) + 1;
         let method = request.method.to_ascii_uppercase();
         let body_sha = hex::encode(Sha256::digest(&request.body));
 
         if let Some(recorded) = self.log.take_http(seq) {
             let was = &recorded.request;
             if was.method != method || was.url != request.url || was.body_sha256 != body_sha {
+                let bodies = if was.method == method && was.url == request.url {
+                    format!(
+                        " (its body's sha256 was {} and is {body_sha})",
+                        was.body_sha256
+                    )
+                } else {
+                    String::new()
+                };
                 self.log.abort(
                     AbortKind::Diverged,
                     format!(
-                        "request {seq} was {} {} in the oplog but is {method} {} now",
+                        "request {seq} was {} {} in the oplog but is {method} {} now{bodies}",
                         was.method, was.url, request.url
                     ),
                 );

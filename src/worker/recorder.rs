@@ -62,6 +62,8 @@ struct LogState {
 }
 
 /// What replay made of one host call.
+// Short-lived, one per host call: boxing the entry would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Replayed {
     /// Answer the guest with this recorded entry (of the kind asked for).
     Recorded(OplogEntry),

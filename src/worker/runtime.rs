@@ -168,6 +168,10 @@ impl WasiHttpHooks for HttpHooks {
         let egress = self.egress.clone();
         let memory = self.memory.clone();
         let trips = self.trips.clone();
+        // Numbered now, when the guest issues it (`outgoing-handler.handle`), not when its
+        // body is complete or its future first runs: concurrent requests get their numbers
+        // in the guest's order, the same in a replay.
+        let seq = host.next_seq();
         Box::new(async move {
             use http_body_util::BodyExt;
             let (parts, body) = request.into_parts();
@@ -203,7 +207,7 @@ impl WasiHttpHooks for HttpHooks {
                 headers,
                 body,
             };
-            match host.send(outgoing).await {
+            match host.send_numbered(seq, outgoing).await {
                 Ok(response) => {
                     drop(request_held);
                     // The body is counted against the call until the guest drops it.
@@ -1218,6 +1222,14 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     fn hooks(egress: Vec<crate::api::EgressRule>, request_limit: u64) -> HttpHooks {
+        hooks_on(HostLog::new(Vec::new()), egress, request_limit)
+    }
+
+    fn hooks_on(
+        log: Arc<HostLog>,
+        egress: Vec<crate::api::EgressRule>,
+        request_limit: u64,
+    ) -> HttpHooks {
         let trips = Arc::new(Tripwires::default());
         let memory = CallMemory::new(64 << 20, trips.clone());
         let host = HttpHost::new(
@@ -1225,7 +1237,7 @@ mod tests {
             1,
             true,
             Egress::new(egress.clone()),
-            HostLog::new(Vec::new()),
+            log,
             Arc::new(MemorySink::default()),
             Duration::from_secs(5),
         )
@@ -1291,6 +1303,61 @@ mod tests {
         assert!(message.contains("1048576"), "{message}");
         // What was read is given back.
         assert_eq!(hooks.memory.host_bytes(), 0);
+    }
+
+    fn empty_body() -> WasiBody {
+        use http_body_util::BodyExt;
+        http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }
+
+    /// Issues `urls` in order (as `outgoing-handler.handle` does) and then awaits their
+    /// futures in `order`; every destination is refused, so nothing leaves.
+    async fn issue_then_await(hooks: &mut HttpHooks, urls: &[&str], order: &[usize]) {
+        let mut futures: Vec<_> = urls
+            .iter()
+            .map(|url| {
+                Some(Box::into_pin(hooks.send_request(
+                    post(url, empty_body()),
+                    None,
+                    Box::new(async { Ok(()) }),
+                )))
+            })
+            .collect();
+        for &i in order {
+            let result = futures[i].take().unwrap().await;
+            assert!(
+                matches!(result, Err(HttpError::HttpRequestDenied)),
+                "{}",
+                urls[i]
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_are_numbered_in_issue_order_live_and_in_replay() {
+        let urls = ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"];
+        // The second request finishes first; it is still request 2.
+        let log = HostLog::new(Vec::new());
+        let mut hooks = hooks_on(log.clone(), Vec::new(), 1 << 20);
+        issue_then_await(&mut hooks, &urls, &[1, 0]).await;
+        let recorded = log.take_pending();
+        let numbered: Vec<(u64, &str)> = recorded
+            .iter()
+            .filter_map(|entry| match entry {
+                OplogEntry::HttpRequest(request) => Some((request.seq, request.url.as_str())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(numbered, [(2, urls[1]), (1, urls[0])]);
+        // A replay that finishes them in the other order matches both and records nothing.
+        let replay = HostLog::new(recorded);
+        let mut hooks = hooks_on(replay.clone(), Vec::new(), 1 << 20);
+        issue_then_await(&mut hooks, &urls, &[0, 1]).await;
+        assert_eq!(replay.aborted(), None);
+        assert_eq!(replay.counts(), (2, 0));
+        assert!(replay.take_pending().is_empty());
     }
 
     #[tokio::test]
