@@ -581,11 +581,18 @@ async fn execute(conn: &mut AnyConnection, op: &WriteOp, again: bool) -> Result<
             first_wseq,
             entries,
         } => {
-            if !entries.is_empty() && wseq_stored(conn, call_id, *epoch, *first_wseq).await? {
-                return Ok(Reply::Done);
+            // The fencing update matches no row for an append already stored (the same
+            // call, epoch and wseq: a batch run again, or a repeat); only then is it asked why.
+            match reserve_and_insert(conn, call_id, *epoch, *first_wseq, entries, None).await {
+                Ok(_) => Ok(Reply::Done),
+                Err(StoreError::StaleEpoch { .. })
+                    if !entries.is_empty()
+                        && wseq_stored(conn, call_id, *epoch, *first_wseq).await? =>
+                {
+                    Ok(Reply::Done)
+                }
+                Err(error) => Err(error),
             }
-            reserve_and_insert(conn, call_id, *epoch, *first_wseq, entries, None).await?;
-            Ok(Reply::Done)
         }
         WriteOp::Complete {
             call_id,
@@ -948,13 +955,22 @@ async fn reserve_and_insert(
     let now = now_ms();
     let row = match outcome {
         None => {
+            // No entries carry wseq -1: an empty append never counts as already stored.
+            let wseq = if entries.is_empty() {
+                -1
+            } else {
+                first_wseq as i64
+            };
             sqlx::query(
                 "UPDATE calls SET next_seq = next_seq + $3 \
-                 WHERE id = $1 AND epoch = $2 AND state = 'running' RETURNING next_seq",
+                 WHERE id = $1 AND epoch = $2 AND state = 'running' \
+                 AND NOT EXISTS (SELECT 1 FROM oplog WHERE call_id = $1 AND epoch = $2 AND wseq = $4) \
+                 RETURNING next_seq",
             )
             .bind(call_id)
             .bind(epoch as i64)
             .bind(count)
+            .bind(wseq)
             .fetch_optional(&mut *conn)
             .await?
         }
