@@ -632,6 +632,32 @@ pub async fn decide(args: DecisionArgs, approve: bool) -> ExitCode {
     }
 }
 
+/// A call's whole oplog, following `GetOplog`'s pages.
+pub async fn oplog_of(
+    client: &mut crate::proto::tools_client::ToolsClient<tonic::transport::Channel>,
+    call_id: &str,
+) -> Result<proto::GetOplogResponse, tonic::Status> {
+    let mut all = proto::GetOplogResponse {
+        call_id: call_id.to_string(),
+        ..Default::default()
+    };
+    let mut from_seq = 0;
+    loop {
+        let page = client
+            .get_oplog(proto::GetOplogRequest {
+                call_id: call_id.to_string(),
+                from_seq,
+            })
+            .await?
+            .into_inner();
+        all.entries.extend(page.entries);
+        if !page.more || page.next_seq <= from_seq {
+            return Ok(all);
+        }
+        from_seq = page.next_seq;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -676,31 +702,5 @@ mod tests {
         assert_eq!(args.stdin.as_deref(), Some("-"));
         assert_eq!(args.idempotency_key.as_deref(), Some("k1"));
         assert_eq!(args.endpoint.endpoint, "127.0.0.1:9");
-    }
-}
-
-/// A call's whole oplog, following `GetOplog`'s pages.
-pub async fn oplog_of(
-    client: &mut crate::proto::tools_client::ToolsClient<tonic::transport::Channel>,
-    call_id: &str,
-) -> Result<proto::GetOplogResponse, tonic::Status> {
-    let mut all = proto::GetOplogResponse {
-        call_id: call_id.to_string(),
-        ..Default::default()
-    };
-    let mut from_seq = 0;
-    loop {
-        let page = client
-            .get_oplog(proto::GetOplogRequest {
-                call_id: call_id.to_string(),
-                from_seq,
-            })
-            .await?
-            .into_inner();
-        all.entries.extend(page.entries);
-        if !page.more || page.next_seq <= from_seq {
-            return Ok(all);
-        }
-        from_seq = page.next_seq;
     }
 }
