@@ -5,7 +5,6 @@ use super::manifest::Sourced;
 use crate::api::conditions::Reason;
 use crate::api::{ArtifactSource, ToolRelease};
 use crate::store::{Store, StoreError};
-use crate::worker::runtime::validate_artifact;
 use k8s_openapi::api::core::v1::ConfigMap;
 use sha2::{Digest as _, Sha256};
 use std::collections::HashSet;
@@ -122,7 +121,7 @@ pub fn check_bytes(bytes: Vec<u8>, expected: Option<&str>) -> LoadedArtifact {
             format!("spec.artifact.digest is {expected} but the artifact's digest is {digest}"),
         );
     }
-    match validate_artifact(&bytes) {
+    match super::wasm::validate_command(&bytes) {
         Ok(kind) => LoadedArtifact {
             outcome: ArtifactOutcome::Ready {
                 digest,

@@ -3,8 +3,8 @@
 //! guest's argv, and judge its exit code and stdout.
 
 use crate::api::{Command, DeclaredError};
+use crate::call::CallError;
 use crate::error::{ApiError, ErrorKind};
-use crate::store::CallError;
 use jsonschema::Validator;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;

@@ -8,6 +8,7 @@ pub mod pool_health;
 pub mod resolve;
 pub mod snapshot;
 mod source;
+pub mod wasm;
 
 pub use resolve::Identities;
 

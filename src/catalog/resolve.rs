@@ -869,7 +869,7 @@ pub fn check_tool(tool: &Tool, key: &ObjectKey) -> Result<ResolvedTool, FieldErr
 /// maximum (said in the Ready condition).
 fn release_limits(release: &ToolRelease) -> Result<(Limits, Vec<String>), FieldError> {
     use crate::api::units::ByteSize;
-    use crate::store::{
+    use crate::call::{
         DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES, MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES,
         MAX_RESPONSE_BYTES,
     };

@@ -774,52 +774,15 @@ fn compile_artifact(engine: &Engine, bytes: &[u8]) -> Result<Artifact, CompileEr
     }
 }
 
-/// Checks that `bytes` are a valid WASI command (a preview 1 module exporting `_start`,
-/// or a preview 2 component exporting `wasi:cli/run`) without compiling it: the control
-/// plane's check before a release is Ready. Returns `module` or `component`.
+/// Checks that `bytes` are a valid WASI command without compiling them (the control plane's
+/// check, in [`crate::catalog::wasm`]), as a [`CompileError`].
 pub fn validate_artifact(bytes: &[u8]) -> Result<&'static str, CompileError> {
-    use wasmparser::{Parser, Payload, Validator, WasmFeatures};
-    let kind = if Parser::is_component(bytes) {
-        "component"
-    } else if Parser::is_core_wasm(bytes) {
-        "module"
-    } else {
-        return Err(CompileError::Invalid(
-            "not a WebAssembly module or component (bad magic number or version)".into(),
-        ));
-    };
-    Validator::new_with_features(WasmFeatures::default())
-        .validate_all(bytes)
-        .map_err(|e| CompileError::Invalid(e.to_string()))?;
-    let mut depth = 0usize;
-    let mut is_command = false;
-    for payload in Parser::new(0).parse_all(bytes) {
-        match payload.map_err(|e| CompileError::Invalid(e.to_string()))? {
-            Payload::Version { .. } => depth += 1,
-            Payload::End(_) => depth = depth.saturating_sub(1),
-            Payload::ExportSection(exports) if depth == 1 && kind == "module" => {
-                for export in exports {
-                    let export = export.map_err(|e| CompileError::Invalid(e.to_string()))?;
-                    is_command |= export.name == "_start";
-                }
-            }
-            Payload::ComponentExportSection(exports) if depth == 1 => {
-                for export in exports {
-                    let export = export.map_err(|e| CompileError::Invalid(e.to_string()))?;
-                    is_command |= export.name.name.starts_with("wasi:cli/run@0.2");
-                }
-            }
-            _ => {}
+    crate::catalog::wasm::validate_command(bytes).map_err(|error| match error {
+        crate::catalog::wasm::InvalidCommand::Invalid(message) => CompileError::Invalid(message),
+        crate::catalog::wasm::InvalidCommand::NotACommand(message) => {
+            CompileError::NotACommand(message)
         }
-    }
-    if !is_command {
-        return Err(CompileError::NotACommand(if kind == "module" {
-            "the module exports no `_start` function".into()
-        } else {
-            "the component does not export wasi:cli/run@0.2".into()
-        }));
-    }
-    Ok(kind)
+    })
 }
 
 /// Why a compiled cache entry is not trusted.

@@ -1,0 +1,60 @@
+//! What a release artifact must be: a WASI command (a preview 1 module exporting `_start`, or
+//! a preview 2 component exporting `wasi:cli/run`), checked by parsing and validating it,
+//! without compiling or running it.
+
+/// Why bytes are not a runnable WASI command.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidCommand {
+    #[error("invalid WebAssembly: {0}")]
+    Invalid(String),
+    #[error("not a WASI command: {0}")]
+    NotACommand(String),
+}
+
+/// Checks that `bytes` are a valid WASI command (a preview 1 module exporting `_start`,
+/// or a preview 2 component exporting `wasi:cli/run`) without compiling it: the control
+/// plane's check before a release is Ready. Returns `module` or `component`.
+pub fn validate_command(bytes: &[u8]) -> Result<&'static str, InvalidCommand> {
+    use wasmparser::{Parser, Payload, Validator, WasmFeatures};
+    let kind = if Parser::is_component(bytes) {
+        "component"
+    } else if Parser::is_core_wasm(bytes) {
+        "module"
+    } else {
+        return Err(InvalidCommand::Invalid(
+            "not a WebAssembly module or component (bad magic number or version)".into(),
+        ));
+    };
+    Validator::new_with_features(WasmFeatures::default())
+        .validate_all(bytes)
+        .map_err(|e| InvalidCommand::Invalid(e.to_string()))?;
+    let mut depth = 0usize;
+    let mut is_command = false;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(|e| InvalidCommand::Invalid(e.to_string()))? {
+            Payload::Version { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            Payload::ExportSection(exports) if depth == 1 && kind == "module" => {
+                for export in exports {
+                    let export = export.map_err(|e| InvalidCommand::Invalid(e.to_string()))?;
+                    is_command |= export.name == "_start";
+                }
+            }
+            Payload::ComponentExportSection(exports) if depth == 1 => {
+                for export in exports {
+                    let export = export.map_err(|e| InvalidCommand::Invalid(e.to_string()))?;
+                    is_command |= export.name.name.starts_with("wasi:cli/run@0.2");
+                }
+            }
+            _ => {}
+        }
+    }
+    if !is_command {
+        return Err(InvalidCommand::NotACommand(if kind == "module" {
+            "the module exports no `_start` function".into()
+        } else {
+            "the component does not export wasi:cli/run@0.2".into()
+        }));
+    }
+    Ok(kind)
+}
