@@ -80,6 +80,7 @@ impl InFlight {
 
 /// Runs the worker until the control plane stays unreachable past the reconnect timeout.
 pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
+    start_guest_runtime()?;
     let runtime = Arc::new(Runtime::new(&RuntimeConfig {
         cache_dir: config.cache_dir.clone(),
         slots: config.slots,
@@ -328,7 +329,9 @@ fn start_call(
         slot.clone(),
         config.worker_id.clone(),
     );
-    let task = tokio::spawn(
+    // Guests run on their own threads: a guest busy in a long host call cannot hold up this
+    // worker's stream, its heartbeats or its acks.
+    let task = guests().spawn(
         async move {
             let call_id = assign.call_id.clone();
             let result = match run_call(&runtime, &slot, &worker_id, assign).await {
@@ -393,6 +396,35 @@ enum Ran {
     Fenced,
     /// A commit went unacknowledged, so it stopped; the reason is reported.
     Abandoned(String),
+}
+
+/// The runtime calls run on, apart from the one that serves the worker link, so that guests
+/// (and their synchronous host work) never starve the link's heartbeats and acks. Started by
+/// [`run`]; it lives as long as the process.
+static GUESTS: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+
+fn start_guest_runtime() -> std::io::Result<()> {
+    if GUESTS.get().is_none() {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("guest")
+            .enable_all()
+            .build()?;
+        // A concurrent start won the race: its runtime serves, and this one is not needed.
+        if let Err(unused) = GUESTS.set(runtime) {
+            std::mem::forget(unused);
+        }
+    }
+    Ok(())
+}
+
+/// Where calls run: the guest runtime, or (before [`run`] started it) the current one.
+fn guests() -> tokio::runtime::Handle {
+    GUESTS
+        .get()
+        .map(|runtime| runtime.handle().clone())
+        .unwrap_or_else(tokio::runtime::Handle::current)
 }
 
 /// Chunked replays a session receives at once, at most (each is followed by its Assign).
