@@ -812,6 +812,35 @@ async fn an_oplog_larger_than_a_link_message_commits_and_replays_in_chunks() {
         "{}",
         replay.payload_json
     );
+    // Over HTTP the same oplog comes in pages, each under a gRPC client's default limit.
+    let http = reqwest::Client::new();
+    let (mut from, mut pages, mut seqs) = (0u64, 0, Vec::new());
+    loop {
+        let page: serde_json::Value = http
+            .get(format!(
+                "http://{}/v1/calls/{}/oplog?fromSeq={from}",
+                platform.http, call.id
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        pages += 1;
+        let entries = page["entries"].as_array().unwrap();
+        seqs.extend(entries.iter().map(|e| e["seq"].as_u64().unwrap()));
+        if page["more"] != true {
+            break;
+        }
+        from = page["nextSeq"].as_u64().unwrap();
+    }
+    assert!(pages > 1, "an 80 MiB oplog takes more than one page");
+    assert_eq!(
+        seqs,
+        oplog.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        "the pages hold every entry once, in order"
+    );
     // The fast request was answered from the oplog; only the in-flight slow GET was re-sent.
     let fast = server.seen().iter().filter(|s| s.path == "/fast").count();
     assert_eq!(fast, 1, "the recorded request was not sent again");

@@ -47,10 +47,6 @@ fn invocation(request: proto::InvokeRequest) -> Result<Invocation, ApiError> {
 
 type InvokeStream = Pin<Box<dyn Stream<Item = Result<proto::InvokeEvent, Status>> + Send>>;
 
-/// Bytes of entries one `GetOplog` response carries, within any gRPC client's default
-/// 4 MiB message limit (one larger entry travels alone).
-const OPLOG_PAGE_BYTES: usize = 2 << 20;
-
 #[tonic::async_trait]
 impl Tools for ToolsService {
     type InvokeStreamStream = InvokeStream;
@@ -139,22 +135,8 @@ impl Tools for ToolsService {
     ) -> Result<Response<proto::GetOplogResponse>, Status> {
         let request = request.into_inner();
         let call_id = request.call_id;
-        // One page: entries from `from_seq` while the response stays well under a message.
-        let mut entries = Vec::new();
-        let mut bytes = 0;
-        let mut next = None;
-        for record in self.gateway.oplog(&call_id).await? {
-            if record.seq < request.from_seq {
-                continue;
-            }
-            let size = record.payload.len() + record.kind.len() + 64;
-            if !entries.is_empty() && bytes + size > OPLOG_PAGE_BYTES {
-                next = Some(record.seq);
-                break;
-            }
-            bytes += size;
-            entries.push(oplog_to_proto(&record));
-        }
+        let (page, next) = self.gateway.oplog_page(&call_id, request.from_seq).await?;
+        let entries = page.iter().map(oplog_to_proto).collect();
         Ok(Response::new(proto::GetOplogResponse {
             call_id,
             entries,

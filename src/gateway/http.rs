@@ -4,7 +4,8 @@
 //!   `{"args": {...}, "argv": [...], "stdin": "...", "idempotencyKey": "..."}` (or an
 //!   `Idempotency-Key` header): the call record once it ends. 200 when it succeeded; a
 //!   failed call comes with the status of its error kind (422 for a tool's own failure).
-//! - `GET /v1/calls/{id}` (`?wait=true` blocks until it ends), `GET /v1/calls/{id}/oplog`,
+//! - `GET /v1/calls/{id}` (`?wait=true` blocks until it ends), `GET /v1/calls/{id}/oplog`
+//!   (in pages: `more`, `nextSeq`, `?fromSeq=`),
 //!   `GET /v1/calls`, `GET /v1/namespaces/{ns}/tools`, `/healthz`, `/readyz`.
 
 use super::convert::call_to_json;
@@ -144,17 +145,29 @@ async fn get_call(
     Ok(Json(call_to_json(&record, false)))
 }
 
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OplogQuery {
+    #[serde(default)]
+    from_seq: u64,
+}
+
+/// One page of a call's oplog (`?fromSeq=N` for the next, when `more` says there is one).
 async fn get_oplog(
     State(gateway): State<Arc<Gateway>>,
     Path(id): Path<String>,
+    Query(query): Query<OplogQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let entries: Vec<Value> = gateway
-        .oplog(&id)
-        .await?
+    let (page, next) = gateway.oplog_page(&id, query.from_seq).await?;
+    let entries: Vec<Value> = page
         .iter()
         .map(crate::gateway::convert::oplog_to_json)
         .collect();
-    Ok(Json(json!({"callId": id, "entries": entries})))
+    let mut body = json!({"callId": id, "entries": entries, "more": next.is_some()});
+    if let Some(next) = next {
+        body["nextSeq"] = json!(next);
+    }
+    Ok(Json(body))
 }
 
 #[derive(Deserialize)]

@@ -50,6 +50,10 @@ pub struct Admitted {
     pub updates: Option<watch::Receiver<CallUpdate>>,
 }
 
+/// Bytes of entries one page of an oplog carries, within any gRPC client's default 4 MiB
+/// message limit.
+pub const OPLOG_PAGE_BYTES: usize = 2 << 20;
+
 pub struct Gateway {
     catalog: Arc<Catalog>,
     store: Arc<dyn Store>,
@@ -426,6 +430,30 @@ impl Gateway {
     pub async fn oplog(&self, call_id: &str) -> Result<Vec<OplogRecord>, ApiError> {
         self.get_call(call_id).await?;
         Ok(self.store.oplog(call_id).await?)
+    }
+
+    /// One page of a call's oplog from `from_seq`: entries while the page stays within
+    /// [`OPLOG_PAGE_BYTES`] (a larger single entry travels alone), and the seq the next page
+    /// starts at, if any.
+    pub async fn oplog_page(
+        &self,
+        call_id: &str,
+        from_seq: u64,
+    ) -> Result<(Vec<OplogRecord>, Option<u64>), ApiError> {
+        let mut page = Vec::new();
+        let mut bytes = 0;
+        for record in self.oplog(call_id).await? {
+            if record.seq < from_seq {
+                continue;
+            }
+            let size = record.payload.len() + record.kind.len() + 64;
+            if !page.is_empty() && bytes + size > OPLOG_PAGE_BYTES {
+                return Ok((page, Some(record.seq)));
+            }
+            bytes += size;
+            page.push(record);
+        }
+        Ok((page, None))
     }
 
     /// The tools of a namespace with their commands' schemas, as agents see them.
