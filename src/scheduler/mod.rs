@@ -281,12 +281,9 @@ impl Scheduler {
                 };
                 self.send(&worker, session, control_event::Event::Cancel(cancel));
             }
-            Command::Assign {
-                call,
-                worker,
-                session,
-            } => {
-                tokio::spawn(async move { this.assign(call, worker, session).await });
+            // The session is the state machine's to check when the write returns.
+            Command::Assign { call, worker, .. } => {
+                tokio::spawn(async move { this.assign(call, worker).await });
             }
             Command::Send {
                 call,
@@ -373,7 +370,7 @@ impl Scheduler {
     }
 
     /// Writes an assignment and sends it with the call's replay.
-    async fn assign(self: Arc<Self>, call: Call, worker: String, session: u64) {
+    async fn assign(self: Arc<Self>, call: Call, worker: String) {
         let id = call.record.id.clone();
         let epoch = match self.store.assign_call(&id, &worker).await {
             Ok(epoch) => epoch,
@@ -443,7 +440,6 @@ impl Scheduler {
                 other => self.execute(other),
             }
         }
-        let _ = (worker, session);
     }
 
     async fn send_assignment(
