@@ -9,6 +9,7 @@ mod common;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::HeaderMap;
+use common::fixtures::runtime;
 use common::{Platform, WorkerProcess, error_kind, fixtures, result_of};
 use sha2::{Digest, Sha256};
 use std::net::SocketAddr;
@@ -16,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use toolgrid::store::RunLimits;
 use toolgrid::worker::runtime::{Compiled, RunOutcome};
-use toolgrid::worker::{RunRequest, Runtime, RuntimeConfig};
+use toolgrid::worker::{RunRequest, Runtime};
 
 // ---------------------------------------------------------------------------------------
 // A loopback server that answers big bodies and records what reached it.
@@ -229,16 +230,6 @@ fn document(url: &str, headers: &[(&str, &str)]) -> String {
 
 // ---------------------------------------------------------------------------------------
 // In-process runtime.
-
-fn runtime(cache: &std::path::Path) -> Runtime {
-    Runtime::new(&RuntimeConfig {
-        cache_dir: cache.to_path_buf(),
-        slots: 4,
-        max_memory_bytes: 1 << 30,
-        pooling: true,
-    })
-    .unwrap()
-}
 
 fn limits() -> RunLimits {
     RunLimits {

@@ -4,12 +4,13 @@
 mod common;
 
 use common::fixtures;
+use common::fixtures::runtime;
 use sha2::{Digest, Sha256};
 use toolgrid::call::OplogEntry;
 use toolgrid::error::ErrorKind;
 use toolgrid::store::RunLimits;
+use toolgrid::worker::RunRequest;
 use toolgrid::worker::runtime::{CompileError, PrepareError};
-use toolgrid::worker::{RunRequest, Runtime, RuntimeConfig};
 
 fn example(tool: &str) -> (String, Vec<u8>) {
     let bytes =
@@ -18,16 +19,6 @@ fn example(tool: &str) -> (String, Vec<u8>) {
         format!("sha256:{}", hex::encode(Sha256::digest(&bytes))),
         bytes,
     )
-}
-
-fn runtime(cache: &std::path::Path) -> Runtime {
-    Runtime::new(&RuntimeConfig {
-        cache_dir: cache.to_path_buf(),
-        slots: 4,
-        max_memory_bytes: 1 << 30,
-        pooling: true,
-    })
-    .unwrap()
 }
 
 fn limits() -> RunLimits {
