@@ -233,8 +233,9 @@ impl Scheduler {
     /// Runs the timer until the process ends: sleeps until the state machine's next
     /// deadline (a lease, a grace, a retry, a call's deadline) or until an event arrives.
     pub async fn run(self: Arc<Self>) {
-        // Gauges are exported at most this often.
+        // Gauges are exported (and finished watchers pruned) about this often, not per event.
         const IDLE: Duration = Duration::from_secs(1);
+        let mut housekept = Instant::now();
         loop {
             let (wake, deadline_ms) = {
                 let state = self.lock();
@@ -252,8 +253,11 @@ impl Scheduler {
                     self.on(Event::Tick);
                 }
             }
-            self.calls.prune();
-            self.export_gauges();
+            if housekept.elapsed() >= IDLE {
+                housekept = Instant::now();
+                self.calls.prune();
+                self.export_gauges();
+            }
         }
     }
 
@@ -342,13 +346,16 @@ impl Scheduler {
         }
     }
 
+    /// The outbound stream of a worker session, while it is open.
+    fn session_tx(&self, worker: &str, session: u64) -> Option<ControlSender> {
+        self.sessions()
+            .get(&(worker.to_string(), session))
+            .map(|s| s.tx.clone())
+    }
+
     /// Sends on a session's stream, waiting for room; false only when the stream is gone.
     async fn send_in_order(&self, worker: &str, session: u64, event: control_event::Event) -> bool {
-        let tx = self
-            .sessions()
-            .get(&(worker.to_string(), session))
-            .map(|s| s.tx.clone());
-        match tx {
+        match self.session_tx(worker, session) {
             Some(tx) => tx
                 .send(Ok(ControlEvent { event: Some(event) }))
                 .await
@@ -359,11 +366,7 @@ impl Scheduler {
 
     /// Sends on a session's stream if there is room now (a cancel: best effort).
     fn send(&self, worker: &str, session: u64, event: control_event::Event) -> bool {
-        let tx = self
-            .sessions()
-            .get(&(worker.to_string(), session))
-            .map(|s| s.tx.clone());
-        match tx {
+        match self.session_tx(worker, session) {
             Some(tx) => tx.try_send(Ok(ControlEvent { event: Some(event) })).is_ok(),
             None => false,
         }
@@ -733,7 +736,11 @@ pub fn replay_of(records: &[crate::store::OplogRecord]) -> Result<Vec<proto::Opl
             )
         })?;
         if entry.kind().is_host() {
-            replay.push(proto::OplogEntry::from(&entry));
+            // It parses: the stored payload goes as it is, not serialized a second time.
+            replay.push(proto::OplogEntry {
+                kind: record.kind.clone(),
+                payload: record.payload.clone().into_bytes(),
+            });
         }
     }
     Ok(replay)
