@@ -40,11 +40,10 @@ fn postgres_admin_url() -> Option<String> {
     match std::env::var("TOOLGRID_TEST_POSTGRES_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true but TOOLGRID_TEST_POSTGRES_URL is not set: start PostgreSQL with .ci/start-postgres"
+            common::require(
+                "PostgreSQL for the store suite (TOOLGRID_TEST_POSTGRES_URL, from .ci/start-postgres)",
+                false,
             );
-            eprintln!("skipping PostgreSQL: TOOLGRID_TEST_POSTGRES_URL is not set");
             None
         }
     }
@@ -1023,11 +1022,10 @@ async fn appends_across_a_postgres_restart_are_stored_exactly_once() {
     match restarted {
         Some(result) => result.expect("restart PostgreSQL"),
         None => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true but this test cannot restart PostgreSQL (needs root and .ci/start-postgres's server)"
+            common::require(
+                "a PostgreSQL server this test can restart (root, .ci/start-postgres's)",
+                false,
             );
-            eprintln!("skipping the restart: not root, or no server in /tmp/toolgrid-postgres");
         }
     }
     writer.await.unwrap().expect("every append succeeds");
