@@ -19,11 +19,13 @@
 //! reassigned call from running twice. The store applies these rules inside the transaction
 //! that records them; the scheduler applies them to its view.
 
+mod access;
 mod entry;
 mod error;
 mod lifecycle;
 mod record;
 
+pub use access::{CallAccess, Filesystem};
 pub use entry::{
     Assigned, CallStarted, Ended, EntryError, EntryKind, Fenced, HttpDenied, HttpError,
     HttpRequest, HttpResponse, MonotonicClock, OplogEntry, Outcome, Random, RandomSource,

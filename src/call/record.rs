@@ -92,6 +92,9 @@ pub struct CallSpec {
     /// The release's egress rules when the call was admitted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress: Vec<crate::api::EgressRule>,
+    /// The agent the call acts for and what its binding grants.
+    #[serde(default)]
+    pub access: super::CallAccess,
 }
 
 /// A call as the gateway admits it.

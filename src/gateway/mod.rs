@@ -284,6 +284,7 @@ impl Gateway {
                 command: command_def,
                 deadline_ms: created + timeout_ms as i64,
                 egress: release.network.egress.clone(),
+                access: Default::default(),
             },
             stdin,
             idempotency_key,
