@@ -6,6 +6,7 @@
 //! [`worker`]s over the worker link, and the [`store`] keeps calls and oplogs durable.
 
 pub mod api;
+pub mod auth;
 pub mod call;
 pub mod catalog;
 pub mod cli;

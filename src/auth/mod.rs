@@ -1,0 +1,86 @@
+//! Who is calling: the identities behind bearer tokens, and the cluster's answers about
+//! them. The gateway authenticates callers (`Principal`), the worker link authenticates
+//! workers; both ask a [`TokenReviewer`] about ServiceAccount tokens in a cluster.
+
+use crate::catalog::ObjectKey;
+
+/// The audience of the tokens callers present in a cluster.
+pub const CALLER_AUDIENCE: &str = "toolgrid";
+/// The audience of the projected tokens worker pods present.
+pub const WORKER_AUDIENCE: &str = "toolgrid-worker";
+
+/// An authenticated caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    /// May call anything and read everything (the admin token of `toolgrid up`, or a subject
+    /// Kubernetes RBAC allows to operate toolgrid). May act as an agent (`--as`).
+    Operator { subject: String },
+    /// An Agent: calls only its bound tools, reads only its own calls.
+    Agent { agent: ObjectKey },
+}
+
+/// What the cluster says about a token it accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReviewedToken {
+    /// `system:serviceaccount:NAMESPACE:NAME` for a ServiceAccount.
+    pub username: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+}
+
+impl ReviewedToken {
+    /// The ServiceAccount behind the token, when it is one.
+    pub fn service_account(&self) -> Option<ObjectKey> {
+        let rest = self.username.strip_prefix("system:serviceaccount:")?;
+        let (namespace, name) = rest.split_once(':')?;
+        (!namespace.is_empty() && !name.is_empty()).then(|| ObjectKey::new(namespace, name))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// The cluster could not be asked (the API server is down, RBAC forbids the review).
+    #[error("cannot review the token: {0}")]
+    Unavailable(String),
+}
+
+/// The cluster's authority on tokens and permissions (TokenReview and SubjectAccessReview);
+/// absent in `toolgrid up`.
+#[async_trait::async_trait]
+pub trait TokenReviewer: Send + Sync {
+    /// Who holds `token`, for `audience`; `Ok(None)` when the cluster does not accept it
+    /// (expired, wrong audience, unknown, revoked).
+    async fn review(
+        &self,
+        token: &str,
+        audience: &str,
+    ) -> Result<Option<ReviewedToken>, ReviewError>;
+
+    /// Whether Kubernetes RBAC lets `user` operate toolgrid in `namespace` (may call any
+    /// tool and read every call).
+    async fn is_operator(&self, user: &ReviewedToken, namespace: &str)
+    -> Result<bool, ReviewError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_account_username_names_its_account() {
+        let token = ReviewedToken {
+            username: "system:serviceaccount:team-a:reporter".into(),
+            uid: "u".into(),
+            groups: vec![],
+        };
+        assert_eq!(
+            token.service_account(),
+            Some(ObjectKey::new("team-a", "reporter"))
+        );
+        let user = ReviewedToken {
+            username: "alice".into(),
+            ..token
+        };
+        assert_eq!(user.service_account(), None);
+    }
+}
