@@ -62,6 +62,11 @@ pub struct WorkerPoolSpec {
     /// Worker image (default: the controller's own image).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The ServiceAccount worker pods run as; their projected token (audience
+    /// `toolgrid-worker`) is how the control plane knows a worker belongs to this pool.
+    /// Default: `POOL-worker`, created by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -80,6 +85,13 @@ pub const DEFAULT_SLOTS_PER_WORKER: u32 = 64;
 impl WorkerPoolSpec {
     pub fn slots(&self) -> u32 {
         self.slots_per_worker.unwrap_or(DEFAULT_SLOTS_PER_WORKER)
+    }
+
+    /// The ServiceAccount the workers of pool `pool_name` run as.
+    pub fn service_account_name(&self, pool_name: &str) -> String {
+        self.service_account
+            .clone()
+            .unwrap_or_else(|| format!("{pool_name}-worker"))
     }
 }
 

@@ -214,6 +214,7 @@ mod tests {
             node_selector: BTreeMap::from([("pool".to_string(), "gpu".to_string())]),
             tolerations: vec![],
             image: None,
+            service_account: None,
         };
         let deployment = desired_deployment(&pool(spec.clone()), &settings(), 3);
         assert_eq!(
@@ -280,6 +281,7 @@ mod tests {
             node_selector: BTreeMap::new(),
             tolerations: vec![],
             image: None,
+            service_account: None,
         });
         assert_eq!(desired_workers(&fixed, 1000, 1000), 4);
         let scaled = pool(WorkerPoolSpec {
@@ -294,6 +296,7 @@ mod tests {
             node_selector: BTreeMap::new(),
             tolerations: vec![],
             image: None,
+            service_account: None,
         });
         assert_eq!(desired_workers(&scaled, 0, 0), 1, "never below min");
         assert_eq!(desired_workers(&scaled, 8, 0), 1, "one full worker");
