@@ -19,16 +19,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+pub(super) type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
-fn mock_client() -> (Client, Handle) {
+pub(super) fn mock_client() -> (Client, Handle) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     (Client::new(service, "default"), handle)
 }
 
 /// Waits for the next request, asserts its method and path (query included, by fragments),
 /// answers `status` with `answer(body)`, and returns the request's JSON body.
-async fn expect(
+pub(super) async fn expect(
     handle: &mut Handle,
     method: Method,
     path: &str,
@@ -70,7 +70,7 @@ async fn expect(
 }
 
 /// Asserts nothing more is asked of the API for a while.
-async fn expect_nothing(handle: &mut Handle) {
+pub(super) async fn expect_nothing(handle: &mut Handle) {
     if let Ok(Some((request, _))) =
         tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await
     {

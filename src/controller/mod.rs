@@ -10,6 +10,8 @@ pub mod leader;
 #[cfg(test)]
 mod mock;
 pub mod reconcile;
+pub mod review;
+pub mod review_cache;
 pub mod source;
 pub mod status;
 
