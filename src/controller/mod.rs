@@ -4,6 +4,7 @@
 //! the status subresource, owns the worker Deployments, and serves the same gRPC and HTTP
 //! APIs and worker link. Replicas elect a leader with a Lease; only the leader works.
 
+pub mod agent_data;
 pub mod deployment;
 pub mod health;
 pub mod leader;

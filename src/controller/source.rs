@@ -61,6 +61,8 @@ pub struct Caches {
 /// Feeds the catalog from the cluster.
 pub struct ClusterSource {
     pub caches: Caches,
+    /// The contents of the Secrets Agents name (the watch sees only their metadata).
+    secret_contents: super::agent_data::SecretContents,
     catalog: Arc<Catalog>,
     store: Arc<dyn Store>,
     changed: Arc<Notify>,
@@ -168,6 +170,7 @@ impl ClusterSource {
         };
         Arc::new(ClusterSource {
             caches,
+            secret_contents: super::agent_data::SecretContents::new(client.clone()),
             catalog,
             store,
             changed,
@@ -230,6 +233,36 @@ impl ClusterSource {
             secrets: c.secrets.state().iter().map(|o| key_of(&**o)).collect(),
             config_maps: c.config_maps.state().iter().map(|o| key_of(&**o)).collect(),
         }
+    }
+
+    /// The contents of the Secrets and ConfigMaps Agents name
+    /// ([`super::agent_data::agent_data`]): Secrets are read by name, again only when their
+    /// resourceVersion changes.
+    pub async fn agent_data(&self) -> super::agent_data::AgentData {
+        let c = &self.caches;
+        let agents: Vec<Arc<Agent>> = c.agents.state();
+        let wanted = super::agent_data::references(agents.iter().map(|a| &**a));
+        let existing = c
+            .secrets
+            .state()
+            .iter()
+            .map(|o| {
+                (
+                    key_of(&**o),
+                    o.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let secrets = self
+            .secret_contents
+            .refresh(&wanted.secrets, &existing)
+            .await;
+        let config_maps = c.config_maps.state();
+        super::agent_data::agent_data(
+            agents.iter().map(|a| &**a),
+            &secrets,
+            config_maps.iter().map(|c| &**c),
+        )
     }
 
     /// Loads every artifact, resolves, stores new artifacts and publishes the snapshot.
