@@ -7,8 +7,9 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector,
-    PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, SecurityContext, Volume,
-    VolumeMount,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ProjectedVolumeSource, SeccompProfile,
+    SecurityContext, ServiceAccount, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -28,6 +29,52 @@ pub struct WorkerSettings {
 pub const POOL_LABEL: &str = "toolgrid.dev/pool";
 /// Where workers cache compiled releases.
 const CACHE_DIR: &str = "/var/cache/toolgrid";
+/// Where the worker's projected ServiceAccount token is mounted.
+pub const TOKEN_DIR: &str = "/var/run/secrets/toolgrid";
+/// The file, in [`TOKEN_DIR`], holding the token; kubelet replaces it before it expires.
+pub const TOKEN_FILE: &str = "token";
+/// How long a projected worker token lives (kubelet rotates it at 80% of this).
+pub const TOKEN_EXPIRATION_SECONDS: i64 = 3600;
+/// The variable telling the worker where its token is.
+pub const TOKEN_FILE_ENV: &str = "TOOLGRID_WORKER_TOKEN_FILE";
+
+/// The labels of everything made for a pool's workers.
+fn worker_labels(pool: &str) -> BTreeMap<String, String> {
+    [
+        ("app.kubernetes.io/name", "toolgrid-worker"),
+        ("app.kubernetes.io/instance", pool),
+        ("app.kubernetes.io/component", "worker"),
+        ("app.kubernetes.io/part-of", "toolgrid"),
+        ("app.kubernetes.io/managed-by", "toolgrid-controller"),
+        (POOL_LABEL, pool),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// The ServiceAccount the controller makes for a pool's workers, owned by the pool: only
+/// when the pool names none of its own (`spec.serviceAccount`) and none of that name
+/// exists yet (`exists`), so that an account someone else made is never taken over (nor
+/// deleted with the pool). It grants nothing: it only names the workers of this pool in
+/// their tokens.
+pub fn desired_service_account(pool: &WorkerPool, exists: bool) -> Option<ServiceAccount> {
+    if pool.spec.service_account.is_some() || exists {
+        return None;
+    }
+    let name = pool.metadata.name.clone().unwrap_or_default();
+    Some(ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(pool.spec.service_account_name(&name)),
+            namespace: pool.metadata.namespace.clone(),
+            labels: Some(worker_labels(&name)),
+            owner_references: pool.controller_owner_ref(&()).map(|r| vec![r]),
+            ..ObjectMeta::default()
+        },
+        automount_service_account_token: Some(false),
+        ..ServiceAccount::default()
+    })
+}
 
 /// The name of a pool's Deployment.
 pub fn deployment_name(pool: &str) -> String {
@@ -58,25 +105,7 @@ pub fn desired_deployment(
     let name = pool.metadata.name.clone().unwrap_or_default();
     let namespace = pool.metadata.namespace.clone().unwrap_or_default();
     let spec = &pool.spec;
-    let mut labels = BTreeMap::new();
-    labels.insert(
-        "app.kubernetes.io/name".to_string(),
-        "toolgrid-worker".to_string(),
-    );
-    labels.insert("app.kubernetes.io/instance".to_string(), name.clone());
-    labels.insert(
-        "app.kubernetes.io/component".to_string(),
-        "worker".to_string(),
-    );
-    labels.insert(
-        "app.kubernetes.io/part-of".to_string(),
-        "toolgrid".to_string(),
-    );
-    labels.insert(
-        "app.kubernetes.io/managed-by".to_string(),
-        "toolgrid-controller".to_string(),
-    );
-    labels.insert(POOL_LABEL.to_string(), name.clone());
+    let labels = worker_labels(&name);
     let mut selector = BTreeMap::new();
     selector.insert(POOL_LABEL.to_string(), name.clone());
     selector.insert(
@@ -98,23 +127,38 @@ pub fn desired_deployment(
             "--cache".into(),
             CACHE_DIR.into(),
         ]),
-        env: Some(vec![EnvVar {
-            name: "TOOLGRID_WORKER_ID".into(),
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: "metadata.name".into(),
-                    ..ObjectFieldSelector::default()
+        env: Some(vec![
+            EnvVar {
+                name: "TOOLGRID_WORKER_ID".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.name".into(),
+                        ..ObjectFieldSelector::default()
+                    }),
+                    ..EnvVarSource::default()
                 }),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        }]),
+                ..EnvVar::default()
+            },
+            EnvVar {
+                name: TOKEN_FILE_ENV.into(),
+                value: Some(format!("{TOKEN_DIR}/{TOKEN_FILE}")),
+                ..EnvVar::default()
+            },
+        ]),
         resources: spec.resources.clone(),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "cache".into(),
-            mount_path: CACHE_DIR.into(),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "cache".into(),
+                mount_path: CACHE_DIR.into(),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: "worker-token".into(),
+                mount_path: TOKEN_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ]),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -129,6 +173,9 @@ pub fn desired_deployment(
     };
     let pod = PodSpec {
         containers: vec![container],
+        service_account_name: Some(spec.service_account_name(&name)),
+        // No API token in the pod: only the projected token below, whose audience is the
+        // control plane's worker link and which the API server refuses.
         automount_service_account_token: Some(false),
         node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
         tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
@@ -144,11 +191,29 @@ pub fn desired_deployment(
             }),
             ..PodSecurityContext::default()
         }),
-        volumes: Some(vec![Volume {
-            name: "cache".into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Volume::default()
-        }]),
+        volumes: Some(vec![
+            Volume {
+                name: "cache".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            },
+            Volume {
+                name: "worker-token".into(),
+                projected: Some(ProjectedVolumeSource {
+                    sources: Some(vec![VolumeProjection {
+                        service_account_token: Some(ServiceAccountTokenProjection {
+                            audience: Some(crate::auth::WORKER_AUDIENCE.into()),
+                            expiration_seconds: Some(TOKEN_EXPIRATION_SECONDS),
+                            path: TOKEN_FILE.into(),
+                            ..ServiceAccountTokenProjection::default()
+                        }),
+                        ..VolumeProjection::default()
+                    }]),
+                    ..ProjectedVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+        ]),
         ..PodSpec::default()
     };
     Deployment {
@@ -269,6 +334,91 @@ mod tests {
             Some("registry.local/worker:dev"),
             "a pool may name its image"
         );
+    }
+
+    fn plain_spec() -> WorkerPoolSpec {
+        WorkerPoolSpec {
+            replicas: Some(1),
+            autoscale: None,
+            slots_per_worker: None,
+            resources: None,
+            node_selector: BTreeMap::new(),
+            tolerations: vec![],
+            image: None,
+            service_account: None,
+        }
+    }
+
+    #[test]
+    fn workers_run_as_the_pool_account_with_only_a_projected_worker_token() {
+        let deployment = desired_deployment(&pool(plain_spec()), &settings(), 1);
+        let pod = deployment.spec.template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some("gpu-worker"));
+        assert_eq!(
+            pod.automount_service_account_token,
+            Some(false),
+            "no API token in worker pods"
+        );
+        let volume = pod
+            .volumes
+            .unwrap()
+            .into_iter()
+            .find(|v| v.name == "worker-token")
+            .expect("a token volume");
+        let sources = volume.projected.unwrap().sources.unwrap();
+        let token = sources[0].service_account_token.clone().unwrap();
+        assert_eq!(token.audience.as_deref(), Some("toolgrid-worker"));
+        assert_eq!(token.expiration_seconds, Some(3600));
+        assert_eq!(token.path, "token");
+        let container = &pod.containers[0];
+        let mount = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "worker-token")
+            .expect("mounted");
+        assert_eq!(mount.read_only, Some(true));
+        let env = container
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "TOOLGRID_WORKER_TOKEN_FILE")
+            .expect("the worker is told where its token is");
+        assert_eq!(
+            env.value.as_deref(),
+            Some(format!("{}/token", mount.mount_path).as_str())
+        );
+
+        // A pool naming its own account runs as that one.
+        let mut spec = plain_spec();
+        spec.service_account = Some("gpu-runner".into());
+        let deployment = desired_deployment(&pool(spec), &settings(), 1);
+        let pod = deployment.spec.template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some("gpu-runner"));
+    }
+
+    #[test]
+    fn the_controller_makes_the_default_worker_account_only_when_nobody_has() {
+        let made = desired_service_account(&pool(plain_spec()), false).expect("made");
+        assert_eq!(made.metadata.name.as_deref(), Some("gpu-worker"));
+        assert_eq!(made.metadata.namespace.as_deref(), Some("team"));
+        assert_eq!(made.automount_service_account_token, Some(false));
+        let owner = &made.metadata.owner_references.unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("WorkerPool", "gpu", "uid-1")
+        );
+        assert_eq!(
+            made.metadata.labels.unwrap()[POOL_LABEL],
+            "gpu",
+            "labelled as the pool's"
+        );
+        // It exists already (made before, or by someone else): left alone.
+        assert!(desired_service_account(&pool(plain_spec()), true).is_none());
+        // The pool names its own: never made.
+        let mut spec = plain_spec();
+        spec.service_account = Some("gpu-runner".into());
+        assert!(desired_service_account(&pool(spec), false).is_none());
     }
 
     #[test]

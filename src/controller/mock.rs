@@ -99,6 +99,10 @@ struct Fixture {
     ctx: Arc<Context>,
     set: ResourceSet,
     handle: Handle,
+    /// Feeds the context's cache of existing ServiceAccounts.
+    accounts: kube::runtime::reflector::store::Writer<
+        kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ServiceAccount>,
+    >,
     _dir: tempfile::TempDir,
 }
 
@@ -142,6 +146,7 @@ async fn fixture() -> Fixture {
             instance: Some("test".into()),
         },
     );
+    let (service_accounts, accounts) = kube::runtime::reflector::store();
     let ctx = Arc::new(Context {
         client,
         catalog,
@@ -152,11 +157,13 @@ async fn fixture() -> Fixture {
             control_plane: "http://toolgrid.toolgrid.svc:7070".into(),
         },
         namespace: None,
+        service_accounts,
     });
     Fixture {
         ctx,
         set,
         handle,
+        accounts,
         _dir: dir,
     }
 }
@@ -172,6 +179,7 @@ async fn statuses_are_applied_through_the_status_subresource_once() {
         set,
         mut handle,
         _dir,
+        ..
     } = fixture().await;
     let tool: Tool = set.tools[0].object.clone();
     let task = tokio::spawn(reconcile::reconcile_resolved(
@@ -234,6 +242,7 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
         ctx,
         set,
         mut handle,
+        mut accounts,
         _dir,
     } = fixture().await;
     let pool: WorkerPool = set.pools[0].object.clone();
@@ -241,6 +250,23 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
         Arc::new(pool.clone()),
         ctx.clone(),
     ));
+    // First the workers' ServiceAccount, which their pods need to exist.
+    let account = expect(
+        &mut handle,
+        Method::PATCH,
+        "/api/v1/namespaces/default/serviceaccounts/default-worker",
+        &["fieldManager=toolgrid-controller", "force=true"],
+        StatusCode::OK,
+        |body| body.clone(),
+    )
+    .await;
+    assert_eq!(account["kind"], "ServiceAccount");
+    assert_eq!(account["automountServiceAccountToken"], false);
+    let owner = &account["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (owner["kind"].as_str(), owner["uid"].as_str()),
+        (Some("WorkerPool"), Some("pool-uid"))
+    );
     let deployment = expect(
         &mut handle,
         Method::PATCH,
@@ -263,6 +289,15 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
     );
     let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
     assert_eq!(args[4], "default/default");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "default-worker");
+    let token = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|v| v["projected"]["sources"][0].get("serviceAccountToken"))
+        .expect("a projected token");
+    assert_eq!(token["audience"], "toolgrid-worker");
     let status = expect(
         &mut handle,
         Method::PATCH,
@@ -291,7 +326,13 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
     assert_eq!(event["type"], "Warning");
     task.await.unwrap().expect("reconciled");
 
-    // More replicas: the same apply updates the Deployment.
+    // More replicas: the same apply updates the Deployment; the ServiceAccount, now seen
+    // by the watch, is left alone.
+    let seen: kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ServiceAccount> =
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": account["metadata"].clone()}))
+        .unwrap();
+    accounts.apply_watcher_event(&kube::runtime::watcher::Event::Apply(seen));
     let mut bigger = pool.clone();
     bigger.spec.replicas = Some(3);
     bigger.status = serde_json::from_value(status["status"].clone()).unwrap();
@@ -338,6 +379,7 @@ async fn a_release_keeps_its_finalizer_while_calls_are_in_flight() {
         set,
         mut handle,
         _dir,
+        ..
     } = fixture().await;
     let release: ToolRelease = set.releases[0].object.clone();
     let path = "/apis/toolgrid.dev/v1alpha1/namespaces/default/toolreleases/echo-1.0.0";

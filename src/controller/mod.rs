@@ -181,6 +181,7 @@ async fn lead(
             control_plane: settings.control_plane_address.clone(),
         },
         namespace: settings.watch_namespace.clone(),
+        service_accounts: caches.service_accounts.clone(),
     });
     let controllers = tokio::spawn(reconcile::run(context, caches));
 

@@ -3,7 +3,9 @@
 //! server-side apply, emits events on Ready transitions, and does its kind's own work:
 //! a WorkerPool's Deployment, a ToolRelease's finalizer while calls are in flight.
 
-use super::deployment::{WorkerSettings, deployment_name, desired_deployment, desired_workers};
+use super::deployment::{
+    WorkerSettings, deployment_name, desired_deployment, desired_service_account, desired_workers,
+};
 use super::source::Caches;
 use super::status::{
     LivePool, MANAGER, pool_status, ready_transition, status_change, status_patch,
@@ -15,7 +17,8 @@ use crate::scheduler::Scheduler;
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
@@ -53,6 +56,9 @@ pub struct Context {
     pub recorder: Recorder,
     pub workers: WorkerSettings,
     pub namespace: Option<String>,
+    /// The ServiceAccounts that exist (the source's metadata watch): a pool's worker
+    /// account is made only when missing.
+    pub service_accounts: Cache<PartialObjectMeta<ServiceAccount>>,
 }
 
 fn key_of<K: Resource>(object: &K) -> ObjectKey {
@@ -173,7 +179,8 @@ pub(crate) async fn reconcile_release(
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
-/// A pool's Deployment (created or updated with server-side apply) and live status.
+/// A pool's worker ServiceAccount (made when missing), its Deployment (created or updated
+/// with server-side apply) and live status.
 pub(crate) async fn reconcile_pool(
     pool: Arc<WorkerPool>,
     ctx: Arc<Context>,
@@ -193,6 +200,25 @@ pub(crate) async fn reconcile_pool(
         &ctx.scheduler.queued(),
         ctx.scheduler.reattaching(),
     );
+    let account = ObjectKey::new(
+        key.namespace.clone(),
+        pool.spec.service_account_name(&key.name),
+    );
+    let exists = ctx
+        .service_accounts
+        .state()
+        .iter()
+        .any(|sa| key_of(&**sa) == account);
+    if let Some(service_account) = desired_service_account(&pool, exists) {
+        let accounts: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        accounts
+            .patch(
+                &account.name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&service_account),
+            )
+            .await?;
+    }
     let desired = desired_workers(&pool, live.busy, live.queued);
     let deployment = desired_deployment(&pool, &ctx.workers, desired);
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.namespace);
