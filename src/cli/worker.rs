@@ -37,6 +37,10 @@ pub struct WorkerArgs {
     /// Exit when this process stops being the parent (set by `toolgrid up`).
     #[arg(long, hide = true)]
     parent_pid: Option<u32>,
+    /// A file holding the token this worker presents, read again on every (re)attach: the
+    /// pod's projected ServiceAccount token (audience `toolgrid-worker`) in a cluster.
+    #[arg(long, env = "TOOLGRID_WORKER_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
@@ -63,6 +67,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         pooling: !args.no_pooling,
         reconnect_timeout: args.reconnect_timeout.get(),
         parent_pid: args.parent_pid,
+        credential: args
+            .token_file
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(crate::worker::WorkerCredential::TokenFile),
     })
     .await
 }

@@ -16,6 +16,7 @@ pub mod review_cache;
 pub mod source;
 pub mod status;
 
+use crate::auth::TokenReviewer;
 use crate::platform::{ControlPlane, Listeners};
 use crate::scheduler::SchedulerConfig;
 use anyhow::Context as _;
@@ -136,6 +137,9 @@ async fn lead(
     let store = crate::store::open(&settings.store_url)
         .await
         .with_context(|| format!("cannot open the store at {}", settings.store_url))?;
+    // Who holds a caller's or a worker pod's token, and who may operate: the gateway
+    // (callers, audience `toolgrid`) and the worker link (audience `toolgrid-worker`) ask it.
+    let _reviewer: Arc<dyn TokenReviewer> = token_reviewer(&client);
     let control_plane = ControlPlane::start(
         store.clone(),
         SchedulerConfig {
@@ -193,6 +197,12 @@ async fn lead(
         _ = controllers => anyhow::bail!("the controllers stopped"),
     }
     Ok(())
+}
+
+/// The cluster's [`TokenReviewer`] (TokenReview and SubjectAccessReview through `client`,
+/// answers kept briefly): see [`review::KubeReviewer`].
+pub fn token_reviewer(client: &Client) -> Arc<dyn TokenReviewer> {
+    Arc::new(review::KubeReviewer::new(client.clone()))
 }
 
 /// Waits (readiness 503, a log line and an event) until the six CRDs exist, instead of

@@ -1,6 +1,7 @@
 //! Sandbox workers: a process that attaches to the control plane over the worker link and
 //! runs each assigned call in a fresh wasmtime sandbox, recording every host result.
 
+pub mod credential;
 pub mod egress;
 pub mod http;
 mod limits;
@@ -9,5 +10,6 @@ pub mod process;
 pub mod recorder;
 pub mod runtime;
 
+pub use credential::WorkerCredential;
 pub use process::{WorkerConfig, run};
 pub use runtime::{Compiled, Failure, RunOutcome, RunRequest, Runtime, RuntimeConfig};

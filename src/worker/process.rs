@@ -36,6 +36,9 @@ pub struct WorkerConfig {
     pub reconnect_timeout: Duration,
     /// Exit when this process is no longer our parent (workers started by `toolgrid up`).
     pub parent_pid: Option<u32>,
+    /// What it presents when it attaches ([`WorkerCredential::bearer`], read again for
+    /// every attach); `None` presents nothing.
+    pub credential: Option<super::WorkerCredential>,
 }
 
 /// A call this worker holds: running, or finished with its result not yet acknowledged.

@@ -249,6 +249,7 @@ def expected_namespaced_perms() -> set:
     p.add(("toolgrid.dev", "toolreleases/finalizers", "update", None))
     for res in ("configmaps", "secrets", "serviceaccounts"):
         p |= {("", res, v, None) for v in ("get", "list", "watch")}
+    p |= {("", "serviceaccounts", v, None) for v in ("create", "patch")}
     p |= {("apps", "deployments", v, None)
           for v in ("get", "list", "watch", "create", "patch", "update", "delete")}
     p |= {(g, "events", v, None) for g in ("events.k8s.io", "") for v in ("create", "patch")}
@@ -257,6 +258,7 @@ def expected_namespaced_perms() -> set:
 
 EXPECTED_CLUSTER_PERMS = {
     ("authentication.k8s.io", "tokenreviews", "create", None),
+    ("authorization.k8s.io", "subjectaccessreviews", "create", None),
     *{("apiextensions.k8s.io", "customresourcedefinitions", v, None) for v in ("get", "list", "watch")},
 }
 EXPECTED_LEASE_PERMS = {

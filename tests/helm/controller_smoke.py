@@ -398,6 +398,28 @@ class Smoke:
         eventually("the Deployment default/toolgrid-worker-default has 2 replicas, controlled by the pool",
                    deployed)
 
+        # The workers run as the pool's ServiceAccount, which the controller made, owned by
+        # the pool, and present only a projected token for the worker link.
+        d = self.get("apps/v1", "Deployment", "default", "toolgrid-worker-default")
+        pod = d["spec"]["template"]["spec"]
+        if pod.get("serviceAccountName") != "default-worker" or pod.get("automountServiceAccountToken") is not False:
+            raise Failed(f"worker pods run as {pod.get('serviceAccountName')!r}, "
+                         f"automount {pod.get('automountServiceAccountToken')!r}")
+        tokens = [s["serviceAccountToken"] for v in pod.get("volumes") or []
+                  for s in (v.get("projected") or {}).get("sources") or [] if "serviceAccountToken" in s]
+        if [t.get("audience") for t in tokens] != ["toolgrid-worker"]:
+            raise Failed(f"worker pods' projected tokens: {tokens}")
+
+        def account():
+            sa = self.get("v1", "ServiceAccount", "default", "default-worker")
+            if not sa:
+                return False, "no ServiceAccount default/default-worker"
+            pool = self.get_cr("WorkerPool", "default")
+            owned = any(r.get("kind") == "WorkerPool" and r.get("uid") == pool["metadata"]["uid"]
+                        for r in sa["metadata"].get("ownerReferences") or [])
+            return owned, {"ownerReferences": sa["metadata"].get("ownerReferences")}
+        eventually("the ServiceAccount default/default-worker, owned by the pool", account)
+
     def events(self) -> list[dict]:
         out = []
         for api_version in ("events.k8s.io/v1", "v1"):

@@ -101,6 +101,7 @@ BUILTIN = {
     ("coordination.k8s.io", "v1"): [("leases", "Lease", True)],
     ("events.k8s.io", "v1"): [("events", "Event", True)],
     ("authentication.k8s.io", "v1"): [("tokenreviews", "TokenReview", False)],
+    ("authorization.k8s.io", "v1"): [("subjectaccessreviews", "SubjectAccessReview", False)],
     ("networking.k8s.io", "v1"): [
         ("networkpolicies", "NetworkPolicy", True),
         ("ingresses", "Ingress", True),
@@ -664,8 +665,41 @@ class FakeKube:
             self.objects[("apiextensions.k8s.io", "customresourcedefinitions", "",
                           crd["metadata"]["name"])] = self._stamp(copy.deepcopy(crd))
             self._serve_crd(crd)
+        # TokenReview answers: token -> (username, audiences it was issued for); any other
+        # token is not authenticated. SubjectAccessReview answers: the users (or groups) in
+        # `operators` are allowed, everyone else is not. Tests fill both.
+        self.tokens: dict[str, tuple[str, list[str]]] = {}
+        self.operators: set[str] = set()
         self.httpd = None
         self.thread = None
+
+    def review_token(self, review: dict) -> dict:
+        """A TokenReview answered as the API server does: authenticated only for a known
+        token, with the audiences both the review and the token name."""
+        spec = review.get("spec") or {}
+        known = self.tokens.get(spec.get("token") or "")
+        if known is None:
+            status = {"authenticated": False, "error": "invalid bearer token"}
+        else:
+            username, token_audiences = known
+            wanted = spec.get("audiences") or []
+            common = [a for a in wanted if a in token_audiences]
+            if wanted and not common:
+                status = {"authenticated": False, "error": "token audiences are invalid"}
+            else:
+                ns = username.split(":")[2] if username.startswith("system:serviceaccount:") else None
+                groups = ["system:authenticated"] + (
+                    ["system:serviceaccounts", f"system:serviceaccounts:{ns}"] if ns else [])
+                status = {"authenticated": True, "audiences": common or token_audiences,
+                          "user": {"username": username, "uid": f"uid-{username}", "groups": groups}}
+        return {**review, "status": status}
+
+    def review_access(self, review: dict) -> dict:
+        """A SubjectAccessReview: allowed when the user or one of its groups is an operator."""
+        spec = review.get("spec") or {}
+        subjects = {spec.get("user"), *(spec.get("groups") or [])}
+        allowed = bool(subjects & self.operators)
+        return {**review, "status": {"allowed": allowed} if allowed else {"allowed": False, "reason": "not an operator"}}
 
     # ------------------------------------------------------------------ state helpers
     def _stamp(self, obj: dict, new=True) -> dict:
@@ -747,7 +781,7 @@ class FakeKube:
                     "name": plural, "singularName": kind.lower(), "namespaced": namespaced,
                     "kind": kind, "verbs": VERBS,
                 })
-                if plural != "namespaces" and kind not in ("TokenReview",):
+                if plural != "namespaces" and kind not in ("TokenReview", "SubjectAccessReview"):
                     resources.append({"name": f"{plural}/status", "singularName": "",
                                       "namespaced": namespaced, "kind": kind,
                                       "verbs": ["get", "patch", "update"]})
@@ -839,7 +873,7 @@ class FakeKube:
         strict = query.get("fieldValidation") == "Strict"
         if sub is not None and sub != "status":
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
-        if sub == "status" and (plural == "namespaces" or kind == "TokenReview"):
+        if sub == "status" and (plural == "namespaces" or kind in ("TokenReview", "SubjectAccessReview")):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
 
         with self.lock:
@@ -910,7 +944,9 @@ class FakeKube:
                 if not meta.get("name") and meta.get("generateName"):
                     meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
                 if kind == "TokenReview":
-                    return 201, obj
+                    return 201, self.review_token(obj)
+                if kind == "SubjectAccessReview":
+                    return 201, self.review_access(obj)
                 return 201, self._create(group, version, plural, kind, namespaced, ns, obj,
                                          dry_run, query.get("fieldManager"))
             if method == "PATCH" and self._ctype(headers) == "application/apply-patch+yaml":
