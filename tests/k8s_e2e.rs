@@ -1,5 +1,6 @@
 //! End to end on a real cluster: install the chart, apply the examples, call a tool, kill
-//! a worker pod mid-call and check the call still finishes. Runs when `KUBECONFIG` names a
+//! a worker pod mid-call and check the call still finishes; and the controller's token and
+//! operator reviews against the real API server. Runs when `KUBECONFIG` names a
 //! cluster (and `kubectl` is on the PATH); otherwise it says why it skips.
 //!
 //! - `TOOLGRID_E2E_IMAGE`: the toolgrid image the cluster can pull (default
@@ -299,6 +300,112 @@ async fn the_chart_runs_tools_and_survives_a_killed_worker_pod() {
     );
     let _ = Command::new("python3").args(["-c", &uninstall]).output();
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+    let _ = namespaces
+        .delete(&namespace, &DeleteParams::default())
+        .await;
+}
+
+/// The controller's [`KubeReviewer`](toolgrid::controller::review::KubeReviewer) against a
+/// real API server: a ServiceAccount token requested for audience `toolgrid` names its
+/// account for `toolgrid` and no one for `toolgrid-worker`; a made-up token is no one; the
+/// account is no operator until a Role lets it update tools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_api_server_reviews_service_account_tokens_and_operators() {
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::PostParams;
+    use toolgrid::auth::{CALLER_AUDIENCE, TokenReviewer, WORKER_AUDIENCE};
+    use toolgrid::controller::review::KubeReviewer;
+    if let Some(reason) = skip_reason() {
+        eprintln!("skipping the Kubernetes review test: {reason}");
+        return;
+    }
+    common::install_tls();
+    let namespace = format!(
+        "{}-review",
+        std::env::var("TOOLGRID_E2E_NAMESPACE").unwrap_or_else(|_| "toolgrid-e2e".into())
+    );
+    let client = kube::Client::try_default().await.unwrap();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let _ = namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}})).unwrap(),
+        )
+        .await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespace);
+    let _ = accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "reporter"}})).unwrap(),
+        )
+        .await;
+    let request = serde_json::from_value(serde_json::json!({
+        "spec": {"audiences": [CALLER_AUDIENCE], "expirationSeconds": 600}
+    }))
+    .unwrap();
+    let issued = accounts
+        .create_token_request("reporter", &PostParams::default(), &request)
+        .await
+        .unwrap();
+    let token = issued.status.unwrap().token.expect("a token");
+
+    // Short-lived answers, so that the RoleBinding below is seen at once.
+    let reviewer = KubeReviewer::with_cache(client.clone(), Duration::from_millis(1), 16);
+    let user = reviewer
+        .review(&token, CALLER_AUDIENCE)
+        .await
+        .unwrap()
+        .expect("the token is accepted for its audience");
+    assert_eq!(
+        user.username,
+        format!("system:serviceaccount:{namespace}:reporter")
+    );
+    assert_eq!(
+        reviewer.review(&token, WORKER_AUDIENCE).await.unwrap(),
+        None,
+        "not for another audience"
+    );
+    assert_eq!(
+        reviewer
+            .review("not-a-token", CALLER_AUDIENCE)
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(!reviewer.is_operator(&user, &namespace).await.unwrap());
+
+    let roles: Api<Role> = Api::namespaced(client.clone(), &namespace);
+    let _ = roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "toolgrid-operator"},
+                "rules": [{"apiGroups": ["toolgrid.dev"], "resources": ["tools"], "verbs": ["update"]}]
+            }))
+            .unwrap(),
+        )
+        .await;
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &namespace);
+    let _ = bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "reporter-operates"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "toolgrid-operator"},
+                "subjects": [{"kind": "ServiceAccount", "name": "reporter", "namespace": namespace}]
+            }))
+            .unwrap(),
+        )
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !reviewer.is_operator(&user, &namespace).await.unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "RBAC never allowed the bound account"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let _ = namespaces
         .delete(&namespace, &DeleteParams::default())
         .await;
