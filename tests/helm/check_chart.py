@@ -726,6 +726,13 @@ def check_examples() -> list[str]:
                     errs.append(f"{where} sets metadata.namespace (the examples go to the current namespace)")
                 if kind == "ServiceAccount" and api == "v1":
                     continue
+                if kind in ("Role", "RoleBinding") and api == "rbac.authorization.k8s.io/v1":
+                    if kind == "Role" and not any(
+                            "toolgrid.dev" in r.get("apiGroups", []) and "tools" in r.get("resources", [])
+                            and "update" in r.get("verbs", []) for r in doc.get("rules") or []):
+                        errs.append(f"{where}: an operator Role must allow update on tools.toolgrid.dev "
+                                    "(what the controller's SubjectAccessReview asks)")
+                    continue
                 if kind == "ConfigMap":
                     cms[name] = doc
                     for k, b64 in (doc.get("binaryData") or {}).items():
@@ -737,7 +744,7 @@ def check_examples() -> list[str]:
                 group, _, version = api.partition("/")
                 crd = crds.get((group, kind))
                 if not crd:
-                    errs.append(f"{where}: not a toolgrid kind, a ConfigMap or a ServiceAccount ({api})")
+                    errs.append(f"{where}: not a toolgrid kind, a ConfigMap, a ServiceAccount or RBAC ({api})")
                     continue
                 if HAVE_JSONSCHEMA:
                     for e in fakekube.crd_validator(crd, version)(doc) or []:
