@@ -302,8 +302,10 @@ mod tests {
             reviewer.review("token-0", WORKER_AUDIENCE).await.unwrap(),
             None
         );
-        // An empty token is refused without asking.
+        // An empty or oversized token is refused without asking.
         assert_eq!(reviewer.review("", WORKER_AUDIENCE).await.unwrap(), None);
+        let huge = "a".repeat(MAX_TOKEN_BYTES + 1);
+        assert_eq!(reviewer.review(&huge, WORKER_AUDIENCE).await.unwrap(), None);
         expect_nothing(&mut handle).await;
     }
 
