@@ -15,7 +15,9 @@ recorded. Then the CRDs and the examples are created and, each "eventually, with
   - every example resource is Ready=True for its current generation; ToolReleases have a
     digest, a size and the finalizer toolgrid.dev/calls-in-flight; ToolBindings a
     resolvedRelease; the WorkerPool 2 desired workers and 1 attached (ours), and a
-    Deployment toolgrid-worker-default with 2 replicas that the pool controls;
+    Deployment toolgrid-worker-default with 2 replicas that the pool controls, whose pods
+    run as the ServiceAccount default-worker (made by the controller, owned by the pool)
+    with no API token and one projected token of audience toolgrid-worker;
   - events.k8s.io Events tell of the Ready transitions;
   - `toolgrid call semver compare 1.2.0 1.10.0` answers order -1;
   - a change of a Tool's spec is observed (generation 2) without moving the Ready

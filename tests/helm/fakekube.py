@@ -10,6 +10,9 @@ server-side or client-side apply, no --wait) and for `kubectl apply`, over plain
   adds: like a real cluster, a CRD's kind is served only once the CRD has been created (or
   was seeded with `crds=`), so creating a CRD and an object of its kind in one go fails
   here as it does on a cluster ("ensure CRDs are installed first");
+- TokenReviews and SubjectAccessReviews are answered from `tokens` (token -> (username,
+  audiences)) and `operators` (users or groups allowed), which tests fill; any other token
+  is not authenticated, anyone else is not allowed;
 - custom resources are validated against their CRD's schema, strictly (an unknown field
   is an error, as with `fieldValidation=Strict`);
 - /openapi/v3 (an index and, per group/version, PATCH operations that accept
