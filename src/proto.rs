@@ -4,6 +4,26 @@
 
 tonic::include_proto!("toolgrid.v1");
 
+/// An assignment carries secret values (`secrets`, and revealed ones in `env`): its `Debug`
+/// names their keys and never shows a value.
+impl std::fmt::Debug for Assign {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Assign")
+            .field("call_id", &self.call_id)
+            .field("epoch", &self.epoch)
+            .field("namespace", &self.namespace)
+            .field("tool", &self.tool)
+            .field("command", &self.command)
+            .field("release", &self.release)
+            .field("digest", &self.digest)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .field("attempt", &self.attempt)
+            .field("replay", &self.replay.len())
+            .finish_non_exhaustive()
+    }
+}
+
 // The wire carries an oplog entry as its kind and its payload's JSON, converted here once.
 
 impl From<&crate::call::OplogEntry> for OplogEntry {

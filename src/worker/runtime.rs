@@ -9,6 +9,7 @@ use super::limits::{
 };
 use super::link::AppendError;
 use super::recorder::{AbortKind, HostLog, RecordedMonotonicClock, RecordedRng, RecordedWallClock};
+use super::secrets::CallSecrets;
 use crate::call::OplogEntry;
 use crate::error::ErrorKind;
 use crate::store::RunLimits;
@@ -321,6 +322,10 @@ pub struct RunRequest {
     pub sink: Option<Arc<dyn OplogSink>>,
     /// Entries to record before the guest starts (a replay marker).
     pub prelude: Vec<OplogEntry>,
+    /// The values of every secret key the call may use (readable and revealable): what
+    /// `${secret:NAME}` in a request resolves to, and what is redacted from responses, the
+    /// output and the oplog. Revealable ones are also in `env`, by the caller.
+    pub secrets: std::collections::BTreeMap<String, crate::call::SecretValue>,
 }
 
 impl std::fmt::Debug for dyn OplogSink {
@@ -646,6 +651,7 @@ impl Runtime {
             .sink
             .clone()
             .unwrap_or_else(|| Arc::new(MemorySink::default()));
+        let secrets = Arc::new(CallSecrets::new(request.secrets));
         let http = Arc::new(
             HttpHost::new(
                 request.call_id.clone(),
@@ -660,7 +666,8 @@ impl Runtime {
                 request.limits.effective_request_bytes(),
                 request.limits.effective_response_bytes(),
                 Some(memory.clone()),
-            ),
+            )
+            .with_secrets(secrets.clone()),
         );
 
         let result = match compiled {
@@ -711,7 +718,7 @@ impl Runtime {
             }
         };
 
-        let (exit_code, failure) = match result {
+        let (mut exit_code, mut failure) = match result {
             // A limit the host tripped is the outcome even if the guest hung afterwards.
             Err(_elapsed) if trips.host_tripped().is_some() && log.aborted().is_none() => {
                 classify(Err(wasmtime::Error::msg("stopped")), &trips, &log)
@@ -732,10 +739,31 @@ impl Runtime {
             log.aborted(),
             Some((AbortKind::Fenced | AbortKind::Unacknowledged, _))
         );
+        // No secret value leaves the sandbox in what the tool wrote (a revealed value it
+        // printed) or in a message: each is replaced by its reference. The output stays
+        // within its limit once redacted, or the call fails `output-limit`.
+        let output_limit = request.limits.effective_output_bytes();
+        let mut stdout = Bytes::from(secrets.redact(&stdout.contents()).into_owned());
+        if stdout.len() as u64 > output_limit && failure.is_none() {
+            exit_code = -1;
+            failure = Some(Failure {
+                kind: ErrorKind::OutputLimit,
+                message: format!(
+                    "the output is {} bytes once secret values are redacted, more than the \
+                     call's output limit of {output_limit} bytes",
+                    stdout.len()
+                ),
+            });
+            stdout = Bytes::new();
+        }
+        let stderr_tail = Bytes::from(secrets.redact(&stderr.contents()).into_owned());
+        if let Some(failure) = &mut failure {
+            failure.message = secrets.redact_text(&failure.message).into_owned();
+        }
         RunOutcome {
             exit_code,
-            stdout: stdout.contents(),
-            stderr_tail: stderr.contents(),
+            stdout,
+            stderr_tail,
             failure,
             log,
             elapsed: started.elapsed(),
