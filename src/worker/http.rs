@@ -62,6 +62,9 @@ pub struct Response {
 pub enum HttpFailure {
     /// The egress policy refused it (told to the guest).
     Denied(String),
+    /// It refers to a secret the call may not use, or holds a malformed reference (told to
+    /// the guest, as `unknown-secret`).
+    UnknownSecret(String),
     /// The request itself is malformed (told to the guest).
     Invalid(String),
     /// Connection, TLS or protocol failure (told to the guest).
@@ -317,7 +320,7 @@ impl HttpHost {
                     });
                 }
                 Some(OplogEntry::HttpDenied(denied)) => {
-                    return Err(HttpFailure::Denied(denied.message));
+                    return Err(denied_failure(denied.kind, denied.message));
                 }
                 Some(OplogEntry::HttpError(error)) => {
                     return Err(match error.limit {
@@ -434,7 +437,7 @@ impl HttpHost {
                     message: message.clone(),
                     kind: *kind,
                 }));
-                Some(HttpFailure::Denied(message.clone()))
+                Some(denied_failure(*kind, message.clone()))
             }
             Gate::Unresolved(reason) => {
                 self.log.record(OplogEntry::HttpError(call::HttpError {
@@ -609,6 +612,14 @@ impl HttpHost {
             headers,
             body: Bytes::from(body),
         })
+    }
+}
+
+/// A refusal as the guest is told it: by the egress policy, or for a secret reference.
+fn denied_failure(kind: Option<ErrorKind>, message: String) -> HttpFailure {
+    match kind {
+        Some(ErrorKind::UnknownSecret) => HttpFailure::UnknownSecret(message),
+        _ => HttpFailure::Denied(message),
     }
 }
 

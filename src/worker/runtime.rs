@@ -236,7 +236,9 @@ impl WasiHttpHooks for HttpHooks {
                         Box::new(async { Ok(()) });
                     Ok((response, io))
                 }
-                Err(HttpFailure::Denied(_)) => Err(HttpError::HttpRequestDenied),
+                Err(HttpFailure::Denied(_)) | Err(HttpFailure::UnknownSecret(_)) => {
+                    Err(HttpError::HttpRequestDenied)
+                }
                 Err(HttpFailure::Invalid(_)) => Err(HttpError::HttpRequestUriInvalid),
                 Err(HttpFailure::Failed(message)) => Err(HttpError::InternalError(Some(message))),
                 Err(HttpFailure::Unresolved(_)) => Err(HttpError::DestinationNotFound),
@@ -1032,6 +1034,9 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
                         Ok(response) => (0, response_document(&response)),
                         Err(HttpFailure::Denied(message)) => {
                             (1, error_document("egress-denied", &message))
+                        }
+                        Err(HttpFailure::UnknownSecret(message)) => {
+                            (1, error_document("unknown-secret", &message))
                         }
                         Err(HttpFailure::Invalid(message)) => {
                             (2, error_document("invalid-request", &message))
