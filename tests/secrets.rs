@@ -316,3 +316,314 @@ async fn an_unknown_reference_is_refused_before_it_leaves() {
     assert_eq!(replayed.stdout, outcome.stdout);
     assert!(witness.seen().is_empty());
 }
+
+// ------------------------------------------------------------------------------------------
+// A control plane in-process (store, scheduler, worker link) with real `toolgrid worker`
+// processes: secret values resolved when the call is assigned, and again when it is
+// re-assigned after its worker is killed mid-call.
+
+/// Everything the process logs (the in-process control plane's `tracing`), for grepping.
+fn captured_logs() -> Arc<std::sync::Mutex<Vec<u8>>> {
+    static LOGS: std::sync::OnceLock<Arc<std::sync::Mutex<Vec<u8>>>> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buffer = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = buffer.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info,toolgrid=trace"))
+            .with_ansi(false)
+            .with_writer(move || LogWriter(writer.clone()))
+            .try_init();
+        buffer
+    })
+    .clone()
+}
+
+struct LogWriter(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A `toolgrid worker` attached to `grpc`, logging at debug to `dir/worker-ID.log`.
+fn start_worker(
+    grpc: std::net::SocketAddr,
+    id: &str,
+    dir: &std::path::Path,
+) -> std::process::Child {
+    let log = std::fs::File::create(dir.join(format!("worker-{id}.log"))).unwrap();
+    std::process::Command::new(common::TOOLGRID)
+        .arg("worker")
+        .arg("--control-plane")
+        .arg(format!("http://{grpc}"))
+        .args(["--id", id, "--pool", "default", "--slots", "2"])
+        .arg("--cache")
+        .arg(dir.join(format!("cache-{id}")))
+        .env("RUST_LOG", "info,toolgrid=trace")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start toolgrid worker")
+}
+
+/// A call of the fixture as the gateway would record it, granted `access`.
+fn new_call(
+    digest: &str,
+    base: &str,
+    access: toolgrid::call::CallAccess,
+) -> toolgrid::store::NewCall {
+    let argv: Vec<String> = ["secrets", "run", "--base", base]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let id = uuid::Uuid::now_v7().to_string();
+    let timeout_ms = 60_000;
+    toolgrid::store::NewCall {
+        id: id.clone(),
+        namespace: "default".into(),
+        tool: "secrets".into(),
+        command: "run".into(),
+        release: "secrets-1.0.0".into(),
+        release_digest: digest.into(),
+        args: serde_json::json!({"base": base}),
+        spec: toolgrid::call::CallSpec {
+            pool: "default/default".into(),
+            argv: argv.clone(),
+            limits: RunLimits {
+                memory_bytes: 64 << 20,
+                cpu_time_ms: 30_000,
+                output_bytes: 1 << 20,
+                timeout_ms,
+                ..RunLimits::default()
+            },
+            effect: "read".into(),
+            command: serde_json::json!({"name": "run"}),
+            deadline_ms: toolgrid::call::now_ms() + timeout_ms as i64,
+            egress: vec![EgressRule {
+                host: "127.0.0.1".into(),
+                ports: vec![base.rsplit(':').next().unwrap().parse().unwrap()],
+                allow_private: true,
+            }],
+            access,
+            ..Default::default()
+        },
+        stdin: Vec::new(),
+        idempotency_key: None,
+        request_hash: id.clone(),
+        started: toolgrid::call::CallStarted {
+            namespace: "default".into(),
+            tool: "secrets".into(),
+            command: "run".into(),
+            release: "secrets-1.0.0".into(),
+            version: "1.0.0".into(),
+            digest: digest.into(),
+            args: serde_json::json!({"base": base}),
+            argv,
+            stdin_bytes: 0,
+            idempotency_key: None,
+        },
+        assign_to: None,
+    }
+}
+
+fn reporter_access(readable: &[&str]) -> toolgrid::call::CallAccess {
+    toolgrid::call::CallAccess {
+        agent: Some("reporter".into()),
+        config: [("region".to_string(), REGION.to_string())].into(),
+        secrets_readable: readable.iter().map(|s| s.to_string()).collect(),
+        secrets_revealable: vec!["signing-key".into()],
+        ..Default::default()
+    }
+}
+
+/// Every byte of every file under `dir` (the SQLite database, its WAL, the logs).
+fn files_under(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_file() {
+            out.push((path.clone(), std::fs::read(&path).unwrap()));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_across_a_kill() {
+    use toolgrid::platform::{ControlPlane, Listeners};
+    use toolgrid::scheduler::{SchedulerConfig, StaticSecrets};
+
+    let logs = captured_logs();
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    std::fs::create_dir_all(&store_dir).unwrap();
+    let store = toolgrid::store::open(&format!(
+        "sqlite://{}",
+        store_dir.join("toolgrid.db").display()
+    ))
+    .await
+    .unwrap();
+    let plane = ControlPlane::start(store.clone(), SchedulerConfig::default())
+        .await
+        .unwrap();
+    plane.scheduler.set_secret_source(Arc::new(
+        StaticSecrets::default()
+            .with("default", "reporter", "api-token", TOKEN)
+            .with("default", "reporter", "signing-key", REVEALED),
+    ));
+    let listeners = Listeners::bind("127.0.0.1:0".parse().unwrap(), None)
+        .await
+        .unwrap();
+    let (grpc, _http, _serving) = plane.serve(listeners).unwrap();
+    let (digest, bytes) = fixture();
+    store.put_artifact(&digest, &bytes).await.unwrap();
+
+    // The first worker is killed (SIGKILL) as its request arrives: the request's start is
+    // committed, its response never is.
+    let mut first = start_worker(grpc, "w1", dir.path());
+    let first_pid = first.id() as i32;
+    let witness = Witness::start().await;
+    witness.set_probe(move |seen| async move {
+        if seen.attempt.as_deref() == Some("1") {
+            unsafe {
+                libc::kill(first_pid, libc::SIGKILL);
+            }
+        }
+        Ok(())
+    });
+    let attached = |id: &'static str| {
+        let scheduler = plane.scheduler.clone();
+        async move {
+            for _ in 0..600 {
+                if scheduler.workers().iter().any(|w| w.id == id) {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            panic!("worker {id} did not attach");
+        }
+    };
+    attached("w1").await;
+
+    let new = new_call(&digest, &witness.base(), reporter_access(&["api-token"]));
+    let call_id = new.id.clone();
+    let record = store.create_call(new).await.unwrap().record().clone();
+    let interface = Arc::new(toolgrid::scheduler::interface_of(&record).unwrap());
+    plane.scheduler.submit(record, interface.clone());
+    assert!(
+        witness
+            .wait_for(std::time::Duration::from_secs(60), |seen| !seen.is_empty())
+            .await,
+        "the first attempt's request arrives"
+    );
+    let _ = first.wait();
+    let mut second = start_worker(grpc, "w2", dir.path());
+    let done = plane
+        .gateway
+        .wait(&call_id, std::time::Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(
+        done.state,
+        toolgrid::call::CallState::Succeeded,
+        "{:?}",
+        done.error
+    );
+    let result = done.result.clone().unwrap();
+    assert_result_shows_only_references(result.to_string().as_bytes());
+
+    // Both attempts sent the real value, with the same key.
+    let seen = witness.seen();
+    assert_eq!(
+        seen.len(),
+        2,
+        "sent by the killed worker, re-sent by the second"
+    );
+    for s in &seen {
+        assert_eq!(
+            s.authorization.as_deref(),
+            Some(&*format!("Bearer {TOKEN}"))
+        );
+        assert_eq!(s.query.as_deref(), Some(&*format!("k={TOKEN}")));
+        assert_eq!(s.revealed.as_deref(), Some(REVEALED));
+    }
+    assert_eq!(seen[0].key, seen[1].key);
+    assert_eq!(seen[1].attempt.as_deref(), Some("2"));
+
+    // The oplog: the replay on w2 matched request 1 on its digests and re-sent it.
+    let oplog = store.oplog(&call_id).await.unwrap();
+    let entries: Vec<OplogEntry> = oplog.iter().map(|r| r.entry().unwrap()).collect();
+    assert!(
+        entries
+            .iter()
+            .any(|e| matches!(e, OplogEntry::Replay(r) if r.worker == "w2"))
+    );
+    let request = http_request(&entries);
+    assert_eq!(
+        request.headers[0],
+        (
+            "authorization".to_string(),
+            header_digest("Bearer ${secret:api-token}")
+        )
+    );
+    assert!(matches!(
+        entries.last(),
+        Some(OplogEntry::Outcome(o)) if o.run.as_ref().is_some_and(|r| r.worker == "w2")
+    ));
+    assert_no_plaintext(
+        "the oplog",
+        oplog
+            .iter()
+            .map(|r| r.payload.clone())
+            .collect::<String>()
+            .as_bytes(),
+    );
+
+    // A call granted a key the agent's Secret lacks fails at assignment, naming the key;
+    // nothing runs.
+    let missing = new_call(
+        &digest,
+        &witness.base(),
+        reporter_access(&["api-token", "gone-key"]),
+    );
+    let missing_id = missing.id.clone();
+    let record = store.create_call(missing).await.unwrap().record().clone();
+    plane.scheduler.submit(record, interface);
+    let failed = plane
+        .gateway
+        .wait(&missing_id, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    let error = failed.error.expect("failed");
+    assert_eq!(error.kind.as_str(), "secret-unavailable");
+    assert!(error.message.contains("gone-key"), "{}", error.message);
+    assert_eq!(witness.seen().len(), 2, "the call never ran");
+
+    // No plaintext in the store's files, the workers' logs or this process's logs.
+    let _ = second.kill();
+    let _ = second.wait();
+    for (path, bytes) in files_under(&store_dir)
+        .into_iter()
+        .chain(files_under(dir.path()))
+    {
+        assert_no_plaintext(&path.display().to_string(), &bytes);
+    }
+    let logged = logs.lock().unwrap().clone();
+    assert!(
+        String::from_utf8_lossy(&logged).contains(&call_id),
+        "the control plane's logs were captured"
+    );
+    assert_no_plaintext("the control plane's logs", &logged);
+    let worker_log = std::fs::read_to_string(dir.path().join("worker-w2.log")).unwrap();
+    assert!(
+        worker_log.contains(&call_id),
+        "the worker's logs were captured"
+    );
+}
