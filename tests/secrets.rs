@@ -627,3 +627,187 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
         "the worker's logs were captured"
     );
 }
+
+// ------------------------------------------------------------------------------------------
+// The whole of `toolgrid up`, from manifests: the gateway fills the call's grants from the
+// agent's binding (the callers' part of issue 9), the scheduler resolves the values from the
+// Secret manifests.
+
+/// The agent's bearer token, from its `tokenSecretRef` Secret.
+const AGENT_TOKEN: &str = "reporter-agent-token-5Jd8";
+
+fn manifests(root: &std::path::Path, witness: &Witness) -> std::path::PathBuf {
+    let dir = root.join("manifests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = witness.addr.port();
+    let wasm = fixtures::repo().join("tests/fixtures/tools/secrets/secrets.wasm");
+    std::fs::write(
+        dir.join("secrets.yaml"),
+        format!(
+            r#"apiVersion: toolgrid.dev/v1alpha1
+kind: WorkerPool
+metadata: {{name: default}}
+spec: {{replicas: 1, slotsPerWorker: 2}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {{name: secrets}}
+spec:
+  effect: read
+  timeout: 60s
+  commands:
+    - name: run
+      options:
+        - {{name: base, schema: {{type: string}}, required: true}}
+      result: {{type: object}}
+      errors:
+        - {{name: request-failed, exitCode: 3}}
+        - {{name: denied, exitCode: 4}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolRelease
+metadata: {{name: secrets-1.0.0}}
+spec:
+  tool: secrets
+  version: 1.0.0
+  artifact: {{file: {wasm}}}
+  network: {{egress: [{{host: 127.0.0.1, ports: [{port}], allowPrivate: true}}]}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: reporter-secrets}}
+stringData: {{api-token: {TOKEN}, signing-key: {REVEALED}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: reporter-token}}
+stringData: {{token: {AGENT_TOKEN}}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: reporter-config}}
+data: {{region: {REGION}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {{name: reporter}}
+spec:
+  tokenSecretRef: {{name: reporter-token, key: token}}
+  permissions: [{{tools: ["*"], commands: ["*"]}}]
+  configMapRef: {{name: reporter-config}}
+  secretRef: {{name: reporter-secrets}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: reporter-secrets}}
+spec:
+  agents: [reporter]
+  tool: secrets
+  configKeysReadable: [region]
+  secretKeysReadable: [api-token]
+  secretKeysRevealable: [signing-key]
+"#,
+            wasm = wasm.display()
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs part 1 (caller auth) merged"]
+async fn an_agents_call_from_manifests_uses_its_secrets_only_as_granted_across_a_kill() {
+    use common::{Platform, WorkerProcess};
+    let root = tempfile::tempdir().unwrap();
+    let witness = Witness::start().await;
+    let dir = manifests(root.path(), &witness);
+    let platform = Platform::start(root.path(), &dir, &["--no-workers", "--lease", "1s"]);
+    let first = WorkerProcess::start(&platform, "w1", 2, root.path());
+    let first_pid = first.pid();
+    witness.set_probe(move |seen| async move {
+        if seen.attempt.as_deref() == Some("1") {
+            unsafe {
+                libc::kill(first_pid, libc::SIGKILL);
+            }
+        }
+        Ok(())
+    });
+
+    // The agent calls with its own token; the call waits for its end.
+    let http = reqwest::Client::new();
+    let url = format!(
+        "http://{}/v1/namespaces/default/tools/secrets/run:call",
+        platform.http
+    );
+    let call = tokio::spawn({
+        let http = http.clone();
+        let url = url.clone();
+        let base = witness.base();
+        async move {
+            http.post(&url)
+                .bearer_auth(AGENT_TOKEN)
+                .json(&serde_json::json!({"args": {"base": base}}))
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    });
+    assert!(
+        witness
+            .wait_for(std::time::Duration::from_secs(60), |seen| !seen.is_empty())
+            .await,
+        "the first attempt's request arrives"
+    );
+    let _second = WorkerProcess::start(&platform, "w2", 2, root.path());
+    let body = call.await.unwrap();
+    assert_eq!(body["state"], "succeeded", "{body}");
+    assert_result_shows_only_references(body["result"].to_string().as_bytes());
+    let seen = witness.seen();
+    assert_eq!(
+        seen.len(),
+        2,
+        "sent by the killed worker, re-sent by the second"
+    );
+    for s in &seen {
+        assert_eq!(
+            s.authorization.as_deref(),
+            Some(&*format!("Bearer {TOKEN}"))
+        );
+        assert_eq!(s.revealed.as_deref(), Some(REVEALED));
+    }
+    assert_eq!(seen[0].key, seen[1].key);
+
+    // The agent reads its call's oplog: the Authorization header is a digest.
+    let id = body["id"].as_str().unwrap();
+    let oplog = http
+        .get(format!("http://{}/v1/calls/{id}/oplog", platform.http))
+        .bearer_auth(AGENT_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        oplog.contains(&header_digest("Bearer ${secret:api-token}")),
+        "{oplog}"
+    );
+    assert_no_plaintext("the oplog", oplog.as_bytes());
+
+    // Nothing under the data directory (the store), nor any log, holds a value.
+    drop(_second);
+    drop(first);
+    for (path, bytes) in files_under(&platform.data)
+        .into_iter()
+        .chain(files_under(root.path()))
+    {
+        assert_no_plaintext(&path.display().to_string(), &bytes);
+    }
+    assert!(
+        platform.logs().contains(id),
+        "the platform's logs were captured"
+    );
+}
