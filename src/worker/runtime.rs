@@ -1371,6 +1371,80 @@ mod tests {
         assert!(hooks.trips.host_tripped().is_none());
     }
 
+    #[tokio::test]
+    async fn a_component_request_has_its_references_substituted_and_its_response_redacted() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        // A destination that echoes what it received, and keeps it.
+        let received = Arc::new(Mutex::new(String::new()));
+        let kept = received.clone();
+        let app = axum::Router::new().fallback(
+            move |uri: http::Uri, headers: http::HeaderMap| async move {
+                let auth = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let echo = format!("{auth}|{}", uri.query().unwrap_or_default());
+                *kept.lock().unwrap() = echo.clone();
+                echo
+            },
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let rule = crate::api::EgressRule {
+            host: "127.0.0.1".into(),
+            ports: vec![port],
+            allow_private: true,
+        };
+        let log = HostLog::new(Vec::new());
+        let mut hooks = hooks_on(log.clone(), vec![rule], 1 << 20);
+        let secrets = CallSecrets::new(
+            [(
+                "api-token".to_string(),
+                crate::call::SecretValue::new("s3cr3t-value"),
+            )]
+            .into(),
+        );
+        let sink = Arc::new(MemorySink::default());
+        let host = HttpHost::new(
+            "hooks".into(),
+            1,
+            true,
+            hooks.egress.clone(),
+            log.clone(),
+            sink.clone(),
+            Duration::from_secs(5),
+        )
+        .with_limits(1 << 20, 1 << 20, Some(hooks.memory.clone()))
+        .with_secrets(Arc::new(secrets));
+        hooks.host = Arc::new(host);
+        let request = http::Request::builder()
+            .method("GET")
+            .uri(format!(
+                "http://127.0.0.1:{port}/echo?k=${{secret:api-token}}"
+            ))
+            .header("authorization", "Bearer ${secret:api-token}")
+            .body(empty_body())
+            .unwrap();
+        let future = hooks.send_request(request, None, Box::new(async { Ok(()) }));
+        let (response, _) = std::pin::Pin::from(future).await.unwrap();
+        use http_body_util::BodyExt;
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        // The destination got the value; the guest sees the references.
+        assert_eq!(
+            *received.lock().unwrap(),
+            "Bearer s3cr3t-value|k=s3cr3t-value"
+        );
+        assert_eq!(
+            &body[..],
+            b"Bearer ${secret:api-token}|k=${secret:api-token}"
+        );
+        let recorded = format!("{:?}", sink.entries.lock().unwrap());
+        assert!(!recorded.contains("s3cr3t"), "{recorded}");
+        assert!(recorded.contains("${secret:api-token}"), "{recorded}");
+    }
+
     #[test]
     fn both_paths_refuse_the_same_hop_by_hop_headers() {
         for name in [
