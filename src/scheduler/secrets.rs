@@ -25,6 +25,23 @@ pub trait SecretSource: Send + Sync {
     ) -> Result<BTreeMap<String, SecretValue>, SecretError>;
 }
 
+/// A closure is a source: `Arc::new(move |namespace: &str, agent: &str, keys: &[String]| ...)`.
+impl<F> SecretSource for F
+where
+    F: Fn(&str, &str, &[String]) -> Result<BTreeMap<String, SecretValue>, SecretError>
+        + Send
+        + Sync,
+{
+    fn values(
+        &self,
+        namespace: &str,
+        agent: &str,
+        keys: &[String],
+    ) -> Result<BTreeMap<String, SecretValue>, SecretError> {
+        self(namespace, agent, keys)
+    }
+}
+
 /// Why an assignment cannot carry the secrets its call was granted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SecretError {
@@ -184,6 +201,27 @@ mod tests {
             !debug.contains("s3cr3t") && !debug.contains("k3y"),
             "{debug}"
         );
+    }
+
+    #[test]
+    fn a_closure_is_a_source_and_its_errors_pass_through() {
+        let unreadable = |_: &str, agent: &str, _: &[String]| {
+            Err(SecretError::Unavailable {
+                agent: agent.to_string(),
+                reason: "the catalog has not synced".into(),
+            })
+        };
+        let error =
+            delivery(&access(&["api-token"], &[]), "default", Some(&unreadable)).unwrap_err();
+        assert!(error.to_string().contains("has not synced"), "{error}");
+        let fixed = |_: &str, _: &str, keys: &[String]| {
+            Ok(keys
+                .iter()
+                .map(|k| (k.clone(), SecretValue::new("v")))
+                .collect())
+        };
+        let got = delivery(&access(&["api-token"], &[]), "default", Some(&fixed)).unwrap();
+        assert_eq!(got.secrets["api-token"], "v");
     }
 
     #[test]
