@@ -264,7 +264,8 @@ pub struct HttpDenied {
     pub seq: u64,
     pub message: String,
     /// Why, when it was not the egress policy (absent): `unknown-secret` for a request that
-    /// referred to a secret the call may not use.
+    /// referred to a secret the call may not use, `request-limit` for one whose references'
+    /// values would add more than the host allows (the call ends with it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<super::ErrorKind>,
 }

@@ -138,8 +138,9 @@ enum Gate {
         host: String,
         addrs: Vec<std::net::SocketAddr>,
     },
-    /// Refused (told to the guest): by the egress policy (`kind` absent) or for a secret
-    /// reference (`unknown-secret`).
+    /// Refused: by the egress policy (`kind` absent, told to the guest), for a secret
+    /// reference (`unknown-secret`, told to the guest), or because its references' values
+    /// pass the substitution allowance (`request-limit`: the call ends).
     Refused {
         message: String,
         kind: Option<ErrorKind>,
@@ -387,9 +388,13 @@ impl HttpHost {
         {
             Ok(sending) => sending,
             Err(error) => {
+                let kind = match error {
+                    secrets::ReferenceError::TooLarge(_) => ErrorKind::RequestLimit,
+                    _ => ErrorKind::UnknownSecret,
+                };
                 return Gate::Refused {
                     message: error.to_string(),
-                    kind: Some(ErrorKind::UnknownSecret),
+                    kind: Some(kind),
                 };
             }
         };
@@ -619,6 +624,7 @@ impl HttpHost {
 fn denied_failure(kind: Option<ErrorKind>, message: String) -> HttpFailure {
     match kind {
         Some(ErrorKind::UnknownSecret) => HttpFailure::UnknownSecret(message),
+        Some(ErrorKind::RequestLimit) => HttpFailure::Limit(ErrorKind::RequestLimit, message),
         _ => HttpFailure::Denied(message),
     }
 }

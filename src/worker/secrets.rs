@@ -41,7 +41,16 @@ pub enum ReferenceError {
          NAME of letters, digits, '-', '_' and '.')"
     )]
     Malformed(usize),
+    #[error(
+        "the request's secret references would add more than {0} bytes to its URL and \
+         headers"
+    )]
+    TooLarge(usize),
 }
+
+/// The most bytes substituting references may add to one request's URL and headers
+/// together: what a tool can make the host build from a small document is bounded.
+pub const SUBSTITUTION_ALLOWANCE: usize = 1 << 20;
 
 /// Whether `text` holds anything that looks like a reference (well-formed or not).
 pub fn has_reference(text: &str) -> bool {
@@ -106,6 +115,17 @@ impl CallSecrets {
     /// key the call does not have, or a malformed one, refuses the whole text. Substituted
     /// values are not scanned again.
     pub fn substitute<'a>(&self, text: &'a str) -> Result<Cow<'a, str>, ReferenceError> {
+        let mut unbounded = usize::MAX;
+        self.substitute_within(text, &mut unbounded)
+    }
+
+    /// [`CallSecrets::substitute`], adding at most `budget` bytes (what it adds is taken
+    /// from the budget).
+    fn substitute_within<'a>(
+        &self,
+        text: &'a str,
+        budget: &mut usize,
+    ) -> Result<Cow<'a, str>, ReferenceError> {
         if !has_reference(text) {
             return Ok(Cow::Borrowed(text));
         }
@@ -125,6 +145,13 @@ impl CallSecrets {
             let Some(value) = self.values.get(name) else {
                 return Err(ReferenceError::Unknown(name.to_string()));
             };
+            let added = value
+                .expose()
+                .len()
+                .saturating_sub(REFERENCE_OPEN.len() + name.len() + 1);
+            *budget = budget
+                .checked_sub(added)
+                .ok_or(ReferenceError::TooLarge(SUBSTITUTION_ALLOWANCE))?;
             out.push_str(value.expose());
             let consumed = at + REFERENCE_OPEN.len() + close + 1;
             offset += consumed;
@@ -198,10 +225,16 @@ impl CallSecrets {
         url: &str,
         headers: &[(String, String)],
     ) -> Result<(String, Vec<(String, String)>), ReferenceError> {
-        let url = self.substitute(url)?.into_owned();
+        let mut budget = SUBSTITUTION_ALLOWANCE;
+        let url = self.substitute_within(url, &mut budget)?.into_owned();
         let headers = headers
             .iter()
-            .map(|(name, value)| Ok((name.clone(), self.substitute(value)?.into_owned())))
+            .map(|(name, value)| {
+                Ok((
+                    name.clone(),
+                    self.substitute_within(value, &mut budget)?.into_owned(),
+                ))
+            })
             .collect::<Result<_, ReferenceError>>()?;
         Ok((url, headers))
     }
@@ -325,6 +358,30 @@ mod tests {
             text.contains("api-token") && !text.contains("s3cr3t"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn what_references_add_to_a_request_is_bounded() {
+        let big = "x".repeat(300 << 10);
+        let s = secrets(&[("big", &big)]);
+        let three = "${secret:big}".repeat(3);
+        let (url, _) = s
+            .substitute_request("http://h/", &[("a".into(), three)])
+            .unwrap();
+        assert_eq!(url, "http://h/");
+        let four = "${secret:big}".repeat(4);
+        assert_eq!(
+            s.substitute_request(&format!("http://h/?{four}"), &[]),
+            Err(ReferenceError::TooLarge(SUBSTITUTION_ALLOWANCE))
+        );
+        // The budget is per request, URL and headers together.
+        assert!(matches!(
+            s.substitute_request(
+                "http://h/?${secret:big}${secret:big}",
+                &[("a".into(), "${secret:big}${secret:big}".into())]
+            ),
+            Err(ReferenceError::TooLarge(_))
+        ));
     }
 
     #[test]
