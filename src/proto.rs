@@ -90,6 +90,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_assignment_debugs_without_its_secret_values() {
+        let assign = Assign {
+            call_id: "c1".into(),
+            env: [("signing-key".to_string(), "r3v3aled".to_string())].into(),
+            secrets: [("api-token".to_string(), "s3cr3t".to_string())].into(),
+            ..Assign::default()
+        };
+        let event = ControlEvent {
+            event: Some(control_event::Event::Assign(assign)),
+        };
+        let text = format!("{event:?}");
+        assert!(text.contains("c1") && text.contains("api-token"), "{text}");
+        assert!(
+            !text.contains("r3v3aled") && !text.contains("s3cr3t"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn link_batches_stay_under_the_budget_and_keep_order() {
         let entry = |n: usize| OplogEntry {
             kind: "http-response".into(),

@@ -304,8 +304,9 @@ impl WasiView for ComponentState {
     }
 }
 
-/// One call to run.
-#[derive(Clone, Debug, Default)]
+/// One call to run. `Debug` names the environment's variables and secrets, never their
+/// values (revealed secrets are among them).
+#[derive(Clone, Default)]
 pub struct RunRequest {
     pub call_id: String,
     /// 1 for a call's first run, then one more for each re-run elsewhere.
@@ -328,6 +329,23 @@ pub struct RunRequest {
     /// `${secret:NAME}` in a request resolves to, and what is redacted from responses, the
     /// output and the oplog. Revealable ones are also in `env`, by the caller.
     pub secrets: std::collections::BTreeMap<String, crate::call::SecretValue>,
+}
+
+impl std::fmt::Debug for RunRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunRequest")
+            .field("call_id", &self.call_id)
+            .field("attempt", &self.attempt)
+            .field("argv", &self.argv)
+            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field("stdin", &self.stdin.len())
+            .field("limits", &self.limits)
+            .field("replay", &self.replay.len())
+            .field("repeatable", &self.repeatable)
+            .field("egress", &self.egress)
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for dyn OplogSink {
@@ -1443,6 +1461,28 @@ mod tests {
         let recorded = format!("{:?}", sink.entries.lock().unwrap());
         assert!(!recorded.contains("s3cr3t"), "{recorded}");
         assert!(recorded.contains("${secret:api-token}"), "{recorded}");
+    }
+
+    #[test]
+    fn a_run_request_debugs_without_its_values() {
+        let request = RunRequest {
+            env: vec![("signing-key".into(), "r3v3aled".into())],
+            secrets: [(
+                "api-token".to_string(),
+                crate::call::SecretValue::new("s3cr3t"),
+            )]
+            .into(),
+            ..RunRequest::default()
+        };
+        let text = format!("{request:?}");
+        assert!(
+            text.contains("signing-key") && text.contains("api-token"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("r3v3aled") && !text.contains("s3cr3t"),
+            "{text}"
+        );
     }
 
     #[test]
