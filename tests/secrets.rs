@@ -739,7 +739,7 @@ async fn an_agents_call_from_manifests_uses_its_secrets_only_as_granted_across_a
         "http://{}/v1/namespaces/default/tools/secrets/run:call",
         platform.http
     );
-    let call = tokio::spawn({
+    let mut call = tokio::spawn({
         let http = http.clone();
         let url = url.clone();
         let base = witness.base();
@@ -755,12 +755,12 @@ async fn an_agents_call_from_manifests_uses_its_secrets_only_as_granted_across_a
                 .unwrap()
         }
     });
-    assert!(
-        witness
-            .wait_for(std::time::Duration::from_secs(60), |seen| !seen.is_empty())
-            .await,
-        "the first attempt's request arrives"
-    );
+    tokio::select! {
+        arrived = witness.wait_for(std::time::Duration::from_secs(60), |seen| !seen.is_empty()) => {
+            assert!(arrived, "the first attempt's request arrives");
+        }
+        body = &mut call => panic!("the call ended before its request arrived: {body:?}"),
+    }
     let _second = WorkerProcess::start(&platform, "w2", 2, root.path());
     let body = call.await.unwrap();
     assert_eq!(body["state"], "succeeded", "{body}");
