@@ -28,6 +28,8 @@ const TOKEN: &str = "s3cr3t-value-7Qx9";
 /// The revealable secret: the tool reads it from its environment.
 const REVEALED: &str = "r3v3aled-K4y-2Lp";
 const REGION: &str = "eu-west-1";
+/// The readable secret after a rotation.
+const ROTATED: &str = "r0tated-t0ken-8Wm3";
 
 fn fixture() -> (String, Vec<u8>) {
     let bytes =
@@ -88,7 +90,7 @@ fn assigned(
 /// Panics if `text` holds either secret value.
 #[track_caller]
 fn assert_no_plaintext(what: &str, text: &[u8]) {
-    for value in [TOKEN, REVEALED] {
+    for value in [TOKEN, REVEALED, ROTATED] {
         assert!(
             !text
                 .windows(value.len())
@@ -210,7 +212,7 @@ async fn a_replay_matches_credential_headers_by_digest_across_a_rotation() {
 
     // Another worker replays the whole oplog: request 1 matches on its digests, even though
     // the secret has been rotated since, and nothing is sent again.
-    let mut replay = assigned(&witness, &[], granted("r0tated-t0ken-value"));
+    let mut replay = assigned(&witness, &[], granted(ROTATED));
     replay.attempt = 2;
     replay.replay = recorded.clone();
     let replayed = runtime.run(&compiled, replay).await;
@@ -458,7 +460,7 @@ fn files_under(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_across_a_kill() {
     use toolgrid::platform::{ControlPlane, Listeners};
-    use toolgrid::scheduler::{SchedulerConfig, StaticSecrets};
+    use toolgrid::scheduler::{SchedulerConfig, SecretSource, StaticSecrets};
 
     let logs = captured_logs();
     let dir = tempfile::tempdir().unwrap();
@@ -473,10 +475,16 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
     let plane = ControlPlane::start(store.clone(), SchedulerConfig::default())
         .await
         .unwrap();
+    // The agent's Secret, as the catalog would hold it; rotated while the call is in flight.
+    let api_token = Arc::new(std::sync::Mutex::new(TOKEN.to_string()));
+    let current = api_token.clone();
     plane.scheduler.set_secret_source(Arc::new(
-        StaticSecrets::default()
-            .with("default", "reporter", "api-token", TOKEN)
-            .with("default", "reporter", "signing-key", REVEALED),
+        move |namespace: &str, agent: &str, keys: &[String]| {
+            StaticSecrets::default()
+                .with("default", "reporter", "api-token", &current.lock().unwrap())
+                .with("default", "reporter", "signing-key", REVEALED)
+                .values(namespace, agent, keys)
+        },
     ));
     let listeners = Listeners::bind("127.0.0.1:0".parse().unwrap(), None)
         .await
@@ -524,6 +532,7 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
         "the first attempt's request arrives"
     );
     let _ = first.wait();
+    *api_token.lock().unwrap() = ROTATED.to_string();
     let mut second = start_worker(grpc, "w2", dir.path());
     let done = plane
         .gateway
@@ -539,19 +548,21 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
     let result = done.result.clone().unwrap();
     assert_result_shows_only_references(result.to_string().as_bytes());
 
-    // Both attempts sent the real value, with the same key.
+    // Both attempts sent the real value, with the same key: the re-assignment resolved the
+    // secret again and got the rotated value, and the replay still matched request 1 on its
+    // digest (of the reference, not the value).
     let seen = witness.seen();
     assert_eq!(
         seen.len(),
         2,
         "sent by the killed worker, re-sent by the second"
     );
-    for s in &seen {
+    for (s, token) in seen.iter().zip([TOKEN, ROTATED]) {
         assert_eq!(
             s.authorization.as_deref(),
-            Some(&*format!("Bearer {TOKEN}"))
+            Some(&*format!("Bearer {token}"))
         );
-        assert_eq!(s.query.as_deref(), Some(&*format!("k={TOKEN}")));
+        assert_eq!(s.query.as_deref(), Some(&*format!("k={token}")));
         assert_eq!(s.revealed.as_deref(), Some(REVEALED));
     }
     assert_eq!(seen[0].key, seen[1].key);
