@@ -319,6 +319,44 @@ async fn an_unknown_reference_is_refused_before_it_leaves() {
     assert!(witness.seen().is_empty());
 }
 
+#[tokio::test]
+async fn a_response_that_grows_past_its_limit_once_redacted_is_response_limit() {
+    let witness = Witness::start().await;
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let (digest, bytes) = fixture();
+    let compiled = runtime.compile(&digest, bytes).await.unwrap();
+    // Exactly what the witness answers: within the limit as it arrives, past it once each
+    // value is replaced by its (longer) reference.
+    let echoed = serde_json::json!({
+        "authorization": format!("Bearer {TOKEN}"),
+        "query": format!("k={TOKEN}"),
+        "revealed": REVEALED,
+        "body": "",
+    })
+    .to_string();
+    let mut run = assigned(&witness, &[], granted(TOKEN));
+    run.limits.response_bytes = echoed.len() as u64;
+    let outcome = runtime.run(&compiled, run).await;
+    let failure = outcome.failure.expect("response-limit");
+    assert_eq!(failure.kind.as_str(), "response-limit");
+    assert!(
+        failure.message.contains("once secret values are redacted"),
+        "{}",
+        failure.message
+    );
+    assert_eq!(
+        witness.seen().len(),
+        1,
+        "the request left; its response was refused"
+    );
+    assert_no_plaintext("the failure", failure.message.as_bytes());
+    assert_no_plaintext(
+        "the oplog",
+        payloads(&outcome.log.take_pending()).as_bytes(),
+    );
+}
+
 // ------------------------------------------------------------------------------------------
 // A control plane in-process (store, scheduler, worker link) with real `toolgrid worker`
 // processes: secret values resolved when the call is assigned, and again when it is

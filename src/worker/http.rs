@@ -601,10 +601,15 @@ impl HttpHost {
         // redacted body is held to the same limit (a reference can be longer than its value).
         if let std::borrow::Cow::Owned(redacted) = self.secrets.redact(&body) {
             if redacted.len() as u64 > limit {
-                return Err(too_large(&format!(
-                    "{} once secret values are redacted",
-                    redacted.len()
-                )));
+                return Err(ExchangeError::Limit(
+                    ErrorKind::ResponseLimit,
+                    format!(
+                        "the response body of {method} {url} is {} bytes once secret values \
+                         are redacted, more than the call's response limit of {limit} bytes \
+                         (limits.responseBytes)",
+                        redacted.len()
+                    ),
+                ));
             }
             if let Some(held) = &mut held {
                 held.grow(redacted.len().saturating_sub(body.len()) as u64)
