@@ -11,9 +11,11 @@ pub fn grpc_code(kind: ErrorKind) -> tonic::Code {
         ErrorKind::InvalidArgument => Code::InvalidArgument,
         ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => Code::NotFound,
         ErrorKind::Unavailable => Code::Unavailable,
-        ErrorKind::PermissionDenied | ErrorKind::Denied | ErrorKind::EgressDenied => {
-            Code::PermissionDenied
-        }
+        ErrorKind::PermissionDenied
+        | ErrorKind::Denied
+        | ErrorKind::EgressDenied
+        | ErrorKind::UnknownSecret => Code::PermissionDenied,
+        ErrorKind::SecretUnavailable => Code::FailedPrecondition,
         ErrorKind::Unauthenticated => Code::Unauthenticated,
         ErrorKind::IdempotencyConflict => Code::AlreadyExists,
         ErrorKind::Timeout => Code::DeadlineExceeded,

@@ -4,6 +4,26 @@
 
 tonic::include_proto!("toolgrid.v1");
 
+/// An assignment carries secret values (`secrets`, and revealed ones in `env`): its `Debug`
+/// names their keys and never shows a value.
+impl std::fmt::Debug for Assign {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Assign")
+            .field("call_id", &self.call_id)
+            .field("epoch", &self.epoch)
+            .field("namespace", &self.namespace)
+            .field("tool", &self.tool)
+            .field("command", &self.command)
+            .field("release", &self.release)
+            .field("digest", &self.digest)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .field("attempt", &self.attempt)
+            .field("replay", &self.replay.len())
+            .finish_non_exhaustive()
+    }
+}
+
 // The wire carries an oplog entry as its kind and its payload's JSON, converted here once.
 
 impl From<&crate::call::OplogEntry> for OplogEntry {
@@ -68,6 +88,25 @@ pub fn link_batches(entries: Vec<OplogEntry>) -> Vec<Vec<OplogEntry>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_assignment_debugs_without_its_secret_values() {
+        let assign = Assign {
+            call_id: "c1".into(),
+            env: [("signing-key".to_string(), "r3v3aled".to_string())].into(),
+            secrets: [("api-token".to_string(), "s3cr3t".to_string())].into(),
+            ..Assign::default()
+        };
+        let event = ControlEvent {
+            event: Some(control_event::Event::Assign(assign)),
+        };
+        let text = format!("{event:?}");
+        assert!(text.contains("c1") && text.contains("api-token"), "{text}");
+        assert!(
+            !text.contains("r3v3aled") && !text.contains("s3cr3t"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn link_batches_stay_under_the_budget_and_keep_order() {

@@ -217,9 +217,17 @@ pub struct HttpRequest {
     /// The request's number within the call, from 1, in the guest's issue order.
     pub seq: u64,
     pub method: String,
+    /// The URL as the tool wrote it: secret references (`${secret:NAME}`) as written, never
+    /// their values, and any secret value the tool wrote literally replaced by its reference.
     pub url: String,
-    /// Headers as sent; credential headers hold a digest, never the value.
+    /// Headers as the tool wrote them, secret values redacted the same way; the headers at
+    /// the indices in `digested` (credential headers, and any holding a reference) hold
+    /// `sha256:<hex>` of their written value instead.
     pub headers: Vec<(String, String)>,
+    /// Which of `headers` are recorded as a digest (absent in oplogs written before
+    /// digests, whose credential headers a replay digests itself).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub digested: Vec<u32>,
     pub body_sha256: String,
     pub body_bytes: u64,
     pub idempotency_key: String,
@@ -255,6 +263,11 @@ pub struct HttpError {
 pub struct HttpDenied {
     pub seq: u64,
     pub message: String,
+    /// Why, when it was not the egress policy (absent): `unknown-secret` for a request that
+    /// referred to a secret the call may not use, `request-limit` for one whose references'
+    /// values would add more than the host allows (the call ends with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<super::ErrorKind>,
 }
 
 /// The state a call ended in.

@@ -50,12 +50,18 @@ pub enum ErrorKind {
     EgressDenied,
     /// A person or policy refused the call.
     Denied,
+    /// A secret the call's binding grants could not be resolved when the call was assigned
+    /// (deleted, or the key is missing): the call fails instead of running without it.
+    SecretUnavailable,
+    /// The tool's outgoing request referred to a secret (`${secret:NAME}`) the call may not
+    /// use: the request is refused and never leaves.
+    UnknownSecret,
     Cancelled,
     Internal,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 24] = [
+    pub const ALL: [ErrorKind; 26] = [
         ErrorKind::InvalidArgument,
         ErrorKind::UnknownTool,
         ErrorKind::UnknownCommand,
@@ -78,6 +84,8 @@ impl ErrorKind {
         ErrorKind::OutcomeUnknown,
         ErrorKind::EgressDenied,
         ErrorKind::Denied,
+        ErrorKind::SecretUnavailable,
+        ErrorKind::UnknownSecret,
         ErrorKind::Cancelled,
         ErrorKind::Internal,
     ];
@@ -106,6 +114,8 @@ impl ErrorKind {
             ErrorKind::OutcomeUnknown => "outcome-unknown",
             ErrorKind::EgressDenied => "egress-denied",
             ErrorKind::Denied => "denied",
+            ErrorKind::SecretUnavailable => "secret-unavailable",
+            ErrorKind::UnknownSecret => "unknown-secret",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::Internal => "internal",
         }
@@ -120,7 +130,10 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidArgument => 400,
             ErrorKind::Unauthenticated => 401,
-            ErrorKind::PermissionDenied | ErrorKind::Denied | ErrorKind::EgressDenied => 403,
+            ErrorKind::PermissionDenied
+            | ErrorKind::Denied
+            | ErrorKind::EgressDenied
+            | ErrorKind::UnknownSecret => 403,
             ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => 404,
             ErrorKind::IdempotencyConflict => 409,
             ErrorKind::Cancelled => 499,

@@ -24,6 +24,7 @@ mod entry;
 mod error;
 mod lifecycle;
 mod record;
+mod secret;
 
 pub use access::{CallAccess, Filesystem};
 pub use entry::{
@@ -38,6 +39,7 @@ pub use record::{
     MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, NewCall, OplogRecord, ResourceRecord,
     RunLimits, now_ms,
 };
+pub use secret::SecretValue;
 
 use serde::{Deserialize, Serialize};
 
@@ -128,6 +130,7 @@ mod tests {
             "src/call/error.rs",
             "src/call/lifecycle.rs",
             "src/call/record.rs",
+            "src/call/secret.rs",
             "src/scheduler/state.rs",
         ];
         let forbidden = [

@@ -12,10 +12,12 @@
 //! outcomes back. It sleeps until the state machine's next deadline, or the next event.
 
 mod link;
+pub mod secrets;
 pub mod state;
 mod watch;
 
 pub use link::WorkerLinkService;
+pub use secrets::{SecretError, SecretSource, StaticSecrets};
 pub use state::WorkerInfo;
 pub use watch::{CallUpdate, CallWatch, Progress};
 
@@ -88,6 +90,8 @@ pub struct Scheduler {
     sessions: Mutex<HashMap<(String, u64), Session>>,
     /// Wakes the timer when an event may have moved the next deadline.
     wake: Notify,
+    /// Where the values of the secrets a call is granted are read at each assignment.
+    secrets: std::sync::RwLock<Option<Arc<dyn SecretSource>>>,
 }
 
 impl Scheduler {
@@ -111,7 +115,21 @@ impl Scheduler {
             state: Mutex::new(State::new(timing)),
             sessions: Mutex::default(),
             wake: Notify::new(),
+            secrets: std::sync::RwLock::new(None),
         })
+    }
+
+    /// Sets where secret values are read when a call is assigned. Without one, a call
+    /// granted any secret fails `secret-unavailable` when it is assigned.
+    pub fn set_secret_source(&self, source: Arc<dyn SecretSource>) {
+        *self.secrets.write().unwrap_or_else(|e| e.into_inner()) = Some(source);
+    }
+
+    fn secret_source(&self) -> Option<Arc<dyn SecretSource>> {
+        self.secrets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -454,6 +472,27 @@ impl Scheduler {
         replay: Vec<proto::OplogEntry>,
         attempt: u32,
     ) {
+        // Secret values are read now, for this assignment only, and never stored; a call
+        // whose secrets cannot be read fails rather than run without them.
+        let source = self.secret_source();
+        let delivery = match secrets::delivery(
+            &call.record.spec.access,
+            &call.record.namespace,
+            source.as_deref(),
+        ) {
+            Ok(delivery) => delivery,
+            Err(error) => {
+                tracing::warn!(call = %call.record.id, worker, epoch, %error, "call failed: its secrets cannot be resolved");
+                self.execute(Command::Fail {
+                    call: call.clone(),
+                    error: crate::call::CallError::new(
+                        crate::call::ErrorKind::SecretUnavailable,
+                        error.to_string(),
+                    ),
+                });
+                return;
+            }
+        };
         // A replay too large for one message goes ahead of its Assign in chunks.
         let replay_bytes: usize = replay.iter().map(|e| e.payload.len()).sum();
         let (replay, chunks) = if replay_bytes > proto::LINK_BATCH_BYTES {
@@ -476,7 +515,7 @@ impl Scheduler {
         } else {
             (replay, 0)
         };
-        let mut assign = assign_of(&call.record, epoch, attempt, replay);
+        let mut assign = assign_of(&call.record, epoch, attempt, replay, delivery);
         assign.replay_chunks = chunks;
         tracing::info!(call = %call.record.id, tool = %call.record.tool, worker, epoch, "call assigned");
         self.calls.progress(
@@ -758,6 +797,7 @@ fn assign_of(
     epoch: u64,
     attempt: u32,
     replay: Vec<proto::OplogEntry>,
+    delivery: secrets::Delivery,
 ) -> proto::Assign {
     let spec = &record.spec;
     let remaining = if spec.deadline_ms > 0 {
@@ -775,7 +815,7 @@ fn assign_of(
         digest: record.release_digest.clone(),
         argv: spec.argv.clone(),
         stdin: record.stdin.clone(),
-        env: spec.env.clone().into_iter().collect(),
+        env: spec.env.clone().into_iter().chain(delivery.env).collect(),
         limits: Some(proto::Limits {
             memory_bytes: spec.limits.memory_bytes,
             cpu_time_ms: spec.limits.cpu_time_ms,
@@ -790,5 +830,6 @@ fn assign_of(
         attempt,
         egress_json: serde_json::to_string(&spec.egress).unwrap_or_default(),
         replay_chunks: 0,
+        secrets: delivery.secrets,
     }
 }

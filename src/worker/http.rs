@@ -7,11 +7,17 @@
 //! (replay) answers recorded requests from the oplog; a request whose start was committed
 //! but whose response was not is sent again only when that is safe (an idempotent method, or
 //! a `read`/`idempotent` tool), with the same key; otherwise the call ends `outcome-unknown`.
+//!
+//! Secret references (`${secret:NAME}`, see [`super::secrets`]) in the URL and header
+//! values are substituted only as the request leaves; the oplog records the request as the
+//! tool wrote it (credential headers as digests), and a response is redacted of every secret
+//! value of the call before it is recorded or handed to the guest.
 
 use super::egress::{Egress, Verdict};
 use super::limits::CallMemory;
 use super::link::AppendError;
 use super::recorder::{AbortKind, HostLog};
+use super::secrets::{self, CallSecrets};
 use crate::call::{self, OplogEntry};
 use crate::error::ErrorKind;
 use bytes::Bytes;
@@ -56,6 +62,9 @@ pub struct Response {
 pub enum HttpFailure {
     /// The egress policy refused it (told to the guest).
     Denied(String),
+    /// It refers to a secret the call may not use, or holds a malformed reference (told to
+    /// the guest, as `unknown-secret`).
+    UnknownSecret(String),
     /// The request itself is malformed (told to the guest).
     Invalid(String),
     /// Connection, TLS or protocol failure (told to the guest).
@@ -112,6 +121,32 @@ pub struct HttpHost {
     response_limit: u64,
     /// Where a response being read is counted while it arrives.
     memory: Option<Arc<CallMemory>>,
+    /// The call's secret values: substituted for references, redacted from responses.
+    secrets: Arc<CallSecrets>,
+}
+
+/// A request as it leaves: its references substituted, its destination the written one's.
+struct Sending {
+    url: String,
+    headers: Vec<(String, String)>,
+}
+
+/// Whether a request may leave, decided before it does.
+enum Gate {
+    Go {
+        sending: Sending,
+        host: String,
+        addrs: Vec<std::net::SocketAddr>,
+    },
+    /// Refused: by the egress policy (`kind` absent, told to the guest), for a secret
+    /// reference (`unknown-secret`, told to the guest), or because its references' values
+    /// pass the substitution allowance (`request-limit`: the call ends).
+    Refused {
+        message: String,
+        kind: Option<ErrorKind>,
+    },
+    /// The host does not resolve.
+    Unresolved(String),
 }
 
 impl HttpHost {
@@ -137,7 +172,15 @@ impl HttpHost {
             request_limit: u64::MAX,
             response_limit: MAX_RESPONSE_BYTES,
             memory: None,
+            secrets: Arc::new(CallSecrets::default()),
         }
+    }
+
+    /// The call's secrets: what `${secret:NAME}` references resolve to, and the values kept
+    /// out of responses and the oplog.
+    pub fn with_secrets(mut self, secrets: Arc<CallSecrets>) -> Self {
+        self.secrets = secrets;
+        self
     }
 
     /// Caps request and response bodies, and counts a response being read against the
@@ -224,11 +267,15 @@ impl HttpHost {
         }
         let method = request.method.to_ascii_uppercase();
         let body_sha = hex::encode(Sha256::digest(&request.body));
+        // The request as the oplog records it (and as a replay compares it): as written,
+        // secret values redacted, credential headers digested.
+        let url = self.secrets.redact_text(&request.url).into_owned();
+        let (headers, digested) = secrets::recorded_headers(&request.headers, &self.secrets);
 
         if let Some(recorded) = self.log.take_http(seq) {
             let was = &recorded.request;
-            if was.method != method || was.url != request.url || was.body_sha256 != body_sha {
-                let bodies = if was.method == method && was.url == request.url {
+            if was.method != method || was.url != url || was.body_sha256 != body_sha {
+                let bodies = if was.method == method && was.url == url {
                     format!(
                         " (its body's sha256 was {} and is {body_sha})",
                         was.body_sha256
@@ -239,8 +286,28 @@ impl HttpHost {
                 self.log.abort(
                     AbortKind::Diverged,
                     format!(
-                        "request {seq} was {} {} in the oplog but is {method} {} now{bodies}",
-                        was.method, was.url, request.url
+                        "request {seq} was {} {} in the oplog but is {method} {url} now{bodies}",
+                        was.method, was.url
+                    ),
+                );
+                return Err(HttpFailure::Abort);
+            }
+            let before = secrets::credential_digests(&was.headers, &was.digested);
+            let now = secrets::credential_digests(&headers, &digested);
+            if before != now {
+                let names = |d: &[(String, String)]| {
+                    d.iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                self.log.abort(
+                    AbortKind::Diverged,
+                    format!(
+                        "request {seq} ({method} {url}) carries other credential headers than \
+                         in the oplog (by digest; recorded: [{}], now: [{}])",
+                        names(&before),
+                        names(&now)
                     ),
                 );
                 return Err(HttpFailure::Abort);
@@ -254,7 +321,7 @@ impl HttpHost {
                     });
                 }
                 Some(OplogEntry::HttpDenied(denied)) => {
-                    return Err(HttpFailure::Denied(denied.message));
+                    return Err(denied_failure(denied.kind, denied.message));
                 }
                 Some(OplogEntry::HttpError(error)) => {
                     return Err(match error.limit {
@@ -270,66 +337,114 @@ impl HttpHost {
                 self.log.abort(
                     AbortKind::OutcomeUnknown,
                     format!(
-                        "request {seq} ({method} {}) may have been applied before the worker was lost, \
+                        "request {seq} ({method} {url}) may have been applied before the worker was lost, \
                          and repeating it is not safe (the method is not idempotent and the tool's effect \
-                         is neither read nor idempotent)",
-                        request.url
+                         is neither read nor idempotent)"
                     ),
                 );
                 return Err(HttpFailure::Abort);
             }
-            tracing::info!(seq, %method, url = %request.url, "re-sending an in-flight request with its idempotency key");
+            tracing::info!(seq, %method, %url, "re-sending an in-flight request with its idempotency key");
             self.commit().await?;
-            return self.transmit(seq, &method, &request).await;
+            let gate = self.gate(&request).await;
+            if let Some(failure) = self.refusal(seq, &gate) {
+                self.commit().await?;
+                return Err(failure);
+            }
+            return self.transmit_to(seq, &method, &request, &url, gate).await;
         }
 
-        let url = url::Url::parse(&request.url)
-            .map_err(|e| HttpFailure::Invalid(format!("bad URL {:?}: {e}", request.url)))?;
-        let verdict = self.egress.check(&url).await;
+        if let Err(e) = url::Url::parse(&request.url) {
+            return Err(HttpFailure::Invalid(format!("bad URL {url:?}: {e}")));
+        }
+        let gate = self.gate(&request).await;
         self.log.record(OplogEntry::HttpRequest(call::HttpRequest {
             seq,
             method: method.clone(),
-            url: request.url.clone(),
-            headers: request.headers.clone(),
+            url: url.clone(),
+            headers,
+            digested,
             body_sha256: body_sha,
             body_bytes: request.body.len() as u64,
             idempotency_key: idempotency_key(&self.call_id, seq),
             attempt: self.attempt,
         }));
-        if let Some(failure) = self.refusal(seq, &verdict) {
+        if let Some(failure) = self.refusal(seq, &gate) {
             return Err(failure);
         }
         // Commit before the effect: nothing leaves until the start is durable.
         self.commit().await?;
-        self.transmit_to(seq, &method, &request, verdict).await
+        self.transmit_to(seq, &method, &request, &url, gate).await
     }
 
-    async fn transmit(
-        &self,
-        seq: u64,
-        method: &str,
-        request: &OutgoingRequest,
-    ) -> Result<Response, HttpFailure> {
-        let url = url::Url::parse(&request.url).map_err(|e| HttpFailure::Invalid(e.to_string()))?;
-        let verdict = self.egress.check(&url).await;
-        if let Some(failure) = self.refusal(seq, &verdict) {
-            self.commit().await?;
-            return Err(failure);
+    /// Decides whether a request may leave: its secret references must all be the call's,
+    /// substituting them may not change its destination (scheme, host, port), and the
+    /// egress policy must admit that destination (checked once: it is the same for the URL
+    /// as written and as substituted).
+    async fn gate(&self, request: &OutgoingRequest) -> Gate {
+        let (url, headers) = match self
+            .secrets
+            .substitute_request(&request.url, &request.headers)
+        {
+            Ok(sending) => sending,
+            Err(error) => {
+                let kind = match error {
+                    secrets::ReferenceError::TooLarge(_) => ErrorKind::RequestLimit,
+                    _ => ErrorKind::UnknownSecret,
+                };
+                return Gate::Refused {
+                    message: error.to_string(),
+                    kind: Some(kind),
+                };
+            }
+        };
+        let written = match url::Url::parse(&request.url) {
+            Ok(written) => written,
+            Err(e) => {
+                return Gate::Refused {
+                    message: format!("the URL does not parse: {e}"),
+                    kind: None,
+                };
+            }
+        };
+        let destination_kept =
+            url::Url::parse(&url).is_ok_and(|sent| secrets::same_destination(&written, &sent));
+        if !destination_kept {
+            return Gate::Refused {
+                message: "a secret reference in the URL may change its path or query, never \
+                          its scheme, host or port"
+                    .into(),
+                kind: None,
+            };
         }
-        self.transmit_to(seq, method, request, verdict).await
+        match self.egress.check(&written).await {
+            Verdict::Allowed { host, addrs } => Gate::Go {
+                sending: Sending { url, headers },
+                host,
+                addrs,
+            },
+            Verdict::Denied(message) => Gate::Refused {
+                message: self.secrets.redact_text(&message).into_owned(),
+                kind: None,
+            },
+            Verdict::Unresolved(message) => {
+                Gate::Unresolved(self.secrets.redact_text(&message).into_owned())
+            }
+        }
     }
 
-    /// Records why a request cannot go (a policy refusal, or a name that does not resolve).
-    fn refusal(&self, seq: u64, verdict: &Verdict) -> Option<HttpFailure> {
-        match verdict {
-            Verdict::Denied(reason) => {
+    /// Records why a request cannot go (a refusal, or a name that does not resolve).
+    fn refusal(&self, seq: u64, gate: &Gate) -> Option<HttpFailure> {
+        match gate {
+            Gate::Refused { message, kind } => {
                 self.log.record(OplogEntry::HttpDenied(call::HttpDenied {
                     seq,
-                    message: reason.clone(),
+                    message: message.clone(),
+                    kind: *kind,
                 }));
-                Some(HttpFailure::Denied(reason.clone()))
+                Some(denied_failure(*kind, message.clone()))
             }
-            Verdict::Unresolved(reason) => {
+            Gate::Unresolved(reason) => {
                 self.log.record(OplogEntry::HttpError(call::HttpError {
                     seq,
                     message: reason.clone(),
@@ -338,7 +453,7 @@ impl HttpHost {
                 }));
                 Some(HttpFailure::Unresolved(reason.clone()))
             }
-            Verdict::Allowed { .. } => None,
+            Gate::Go { .. } => None,
         }
     }
 
@@ -349,9 +464,10 @@ impl HttpHost {
         seq: u64,
         method: &str,
         request: &OutgoingRequest,
-        verdict: Verdict,
+        url: &str,
+        gate: Gate,
     ) -> Result<Response, HttpFailure> {
-        let outcome = self.exchange(seq, method, request, verdict).await;
+        let outcome = self.exchange(seq, method, request, url, gate).await;
         match &outcome {
             Ok(response) => self
                 .log
@@ -390,11 +506,19 @@ impl HttpHost {
         seq: u64,
         method: &str,
         request: &OutgoingRequest,
-        verdict: Verdict,
+        url: &str,
+        gate: Gate,
     ) -> Result<Response, ExchangeError> {
-        let Verdict::Allowed { host, addrs } = verdict else {
+        let Gate::Go {
+            sending,
+            host,
+            addrs,
+        } = gate
+        else {
             return Err(ExchangeError::Failed("denied".into()));
         };
+        // Messages are recorded and shown to the guest: never with a substituted value.
+        let failed = |e: &reqwest::Error| self.secrets.redact_text(&describe(e)).into_owned();
         let mut builder = reqwest::Client::builder()
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
@@ -408,8 +532,8 @@ impl HttpHost {
             .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
         let method = reqwest::Method::from_bytes(method.as_bytes())
             .map_err(|e| format!("bad method: {e}"))?;
-        let mut outgoing = client.request(method.clone(), &request.url);
-        for (name, value) in &request.headers {
+        let mut outgoing = client.request(method.clone(), &sending.url);
+        for (name, value) in &sending.headers {
             if name.eq_ignore_ascii_case(IDEMPOTENCY_KEY)
                 || name.eq_ignore_ascii_case(ATTEMPT_HEADER)
             {
@@ -423,15 +547,16 @@ impl HttpHost {
             .body(request.body.clone())
             .send()
             .await
-            .map_err(|e| describe(&e))?;
+            .map_err(|e| failed(&e))?;
         let status = response.status().as_u16();
         let headers = response
             .headers()
             .iter()
             .map(|(n, v)| {
+                let value = String::from_utf8_lossy(v.as_bytes());
                 (
                     n.as_str().to_string(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    self.secrets.redact_text(&value).into_owned(),
                 )
             })
             .collect();
@@ -440,9 +565,8 @@ impl HttpHost {
             ExchangeError::Limit(
                 ErrorKind::ResponseLimit,
                 format!(
-                    "the response body of {method} {} is {size} bytes, more than the call's \
-                     response limit of {limit} bytes (limits.responseBytes)",
-                    request.url
+                    "the response body of {method} {url} is {size} bytes, more than the call's \
+                     response limit of {limit} bytes (limits.responseBytes)"
                 ),
             )
         };
@@ -462,7 +586,7 @@ impl HttpHost {
         };
         let mut body = Vec::new();
         let mut response = response;
-        while let Some(chunk) = response.chunk().await.map_err(|e| describe(&e))? {
+        while let Some(chunk) = response.chunk().await.map_err(|e| failed(&e))? {
             let size = body.len() as u64 + chunk.len() as u64;
             if size > limit {
                 return Err(too_large(&format!("more than {size}")));
@@ -473,11 +597,40 @@ impl HttpHost {
             }
             body.extend_from_slice(&chunk);
         }
+        // Every secret value is replaced by its reference before anyone sees the body; the
+        // redacted body is held to the same limit (a reference can be longer than its value).
+        if let std::borrow::Cow::Owned(redacted) = self.secrets.redact(&body) {
+            if redacted.len() as u64 > limit {
+                return Err(ExchangeError::Limit(
+                    ErrorKind::ResponseLimit,
+                    format!(
+                        "the response body of {method} {url} is {} bytes once secret values \
+                         are redacted, more than the call's response limit of {limit} bytes \
+                         (limits.responseBytes)",
+                        redacted.len()
+                    ),
+                ));
+            }
+            if let Some(held) = &mut held {
+                held.grow(redacted.len().saturating_sub(body.len()) as u64)
+                    .map_err(|e| ExchangeError::Limit(ErrorKind::MemoryLimit, e.to_string()))?;
+            }
+            body = redacted;
+        }
         Ok(Response {
             status,
             headers,
             body: Bytes::from(body),
         })
+    }
+}
+
+/// A refusal as the guest is told it: by the egress policy, or for a secret reference.
+fn denied_failure(kind: Option<ErrorKind>, message: String) -> HttpFailure {
+    match kind {
+        Some(ErrorKind::UnknownSecret) => HttpFailure::UnknownSecret(message),
+        Some(ErrorKind::RequestLimit) => HttpFailure::Limit(ErrorKind::RequestLimit, message),
+        _ => HttpFailure::Denied(message),
     }
 }
 

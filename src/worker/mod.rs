@@ -9,6 +9,7 @@ pub mod link;
 pub mod process;
 pub mod recorder;
 pub mod runtime;
+pub mod secrets;
 
 pub use credential::WorkerCredential;
 pub use process::{WorkerConfig, run};

@@ -489,7 +489,13 @@ async fn run_call(
             }
         }
     };
-    let mut env: Vec<(String, String)> = assign.env.into_iter().collect();
+    // Config and revealed secrets, as the control plane granted them; the host's own
+    // variables cannot be shadowed by them.
+    let mut env: Vec<(String, String)> = assign
+        .env
+        .into_iter()
+        .filter(|(name, _)| name != "TOOLGRID_CALL_ID" && name != "TOOLGRID_ATTEMPT")
+        .collect();
     env.push(("TOOLGRID_CALL_ID".into(), assign.call_id.clone()));
     env.push(("TOOLGRID_ATTEMPT".into(), attempt.to_string()));
     // The replay as the control plane sent it; an entry that does not parse ends the call
@@ -538,6 +544,11 @@ async fn run_call(
             response_bytes: limits.response_bytes,
         },
         replay,
+        secrets: assign
+            .secrets
+            .into_iter()
+            .map(|(name, value)| (name, crate::call::SecretValue::new(value)))
+            .collect(),
     };
     let outcome = runtime.run(&compiled, request).await;
     let (replayed, recorded) = outcome.log.counts();

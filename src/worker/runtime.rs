@@ -9,6 +9,7 @@ use super::limits::{
 };
 use super::link::AppendError;
 use super::recorder::{AbortKind, HostLog, RecordedMonotonicClock, RecordedRng, RecordedWallClock};
+use super::secrets::CallSecrets;
 use crate::call::OplogEntry;
 use crate::error::ErrorKind;
 use crate::store::RunLimits;
@@ -235,7 +236,9 @@ impl WasiHttpHooks for HttpHooks {
                         Box::new(async { Ok(()) });
                     Ok((response, io))
                 }
-                Err(HttpFailure::Denied(_)) => Err(HttpError::HttpRequestDenied),
+                Err(HttpFailure::Denied(_)) | Err(HttpFailure::UnknownSecret(_)) => {
+                    Err(HttpError::HttpRequestDenied)
+                }
                 Err(HttpFailure::Invalid(_)) => Err(HttpError::HttpRequestUriInvalid),
                 Err(HttpFailure::Failed(message)) => Err(HttpError::InternalError(Some(message))),
                 Err(HttpFailure::Unresolved(_)) => Err(HttpError::DestinationNotFound),
@@ -301,8 +304,9 @@ impl WasiView for ComponentState {
     }
 }
 
-/// One call to run.
-#[derive(Clone, Debug, Default)]
+/// One call to run. `Debug` names the environment's variables and secrets, never their
+/// values (revealed secrets are among them).
+#[derive(Clone, Default)]
 pub struct RunRequest {
     pub call_id: String,
     /// 1 for a call's first run, then one more for each re-run elsewhere.
@@ -321,6 +325,27 @@ pub struct RunRequest {
     pub sink: Option<Arc<dyn OplogSink>>,
     /// Entries to record before the guest starts (a replay marker).
     pub prelude: Vec<OplogEntry>,
+    /// The values of every secret key the call may use (readable and revealable): what
+    /// `${secret:NAME}` in a request resolves to, and what is redacted from responses, the
+    /// output and the oplog. Revealable ones are also in `env`, by the caller.
+    pub secrets: std::collections::BTreeMap<String, crate::call::SecretValue>,
+}
+
+impl std::fmt::Debug for RunRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunRequest")
+            .field("call_id", &self.call_id)
+            .field("attempt", &self.attempt)
+            .field("argv", &self.argv)
+            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field("stdin", &self.stdin.len())
+            .field("limits", &self.limits)
+            .field("replay", &self.replay.len())
+            .field("repeatable", &self.repeatable)
+            .field("egress", &self.egress)
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for dyn OplogSink {
@@ -646,6 +671,7 @@ impl Runtime {
             .sink
             .clone()
             .unwrap_or_else(|| Arc::new(MemorySink::default()));
+        let secrets = Arc::new(CallSecrets::new(request.secrets));
         let http = Arc::new(
             HttpHost::new(
                 request.call_id.clone(),
@@ -660,7 +686,8 @@ impl Runtime {
                 request.limits.effective_request_bytes(),
                 request.limits.effective_response_bytes(),
                 Some(memory.clone()),
-            ),
+            )
+            .with_secrets(secrets.clone()),
         );
 
         let result = match compiled {
@@ -711,7 +738,7 @@ impl Runtime {
             }
         };
 
-        let (exit_code, failure) = match result {
+        let (mut exit_code, mut failure) = match result {
             // A limit the host tripped is the outcome even if the guest hung afterwards.
             Err(_elapsed) if trips.host_tripped().is_some() && log.aborted().is_none() => {
                 classify(Err(wasmtime::Error::msg("stopped")), &trips, &log)
@@ -732,10 +759,31 @@ impl Runtime {
             log.aborted(),
             Some((AbortKind::Fenced | AbortKind::Unacknowledged, _))
         );
+        // No secret value leaves the sandbox in what the tool wrote (a revealed value it
+        // printed) or in a message: each is replaced by its reference. The output stays
+        // within its limit once redacted, or the call fails `output-limit`.
+        let output_limit = request.limits.effective_output_bytes();
+        let mut stdout = Bytes::from(secrets.redact(&stdout.contents()).into_owned());
+        if stdout.len() as u64 > output_limit && failure.is_none() {
+            exit_code = -1;
+            failure = Some(Failure {
+                kind: ErrorKind::OutputLimit,
+                message: format!(
+                    "the output is {} bytes once secret values are redacted, more than the \
+                     call's output limit of {output_limit} bytes",
+                    stdout.len()
+                ),
+            });
+            stdout = Bytes::new();
+        }
+        let stderr_tail = Bytes::from(secrets.redact(&stderr.contents()).into_owned());
+        if let Some(failure) = &mut failure {
+            failure.message = secrets.redact_text(&failure.message).into_owned();
+        }
         RunOutcome {
             exit_code,
-            stdout: stdout.contents(),
-            stderr_tail: stderr.contents(),
+            stdout,
+            stderr_tail,
             failure,
             log,
             elapsed: started.elapsed(),
@@ -1004,6 +1052,9 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
                         Ok(response) => (0, response_document(&response)),
                         Err(HttpFailure::Denied(message)) => {
                             (1, error_document("egress-denied", &message))
+                        }
+                        Err(HttpFailure::UnknownSecret(message)) => {
+                            (1, error_document("unknown-secret", &message))
                         }
                         Err(HttpFailure::Invalid(message)) => {
                             (2, error_document("invalid-request", &message))
@@ -1336,6 +1387,102 @@ mod tests {
         assert!(matches!(error, HttpError::HttpRequestDenied), "{error:?}");
         assert_eq!(polls.load(Ordering::SeqCst), 0);
         assert!(hooks.trips.host_tripped().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_component_request_has_its_references_substituted_and_its_response_redacted() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        // A destination that echoes what it received, and keeps it.
+        let received = Arc::new(Mutex::new(String::new()));
+        let kept = received.clone();
+        let app = axum::Router::new().fallback(
+            move |uri: http::Uri, headers: http::HeaderMap| async move {
+                let auth = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let echo = format!("{auth}|{}", uri.query().unwrap_or_default());
+                *kept.lock().unwrap() = echo.clone();
+                echo
+            },
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let rule = crate::api::EgressRule {
+            host: "127.0.0.1".into(),
+            ports: vec![port],
+            allow_private: true,
+        };
+        let log = HostLog::new(Vec::new());
+        let mut hooks = hooks_on(log.clone(), vec![rule], 1 << 20);
+        let secrets = CallSecrets::new(
+            [(
+                "api-token".to_string(),
+                crate::call::SecretValue::new("s3cr3t-value"),
+            )]
+            .into(),
+        );
+        let sink = Arc::new(MemorySink::default());
+        let host = HttpHost::new(
+            "hooks".into(),
+            1,
+            true,
+            hooks.egress.clone(),
+            log.clone(),
+            sink.clone(),
+            Duration::from_secs(5),
+        )
+        .with_limits(1 << 20, 1 << 20, Some(hooks.memory.clone()))
+        .with_secrets(Arc::new(secrets));
+        hooks.host = Arc::new(host);
+        let request = http::Request::builder()
+            .method("GET")
+            .uri(format!(
+                "http://127.0.0.1:{port}/echo?k=${{secret:api-token}}"
+            ))
+            .header("authorization", "Bearer ${secret:api-token}")
+            .body(empty_body())
+            .unwrap();
+        let future = hooks.send_request(request, None, Box::new(async { Ok(()) }));
+        let (response, _) = std::pin::Pin::from(future).await.unwrap();
+        use http_body_util::BodyExt;
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        // The destination got the value; the guest sees the references.
+        assert_eq!(
+            *received.lock().unwrap(),
+            "Bearer s3cr3t-value|k=s3cr3t-value"
+        );
+        assert_eq!(
+            &body[..],
+            b"Bearer ${secret:api-token}|k=${secret:api-token}"
+        );
+        let recorded = format!("{:?}", sink.entries.lock().unwrap());
+        assert!(!recorded.contains("s3cr3t"), "{recorded}");
+        assert!(recorded.contains("${secret:api-token}"), "{recorded}");
+    }
+
+    #[test]
+    fn a_run_request_debugs_without_its_values() {
+        let request = RunRequest {
+            env: vec![("signing-key".into(), "r3v3aled".into())],
+            secrets: [(
+                "api-token".to_string(),
+                crate::call::SecretValue::new("s3cr3t"),
+            )]
+            .into(),
+            ..RunRequest::default()
+        };
+        let text = format!("{request:?}");
+        assert!(
+            text.contains("signing-key") && text.contains("api-token"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("r3v3aled") && !text.contains("s3cr3t"),
+            "{text}"
+        );
     }
 
     #[test]

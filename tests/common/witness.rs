@@ -3,6 +3,10 @@
 //! with the same key) and that no effect happened that the oplog does not know. A probe
 //! (`set_probe`) runs on each request as it arrives, before it is answered, so a test can
 //! check what was already durable when the request left (commit before send).
+//!
+//! A request to `/echo` is answered with what the witness saw of it, as JSON
+//! (`authorization`, `query`, `revealed` from `X-Revealed`, `body`): a destination that
+//! echoes credentials back, for the secret-redaction tests.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -20,6 +24,12 @@ pub struct Seen {
     pub key: Option<String>,
     pub attempt: Option<String>,
     pub body: String,
+    /// The `Authorization` header, as it arrived.
+    pub authorization: Option<String>,
+    /// The raw query string.
+    pub query: Option<String>,
+    /// The `X-Revealed` header.
+    pub revealed: Option<String>,
     pub at: Instant,
     /// What the probe found on arrival (`None` without a probe).
     pub probe: Option<Result<(), String>>,
@@ -138,6 +148,9 @@ async fn record(
         key: header("idempotency-key"),
         attempt: header("toolgrid-attempt"),
         body: String::from_utf8_lossy(&body).into_owned(),
+        authorization: header("authorization"),
+        query: uri.query().map(String::from),
+        revealed: header("x-revealed"),
         at: Instant::now(),
         probe: None,
     };
@@ -163,5 +176,14 @@ async fn record(
             .count()
     };
     inner.count.send_modify(|c| *c += 1);
+    if seen.path == "/echo" {
+        return serde_json::json!({
+            "authorization": seen.authorization,
+            "query": seen.query,
+            "revealed": seen.revealed,
+            "body": seen.body,
+        })
+        .to_string();
+    }
     format!("{{\"ok\": true, \"posted\": {total}}}")
 }
