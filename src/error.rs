@@ -15,7 +15,7 @@ pub fn grpc_code(kind: ErrorKind) -> tonic::Code {
             Code::PermissionDenied
         }
         ErrorKind::Unauthenticated => Code::Unauthenticated,
-        ErrorKind::IdempotencyConflict => Code::AlreadyExists,
+        ErrorKind::IdempotencyConflict | ErrorKind::WorkerIdInUse => Code::AlreadyExists,
         ErrorKind::Timeout => Code::DeadlineExceeded,
         ErrorKind::CpuLimit
         | ErrorKind::MemoryLimit

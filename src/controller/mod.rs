@@ -13,7 +13,8 @@ pub mod reconcile;
 pub mod source;
 pub mod status;
 
-use crate::platform::{ControlPlane, Listeners};
+use crate::auth::{JoinSecret, WorkerAuthenticator};
+use crate::platform::{ControlPlane, Listeners, Security};
 use crate::scheduler::SchedulerConfig;
 use anyhow::Context as _;
 use health::Readiness;
@@ -46,6 +47,27 @@ pub struct Settings {
     pub lease_name: String,
     /// Delete calls that ended longer ago than this (retention); `None` keeps them all.
     pub retain: Option<Duration>,
+    /// TLS on the gRPC and HTTP ports.
+    pub tls: Option<crate::platform::tls::ServerTls>,
+}
+
+/// Who may attach as a worker.
+///
+/// The cluster's answer is [`crate::auth::ServiceAccountWorkers`] over a kube
+/// `TokenReviewer` (the worker pod's projected token, audience `toolgrid-worker`, for its
+/// pool's ServiceAccount). Until that reviewer is wired here, workers attach with the join
+/// token in `TOOLGRID_JOIN_TOKEN` (set on the controller and the worker pods alike), and
+/// with none set no worker can attach: the link never falls back to trusting anyone.
+fn worker_authenticator(_catalog: Arc<crate::catalog::Catalog>) -> Arc<dyn WorkerAuthenticator> {
+    match std::env::var(crate::auth::worker::JOIN_TOKEN_ENV) {
+        Ok(token) if !token.trim().is_empty() => Arc::new(JoinSecret::new(token.trim())),
+        _ => {
+            tracing::error!(
+                "no worker authority: set TOOLGRID_JOIN_TOKEN (or wire the cluster's TokenReviewer); no worker can attach"
+            );
+            Arc::new(JoinSecret::generate())
+        }
+    }
 }
 
 /// Runs the controller until it stops leading or is told to stop.
@@ -164,7 +186,11 @@ async fn lead(
     tokio::spawn(source.clone().drive());
 
     let listeners = Listeners::bind(settings.listen, Some(settings.http_listen)).await?;
-    let (grpc, http, server) = control_plane.serve(listeners)?;
+    let security = Security {
+        workers: worker_authenticator(control_plane.catalog.clone()),
+        tls: settings.tls.clone(),
+    };
+    let (grpc, http, server) = control_plane.serve(listeners, security)?;
     tracing::info!(%grpc, %http, metrics = %settings.metrics_listen, "serving");
     readiness.set_synced(true);
 

@@ -1,12 +1,58 @@
 //! The worker's side of one attachment: sending events and waiting for oplog acks.
 
 use crate::call::OplogEntry;
+use crate::proto::worker_link_client::WorkerLinkClient;
 use crate::proto::{self, WorkerEvent, worker_event};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot, watch};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+/// Puts the worker's bearer token on every `WorkerLink` request.
+#[derive(Clone, Default)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Bearer {
+    /// `authorization: Bearer TOKEN` (marked sensitive, so it is never logged); `None`
+    /// sends no token. Fails when the token is not a valid header value.
+    pub fn new(token: Option<&str>) -> Result<Self, String> {
+        let Some(token) = token else {
+            return Ok(Bearer(None));
+        };
+        let mut value: MetadataValue<Ascii> = format!("Bearer {}", token.trim())
+            .parse()
+            .map_err(|_| "the worker token holds characters a header cannot carry".to_string())?;
+        value.set_sensitive(true);
+        Ok(Bearer(Some(value)))
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A `WorkerLink` client that authenticates every request.
+pub type LinkClient = WorkerLinkClient<InterceptedService<Channel, Bearer>>;
+
+/// A client on `channel` sending `bearer`.
+pub fn link_client(channel: Channel, bearer: Bearer) -> LinkClient {
+    WorkerLinkClient::with_interceptor(channel, bearer)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+}
 
 /// Why an append was not committed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -24,22 +70,26 @@ pub enum AppendError {
 pub struct Link {
     tx: mpsc::Sender<WorkerEvent>,
     channel: Channel,
+    bearer: Bearer,
     acks: Mutex<HashMap<u64, oneshot::Sender<proto::AppendAck>>>,
     next_request: AtomicU64,
 }
 
 impl Link {
-    pub fn new(tx: mpsc::Sender<WorkerEvent>, channel: Channel) -> Self {
+    pub fn new(tx: mpsc::Sender<WorkerEvent>, channel: Channel, bearer: Bearer) -> Self {
         Link {
             tx,
             channel,
+            bearer,
             acks: Mutex::default(),
             next_request: AtomicU64::new(1),
         }
     }
 
-    pub fn channel(&self) -> Channel {
-        self.channel.clone()
+    /// A client for other RPCs (artifact downloads) on this attachment's connection,
+    /// with its token.
+    pub fn client(&self) -> LinkClient {
+        link_client(self.channel.clone(), self.bearer.clone())
     }
 
     pub async fn send(&self, event: worker_event::Event) -> bool {
@@ -98,7 +148,10 @@ impl Link {
         }
         match ack_rx.await {
             Ok(ack) if ack.ok => Ok(()),
-            Ok(ack) if ack.error == "stale-epoch" => Err(AppendError::Fenced),
+            // Not (or no longer) this session's call under this epoch.
+            Ok(ack) if ack.error == "stale-epoch" || ack.error == "not-held" => {
+                Err(AppendError::Fenced)
+            }
             Ok(ack) => Err(AppendError::Unacknowledged(ack.error)),
             Err(_) => Err(AppendError::Unacknowledged(
                 "the stream closed before the ack".into(),

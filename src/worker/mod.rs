@@ -9,5 +9,5 @@ pub mod process;
 pub mod recorder;
 pub mod runtime;
 
-pub use process::{WorkerConfig, run};
+pub use process::{WorkerConfig, WorkerCredential, run};
 pub use runtime::{Compiled, Failure, RunOutcome, RunRequest, Runtime, RuntimeConfig};

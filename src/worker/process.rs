@@ -2,11 +2,10 @@
 //! and re-attach after a broken stream with the calls still in flight.
 
 use super::http::OplogSink;
-use super::link::{AppendError, Link, LinkSlot};
+use super::link::{AppendError, Bearer, Link, LinkSlot, link_client};
 use super::recorder::AbortKind;
 use super::runtime::{PrepareError, RunRequest, Runtime, RuntimeConfig};
 use crate::call::{OplogEntry, ReplayStarted};
-use crate::proto::worker_link_client::WorkerLinkClient;
 use crate::proto::{self, WorkerEvent, control_event, worker_event};
 use crate::store::RunLimits;
 use std::collections::HashMap;
@@ -17,7 +16,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
 use tracing::Instrument;
 
 /// Settings of one worker process.
@@ -36,6 +34,47 @@ pub struct WorkerConfig {
     pub reconnect_timeout: Duration,
     /// Exit when this process is no longer our parent (workers started by `toolgrid up`).
     pub parent_pid: Option<u32>,
+    /// The token it attaches with.
+    pub credential: WorkerCredential,
+    /// CA certificate (PEM) to trust for an `https://` control plane (default: the system's
+    /// roots).
+    pub tls_ca: Option<PathBuf>,
+}
+
+/// Where a worker's token comes from.
+#[derive(Clone, Default)]
+pub enum WorkerCredential {
+    /// No token (a control plane that takes none refuses this worker).
+    #[default]
+    None,
+    Token(String),
+    /// Read at every attach: the file may change (a restarted `toolgrid up` writes a new
+    /// join token; a projected ServiceAccount token is rotated).
+    File(PathBuf),
+}
+
+impl std::fmt::Debug for WorkerCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerCredential::None => f.write_str("None"),
+            WorkerCredential::Token(_) => f.write_str("Token(..)"),
+            WorkerCredential::File(path) => write!(f, "File({})", path.display()),
+        }
+    }
+}
+
+impl WorkerCredential {
+    /// The token to present now.
+    fn bearer(&self) -> anyhow::Result<Bearer> {
+        let token = match self {
+            WorkerCredential::None => None,
+            WorkerCredential::Token(token) => Some(token.clone()),
+            WorkerCredential::File(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("cannot read the worker token from {}: {e}", path.display())
+            })?),
+        };
+        Bearer::new(token.as_deref()).map_err(anyhow::Error::msg)
+    }
 }
 
 /// A call this worker holds: running, or finished with its result not yet acknowledged.
@@ -102,15 +141,24 @@ pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     let slot = LinkSlot::new();
     let mut last_attached = Instant::now();
     let mut backoff = Duration::from_millis(50);
+    // The secret of this worker's last session: it proves a new session is this worker.
+    let mut resume = String::new();
     loop {
-        match session(&config, &runtime, &in_flight, &slot).await {
+        match session(&config, &runtime, &in_flight, &slot, &mut resume).await {
             Ok(attached) => {
                 if attached {
                     last_attached = Instant::now();
                     backoff = Duration::from_millis(50);
                 }
             }
-            Err(error) => tracing::debug!(%error, "cannot attach to the control plane"),
+            Err(error) => match error.downcast_ref::<tonic::Status>().map(|s| s.code()) {
+                Some(
+                    tonic::Code::Unauthenticated
+                    | tonic::Code::PermissionDenied
+                    | tonic::Code::AlreadyExists,
+                ) => tracing::warn!(%error, "the control plane refused this worker"),
+                _ => tracing::debug!(%error, "cannot attach to the control plane"),
+            },
         }
         slot.clear();
         if last_attached.elapsed() > config.reconnect_timeout {
@@ -131,15 +179,16 @@ async fn session(
     runtime: &Arc<Runtime>,
     in_flight: &Arc<InFlight>,
     slot: &LinkSlot,
+    resume: &mut String,
 ) -> anyhow::Result<bool> {
-    let channel = Endpoint::from_shared(config.control_plane.clone())?
-        .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true)
-        .connect()
-        .await?;
-    let mut client = WorkerLinkClient::new(channel.clone())
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20);
+    let bearer = config.credential.bearer()?;
+    let channel =
+        crate::platform::tls::client_endpoint(&config.control_plane, config.tls_ca.as_deref())?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .connect()
+            .await?;
+    let mut client = link_client(channel.clone(), bearer.clone());
     let (tx, rx) = mpsc::channel::<WorkerEvent>(4096);
     let mut cached = runtime.cached_digests();
     cached.extend(runtime.compiled_digests());
@@ -150,6 +199,7 @@ async fn session(
         cached_digests: cached,
         in_flight: in_flight.reported(),
         version: env!("CARGO_PKG_VERSION").into(),
+        resume_secret: resume.clone(),
     };
     tx.send(WorkerEvent {
         event: Some(worker_event::Event::Register(register)),
@@ -162,13 +212,14 @@ async fn session(
     let Some(control_event::Event::Registered(registered)) = first.event else {
         anyhow::bail!("the control plane did not answer Register with Registered");
     };
+    *resume = registered.session_secret.clone();
     for call_id in &registered.abandon {
         tracing::warn!(call = %call_id, "abandoning a call the control plane moved elsewhere");
         in_flight.abandon(call_id);
     }
     tracing::info!(worker = %config.worker_id, pool = %config.pool, "attached to {}", config.control_plane);
 
-    let link = Arc::new(Link::new(tx.clone(), channel));
+    let link = Arc::new(Link::new(tx.clone(), channel, bearer));
     slot.set(link.clone());
     // Results that finished while detached go now.
     let pending: Vec<proto::CallResult> = in_flight
@@ -634,7 +685,7 @@ async fn fetch_artifact(slot: LinkSlot, digest: String) -> Result<Vec<u8>, Prepa
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let Some(link) = slot.get() else { continue };
-        let mut client = WorkerLinkClient::new(link.channel()).max_decoding_message_size(64 << 20);
+        let mut client = link.client();
         let request = proto::FetchArtifactRequest {
             digest: digest.clone(),
         };
