@@ -26,7 +26,8 @@ pub struct Endpoint {
 async fn connect(target: &Endpoint) -> Result<ToolsClient<Channel>, ApiError> {
     let endpoint = &target.endpoint;
     let url = crate::platform::tls::endpoint_url(endpoint);
-    let channel = crate::platform::tls::client_endpoint(&url, target.tls_ca.as_deref())
+    let channel = crate::platform::tls::Trust::of(target.tls_ca.as_deref(), None)
+        .and_then(|trust| crate::platform::tls::client_endpoint(&url, &trust))
         .map_err(|e| {
             ApiError::new(
                 ErrorKind::InvalidArgument,

@@ -61,6 +61,10 @@ pub struct ControllerArgs {
     /// The certificate's private key (PEM).
     #[arg(long, env = "TOOLGRID_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// The CA certificate (PEM) worker pods trust to reach an `https://` control plane;
+    /// handed to them inline (`TOOLGRID_TLS_CA_PEM`). Default: the system's roots.
+    #[arg(long, env = "TOOLGRID_WORKER_TLS_CA")]
+    worker_tls_ca: Option<std::path::PathBuf>,
 }
 
 impl ControllerArgs {
@@ -87,6 +91,13 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         args.tls_cert.as_deref(),
         args.tls_key.as_deref(),
     )?;
+    let worker_tls_ca = match &args.worker_tls_ca {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
     crate::controller::run(Settings {
         listen: args.listen,
         http_listen: args.http_listen,
@@ -102,6 +113,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         lease_name: args.lease_name,
         retain: args.retain,
         tls,
+        worker_tls_ca,
     })
     .await
 }

@@ -47,6 +47,10 @@ pub struct WorkerArgs {
     /// system's roots.
     #[arg(long, env = "TOOLGRID_TLS_CA")]
     tls_ca: Option<PathBuf>,
+    /// The CA certificate itself (PEM), instead of a file (how the controller hands it to
+    /// worker pods).
+    #[arg(long, env = "TOOLGRID_TLS_CA_PEM", hide = true)]
+    tls_ca_pem: Option<String>,
     /// Exit when this process stops being the parent (set by `toolgrid up`).
     #[arg(long, hide = true)]
     parent_pid: Option<u32>,
@@ -67,6 +71,8 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         (None, Some(path)) => WorkerCredential::File(path),
         (None, None) => WorkerCredential::None,
     };
+    let trust =
+        crate::platform::tls::Trust::of(args.tls_ca.as_deref(), args.tls_ca_pem.as_deref())?;
     crate::worker::run(WorkerConfig {
         control_plane,
         worker_id: id,
@@ -78,7 +84,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         reconnect_timeout: args.reconnect_timeout.get(),
         parent_pid: args.parent_pid,
         credential,
-        tls_ca: args.tls_ca,
+        trust,
     })
     .await
 }

@@ -22,6 +22,9 @@ pub struct WorkerSettings {
     pub image: String,
     /// Address the workers dial (`http://toolgrid.toolgrid.svc:7070`).
     pub control_plane: String,
+    /// The CA certificate (PEM) the workers trust for an `https://` control plane, given to
+    /// them inline (`TOOLGRID_TLS_CA_PEM`; a certificate is public).
+    pub tls_ca_pem: Option<String>,
 }
 
 /// The label every worker pod of a pool carries.
@@ -47,6 +50,29 @@ pub fn desired_workers(pool: &WorkerPool, busy_slots: u32, queued: u32) -> u32 {
             (for_queue + for_busy).clamp(autoscale.min, autoscale.max.max(autoscale.min))
         }
     }
+}
+
+/// The worker container's environment: its id (the pod's name), and the CA to trust.
+fn worker_env(settings: &WorkerSettings) -> Vec<EnvVar> {
+    let mut env = vec![EnvVar {
+        name: "TOOLGRID_WORKER_ID".into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "metadata.name".into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }];
+    if let Some(pem) = &settings.tls_ca_pem {
+        env.push(EnvVar {
+            name: crate::platform::tls::TLS_CA_PEM_ENV.into(),
+            value: Some(pem.clone()),
+            ..EnvVar::default()
+        });
+    }
+    env
 }
 
 /// The Deployment of a pool's workers, owned by the pool (deleted with it).
@@ -98,17 +124,7 @@ pub fn desired_deployment(
             "--cache".into(),
             CACHE_DIR.into(),
         ]),
-        env: Some(vec![EnvVar {
-            name: "TOOLGRID_WORKER_ID".into(),
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: "metadata.name".into(),
-                    ..ObjectFieldSelector::default()
-                }),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        }]),
+        env: Some(worker_env(settings)),
         resources: spec.resources.clone(),
         volume_mounts: Some(vec![VolumeMount {
             name: "cache".into(),
@@ -201,6 +217,7 @@ mod tests {
         WorkerSettings {
             image: "ghcr.io/toolgrid/toolgrid:0.1.0".into(),
             control_plane: "http://toolgrid.toolgrid.svc:7070".into(),
+            tls_ca_pem: None,
         }
     }
 
@@ -258,6 +275,37 @@ mod tests {
             selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
             "the selector matches the pods"
         );
+
+        let env = |deployment: &Deployment| {
+            deployment
+                .spec
+                .as_ref()
+                .unwrap()
+                .template
+                .spec
+                .as_ref()
+                .unwrap()
+                .containers[0]
+                .env
+                .clone()
+                .unwrap_or_default()
+        };
+        assert!(
+            env(&deployment)
+                .iter()
+                .all(|e| e.name != crate::platform::tls::TLS_CA_PEM_ENV),
+            "no CA without TLS"
+        );
+        let tls = WorkerSettings {
+            control_plane: "https://toolgrid.toolgrid.svc:7070".into(),
+            tls_ca_pem: Some("-----BEGIN CERTIFICATE-----".into()),
+            ..settings()
+        };
+        let with_tls = desired_deployment(&pool(spec.clone()), &tls, 1);
+        assert!(env(&with_tls).iter().any(|e| {
+            e.name == crate::platform::tls::TLS_CA_PEM_ENV
+                && e.value.as_deref() == Some("-----BEGIN CERTIFICATE-----")
+        }));
 
         spec.image = Some("registry.local/worker:dev".into());
         let deployment = desired_deployment(&pool(spec), &settings(), 1);

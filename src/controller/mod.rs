@@ -49,6 +49,8 @@ pub struct Settings {
     pub retain: Option<Duration>,
     /// TLS on the gRPC and HTTP ports.
     pub tls: Option<crate::platform::tls::ServerTls>,
+    /// The CA certificate (PEM) worker pods trust for an `https://` control plane.
+    pub worker_tls_ca: Option<String>,
 }
 
 /// Who may attach as a worker.
@@ -202,6 +204,7 @@ async fn lead(
         workers: deployment::WorkerSettings {
             image: settings.worker_image.clone(),
             control_plane: settings.control_plane_address.clone(),
+            tls_ca_pem: settings.worker_tls_ca.clone(),
         },
         namespace: settings.watch_namespace.clone(),
     });

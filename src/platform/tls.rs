@@ -11,6 +11,9 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerT
 
 /// The environment variable clients read the CA file from (as `--tls-ca`).
 pub const TLS_CA_ENV: &str = "TOOLGRID_TLS_CA";
+/// The environment variable a worker reads the CA certificate itself (PEM) from: how the
+/// controller hands its worker pods the CA (a certificate is public; no Secret needed).
+pub const TLS_CA_PEM_ENV: &str = "TOOLGRID_TLS_CA_PEM";
 
 /// How long a client may take to finish its TLS handshake on the HTTP port.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -166,18 +169,38 @@ pub fn endpoint_url(address: &str) -> String {
     }
 }
 
-/// An endpoint for `url`: `https://` trusts the CA in `ca` (a PEM file) or, without one,
-/// the system's roots.
-pub fn client_endpoint(url: &str, ca: Option<&Path>) -> Result<Endpoint, TlsError> {
+/// The certificates a client trusts for an `https://` control plane.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Trust {
+    /// The system's roots.
+    #[default]
+    SystemRoots,
+    /// This CA certificate (PEM) only.
+    Ca(Vec<u8>),
+}
+
+impl Trust {
+    /// The CA in a PEM file (`--tls-ca`), else the CA given inline, else the system roots.
+    pub fn of(file: Option<&Path>, pem: Option<&str>) -> Result<Trust, TlsError> {
+        match (file, pem.filter(|p| !p.trim().is_empty())) {
+            (Some(path), _) => Ok(Trust::Ca(read(path)?)),
+            (None, Some(pem)) => Ok(Trust::Ca(pem.as_bytes().to_vec())),
+            (None, None) => Ok(Trust::SystemRoots),
+        }
+    }
+}
+
+/// An endpoint for `url`: `https://` trusts what `trust` says.
+pub fn client_endpoint(url: &str, trust: &Trust) -> Result<Endpoint, TlsError> {
     let endpoint = Endpoint::from_shared(url.to_string())
         .map_err(|e| TlsError::Config(format!("bad address {url:?}: {e}")))?;
     if !url.starts_with("https://") {
         return Ok(endpoint);
     }
     install_provider();
-    let tls = match ca {
-        Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?)),
-        None => ClientTlsConfig::new().with_native_roots(),
+    let tls = match trust {
+        Trust::Ca(pem) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)),
+        Trust::SystemRoots => ClientTlsConfig::new().with_native_roots(),
     };
     endpoint
         .tls_config(tls)

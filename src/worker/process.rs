@@ -36,9 +36,8 @@ pub struct WorkerConfig {
     pub parent_pid: Option<u32>,
     /// The token it attaches with.
     pub credential: WorkerCredential,
-    /// CA certificate (PEM) to trust for an `https://` control plane (default: the system's
-    /// roots).
-    pub tls_ca: Option<PathBuf>,
+    /// What to trust for an `https://` control plane.
+    pub trust: crate::platform::tls::Trust,
 }
 
 /// Where a worker's token comes from.
@@ -182,12 +181,11 @@ async fn session(
     resume: &mut String,
 ) -> anyhow::Result<bool> {
     let bearer = config.credential.bearer()?;
-    let channel =
-        crate::platform::tls::client_endpoint(&config.control_plane, config.tls_ca.as_deref())?
-            .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .connect()
-            .await?;
+    let channel = crate::platform::tls::client_endpoint(&config.control_plane, &config.trust)?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
     let mut client = link_client(channel.clone(), bearer.clone());
     let (tx, rx) = mpsc::channel::<WorkerEvent>(4096);
     let mut cached = runtime.cached_digests();
