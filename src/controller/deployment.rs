@@ -277,21 +277,14 @@ mod tests {
         );
 
         let env = |deployment: &Deployment| {
-            deployment
-                .spec
-                .as_ref()
-                .unwrap()
-                .template
-                .spec
-                .as_ref()
-                .unwrap()
-                .containers[0]
+            deployment.spec.template.spec.as_ref().unwrap().containers[0]
                 .env
                 .clone()
                 .unwrap_or_default()
         };
+        let plain = desired_deployment(&pool(spec.clone()), &settings(), 1);
         assert!(
-            env(&deployment)
+            env(&plain)
                 .iter()
                 .all(|e| e.name != crate::platform::tls::TLS_CA_PEM_ENV),
             "no CA without TLS"
