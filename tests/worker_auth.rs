@@ -151,6 +151,15 @@ impl Rogue {
     }
 }
 
+/// The status of a request that must be refused.
+#[track_caller]
+fn refusal<T>(result: Result<T, tonic::Status>, what: &str) -> tonic::Status {
+    match result {
+        Ok(_) => panic!("{what}: accepted"),
+        Err(status) => status,
+    }
+}
+
 fn kind_of(status: &tonic::Status) -> ErrorKind {
     ApiError::from(status).kind
 }
@@ -223,10 +232,10 @@ async fn a_worker_without_the_join_token_cannot_attach() {
         ("an empty token", Some("Bearer ".to_string())),
     ];
     for (what, authorization) in &refusals {
-        let refused = attach(&platform, authorization.as_deref(), register("rogue", ""))
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("{what}: the rogue attached"));
+        let refused = refusal(
+            attach(&platform, authorization.as_deref(), register("rogue", "")).await,
+            what,
+        );
         assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{what}");
         assert_eq!(kind_of(&refused), ErrorKind::Unauthenticated, "{what}");
 
@@ -240,7 +249,7 @@ async fn a_worker_without_the_join_token_cannot_attach() {
                 .metadata_mut()
                 .insert("authorization", value.parse().unwrap());
         }
-        let refused = client.fetch_artifact(request).await.err().expect(what);
+        let refused = refusal(client.fetch_artifact(request).await, what);
         assert_eq!(kind_of(&refused), ErrorKind::Unauthenticated, "{what}");
     }
     // Nothing was registered: no rogue worker, and calls wait for a real one.
@@ -416,10 +425,10 @@ async fn a_rogue_with_the_id_of_a_live_worker_does_not_evict_it() {
     let bearer = format!("Bearer {}", platform.join_token());
 
     for resume in ["", "not-the-secret"] {
-        let refused = attach(&platform, Some(&bearer), register("real", resume))
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("resume {resume:?}: the rogue replaced the real worker"));
+        let refused = refusal(
+            attach(&platform, Some(&bearer), register("real", resume)).await,
+            &format!("resume {resume:?}: replacing the real worker"),
+        );
         assert_eq!(refused.code(), tonic::Code::AlreadyExists);
         assert_eq!(kind_of(&refused), ErrorKind::WorkerIdInUse);
     }
@@ -444,10 +453,10 @@ async fn a_rogue_with_the_id_of_a_live_worker_does_not_evict_it() {
         .await
         .expect("a new id attaches");
     let secret = first.registered.session_secret.clone();
-    let refused = attach(&platform, Some(&bearer), register("twin", ""))
-        .await
-        .err()
-        .expect("no secret, no replacement");
+    let refused = refusal(
+        attach(&platform, Some(&bearer), register("twin", "")).await,
+        "no secret, no replacement",
+    );
     assert_eq!(kind_of(&refused), ErrorKind::WorkerIdInUse);
     let second = attach(&platform, Some(&bearer), register("twin", &secret))
         .await
