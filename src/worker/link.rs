@@ -4,6 +4,7 @@ use crate::call::OplogEntry;
 use crate::proto::worker_link_client::WorkerLinkClient;
 use crate::proto::{self, WorkerEvent, worker_event};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -44,6 +45,42 @@ impl tonic::service::Interceptor for Bearer {
     }
 }
 
+/// Where a worker's token comes from.
+#[derive(Clone, Default)]
+pub enum WorkerCredential {
+    /// No token (a control plane that takes none refuses this worker).
+    #[default]
+    None,
+    Token(String),
+    /// Read at every attach: the file may change (a restarted `toolgrid up` writes a new
+    /// join token; a projected ServiceAccount token is rotated).
+    File(PathBuf),
+}
+
+impl std::fmt::Debug for WorkerCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerCredential::None => f.write_str("None"),
+            WorkerCredential::Token(_) => f.write_str("Token(..)"),
+            WorkerCredential::File(path) => write!(f, "File({})", path.display()),
+        }
+    }
+}
+
+impl WorkerCredential {
+    /// The token to present now (a file is read again each time).
+    pub fn bearer(&self) -> Result<Bearer, String> {
+        let token = match self {
+            WorkerCredential::None => None,
+            WorkerCredential::Token(token) => Some(token.clone()),
+            WorkerCredential::File(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                format!("cannot read the worker token from {}: {e}", path.display())
+            })?),
+        };
+        Bearer::new(token.as_deref())
+    }
+}
+
 /// A `WorkerLink` client that authenticates every request.
 pub type LinkClient = WorkerLinkClient<InterceptedService<Channel, Bearer>>;
 
@@ -70,26 +107,31 @@ pub enum AppendError {
 pub struct Link {
     tx: mpsc::Sender<WorkerEvent>,
     channel: Channel,
-    bearer: Bearer,
+    credential: WorkerCredential,
     acks: Mutex<HashMap<u64, oneshot::Sender<proto::AppendAck>>>,
     next_request: AtomicU64,
 }
 
 impl Link {
-    pub fn new(tx: mpsc::Sender<WorkerEvent>, channel: Channel, bearer: Bearer) -> Self {
+    pub fn new(
+        tx: mpsc::Sender<WorkerEvent>,
+        channel: Channel,
+        credential: WorkerCredential,
+    ) -> Self {
         Link {
             tx,
             channel,
-            bearer,
+            credential,
             acks: Mutex::default(),
             next_request: AtomicU64::new(1),
         }
     }
 
     /// A client for other RPCs (artifact downloads) on this attachment's connection,
-    /// with its token.
-    pub fn client(&self) -> LinkClient {
-        link_client(self.channel.clone(), self.bearer.clone())
+    /// presenting the token as it is now (a projected token is rotated while a stream
+    /// lives).
+    pub fn client(&self) -> Result<LinkClient, String> {
+        Ok(link_client(self.channel.clone(), self.credential.bearer()?))
     }
 
     pub async fn send(&self, event: worker_event::Event) -> bool {
@@ -205,5 +247,44 @@ impl LinkSlot {
 impl Default for LinkSlot {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::service::Interceptor;
+
+    fn sent(credential: &WorkerCredential) -> Option<String> {
+        let mut bearer = credential.bearer().expect("a bearer");
+        let request = bearer.call(tonic::Request::new(())).unwrap();
+        request
+            .metadata()
+            .get("authorization")
+            .map(|v| v.to_str().unwrap().to_string())
+    }
+
+    #[test]
+    fn a_token_file_is_read_again_for_every_request_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("join-token");
+        std::fs::write(&path, "first\n").unwrap();
+        let credential = WorkerCredential::File(path.clone());
+        assert_eq!(sent(&credential).as_deref(), Some("Bearer first"));
+        std::fs::write(&path, "second").unwrap();
+        assert_eq!(sent(&credential).as_deref(), Some("Bearer second"));
+        std::fs::remove_file(&path).unwrap();
+        assert!(credential.bearer().is_err());
+
+        assert_eq!(sent(&WorkerCredential::None), None);
+        let token = WorkerCredential::Token("s3cret".into());
+        assert_eq!(sent(&token).as_deref(), Some("Bearer s3cret"));
+        assert!(!format!("{token:?}").contains("s3cret"));
+        assert!(
+            WorkerCredential::Token("line\nbreak".into())
+                .bearer()
+                .is_err(),
+            "a token a header cannot carry"
+        );
     }
 }

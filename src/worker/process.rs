@@ -2,7 +2,8 @@
 //! and re-attach after a broken stream with the calls still in flight.
 
 use super::http::OplogSink;
-use super::link::{AppendError, Bearer, Link, LinkSlot, link_client};
+pub use super::link::WorkerCredential;
+use super::link::{AppendError, Link, LinkSlot, link_client};
 use super::recorder::AbortKind;
 use super::runtime::{PrepareError, RunRequest, Runtime, RuntimeConfig};
 use crate::call::{OplogEntry, ReplayStarted};
@@ -38,42 +39,6 @@ pub struct WorkerConfig {
     pub credential: WorkerCredential,
     /// What to trust for an `https://` control plane.
     pub trust: crate::platform::tls::Trust,
-}
-
-/// Where a worker's token comes from.
-#[derive(Clone, Default)]
-pub enum WorkerCredential {
-    /// No token (a control plane that takes none refuses this worker).
-    #[default]
-    None,
-    Token(String),
-    /// Read at every attach: the file may change (a restarted `toolgrid up` writes a new
-    /// join token; a projected ServiceAccount token is rotated).
-    File(PathBuf),
-}
-
-impl std::fmt::Debug for WorkerCredential {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WorkerCredential::None => f.write_str("None"),
-            WorkerCredential::Token(_) => f.write_str("Token(..)"),
-            WorkerCredential::File(path) => write!(f, "File({})", path.display()),
-        }
-    }
-}
-
-impl WorkerCredential {
-    /// The token to present now.
-    fn bearer(&self) -> anyhow::Result<Bearer> {
-        let token = match self {
-            WorkerCredential::None => None,
-            WorkerCredential::Token(token) => Some(token.clone()),
-            WorkerCredential::File(path) => Some(std::fs::read_to_string(path).map_err(|e| {
-                anyhow::anyhow!("cannot read the worker token from {}: {e}", path.display())
-            })?),
-        };
-        Bearer::new(token.as_deref()).map_err(anyhow::Error::msg)
-    }
 }
 
 /// A call this worker holds: running, or finished with its result not yet acknowledged.
@@ -180,7 +145,7 @@ async fn session(
     slot: &LinkSlot,
     resume: &mut String,
 ) -> anyhow::Result<bool> {
-    let bearer = config.credential.bearer()?;
+    let bearer = config.credential.bearer().map_err(anyhow::Error::msg)?;
     let channel = crate::platform::tls::client_endpoint(&config.control_plane, &config.trust)?
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
@@ -217,7 +182,7 @@ async fn session(
     }
     tracing::info!(worker = %config.worker_id, pool = %config.pool, "attached to {}", config.control_plane);
 
-    let link = Arc::new(Link::new(tx.clone(), channel, bearer));
+    let link = Arc::new(Link::new(tx.clone(), channel, config.credential.clone()));
     slot.set(link.clone());
     // Results that finished while detached go now.
     let pending: Vec<proto::CallResult> = in_flight
@@ -683,7 +648,13 @@ async fn fetch_artifact(slot: LinkSlot, digest: String) -> Result<Vec<u8>, Prepa
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let Some(link) = slot.get() else { continue };
-        let mut client = link.client();
+        let mut client = match link.client() {
+            Ok(client) => client,
+            Err(error) => {
+                last_error = error;
+                continue;
+            }
+        };
         let request = proto::FetchArtifactRequest {
             digest: digest.clone(),
         };
