@@ -596,3 +596,125 @@ async fn every_port_speaks_tls_with_a_certificate_made_here() {
         "plaintext HTTP reached a TLS port"
     );
 }
+
+/// A cluster that accepts a fixed set of tokens, each for one audience.
+struct FakeCluster {
+    tokens: Vec<(&'static str, &'static str, &'static str)>,
+}
+
+#[async_trait::async_trait]
+impl toolgrid::auth::TokenReviewer for FakeCluster {
+    async fn review(
+        &self,
+        token: &str,
+        audience: &str,
+    ) -> Result<Option<toolgrid::auth::ReviewedToken>, toolgrid::auth::ReviewError> {
+        Ok(self
+            .tokens
+            .iter()
+            .find(|(t, a, _)| *t == token && *a == audience)
+            .map(|(_, _, user)| toolgrid::auth::ReviewedToken {
+                username: user.to_string(),
+                uid: "uid".into(),
+                groups: vec![],
+            }))
+    }
+
+    async fn is_operator(
+        &self,
+        _: &toolgrid::auth::ReviewedToken,
+        _: &str,
+    ) -> Result<bool, toolgrid::auth::ReviewError> {
+        Ok(false)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_workers_attach_only_for_the_pool_of_their_service_account() {
+    use std::sync::Arc;
+    use toolgrid::auth::worker::PoolAccounts;
+    use toolgrid::auth::{ServiceAccountWorkers, WORKER_AUDIENCE};
+    use toolgrid::catalog::ObjectKey;
+    use toolgrid::platform::{ControlPlane, Listeners, Security};
+
+    let root = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", root.path().join("db").display());
+    let store = toolgrid::store::open(&url).await.unwrap();
+    let control_plane = ControlPlane::start(store, Default::default())
+        .await
+        .unwrap();
+    let cluster = FakeCluster {
+        tokens: vec![
+            (
+                "gpu",
+                WORKER_AUDIENCE,
+                "system:serviceaccount:team-a:gpu-worker",
+            ),
+            (
+                "caller",
+                "toolgrid",
+                "system:serviceaccount:team-a:gpu-worker",
+            ),
+            ("alice", WORKER_AUDIENCE, "alice"),
+        ],
+    };
+    // Pools as the catalog would give them: team-a/gpu runs as the default `gpu-worker`.
+    let accounts: PoolAccounts = Arc::new(|pool: &ObjectKey| {
+        (pool == &ObjectKey::new("team-a", "gpu")).then(|| format!("{}-worker", pool.name))
+    });
+    let security = Security {
+        workers: Arc::new(ServiceAccountWorkers::with_accounts(
+            Arc::new(cluster),
+            accounts,
+        )),
+        tls: None,
+    };
+    let listeners = Listeners::bind("127.0.0.1:0".parse().unwrap(), None)
+        .await
+        .unwrap();
+    let (grpc, _, _server) = control_plane.serve(listeners, security).unwrap();
+
+    let attempt = |token: &'static str, pool: &'static str| async move {
+        let channel = Channel::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(WorkerEvent {
+            event: Some(worker_event::Event::Register(proto::Register {
+                worker_id: format!("{token}-{pool}"),
+                pool: pool.into(),
+                slots: 1,
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap();
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let mut inbound = WorkerLinkClient::new(channel)
+            .attach(request)
+            .await?
+            .into_inner();
+        let first = inbound.message().await?;
+        drop(tx);
+        Ok::<_, tonic::Status>(matches!(
+            first.and_then(|m| m.event),
+            Some(control_event::Event::Registered(_))
+        ))
+    };
+    assert_eq!(attempt("gpu", "team-a/gpu").await.ok(), Some(true));
+    for (token, pool, kind) in [
+        ("gpu", "team-a/other", ErrorKind::PermissionDenied),
+        ("gpu", "team-b/gpu", ErrorKind::PermissionDenied),
+        ("caller", "team-a/gpu", ErrorKind::Unauthenticated),
+        ("alice", "team-a/gpu", ErrorKind::Unauthenticated),
+        ("forged", "team-a/gpu", ErrorKind::Unauthenticated),
+    ] {
+        let refused = refusal(attempt(token, pool).await, &format!("{token} for {pool}"));
+        assert_eq!(kind_of(&refused), kind, "{token} for {pool}: {refused:?}");
+    }
+}
