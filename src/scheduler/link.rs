@@ -19,6 +19,9 @@ use tonic::{Request, Response, Status, Streaming};
 /// Bytes per artifact chunk.
 const CHUNK: usize = 1 << 20;
 
+/// How long a worker has to send `Register` once its stream is open.
+const REGISTER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub struct WorkerLinkService {
     scheduler: Arc<Scheduler>,
     store: Arc<dyn Store>,
@@ -82,9 +85,10 @@ impl WorkerLink for WorkerLinkService {
         // Before anything the worker sends is read.
         let identity = self.authenticate(request.metadata()).await?;
         let mut inbound = request.into_inner();
-        let first = inbound
-            .next()
+        // An authenticated worker still may not hold a stream open without registering.
+        let first = tokio::time::timeout(REGISTER_TIMEOUT, inbound.next())
             .await
+            .map_err(|_| Status::deadline_exceeded("no Register in time"))?
             .ok_or_else(|| Status::invalid_argument("the stream ended before Register"))??;
         let Some(worker_event::Event::Register(register)) = first.event else {
             return Err(Status::invalid_argument(

@@ -687,10 +687,13 @@ impl State {
         let mut adopted = HashSet::new();
         for reported in in_flight {
             let id = reported.call_id.clone();
+            // The store must say it runs there, under that epoch, in the pool this session
+            // was authorized for (a worker of another pool cannot claim it by its id).
             let agrees = reported.stored.as_ref().is_some_and(|r| {
                 r.state == CallState::Running
                     && r.epoch == reported.epoch
                     && r.worker.as_deref() == Some(worker.as_str())
+                    && r.spec.pool == pool
             });
             // The scheduler's own view must agree too: not fenced or reassigned meanwhile.
             let ours = match self.running.get(&id) {
@@ -1534,6 +1537,41 @@ mod tests {
         assert!(fences(&out).is_empty());
         let out = state.on(Event::Tick, t0 + Duration::from_secs(5));
         assert_eq!(fences(&out), [("a".to_string(), 4)]);
+    }
+
+    #[test]
+    fn a_worker_of_another_pool_cannot_claim_a_call_by_its_worker_id() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        state.on(Event::Listening, t0);
+        let orphan = record("a", CallState::Running, 1, Some("w1"));
+        state.on(Event::Recovered(vec![orphan.clone()]), t0);
+        let out = state.on(
+            Event::Attach {
+                worker: "w1".into(),
+                pool: "team/other".into(),
+                slots: 1,
+                cached: Vec::new(),
+                in_flight: vec![Reported {
+                    call_id: "a".into(),
+                    epoch: 1,
+                    stored: Some(orphan),
+                }],
+                secret: "w1-secret".into(),
+                resume: None,
+            },
+            t0,
+        );
+        let session = match &out[0] {
+            Command::Registered {
+                abandon, session, ..
+            } if abandon == &["a".to_string()] => *session,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            state.holding("a", "w1", session, 1).err(),
+            Some(Refusal::NotHeld)
+        );
     }
 
     #[test]
