@@ -252,6 +252,20 @@ async fn a_worker_without_the_join_token_cannot_attach() {
         let refused = refusal(client.fetch_artifact(request).await, what);
         assert_eq!(kind_of(&refused), ErrorKind::Unauthenticated, "{what}");
     }
+    // With the token, a Register still has to be well-formed and bounded.
+    let bearer = format!("Bearer {token}");
+    let long = "x".repeat(600);
+    let refused = refusal(
+        attach(&platform, Some(&bearer), register(&long, "")).await,
+        "a 600-byte worker id",
+    );
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    let refused = refusal(
+        attach(&platform, Some(&bearer), register("", "")).await,
+        "an empty worker id",
+    );
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+
     // Nothing was registered: no rogue worker, and calls wait for a real one.
     let logs = platform.logs();
     assert!(!logs.contains("worker=rogue"), "{logs}");

@@ -19,6 +19,9 @@ use tonic::{Request, Response, Status, Streaming};
 /// Bytes per artifact chunk.
 const CHUNK: usize = 1 << 20;
 
+/// The longest worker id or pool name (`namespace/name`) a worker may register with.
+const MAX_NAME: usize = 512;
+
 /// How long a worker has to send `Register` once its stream is open.
 const REGISTER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -99,6 +102,11 @@ impl WorkerLink for WorkerLinkService {
             return Err(Status::invalid_argument(
                 "Register needs a worker id and a pool",
             ));
+        }
+        if register.worker_id.len() > MAX_NAME || register.pool.len() > MAX_NAME {
+            return Err(Status::invalid_argument(format!(
+                "a worker id and a pool name have at most {MAX_NAME} bytes"
+            )));
         }
         if let Err(error) = self.auth.authorize_pool(&identity, &register.pool) {
             tracing::warn!(worker = %register.worker_id, pool = %register.pool, %error, "worker refused");
