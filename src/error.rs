@@ -17,7 +17,7 @@ pub fn grpc_code(kind: ErrorKind) -> tonic::Code {
         | ErrorKind::UnknownSecret => Code::PermissionDenied,
         ErrorKind::SecretUnavailable => Code::FailedPrecondition,
         ErrorKind::Unauthenticated => Code::Unauthenticated,
-        ErrorKind::IdempotencyConflict => Code::AlreadyExists,
+        ErrorKind::IdempotencyConflict | ErrorKind::WorkerIdInUse => Code::AlreadyExists,
         ErrorKind::Timeout => Code::DeadlineExceeded,
         ErrorKind::CpuLimit
         | ErrorKind::MemoryLimit

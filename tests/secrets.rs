@@ -392,6 +392,9 @@ impl std::io::Write for LogWriter {
 }
 
 /// A `toolgrid worker` attached to `grpc`, logging at debug to `dir/worker-ID.log`.
+/// The join secret of the in-process control plane below.
+const JOIN_TOKEN: &str = "join-secret-of-the-secrets-test";
+
 fn start_worker(
     grpc: std::net::SocketAddr,
     id: &str,
@@ -405,6 +408,7 @@ fn start_worker(
         .args(["--id", id, "--pool", "default", "--slots", "2"])
         .arg("--cache")
         .arg(dir.join(format!("cache-{id}")))
+        .env("TOOLGRID_JOIN_TOKEN", JOIN_TOKEN)
         .env("RUST_LOG", "info,toolgrid=trace")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -527,7 +531,11 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
     let listeners = Listeners::bind("127.0.0.1:0".parse().unwrap(), None)
         .await
         .unwrap();
-    let (grpc, _http, _serving) = plane.serve(listeners).unwrap();
+    let security = toolgrid::platform::Security {
+        workers: Arc::new(toolgrid::auth::JoinSecret::new(JOIN_TOKEN)),
+        tls: None,
+    };
+    let (grpc, _http, _serving) = plane.serve(listeners, security).unwrap();
     let (digest, bytes) = fixture();
     store.put_artifact(&digest, &bytes).await.unwrap();
 

@@ -2,7 +2,12 @@
 //! them. The gateway authenticates callers (`Principal`), the worker link authenticates
 //! workers; both ask a [`TokenReviewer`] about ServiceAccount tokens in a cluster.
 
+pub mod worker;
+
 use crate::catalog::ObjectKey;
+pub use worker::{
+    JoinSecret, ServiceAccountWorkers, WorkerAuthError, WorkerAuthenticator, WorkerIdentity,
+};
 
 /// The audience of the tokens callers present in a cluster.
 pub const CALLER_AUDIENCE: &str = "toolgrid";

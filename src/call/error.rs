@@ -20,6 +20,8 @@ pub enum ErrorKind {
     Unauthenticated,
     /// The idempotency key was used for a different request.
     IdempotencyConflict,
+    /// A worker registered with the id of a live worker without proving it is that worker.
+    WorkerIdInUse,
     /// No such call.
     NotFound,
     /// The tool exited non-zero (with a declared error, or a generic one).
@@ -61,7 +63,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 26] = [
+    pub const ALL: [ErrorKind; 27] = [
         ErrorKind::InvalidArgument,
         ErrorKind::UnknownTool,
         ErrorKind::UnknownCommand,
@@ -69,6 +71,7 @@ impl ErrorKind {
         ErrorKind::PermissionDenied,
         ErrorKind::Unauthenticated,
         ErrorKind::IdempotencyConflict,
+        ErrorKind::WorkerIdInUse,
         ErrorKind::NotFound,
         ErrorKind::ToolError,
         ErrorKind::InvalidResult,
@@ -99,6 +102,7 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => "permission-denied",
             ErrorKind::Unauthenticated => "unauthenticated",
             ErrorKind::IdempotencyConflict => "idempotency-conflict",
+            ErrorKind::WorkerIdInUse => "worker-id-in-use",
             ErrorKind::NotFound => "not-found",
             ErrorKind::ToolError => "tool-error",
             ErrorKind::InvalidResult => "invalid-result",
@@ -135,7 +139,7 @@ impl ErrorKind {
             | ErrorKind::EgressDenied
             | ErrorKind::UnknownSecret => 403,
             ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => 404,
-            ErrorKind::IdempotencyConflict => 409,
+            ErrorKind::IdempotencyConflict | ErrorKind::WorkerIdInUse => 409,
             ErrorKind::Cancelled => 499,
             ErrorKind::Internal => 500,
             ErrorKind::Unavailable => 503,

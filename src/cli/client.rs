@@ -14,17 +14,20 @@ pub const DEFAULT_ENDPOINT: &str = "127.0.0.1:7070";
 #[derive(clap::Args, Debug, Clone)]
 pub struct Endpoint {
     /// The control plane's gRPC address.
+    /// `https://HOST:PORT` for a control plane serving TLS.
     #[arg(long, env = "TOOLGRID_ENDPOINT", default_value = DEFAULT_ENDPOINT, global = true)]
     endpoint: String,
+    /// CA certificate (PEM) to trust for an `https://` endpoint, instead of the system's
+    /// roots.
+    #[arg(long, env = "TOOLGRID_TLS_CA", global = true)]
+    tls_ca: Option<std::path::PathBuf>,
 }
 
-async fn connect(endpoint: &str) -> Result<ToolsClient<Channel>, ApiError> {
-    let url = if endpoint.contains("://") {
-        endpoint.to_string()
-    } else {
-        format!("http://{endpoint}")
-    };
-    let channel = Channel::from_shared(url.clone())
+async fn connect(target: &Endpoint) -> Result<ToolsClient<Channel>, ApiError> {
+    let endpoint = &target.endpoint;
+    let url = crate::platform::tls::endpoint_url(endpoint);
+    let channel = crate::platform::tls::Trust::of(target.tls_ca.as_deref(), None)
+        .and_then(|trust| crate::platform::tls::client_endpoint(&url, &trust))
         .map_err(|e| {
             ApiError::new(
                 ErrorKind::InvalidArgument,
@@ -115,7 +118,13 @@ fn split_call_options(args: &mut CallArgs) -> Result<Vec<String>, ApiError> {
         };
         let takes_value = matches!(
             name.as_str(),
-            "--stdin" | "--idempotency-key" | "--endpoint" | "--namespace" | "--args" | "--output"
+            "--stdin"
+                | "--idempotency-key"
+                | "--endpoint"
+                | "--tls-ca"
+                | "--namespace"
+                | "--args"
+                | "--output"
         );
         if name == "--stream" && inline.is_none() {
             args.stream = true;
@@ -135,6 +144,7 @@ fn split_call_options(args: &mut CallArgs) -> Result<Vec<String>, ApiError> {
             "--stdin" => args.stdin = Some(value),
             "--idempotency-key" => args.idempotency_key = Some(value),
             "--endpoint" => args.endpoint.endpoint = value,
+            "--tls-ca" => args.endpoint.tls_ca = Some(value.into()),
             "--namespace" => args.namespace = value,
             "--args" => args.args = Some(value),
             _ => args.output = value,
@@ -187,7 +197,7 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
         stdin,
         idempotency_key: args.idempotency_key.clone().unwrap_or_default(),
     };
-    let mut client = connect(&args.endpoint.endpoint).await?;
+    let mut client = connect(&args.endpoint).await?;
     let call = if args.stream {
         let mut stream = client
             .invoke_stream(request)
@@ -348,7 +358,7 @@ pub async fn get(args: GetArgs) -> ExitCode {
 }
 
 async fn try_get(args: GetArgs) -> Result<(), ApiError> {
-    let mut client = connect(&args.endpoint.endpoint).await?;
+    let mut client = connect(&args.endpoint).await?;
     if matches!(args.kind.as_str(), "calls" | "call") {
         return print_calls(
             &mut client,
@@ -534,7 +544,7 @@ pub struct CallsArgs {
 
 pub async fn calls(args: CallsArgs) -> ExitCode {
     let result = async {
-        let mut client = connect(&args.endpoint.endpoint).await?;
+        let mut client = connect(&args.endpoint).await?;
         print_calls(
             &mut client,
             args.namespace.unwrap_or_default(),
@@ -563,7 +573,7 @@ pub struct OplogArgs {
 
 pub async fn oplog(args: OplogArgs) -> ExitCode {
     let result = async {
-        let mut client = connect(&args.endpoint.endpoint).await?;
+        let mut client = connect(&args.endpoint).await?;
         let response = oplog_of(&mut client, &args.call_id)
             .await
             .map_err(|s| ApiError::from(&s))?;
@@ -610,7 +620,7 @@ pub struct DecisionArgs {
 
 pub async fn decide(args: DecisionArgs, approve: bool) -> ExitCode {
     let result = async {
-        let mut client = connect(&args.endpoint.endpoint).await?;
+        let mut client = connect(&args.endpoint).await?;
         let request = proto::DecisionRequest {
             call_id: args.call_id.clone(),
             reason: args.reason.clone(),

@@ -54,6 +54,17 @@ pub struct ControllerArgs {
     /// Default: keep all.
     #[arg(long, env = "TOOLGRID_RETAIN", value_parser = humantime::parse_duration)]
     retain: Option<std::time::Duration>,
+    /// Serve gRPC and HTTP over TLS with this certificate chain (PEM; the chart mounts
+    /// `tls.secretName` and sets it); needs --tls-key.
+    #[arg(long, env = "TOOLGRID_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "TOOLGRID_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// The CA certificate (PEM) worker pods trust to reach an `https://` control plane;
+    /// handed to them inline (`TOOLGRID_TLS_CA_PEM`). Default: the system's roots.
+    #[arg(long, env = "TOOLGRID_WORKER_TLS_CA")]
+    worker_tls_ca: Option<std::path::PathBuf>,
 }
 
 impl ControllerArgs {
@@ -76,6 +87,17 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         .control_plane_address
         .clone()
         .unwrap_or_else(|| format!("http://toolgrid.{}.svc:7070", args.pod_namespace));
+    let tls = crate::platform::tls::ServerTls::from_args(
+        args.tls_cert.as_deref(),
+        args.tls_key.as_deref(),
+    )?;
+    let worker_tls_ca = match &args.worker_tls_ca {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
     crate::controller::run(Settings {
         listen: args.listen,
         http_listen: args.http_listen,
@@ -90,6 +112,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         pod_namespace: args.pod_namespace,
         lease_name: args.lease_name,
         retain: args.retain,
+        tls,
+        worker_tls_ca,
     })
     .await
 }

@@ -49,7 +49,7 @@ impl Drop for Processes {
     }
 }
 
-fn spawn_worker(grpc: &str, id: &str, cache: &Path) -> anyhow::Result<Child> {
+fn spawn_worker(grpc: &str, id: &str, cache: &Path, token: &Path) -> anyhow::Result<Child> {
     Ok(Command::new(std::env::current_exe()?)
         .args([
             "worker",
@@ -64,6 +64,8 @@ fn spawn_worker(grpc: &str, id: &str, cache: &Path) -> anyhow::Result<Child> {
         ])
         .arg("--cache")
         .arg(cache)
+        .arg("--join-token-file")
+        .arg(token)
         .env("RUST_LOG", "error")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -155,6 +157,10 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         .context("no grpc= in the ready line")?
         .to_string();
     let cache = dir.path().join("cache");
+    let token = dir
+        .path()
+        .join("data")
+        .join(crate::auth::worker::JOIN_TOKEN_FILE);
     let mut processes = Processes {
         up,
         workers: Vec::new(),
@@ -163,7 +169,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         let id = format!("bench-{i}");
         processes
             .workers
-            .push((id.clone(), spawn_worker(&grpc, &id, &cache)?));
+            .push((id.clone(), spawn_worker(&grpc, &id, &cache, &token)?));
     }
     let channel = Channel::from_shared(format!("http://{grpc}"))?
         .connect()
@@ -246,7 +252,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         let killed_ms = crate::store::now_ms();
         processes.workers[index].1.kill()?;
         let _ = processes.workers[index].1.wait();
-        processes.workers[index].1 = spawn_worker(&grpc, &worker, &cache)?;
+        processes.workers[index].1 = spawn_worker(&grpc, &worker, &cache, &token)?;
         let call = loop {
             let event = stream.message().await?.context("the stream ended early")?;
             if let Some(proto::invoke_event::Event::Call(call)) = event.event {

@@ -1,14 +1,17 @@
 //! `toolgrid up`: the whole platform on one machine.
 
 use crate::api::units::GoDuration;
+use crate::auth::JoinSecret;
+use crate::auth::worker::JOIN_TOKEN_FILE;
 use crate::catalog::ManifestSource;
-use crate::platform::{ControlPlane, Listeners, LocalPools, retention};
+use crate::platform::tls::ServerTls;
+use crate::platform::{ControlPlane, Listeners, LocalPools, Security, retention};
 use crate::scheduler::SchedulerConfig;
 use crate::store::{FaultyStore, Store};
 use anyhow::Context;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,6 +48,34 @@ pub struct UpArgs {
     /// artifacts nothing uses any more; checked at start and hourly. Default: keep all.
     #[arg(long, env = "TOOLGRID_RETAIN", value_parser = humantime::parse_duration)]
     retain: Option<Duration>,
+    /// Serve gRPC and HTTP over TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, env = "TOOLGRID_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "TOOLGRID_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The CA the local workers trust to reach this control plane over TLS (default: the
+    /// certificate chain itself, for a self-signed certificate).
+    #[arg(long, env = "TOOLGRID_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+}
+
+/// Writes the join token to `DATA/join-token`, readable by its owner only.
+fn write_join_token(data: &Path, secret: &JoinSecret) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let path = data.join(JOIN_TOKEN_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    // A file left by an older start keeps its mode on open: set it again.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(secret.expose().as_bytes())?;
+    file.sync_all()?;
+    Ok(path)
 }
 
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
@@ -99,16 +130,44 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         }
     });
 
+    // A new join secret every start: a worker that attached to an earlier start must
+    // present the new one (workers reading `--join-token-file` pick it up by themselves).
+    let join = JoinSecret::generate();
+    let token_file = write_join_token(&data, &join)?;
+    let tls = ServerTls::from_args(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let join_token = join.expose().to_string();
+    let security = Security {
+        workers: Arc::new(join),
+        tls,
+    };
+
     let listeners = Listeners::bind(args.listen, args.http_listen).await?;
-    let (grpc, http, server) = control_plane.serve(listeners)?;
+    let (grpc, http, server) = control_plane.serve(listeners, security)?;
 
     let _pools = if args.no_workers {
         None
     } else {
         let exe = std::env::current_exe()?;
-        let pools = LocalPools::new(exe, format!("http://{grpc}"), data.join("cache"));
+        let tls_ca = match (&args.tls_ca, &args.tls_cert) {
+            (Some(ca), _) => Some(ca.canonicalize()?),
+            (None, Some(cert)) => Some(cert.canonicalize()?),
+            (None, None) => None,
+        };
+        let pools = LocalPools::new(
+            exe,
+            format!("{scheme}://{grpc}"),
+            data.join("cache"),
+            join_token,
+            tls_ca,
+        );
         Some(tokio::spawn(pools.run(control_plane.catalog.clone())))
     };
+    // The one hint, which names the file and never holds the secret itself.
+    tracing::info!(
+        "to attach another worker: toolgrid worker --control-plane {scheme}://{grpc} --join-token-file {} (on another machine, copy that file, or set TOOLGRID_JOIN_TOKEN to its contents)",
+        token_file.display()
+    );
     if !args.no_workers {
         // External workers attach when they will; local ones are waited for.
         wait_for_workers(&control_plane, args.ready_timeout.get()).await;

@@ -1,7 +1,7 @@
 //! `toolgrid worker`: one sandbox worker process.
 
 use crate::api::units::{ByteSize, GoDuration};
-use crate::worker::WorkerConfig;
+use crate::worker::{WorkerConfig, WorkerCredential};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
@@ -34,6 +34,23 @@ pub struct WorkerArgs {
     /// Exit after the control plane has been unreachable this long.
     #[arg(long, default_value = "30s")]
     reconnect_timeout: GoDuration,
+    /// The token that lets this worker attach: the join token of `toolgrid up` (printed
+    /// nowhere; read it from `DATA/join-token` on the control plane's machine). Prefer the
+    /// environment variable or `--join-token-file`: arguments are visible to other users.
+    #[arg(long, env = "TOOLGRID_JOIN_TOKEN", hide_env_values = true)]
+    join_token: Option<String>,
+    /// A file holding the token, read again at every attach (so a restarted `toolgrid up`
+    /// on this machine, or a rotated ServiceAccount token in a cluster, is followed).
+    #[arg(long, env = "TOOLGRID_JOIN_TOKEN_FILE", conflicts_with = "join_token")]
+    join_token_file: Option<PathBuf>,
+    /// CA certificate (PEM) to trust for an `https://` control plane, instead of the
+    /// system's roots.
+    #[arg(long, env = "TOOLGRID_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// The CA certificate itself (PEM), instead of a file (how the controller hands it to
+    /// worker pods).
+    #[arg(long, env = "TOOLGRID_TLS_CA_PEM", hide = true)]
+    tls_ca_pem: Option<String>,
     /// Exit when this process stops being the parent (set by `toolgrid up`).
     #[arg(long, hide = true)]
     parent_pid: Option<u32>,
@@ -52,11 +69,14 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let id = args
         .id
         .unwrap_or_else(|| format!("{}-{}", pool.replace('/', "-"), std::process::id()));
-    let control_plane = if args.control_plane.contains("://") {
-        args.control_plane
-    } else {
-        format!("http://{}", args.control_plane)
+    let control_plane = crate::platform::tls::endpoint_url(&args.control_plane);
+    let credential = match (args.join_token, args.join_token_file, args.token_file) {
+        (Some(token), _, _) => WorkerCredential::Token(token),
+        (None, Some(path), _) | (None, None, Some(path)) => WorkerCredential::File(path),
+        (None, None, None) => WorkerCredential::None,
     };
+    let trust =
+        crate::platform::tls::Trust::of(args.tls_ca.as_deref(), args.tls_ca_pem.as_deref())?;
     crate::worker::run(WorkerConfig {
         control_plane,
         worker_id: id,
@@ -67,10 +87,8 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         pooling: !args.no_pooling,
         reconnect_timeout: args.reconnect_timeout.get(),
         parent_pid: args.parent_pid,
-        credential: args
-            .token_file
-            .filter(|p| !p.as_os_str().is_empty())
-            .map(crate::worker::WorkerCredential::TokenFile),
+        credential,
+        trust,
     })
     .await
 }

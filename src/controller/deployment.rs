@@ -23,6 +23,9 @@ pub struct WorkerSettings {
     pub image: String,
     /// Address the workers dial (`http://toolgrid.toolgrid.svc:7070`).
     pub control_plane: String,
+    /// The CA certificate (PEM) the workers trust for an `https://` control plane, given to
+    /// them inline (`TOOLGRID_TLS_CA_PEM`; a certificate is public).
+    pub tls_ca_pem: Option<String>,
 }
 
 /// The label every worker pod of a pool carries.
@@ -96,6 +99,34 @@ pub fn desired_workers(pool: &WorkerPool, busy_slots: u32, queued: u32) -> u32 {
     }
 }
 
+/// The worker container's environment: its id (the pod's name), and the CA to trust.
+fn worker_env(settings: &WorkerSettings) -> Vec<EnvVar> {
+    let mut env = vec![EnvVar {
+        name: "TOOLGRID_WORKER_ID".into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "metadata.name".into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }];
+    env.push(EnvVar {
+        name: TOKEN_FILE_ENV.into(),
+        value: Some(format!("{TOKEN_DIR}/{TOKEN_FILE}")),
+        ..EnvVar::default()
+    });
+    if let Some(pem) = &settings.tls_ca_pem {
+        env.push(EnvVar {
+            name: crate::platform::tls::TLS_CA_PEM_ENV.into(),
+            value: Some(pem.clone()),
+            ..EnvVar::default()
+        });
+    }
+    env
+}
+
 /// The Deployment of a pool's workers, owned by the pool (deleted with it).
 pub fn desired_deployment(
     pool: &WorkerPool,
@@ -127,24 +158,7 @@ pub fn desired_deployment(
             "--cache".into(),
             CACHE_DIR.into(),
         ]),
-        env: Some(vec![
-            EnvVar {
-                name: "TOOLGRID_WORKER_ID".into(),
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: "metadata.name".into(),
-                        ..ObjectFieldSelector::default()
-                    }),
-                    ..EnvVarSource::default()
-                }),
-                ..EnvVar::default()
-            },
-            EnvVar {
-                name: TOKEN_FILE_ENV.into(),
-                value: Some(format!("{TOKEN_DIR}/{TOKEN_FILE}")),
-                ..EnvVar::default()
-            },
-        ]),
+        env: Some(worker_env(settings)),
         resources: spec.resources.clone(),
         volume_mounts: Some(vec![
             VolumeMount {
@@ -266,6 +280,7 @@ mod tests {
         WorkerSettings {
             image: "ghcr.io/toolgrid/toolgrid:0.1.0".into(),
             control_plane: "http://toolgrid.toolgrid.svc:7070".into(),
+            tls_ca_pem: None,
         }
     }
 
@@ -323,6 +338,30 @@ mod tests {
             selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
             "the selector matches the pods"
         );
+
+        let env = |deployment: &Deployment| {
+            deployment.spec.template.spec.as_ref().unwrap().containers[0]
+                .env
+                .clone()
+                .unwrap_or_default()
+        };
+        let plain = desired_deployment(&pool(spec.clone()), &settings(), 1);
+        assert!(
+            env(&plain)
+                .iter()
+                .all(|e| e.name != crate::platform::tls::TLS_CA_PEM_ENV),
+            "no CA without TLS"
+        );
+        let tls = WorkerSettings {
+            control_plane: "https://toolgrid.toolgrid.svc:7070".into(),
+            tls_ca_pem: Some("-----BEGIN CERTIFICATE-----".into()),
+            ..settings()
+        };
+        let with_tls = desired_deployment(&pool(spec.clone()), &tls, 1);
+        assert!(env(&with_tls).iter().any(|e| {
+            e.name == crate::platform::tls::TLS_CA_PEM_ENV
+                && e.value.as_deref() == Some("-----BEGIN CERTIFICATE-----")
+        }));
 
         spec.image = Some("registry.local/worker:dev".into());
         let deployment = desired_deployment(&pool(spec), &settings(), 1);

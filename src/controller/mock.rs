@@ -155,6 +155,7 @@ async fn fixture() -> Fixture {
         workers: WorkerSettings {
             image: "ghcr.io/toolgrid/toolgrid:0.1.0".into(),
             control_plane: "http://toolgrid.toolgrid.svc:7070".into(),
+            tls_ca_pem: None,
         },
         namespace: None,
         service_accounts,

@@ -16,8 +16,8 @@ pub mod review_cache;
 pub mod source;
 pub mod status;
 
-use crate::auth::TokenReviewer;
-use crate::platform::{ControlPlane, Listeners};
+use crate::auth::{JoinSecret, TokenReviewer, WorkerAuthenticator};
+use crate::platform::{ControlPlane, Listeners, Security};
 use crate::scheduler::SchedulerConfig;
 use anyhow::Context as _;
 use health::Readiness;
@@ -50,6 +50,32 @@ pub struct Settings {
     pub lease_name: String,
     /// Delete calls that ended longer ago than this (retention); `None` keeps them all.
     pub retain: Option<Duration>,
+    /// TLS on the gRPC and HTTP ports.
+    pub tls: Option<crate::platform::tls::ServerTls>,
+    /// The CA certificate (PEM) worker pods trust for an `https://` control plane.
+    pub worker_tls_ca: Option<String>,
+}
+
+/// Who may attach as a worker.
+///
+/// The cluster's answer is [`crate::auth::ServiceAccountWorkers`] over a kube
+/// `TokenReviewer` (the worker pod's projected token, audience `toolgrid-worker`, for its
+/// pool's ServiceAccount). Until that reviewer is wired here, workers attach with the join
+/// token in `TOOLGRID_JOIN_TOKEN` (set on the controller and the worker pods alike), and
+/// with none set no worker can attach: the link never falls back to trusting anyone.
+fn worker_authenticator(
+    reviewer: Arc<dyn TokenReviewer>,
+    catalog: Arc<crate::catalog::Catalog>,
+) -> Arc<dyn WorkerAuthenticator> {
+    let join = std::env::var(crate::auth::worker::JOIN_TOKEN_ENV)
+        .ok()
+        .map(|token| token.trim().to_string())
+        .filter(|token| !token.is_empty())
+        .map(JoinSecret::new);
+    Arc::new(crate::auth::worker::ClusterWorkers {
+        join,
+        accounts: crate::auth::ServiceAccountWorkers::new(reviewer, catalog),
+    })
 }
 
 /// Runs the controller until it stops leading or is told to stop.
@@ -139,7 +165,7 @@ async fn lead(
         .with_context(|| format!("cannot open the store at {}", settings.store_url))?;
     // Who holds a caller's or a worker pod's token, and who may operate: the gateway
     // (callers, audience `toolgrid`) and the worker link (audience `toolgrid-worker`) ask it.
-    let _reviewer: Arc<dyn TokenReviewer> = token_reviewer(&client);
+    let reviewer: Arc<dyn TokenReviewer> = token_reviewer(&client);
     let control_plane = ControlPlane::start(
         store.clone(),
         SchedulerConfig {
@@ -171,7 +197,11 @@ async fn lead(
     tokio::spawn(source.clone().drive());
 
     let listeners = Listeners::bind(settings.listen, Some(settings.http_listen)).await?;
-    let (grpc, http, server) = control_plane.serve(listeners)?;
+    let security = Security {
+        workers: worker_authenticator(reviewer.clone(), control_plane.catalog.clone()),
+        tls: settings.tls.clone(),
+    };
+    let (grpc, http, server) = control_plane.serve(listeners, security)?;
     tracing::info!(%grpc, %http, metrics = %settings.metrics_listen, "serving");
     readiness.set_synced(true);
 
@@ -183,6 +213,7 @@ async fn lead(
         workers: deployment::WorkerSettings {
             image: settings.worker_image.clone(),
             control_plane: settings.control_plane_address.clone(),
+            tls_ca_pem: settings.worker_tls_ca.clone(),
         },
         namespace: settings.watch_namespace.clone(),
         service_accounts: caches.service_accounts.clone(),

@@ -23,15 +23,28 @@ pub struct LocalPools {
     exe: PathBuf,
     control_plane: String,
     cache_dir: PathBuf,
+    /// The join token, handed to each worker in its environment (never its arguments,
+    /// which every user of the machine can read).
+    join_token: String,
+    /// CA certificate the workers trust, when the control plane speaks TLS.
+    tls_ca: Option<PathBuf>,
     workers: BTreeMap<(String, u32), Worker>,
 }
 
 impl LocalPools {
-    pub fn new(exe: PathBuf, control_plane: String, cache_dir: PathBuf) -> Self {
+    pub fn new(
+        exe: PathBuf,
+        control_plane: String,
+        cache_dir: PathBuf,
+        join_token: String,
+        tls_ca: Option<PathBuf>,
+    ) -> Self {
         LocalPools {
             exe,
             control_plane,
             cache_dir,
+            join_token,
+            tls_ca,
             workers: BTreeMap::new(),
         }
     }
@@ -118,10 +131,16 @@ impl LocalPools {
                 .arg(&self.cache_dir)
                 .arg("--parent-pid")
                 .arg(std::process::id().to_string())
+                .env(crate::auth::worker::JOIN_TOKEN_ENV, &self.join_token)
+                .env_remove("TOOLGRID_JOIN_TOKEN_FILE")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
                 .kill_on_drop(true);
+            match &self.tls_ca {
+                Some(ca) => command.env(crate::platform::tls::TLS_CA_ENV, ca),
+                None => command.env_remove(crate::platform::tls::TLS_CA_ENV),
+            };
             match command.spawn() {
                 Ok(child) => {
                     tracing::info!(worker = %id, pid = child.id().unwrap_or_default(), "started worker");

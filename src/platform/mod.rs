@@ -4,9 +4,11 @@
 
 mod local_pools;
 pub mod retention;
+pub mod tls;
 
 pub use local_pools::LocalPools;
 
+use crate::auth::WorkerAuthenticator;
 use crate::catalog::Catalog;
 use crate::gateway::{Gateway, ToolsService};
 use crate::proto::tools_server::ToolsServer;
@@ -24,6 +26,16 @@ pub struct ControlPlane {
     pub catalog: Arc<Catalog>,
     pub scheduler: Arc<Scheduler>,
     pub gateway: Arc<Gateway>,
+}
+
+/// How a control plane's ports are secured.
+#[derive(Clone)]
+pub struct Security {
+    /// Who may attach as a worker (the join secret of `toolgrid up`; ServiceAccount tokens
+    /// in a cluster).
+    pub workers: Arc<dyn WorkerAuthenticator>,
+    /// TLS on both ports (gRPC and HTTP), or plaintext.
+    pub tls: Option<tls::ServerTls>,
 }
 
 /// Where a control plane listens.
@@ -76,10 +88,12 @@ impl ControlPlane {
         })
     }
 
-    /// Serves gRPC (Tools and WorkerLink) and HTTP until the process ends.
+    /// Serves gRPC (Tools and WorkerLink) and HTTP until the process ends, both over TLS
+    /// when `security.tls` is set.
     pub fn serve(
         &self,
         listeners: Listeners,
+        security: Security,
     ) -> anyhow::Result<(SocketAddr, SocketAddr, JoinHandle<()>)> {
         let grpc_addr = listeners.grpc.local_addr()?;
         let http_addr = listeners.http.local_addr()?;
@@ -89,13 +103,18 @@ impl ControlPlane {
         let link = WorkerLinkServer::new(WorkerLinkService::new(
             self.scheduler.clone(),
             self.store.clone(),
+            security.workers.clone(),
         ))
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);
         // Small request/response frames must not wait for Nagle's algorithm.
         let incoming =
             tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
-        let grpc = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &security.tls {
+            builder = builder.tls_config(tls.grpc())?;
+        }
+        let grpc = builder
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
             .add_service(tools)
@@ -107,10 +126,12 @@ impl ControlPlane {
         let catalog = self.catalog.clone();
         let ready: Arc<dyn Fn() -> bool + Send + Sync> =
             Arc::new(move || catalog.current().revision > 0);
-        let http = axum::serve(
-            listeners.http,
-            crate::gateway::router(self.gateway.clone(), ready),
-        );
+        let router = crate::gateway::router(self.gateway.clone(), ready);
+        let http: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> =
+            match security.tls {
+                Some(tls) => Box::pin(async move { tls.serve_http(listeners.http, router).await }),
+                None => Box::pin(async move { axum::serve(listeners.http, router).await }),
+            };
         let handle = tokio::spawn(async move {
             tokio::select! {
                 result = grpc => if let Err(error) = result { tracing::error!(%error, "gRPC server stopped") },

@@ -1,7 +1,11 @@
 //! The control plane's side of `WorkerLink`: one `Attach` stream per worker session, and
-//! artifact downloads by digest.
+//! artifact downloads by digest. Every RPC is authenticated first (the bearer token in its
+//! metadata, by the [`WorkerAuthenticator`]); a session then acts only on the calls it holds.
 
 use super::{ResultAnswer, Scheduler};
+use crate::auth::worker::bearer_token;
+use crate::auth::{WorkerAuthError, WorkerAuthenticator, WorkerIdentity};
+use crate::error::{ApiError, ErrorKind};
 use crate::proto::worker_link_server::WorkerLink;
 use crate::proto::{self, ControlEvent, WorkerEvent, control_event, worker_event};
 use crate::store::Store;
@@ -15,15 +19,55 @@ use tonic::{Request, Response, Status, Streaming};
 /// Bytes per artifact chunk.
 const CHUNK: usize = 1 << 20;
 
+/// The longest worker id or pool name (`namespace/name`) a worker may register with.
+const MAX_NAME: usize = 512;
+
+/// How long a worker has to send `Register` once its stream is open.
+const REGISTER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub struct WorkerLinkService {
     scheduler: Arc<Scheduler>,
     store: Arc<dyn Store>,
+    auth: Arc<dyn WorkerAuthenticator>,
 }
 
 impl WorkerLinkService {
-    pub fn new(scheduler: Arc<Scheduler>, store: Arc<dyn Store>) -> Self {
-        WorkerLinkService { scheduler, store }
+    pub fn new(
+        scheduler: Arc<Scheduler>,
+        store: Arc<dyn Store>,
+        auth: Arc<dyn WorkerAuthenticator>,
+    ) -> Self {
+        WorkerLinkService {
+            scheduler,
+            store,
+            auth,
+        }
     }
+
+    /// Who sent `metadata`'s bearer token; a refusal is the status the RPC ends with.
+    async fn authenticate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<WorkerIdentity, Status> {
+        let token = match metadata.get("authorization") {
+            None => None,
+            Some(value) => {
+                let value = value
+                    .to_str()
+                    .map_err(|_| refused(WorkerAuthError::Malformed("not ASCII")))?;
+                Some(bearer_token(value).map_err(refused)?)
+            }
+        };
+        self.auth.authenticate(token).await.map_err(|error| {
+            tracing::warn!(%error, "worker refused");
+            refused(error)
+        })
+    }
+}
+
+/// The status a refused worker gets, with its named kind.
+fn refused(error: WorkerAuthError) -> Status {
+    ApiError::new(error.kind(), error.to_string()).into()
 }
 
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -41,10 +85,13 @@ impl WorkerLink for WorkerLinkService {
         &self,
         request: Request<Streaming<WorkerEvent>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
+        // Before anything the worker sends is read.
+        let identity = self.authenticate(request.metadata()).await?;
         let mut inbound = request.into_inner();
-        let first = inbound
-            .next()
+        // An authenticated worker still may not hold a stream open without registering.
+        let first = tokio::time::timeout(REGISTER_TIMEOUT, inbound.next())
             .await
+            .map_err(|_| Status::deadline_exceeded("no Register in time"))?
             .ok_or_else(|| Status::invalid_argument("the stream ended before Register"))??;
         let Some(worker_event::Event::Register(register)) = first.event else {
             return Err(Status::invalid_argument(
@@ -56,17 +103,31 @@ impl WorkerLink for WorkerLinkService {
                 "Register needs a worker id and a pool",
             ));
         }
+        if register.worker_id.len() > MAX_NAME || register.pool.len() > MAX_NAME {
+            return Err(Status::invalid_argument(format!(
+                "a worker id and a pool name have at most {MAX_NAME} bytes"
+            )));
+        }
+        if let Err(error) = self.auth.authorize_pool(&identity, &register.pool) {
+            tracing::warn!(worker = %register.worker_id, pool = %register.pool, %error, "worker refused");
+            return Err(refused(error));
+        }
         let (tx, rx) = mpsc::channel(1024);
         let stop = Arc::new(tokio::sync::Notify::new());
-        let (session, abandon) = self
+        let registration = self
             .scheduler
             .register(&register, tx.clone(), stop.clone())
-            .await;
+            .await
+            .map_err(|error| {
+                Status::from(ApiError::new(ErrorKind::WorkerIdInUse, error.to_string()))
+            })?;
+        let session = registration.session;
         let config = self.scheduler.config();
         let registered = proto::Registered {
             heartbeat_interval_ms: config.heartbeat_interval.as_millis() as u32,
             lease_ms: config.lease.as_millis() as u32,
-            abandon,
+            abandon: registration.abandon,
+            session_secret: registration.secret,
         };
         tx.send(event(control_event::Event::Registered(registered)))
             .await
@@ -94,9 +155,10 @@ impl WorkerLink for WorkerLinkService {
                         scheduler.heartbeat(&worker, session, &heartbeat);
                     }
                     Some(worker_event::Event::Append(append)) => {
-                        let (scheduler, tx) = (scheduler.clone(), tx.clone());
+                        let (scheduler, tx, worker) =
+                            (scheduler.clone(), tx.clone(), worker.clone());
                         tokio::spawn(async move {
-                            let ack = scheduler.append(&append).await;
+                            let ack = scheduler.append(&worker, session, &append).await;
                             let _ = tx.send(event(control_event::Event::Ack(ack))).await;
                         });
                     }
@@ -105,11 +167,17 @@ impl WorkerLink for WorkerLinkService {
                             (scheduler.clone(), tx.clone(), worker.clone());
                         tokio::spawn(async move {
                             let call_id = result.call_id.clone();
-                            let answer = scheduler.complete(&worker, result).await;
+                            let answer = scheduler.complete(&worker, session, result).await;
+                            let error = match answer {
+                                ResultAnswer::Stored | ResultAnswer::Retry => String::new(),
+                                ResultAnswer::Refused => "refused".to_string(),
+                                ResultAnswer::NotHeld(refusal) => refusal.as_str().to_string(),
+                            };
                             let ack = proto::ResultAck {
                                 call_id,
                                 ok: answer == ResultAnswer::Stored,
                                 retry: answer == ResultAnswer::Retry,
+                                error,
                             };
                             let _ = tx.send(event(control_event::Event::ResultAck(ack))).await;
                         });
@@ -118,7 +186,8 @@ impl WorkerLink for WorkerLinkService {
                         scheduler.abandoned(&worker, session, &abandoned);
                     }
                     Some(worker_event::Event::Progress(progress)) => {
-                        scheduler.progress(&worker, &progress)
+                        // A refused report changes nothing; there is no answer to send.
+                        let _ = scheduler.progress(&worker, session, &progress);
                     }
                     Some(worker_event::Event::Register(_)) => {
                         break "a second Register on one stream".to_string();
@@ -135,6 +204,7 @@ impl WorkerLink for WorkerLinkService {
         &self,
         request: Request<proto::FetchArtifactRequest>,
     ) -> Result<Response<Self::FetchArtifactStream>, Status> {
+        self.authenticate(request.metadata()).await?;
         let digest = request.into_inner().digest;
         let bytes = self
             .store

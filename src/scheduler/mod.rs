@@ -18,7 +18,7 @@ mod watch;
 
 pub use link::WorkerLinkService;
 pub use secrets::{SecretError, SecretSource, StaticSecrets};
-pub use state::WorkerInfo;
+pub use state::{Refusal, WorkerInfo};
 pub use watch::{CallUpdate, CallWatch, Progress};
 
 use crate::call::{EntryKind, OplogEntry};
@@ -61,6 +61,24 @@ impl Default for SchedulerConfig {
 pub type Judge =
     fn(&CommandInterface, &CallRecord, &proto::CallResult, &str) -> crate::store::CallOutcome;
 
+/// A worker session the scheduler opened.
+#[derive(Debug)]
+pub struct Registration {
+    pub session: u64,
+    /// The proof a later session of the same worker presents to replace this one.
+    pub secret: String,
+    /// In-flight calls the worker reported that it must give up.
+    pub abandon: Vec<String>,
+}
+
+/// A `Register` refused because its worker id has a live session, and the newcomer did not
+/// present that session's secret.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "worker id {0} is attached already; only that worker (presenting its session secret) may replace its session"
+)]
+pub struct WorkerIdInUse(pub String);
+
 /// The outbound half of a worker's stream.
 pub type ControlSender = mpsc::Sender<Result<ControlEvent, Status>>;
 
@@ -77,6 +95,9 @@ pub enum ResultAnswer {
     Stored,
     /// Refused for good (the call moved on, or the result is malformed): forget it.
     Refused,
+    /// Refused for good, untouched: the sending session does not hold the call under that
+    /// epoch (the call is another worker's, or ended, or was taken back).
+    NotHeld(Refusal),
     /// Not stored now (the store is unavailable): keep it and send it again.
     Retry,
 }
@@ -283,7 +304,7 @@ impl Scheduler {
     fn execute(self: &Arc<Self>, command: Command) {
         let this = self.clone();
         match command {
-            Command::Registered { .. } => {}
+            Command::Registered { .. } | Command::RefuseAttach { .. } => {}
             Command::EndSession { worker, session } => {
                 if let Some(s) = self.sessions().remove(&(worker, session)) {
                     s.stop.notify_one();
@@ -540,13 +561,19 @@ impl Scheduler {
     }
 
     /// Registers a worker's new session, adopting the in-flight calls it reports when the
-    /// store agrees they are still its own. Returns the session and calls to abandon.
+    /// store agrees they are still its own. Returns the session, its secret (the proof a
+    /// later session of the same worker presents) and the calls to abandon; or, when the
+    /// worker id has a live session and the newcomer did not present its secret, the
+    /// refusal (nothing changed).
     pub(crate) async fn register(
         self: &Arc<Self>,
         register: &proto::Register,
         tx: ControlSender,
         stop: Arc<Notify>,
-    ) -> (u64, Vec<String>) {
+    ) -> Result<Registration, WorkerIdInUse> {
+        let mut secret = [0u8; 32];
+        rand::fill(&mut secret);
+        let secret = hex::encode(secret);
         let mut in_flight = Vec::new();
         for call in &register.in_flight {
             let stored = self.store.get_call(&call.call_id).await.ok().flatten();
@@ -568,6 +595,8 @@ impl Scheduler {
                     slots: register.slots,
                     cached: register.cached_digests.clone(),
                     in_flight,
+                    secret: secret.clone(),
+                    resume: Some(register.resume_secret.clone()).filter(|r| !r.is_empty()),
                 },
                 Instant::now(),
             );
@@ -591,14 +620,28 @@ impl Scheduler {
             commands
         };
         self.wake.notify_one();
+        let mut refused = false;
         for command in commands {
-            if !matches!(command, Command::Registered { .. }) {
-                self.execute(command);
+            match command {
+                Command::Registered { .. } => {}
+                Command::RefuseAttach { .. } => refused = true,
+                other => self.execute(other),
             }
         }
-        let (session, abandon) = registered.unwrap_or_default();
-        tracing::info!(worker = %register.worker_id, pool = %register.pool, slots = register.slots, session, "worker attached");
-        (session, abandon)
+        match registered {
+            Some((session, abandon)) if !refused => {
+                tracing::info!(worker = %register.worker_id, pool = %register.pool, slots = register.slots, session, "worker attached");
+                Ok(Registration {
+                    session,
+                    secret,
+                    abandon,
+                })
+            }
+            _ => {
+                tracing::warn!(worker = %register.worker_id, pool = %register.pool, "a second worker with the id of a live one was refused (it did not present the live session's secret)");
+                Err(WorkerIdInUse(register.worker_id.clone()))
+            }
+        }
     }
 
     pub(crate) fn heartbeat(
@@ -618,7 +661,20 @@ impl Scheduler {
         self.lock().is_session(worker, session)
     }
 
-    pub(crate) fn progress(&self, worker: &str, progress: &proto::WorkerProgress) {
+    /// Publishes a call's progress, when the session holds the call under that epoch.
+    pub(crate) fn progress(
+        &self,
+        worker: &str,
+        session: u64,
+        progress: &proto::WorkerProgress,
+    ) -> Result<(), Refusal> {
+        if let Err(refusal) =
+            self.lock()
+                .holding(&progress.call_id, worker, session, progress.epoch)
+        {
+            tracing::warn!(call = %progress.call_id, worker, epoch = progress.epoch, %refusal, "progress refused");
+            return Err(refusal);
+        }
         self.calls.progress(
             &progress.call_id,
             Progress {
@@ -628,6 +684,7 @@ impl Scheduler {
                 epoch: progress.epoch,
             },
         );
+        Ok(())
     }
 
     /// A worker gave a call up (it could not commit, so it cannot go on): fence it now, so
@@ -648,8 +705,26 @@ impl Scheduler {
         });
     }
 
-    /// Commits a worker's oplog entries under its epoch.
-    pub(crate) async fn append(&self, append: &proto::OplogAppend) -> proto::AppendAck {
+    /// Commits a worker's oplog entries under its epoch, when the session holds the call
+    /// under that epoch; otherwise refuses them untouched (`AppendAck.error` names why).
+    pub(crate) async fn append(
+        &self,
+        worker: &str,
+        session: u64,
+        append: &proto::OplogAppend,
+    ) -> proto::AppendAck {
+        let holding = self
+            .lock()
+            .holding(&append.call_id, worker, session, append.epoch);
+        if let Err(refusal) = holding {
+            tracing::warn!(call = %append.call_id, worker, epoch = append.epoch, %refusal, "oplog append refused");
+            return proto::AppendAck {
+                call_id: append.call_id.clone(),
+                request_id: append.request_id,
+                ok: false,
+                error: refusal.as_str().to_string(),
+            };
+        }
         let result = match proto::entries_from_wire(&append.entries) {
             Ok(entries) => {
                 self.store
@@ -674,23 +749,23 @@ impl Scheduler {
         }
     }
 
-    /// Completes a call from its worker's result.
+    /// Completes a call from its worker's result, when the session holds the call under the
+    /// result's epoch; otherwise the result is refused and the call is not touched.
     pub(crate) async fn complete(
         self: &Arc<Self>,
         worker: &str,
+        session: u64,
         result: proto::CallResult,
     ) -> ResultAnswer {
-        let held = self.lock().held(&result.call_id, worker, result.epoch);
-        let call = match held {
-            Some(call) => call,
-            None => match self.store.get_call(&result.call_id).await {
-                Ok(Some(record)) => Call::new(record, None),
-                Ok(None) => return ResultAnswer::Refused,
-                Err(error) => {
-                    tracing::error!(call = %result.call_id, %error, "cannot read the call to complete it");
-                    return ResultAnswer::Retry;
-                }
-            },
+        let holding = self
+            .lock()
+            .holding(&result.call_id, worker, session, result.epoch);
+        let call = match holding {
+            Ok(call) => call,
+            Err(refusal) => {
+                tracing::warn!(call = %result.call_id, worker, epoch = result.epoch, %refusal, "result refused");
+                return ResultAnswer::NotHeld(refusal);
+            }
         };
         let interface = match &call.interface {
             Some(interface) => interface.clone(),

@@ -11,8 +11,15 @@
 //! - a running call's slot is counted in its worker's `busy` set while the worker's session
 //!   is the current one;
 //! - a store write that fails keeps the call here and is tried again after a backoff: no
-//!   call is ever dropped because the store was briefly unavailable.
+//!   call is ever dropped because the store was briefly unavailable;
+//! - a worker session acts only on the calls it holds: an append, a result, a progress
+//!   report or an abandonment for a call not assigned to that very session under that very
+//!   epoch is refused ([`State::holding`]) and changes nothing;
+//! - a worker id has one session at a time, and a newcomer with the same id replaces it only
+//!   by presenting that session's secret (handed out in `Registered`): anyone else is refused
+//!   ([`Command::RefuseAttach`]) while the first session lives.
 
+use crate::auth::worker::secrets_match;
 use crate::call::{CallError, CallRecord, CallState, ErrorKind, Lifecycle, NewCall};
 use crate::catalog::interface::CommandInterface;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -61,6 +68,29 @@ pub struct Reported {
     pub stored: Option<CallRecord>,
 }
 
+/// Why a worker session may not act on a call (append to it, complete it, report its
+/// progress, give it up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The call is not assigned to this session: another worker's (or another session's of
+    /// this worker), queued, ended, or unknown.
+    #[error("not-held")]
+    NotHeld,
+    /// Assigned to this session, but under another epoch (an earlier run of it).
+    #[error("stale-epoch")]
+    StaleEpoch,
+}
+
+impl Refusal {
+    /// The name the worker sees (`AppendAck.error`, `ResultAck.error`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::NotHeld => "not-held",
+            Refusal::StaleEpoch => "stale-epoch",
+        }
+    }
+}
+
 pub enum Event {
     /// The worker port listens: the re-attach grace of recovered calls starts now.
     Listening,
@@ -81,6 +111,12 @@ pub enum Event {
         slots: u32,
         cached: Vec<String>,
         in_flight: Vec<Reported>,
+        /// The secret of the new session (the driver made it; the worker gets it in
+        /// `Registered`).
+        secret: String,
+        /// The secret of the worker's previous session, if it presents one: the proof that
+        /// lets it replace a session still alive under its id.
+        resume: Option<String>,
     },
     Heartbeat {
         worker: String,
@@ -143,6 +179,12 @@ pub enum Event {
 
 #[derive(Clone)]
 pub enum Command {
+    /// Refuse a worker's `Register`: its id has a live session and it did not present that
+    /// session's secret.
+    RefuseAttach {
+        worker: String,
+        session: u64,
+    },
     /// Answer a worker's `Register`.
     Registered {
         worker: String,
@@ -228,12 +270,17 @@ impl std::fmt::Debug for Command {
                 write!(f, "Cancel({call_id} @{epoch} on {worker})")
             }
             Command::EndSession { worker, session } => write!(f, "EndSession({worker}#{session})"),
+            Command::RefuseAttach { worker, session } => {
+                write!(f, "RefuseAttach({worker}: #{session} lives)")
+            }
         }
     }
 }
 
 struct Worker {
     session: u64,
+    /// The session's secret: whoever presents it is this worker.
+    secret: String,
     pool: String,
     slots: u32,
     busy: HashSet<String>,
@@ -277,6 +324,12 @@ struct Orphan {
     call: Call,
     /// `None` until the worker port listens.
     until: Option<Instant>,
+}
+
+/// The secrets of a session being opened.
+struct Session {
+    secret: String,
+    resume: Option<String>,
 }
 
 /// Where a call may run.
@@ -405,7 +458,14 @@ impl State {
                 slots,
                 cached,
                 in_flight,
-            } => self.attach(worker, pool, slots, cached, in_flight, now, &mut out),
+                secret,
+                resume,
+            } => {
+                let session = Session { secret, resume };
+                self.attach(
+                    worker, pool, slots, cached, in_flight, session, now, &mut out,
+                )
+            }
             Event::Heartbeat {
                 worker,
                 session,
@@ -507,9 +567,7 @@ impl State {
                 epoch,
                 reason,
             } => {
-                let holds = self.running.get(&call_id).is_some_and(|r| {
-                    r.worker == worker && r.session == session && r.epoch == epoch && epoch > 0
-                });
+                let holds = self.holding(&call_id, &worker, session, epoch).is_ok();
                 if holds && let Some(running) = self.release(&call_id) {
                     let reason = format!("worker {worker} gave it up: {reason}");
                     self.fence(running.call, epoch, reason, &mut out);
@@ -594,9 +652,28 @@ impl State {
         slots: u32,
         cached: Vec<String>,
         in_flight: Vec<Reported>,
+        secrets: Session,
         now: Instant,
         out: &mut Vec<Command>,
     ) {
+        if let Some(old) = self.workers.get(&worker) {
+            let old_session = old.session;
+            if old.lease_until <= now {
+                // Dead already, though no tick said so yet.
+                self.lose_worker(&worker, old_session, "lease lapsed (no heartbeat)", out);
+            } else if !secrets
+                .resume
+                .as_deref()
+                .is_some_and(|presented| secrets_match(&old.secret, presented))
+            {
+                // Only the worker itself may replace its live session.
+                out.push(Command::RefuseAttach {
+                    worker,
+                    session: old_session,
+                });
+                return;
+            }
+        }
         self.next_session += 1;
         let session = self.next_session;
         if let Some(old) = self.workers.remove(&worker) {
@@ -610,10 +687,13 @@ impl State {
         let mut adopted = HashSet::new();
         for reported in in_flight {
             let id = reported.call_id.clone();
+            // The store must say it runs there, under that epoch, in the pool this session
+            // was authorized for (a worker of another pool cannot claim it by its id).
             let agrees = reported.stored.as_ref().is_some_and(|r| {
                 r.state == CallState::Running
                     && r.epoch == reported.epoch
                     && r.worker.as_deref() == Some(worker.as_str())
+                    && r.spec.pool == pool
             });
             // The scheduler's own view must agree too: not fenced or reassigned meanwhile.
             let ours = match self.running.get(&id) {
@@ -657,6 +737,7 @@ impl State {
             worker.clone(),
             Worker {
                 session,
+                secret: secrets.secret,
                 pool,
                 slots: slots.max(1),
                 busy,
@@ -936,12 +1017,25 @@ impl State {
         queued.chain(running).min()
     }
 
-    /// The call a worker session holds under `epoch`, if it does.
-    pub fn held(&self, call_id: &str, worker: &str, epoch: u64) -> Option<Call> {
-        self.running
+    /// The call, when worker session `session` of `worker` holds it under `epoch` (it was
+    /// assigned to that session, and the assignment is written); otherwise why not.
+    pub fn holding(
+        &self,
+        call_id: &str,
+        worker: &str,
+        session: u64,
+        epoch: u64,
+    ) -> Result<Call, Refusal> {
+        let running = self
+            .running
             .get(call_id)
-            .filter(|r| r.worker == worker && r.epoch == epoch)
-            .map(|r| r.call.clone())
+            .filter(|r| r.worker == worker && r.session == session && r.epoch > 0)
+            .filter(|_| self.is_current(worker, session))
+            .ok_or(Refusal::NotHeld)?;
+        if running.epoch != epoch {
+            return Err(Refusal::StaleEpoch);
+        }
+        Ok(running.call.clone())
     }
 
     pub fn is_session(&self, worker: &str, session: u64) -> bool {
@@ -1038,6 +1132,18 @@ mod tests {
     }
 
     fn attach(state: &mut State, worker: &str, slots: u32, now: Instant) -> (u64, Vec<Command>) {
+        attach_as(state, worker, slots, now, None)
+    }
+
+    /// Attaches `worker`, whose sessions all get the secret `WORKER-secret`, presenting
+    /// `resume` as the proof of being the same worker.
+    fn attach_as(
+        state: &mut State,
+        worker: &str,
+        slots: u32,
+        now: Instant,
+        resume: Option<&str>,
+    ) -> (u64, Vec<Command>) {
         let commands = state.on(
             Event::Attach {
                 worker: worker.into(),
@@ -1045,6 +1151,8 @@ mod tests {
                 slots,
                 cached: Vec::new(),
                 in_flight: Vec::new(),
+                secret: format!("{worker}-secret"),
+                resume: resume.map(String::from),
             },
             now,
         );
@@ -1328,7 +1436,7 @@ mod tests {
         let mut state = State::new(timing());
         let (s1, _) = attach(&mut state, "w1", 1, t0);
         running_on(&mut state, "a", "w1", t0);
-        assert!(state.held("a", "w1", 1).is_some());
+        assert!(state.holding("a", "w1", s1, 1).is_ok());
         state.on(
             Event::Detached {
                 worker: "w1".into(),
@@ -1338,7 +1446,7 @@ mod tests {
             t0,
         );
         assert!(
-            state.held("a", "w1", 1).is_none(),
+            state.holding("a", "w1", s1, 1).err() == Some(Refusal::NotHeld),
             "its result goes to the store, which refuses it"
         );
         state.on(
@@ -1347,7 +1455,7 @@ mod tests {
             },
             t0,
         );
-        attach(&mut state, "w2", 1, t0);
+        let (s2, _) = attach(&mut state, "w2", 1, t0);
         state.on(
             Event::Assigned {
                 call_id: "a".into(),
@@ -1355,9 +1463,9 @@ mod tests {
             },
             t0,
         );
-        assert!(state.held("a", "w2", 3).is_some());
+        assert!(state.holding("a", "w2", s2, 3).is_ok());
         assert!(
-            state.held("a", "w2", 2).is_none(),
+            state.holding("a", "w2", s2, 2).err() == Some(Refusal::StaleEpoch),
             "a stale epoch holds nothing"
         );
     }
@@ -1388,6 +1496,8 @@ mod tests {
                     epoch: 1,
                     stored: Some(orphan),
                 }],
+                secret: "w1-secret".into(),
+                resume: None,
             },
             t1 + Duration::from_secs(1),
         );
@@ -1397,7 +1507,7 @@ mod tests {
             } if abandon.is_empty() => *session,
             other => panic!("{other:?}"),
         };
-        assert!(state.held("a", "w1", 1).is_some());
+        assert!(state.holding("a", "w1", session, 1).is_ok());
         for secs in [2, 4] {
             state.on(
                 Event::Heartbeat {
@@ -1413,7 +1523,7 @@ mod tests {
             fences(&out).is_empty(),
             "adopted: the grace no longer applies"
         );
-        assert!(state.held("a", "w1", 1).is_some());
+        assert!(state.holding("a", "w1", session, 1).is_ok());
     }
 
     #[test]
@@ -1427,6 +1537,41 @@ mod tests {
         assert!(fences(&out).is_empty());
         let out = state.on(Event::Tick, t0 + Duration::from_secs(5));
         assert_eq!(fences(&out), [("a".to_string(), 4)]);
+    }
+
+    #[test]
+    fn a_worker_of_another_pool_cannot_claim_a_call_by_its_worker_id() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        state.on(Event::Listening, t0);
+        let orphan = record("a", CallState::Running, 1, Some("w1"));
+        state.on(Event::Recovered(vec![orphan.clone()]), t0);
+        let out = state.on(
+            Event::Attach {
+                worker: "w1".into(),
+                pool: "team/other".into(),
+                slots: 1,
+                cached: Vec::new(),
+                in_flight: vec![Reported {
+                    call_id: "a".into(),
+                    epoch: 1,
+                    stored: Some(orphan),
+                }],
+                secret: "w1-secret".into(),
+                resume: None,
+            },
+            t0,
+        );
+        let session = match &out[0] {
+            Command::Registered {
+                abandon, session, ..
+            } if abandon == &["a".to_string()] => *session,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            state.holding("a", "w1", session, 1).err(),
+            Some(Refusal::NotHeld)
+        );
     }
 
     #[test]
@@ -1445,6 +1590,8 @@ mod tests {
                     epoch: 1,
                     stored: Some(record("a", CallState::Running, 2, Some("w2"))),
                 }],
+                secret: "w1-secret".into(),
+                resume: None,
             },
             t0,
         );
@@ -1460,7 +1607,7 @@ mod tests {
         let mut state = State::new(timing());
         let (s1, _) = attach(&mut state, "w1", 2, t0);
         running_on(&mut state, "a", "w1", t0);
-        let (s2, out) = attach(&mut state, "w1", 2, t0);
+        let (s2, out) = attach_as(&mut state, "w1", 2, t0, Some("w1-secret"));
         assert_ne!(s1, s2);
         assert!(
             out.iter()
@@ -1485,7 +1632,7 @@ mod tests {
     fn admission_and_assignment_in_one_commit_uses_the_reserved_slot() {
         let t0 = Instant::now();
         let mut state = State::new(timing());
-        attach(&mut state, "w1", 1, t0);
+        let (session, _) = attach(&mut state, "w1", 1, t0);
         let new = crate::call::NewCall {
             id: "a".into(),
             namespace: "default".into(),
@@ -1524,8 +1671,108 @@ mod tests {
             t0,
         );
         assert!(matches!(out.as_slice(), [Command::Send { epoch: 1, .. }]));
-        assert!(state.held("a", "w1", 1).is_some());
+        assert!(state.holding("a", "w1", session, 1).is_ok());
         state.unreserve("zzz");
         assert_eq!(state.workers()[0].busy, 1);
+    }
+
+    #[test]
+    fn a_session_may_act_only_on_calls_it_holds_under_their_epoch() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let (s1, _) = attach(&mut state, "w1", 1, t0);
+        let (s2, _) = attach(&mut state, "w2", 1, t0);
+        // Queued while the assignment is being written: nobody holds it yet.
+        let out = state.on(Event::Submitted(pending("a")), t0);
+        let holder = assigns(&out)[0].1.clone();
+        let (holder_session, rogue, rogue_session) = if holder == "w1" {
+            (s1, "w2", s2)
+        } else {
+            (s2, "w1", s1)
+        };
+        assert_eq!(
+            state.holding("a", &holder, holder_session, 0).err(),
+            Some(Refusal::NotHeld)
+        );
+        state.on(
+            Event::Assigned {
+                call_id: "a".into(),
+                epoch: 1,
+            },
+            t0,
+        );
+        assert!(state.holding("a", &holder, holder_session, 1).is_ok());
+        assert_eq!(
+            state.holding("a", &holder, holder_session, 2).err(),
+            Some(Refusal::StaleEpoch)
+        );
+        assert_eq!(
+            state.holding("a", rogue, rogue_session, 1).err(),
+            Some(Refusal::NotHeld),
+            "another worker's call"
+        );
+        assert_eq!(
+            state.holding("a", &holder, holder_session + 100, 1).err(),
+            Some(Refusal::NotHeld),
+            "another session of the holder"
+        );
+        assert_eq!(
+            state.holding("zzz", &holder, holder_session, 1).err(),
+            Some(Refusal::NotHeld)
+        );
+        // The rogue cannot give the call up either: nothing is fenced, the holder keeps it.
+        let out = state.on(
+            Event::Abandoned {
+                worker: rogue.into(),
+                session: rogue_session,
+                call_id: "a".into(),
+                epoch: 1,
+                reason: "forged".into(),
+            },
+            t0,
+        );
+        assert!(fences(&out).is_empty());
+        assert!(state.holding("a", &holder, holder_session, 1).is_ok());
+        assert_eq!(Refusal::NotHeld.as_str(), "not-held");
+        assert_eq!(Refusal::StaleEpoch.to_string(), "stale-epoch");
+    }
+
+    #[test]
+    fn a_same_id_newcomer_without_the_session_secret_is_refused_and_changes_nothing() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let (s1, _) = attach(&mut state, "w1", 1, t0);
+        running_on(&mut state, "a", "w1", t0);
+        for resume in [None, Some("w2-secret"), Some("w1-secre")] {
+            let out = state.on(
+                Event::Attach {
+                    worker: "w1".into(),
+                    pool: "default/default".into(),
+                    slots: 8,
+                    cached: Vec::new(),
+                    in_flight: vec![Reported {
+                        call_id: "a".into(),
+                        epoch: 1,
+                        stored: Some(record("a", CallState::Running, 1, Some("w1"))),
+                    }],
+                    secret: "rogue-secret".into(),
+                    resume: resume.map(String::from),
+                },
+                t0 + Duration::from_millis(500),
+            );
+            assert!(
+                matches!(out.as_slice(), [Command::RefuseAttach { session, .. }] if *session == s1),
+                "{resume:?}: {out:?}"
+            );
+            assert!(state.is_session("w1", s1));
+            assert!(state.holding("a", "w1", s1, 1).is_ok());
+            assert_eq!(state.workers()[0].slots, 1);
+        }
+        // Once the first session is dead (its lease lapsed), the id is free again.
+        let later = t0 + Duration::from_secs(3);
+        let (s2, out) = attach(&mut state, "w1", 1, later);
+        assert_ne!(s1, s2);
+        assert_eq!(fences(&out), [("a".to_string(), 1)]);
+        assert!(state.is_session("w1", s2));
     }
 }

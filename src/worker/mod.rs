@@ -11,6 +11,5 @@ pub mod recorder;
 pub mod runtime;
 pub mod secrets;
 
-pub use credential::WorkerCredential;
-pub use process::{WorkerConfig, run};
+pub use process::{WorkerConfig, WorkerCredential, run};
 pub use runtime::{Compiled, Failure, RunOutcome, RunRequest, Runtime, RuntimeConfig};

@@ -2,11 +2,11 @@
 //! and re-attach after a broken stream with the calls still in flight.
 
 use super::http::OplogSink;
-use super::link::{AppendError, Link, LinkSlot};
+pub use super::link::WorkerCredential;
+use super::link::{AppendError, Link, LinkSlot, link_client};
 use super::recorder::AbortKind;
 use super::runtime::{PrepareError, RunRequest, Runtime, RuntimeConfig};
 use crate::call::{OplogEntry, ReplayStarted};
-use crate::proto::worker_link_client::WorkerLinkClient;
 use crate::proto::{self, WorkerEvent, control_event, worker_event};
 use crate::store::RunLimits;
 use std::collections::HashMap;
@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
 use tracing::Instrument;
 
 /// Settings of one worker process.
@@ -36,9 +35,10 @@ pub struct WorkerConfig {
     pub reconnect_timeout: Duration,
     /// Exit when this process is no longer our parent (workers started by `toolgrid up`).
     pub parent_pid: Option<u32>,
-    /// What it presents when it attaches ([`WorkerCredential::bearer`], read again for
-    /// every attach); `None` presents nothing.
-    pub credential: Option<super::WorkerCredential>,
+    /// The token it attaches with.
+    pub credential: WorkerCredential,
+    /// What to trust for an `https://` control plane.
+    pub trust: crate::platform::tls::Trust,
 }
 
 /// A call this worker holds: running, or finished with its result not yet acknowledged.
@@ -105,15 +105,24 @@ pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     let slot = LinkSlot::new();
     let mut last_attached = Instant::now();
     let mut backoff = Duration::from_millis(50);
+    // The secret of this worker's last session: it proves a new session is this worker.
+    let mut resume = String::new();
     loop {
-        match session(&config, &runtime, &in_flight, &slot).await {
+        match session(&config, &runtime, &in_flight, &slot, &mut resume).await {
             Ok(attached) => {
                 if attached {
                     last_attached = Instant::now();
                     backoff = Duration::from_millis(50);
                 }
             }
-            Err(error) => tracing::debug!(%error, "cannot attach to the control plane"),
+            Err(error) => match error.downcast_ref::<tonic::Status>().map(|s| s.code()) {
+                Some(
+                    tonic::Code::Unauthenticated
+                    | tonic::Code::PermissionDenied
+                    | tonic::Code::AlreadyExists,
+                ) => tracing::warn!(%error, "the control plane refused this worker"),
+                _ => tracing::debug!(%error, "cannot attach to the control plane"),
+            },
         }
         slot.clear();
         if last_attached.elapsed() > config.reconnect_timeout {
@@ -134,15 +143,15 @@ async fn session(
     runtime: &Arc<Runtime>,
     in_flight: &Arc<InFlight>,
     slot: &LinkSlot,
+    resume: &mut String,
 ) -> anyhow::Result<bool> {
-    let channel = Endpoint::from_shared(config.control_plane.clone())?
+    let bearer = config.credential.bearer().map_err(anyhow::Error::msg)?;
+    let channel = crate::platform::tls::client_endpoint(&config.control_plane, &config.trust)?
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .connect()
         .await?;
-    let mut client = WorkerLinkClient::new(channel.clone())
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20);
+    let mut client = link_client(channel.clone(), bearer.clone());
     let (tx, rx) = mpsc::channel::<WorkerEvent>(4096);
     let mut cached = runtime.cached_digests();
     cached.extend(runtime.compiled_digests());
@@ -153,6 +162,7 @@ async fn session(
         cached_digests: cached,
         in_flight: in_flight.reported(),
         version: env!("CARGO_PKG_VERSION").into(),
+        resume_secret: resume.clone(),
     };
     tx.send(WorkerEvent {
         event: Some(worker_event::Event::Register(register)),
@@ -165,13 +175,14 @@ async fn session(
     let Some(control_event::Event::Registered(registered)) = first.event else {
         anyhow::bail!("the control plane did not answer Register with Registered");
     };
+    *resume = registered.session_secret.clone();
     for call_id in &registered.abandon {
         tracing::warn!(call = %call_id, "abandoning a call the control plane moved elsewhere");
         in_flight.abandon(call_id);
     }
     tracing::info!(worker = %config.worker_id, pool = %config.pool, "attached to {}", config.control_plane);
 
-    let link = Arc::new(Link::new(tx.clone(), channel));
+    let link = Arc::new(Link::new(tx.clone(), channel, config.credential.clone()));
     slot.set(link.clone());
     // Results that finished while detached go now.
     let pending: Vec<proto::CallResult> = in_flight
@@ -648,7 +659,13 @@ async fn fetch_artifact(slot: LinkSlot, digest: String) -> Result<Vec<u8>, Prepa
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let Some(link) = slot.get() else { continue };
-        let mut client = WorkerLinkClient::new(link.channel()).max_decoding_message_size(64 << 20);
+        let mut client = match link.client() {
+            Ok(client) => client,
+            Err(error) => {
+                last_error = error;
+                continue;
+            }
+        };
         let request = proto::FetchArtifactRequest {
             digest: digest.clone(),
         };

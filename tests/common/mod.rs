@@ -167,6 +167,16 @@ impl Platform {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The file holding this start's worker join token.
+    pub fn join_token_file(&self) -> PathBuf {
+        self.data.join("join-token")
+    }
+
+    /// This start's worker join token.
+    pub fn join_token(&self) -> String {
+        std::fs::read_to_string(self.join_token_file()).expect("DATA/join-token")
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or_default()
     }
@@ -345,6 +355,9 @@ impl WorkerProcess {
             .arg(root.join("worker-cache"))
             .arg("--reconnect-timeout")
             .arg("60s")
+            // Read again at every attach: a restarted platform has a new token.
+            .arg("--join-token-file")
+            .arg(platform.join_token_file())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -291,6 +291,7 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
     watch = v.get("watchNamespace") or ""
     pool_ns = watch or namespace
     sqlite = v["store"]["type"] == "sqlite"
+    tls = (v.get("tls") or {}).get("secretName") or ""
     image = (f"{v['image']['repository']}@{v['image']['digest']}" if v["image"].get("digest")
              else f"{v['image']['repository']}:{v['image'].get('tag') or APP_VERSION}")
 
@@ -376,7 +377,7 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
                 "listen": "0.0.0.0:7070", "http-listen": "0.0.0.0:7071",
                 "metrics-listen": "0.0.0.0:9090",
                 "worker-image": v.get("workerImage") or image,
-                "control-plane-address": f"http://{fn}.{namespace}.svc:{v['service']['grpcPort']}",
+                "control-plane-address": f"{'https' if tls else 'http'}://{fn}.{namespace}.svc:{v['service']['grpcPort']}",
                 "lease": v["workerLease"],
             }
             if sqlite:
@@ -387,6 +388,10 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
                 want_flags["otlp-endpoint"] = v["otlp"]["endpoint"]
             if v["store"].get("retain"):
                 want_flags["retain"] = v["store"]["retain"]
+            if tls:
+                want_flags["tls-cert"] = "/etc/toolgrid/tls/tls.crt"
+                want_flags["tls-key"] = "/etc/toolgrid/tls/tls.key"
+                want_flags["worker-tls-ca"] = f"/etc/toolgrid/tls/{v['tls']['caKey']}"
             c.eq(flags, want_flags, "controller flags")
             env = ct.get("env") or []
             names = [e["name"] for e in env]
@@ -418,7 +423,8 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
             c.eq((sc.get("capabilities") or {}).get("drop"), ["ALL"], "capabilities.drop")
             c.check(ct.get("resources"), "controller has no resources")
             mounts = {m["mountPath"]: m["name"] for m in ct.get("volumeMounts") or []}
-            c.eq(set(mounts), {"/var/lib/toolgrid", "/tmp"}, "volume mounts")
+            c.eq(set(mounts), {"/var/lib/toolgrid", "/tmp"} | ({"/etc/toolgrid/tls"} if tls else set()),
+                 "volume mounts")
             vols = {x["name"]: x for x in pod.get("volumes") or []}
             data = vols.get(mounts.get("/var/lib/toolgrid"), {})
             if sqlite:
@@ -426,6 +432,9 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
             else:
                 c.check("emptyDir" in data, "data volume is not an emptyDir with postgres")
             c.check("emptyDir" in vols.get(mounts.get("/tmp"), {}), "/tmp is not an emptyDir")
+            if tls:
+                c.eq(vols.get(mounts.get("/etc/toolgrid/tls"), {}).get("secret", {}).get("secretName"),
+                     tls, "TLS volume")
     if svc:
         s = svc["spec"]
         if dep:
@@ -507,6 +516,7 @@ CASES = [
                     "extraEnv": [{"name": "RUST_LOG", "value": "info"}],
                     "defaultWorkerPool": {"replicas": 5, "slotsPerWorker": 64}}, {}),
     ("client-side-apply", {}, {"ssa": False}),
+    ("tls", {"tls": {"secretName": "toolgrid-tls", "caKey": "tls.crt"}}, {}),
 ]
 BAD = [
     ("sqlite-replicas", {"replicaCount": 2}, ["replicaCount"],

@@ -48,6 +48,7 @@ import argparse
 import copy
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -240,6 +241,9 @@ class Smoke:
                     "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY",
                     "all_proxy"):
             env.pop(var, None)
+        # The worker link takes a join token until the cluster's TokenReviewer is wired;
+        # the worker below inherits it.
+        env["TOOLGRID_JOIN_TOKEN"] = secrets.token_hex(32)
         self.env = env
         self.controller = subprocess.Popen(
             [self.toolgrid, "controller",

@@ -77,7 +77,8 @@ The controller image: repository@digest, or repository:tag (tag defaults to appV
 The address worker pods dial: the Service's gRPC port.
 */}}
 {{- define "toolgrid.controlPlaneAddress" -}}
-{{- printf "http://%s.%s.svc:%v" (include "toolgrid.fullname" .) .Release.Namespace .Values.service.grpcPort }}
+{{- $scheme := ternary "https" "http" (not (empty .Values.tls.secretName)) -}}
+{{- printf "%s://%s.%s.svc:%v" $scheme (include "toolgrid.fullname" .) .Release.Namespace .Values.service.grpcPort }}
 {{- end }}
 
 {{/*
