@@ -50,12 +50,21 @@ pub enum ErrorKind {
     EgressDenied,
     /// A person or policy refused the call.
     Denied,
+    /// The call's workspace grew past its size limit (total bytes or file count); nothing
+    /// of the call was committed.
+    WorkspaceLimit,
+    /// The workspace's head moved past the version the call started from (another writer
+    /// committed first); nothing of the call was committed.
+    WorkspaceConflict,
+    /// A workspace path or entry is not acceptable (absolute, `..`, not UTF-8, not a
+    /// regular file, a digest that does not match its bytes).
+    WorkspaceInvalid,
     Cancelled,
     Internal,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 24] = [
+    pub const ALL: [ErrorKind; 27] = [
         ErrorKind::InvalidArgument,
         ErrorKind::UnknownTool,
         ErrorKind::UnknownCommand,
@@ -78,6 +87,9 @@ impl ErrorKind {
         ErrorKind::OutcomeUnknown,
         ErrorKind::EgressDenied,
         ErrorKind::Denied,
+        ErrorKind::WorkspaceLimit,
+        ErrorKind::WorkspaceConflict,
+        ErrorKind::WorkspaceInvalid,
         ErrorKind::Cancelled,
         ErrorKind::Internal,
     ];
@@ -106,6 +118,9 @@ impl ErrorKind {
             ErrorKind::OutcomeUnknown => "outcome-unknown",
             ErrorKind::EgressDenied => "egress-denied",
             ErrorKind::Denied => "denied",
+            ErrorKind::WorkspaceLimit => "workspace-limit",
+            ErrorKind::WorkspaceConflict => "workspace-conflict",
+            ErrorKind::WorkspaceInvalid => "workspace-invalid",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::Internal => "internal",
         }
@@ -122,7 +137,7 @@ impl ErrorKind {
             ErrorKind::Unauthenticated => 401,
             ErrorKind::PermissionDenied | ErrorKind::Denied | ErrorKind::EgressDenied => 403,
             ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => 404,
-            ErrorKind::IdempotencyConflict => 409,
+            ErrorKind::IdempotencyConflict | ErrorKind::WorkspaceConflict => 409,
             ErrorKind::Cancelled => 499,
             ErrorKind::Internal => 500,
             ErrorKind::Unavailable => 503,

@@ -129,6 +129,7 @@ mod tests {
             "src/call/lifecycle.rs",
             "src/call/record.rs",
             "src/scheduler/state.rs",
+            "src/workspace/mod.rs",
         ];
         let forbidden = [
             "tonic::",
