@@ -593,7 +593,10 @@ mod tests {
             Err(TreeError::BadDigest { .. })
         ));
         assert!(matches!(
-            Tree::from_rows([("a".into(), good.clone(), 1), ("a/b".into(), good.clone(), 1)]),
+            Tree::from_rows([
+                ("a".into(), good.clone(), 1),
+                ("a/b".into(), good.clone(), 1)
+            ]),
             Err(TreeError::FileAndDirectory { .. })
         ));
         assert!(matches!(
