@@ -36,5 +36,6 @@ pub fn judge(
             worker: worker.to_string(),
             replayed: result.replayed,
         },
+        workspace: None,
     }
 }
