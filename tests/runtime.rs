@@ -46,6 +46,7 @@ fn request(call_id: &str, argv: &[&str], replay: Vec<OplogEntry>) -> RunRequest 
         egress: Vec::new(),
         sink: None,
         prelude: Vec::new(),
+        workspace: None,
     }
 }
 

@@ -25,6 +25,19 @@ pub fn judge(
             ..CallError::new(kind, result.failure_message.clone())
         })
     };
+    // A succeeded read-write call's workspace goes to the store with its end; one that
+    // does not read is the call's failure (nothing is committed).
+    let (judged, workspace) = match (judged, proto::commit_of(result)) {
+        (Ok(value), Ok(commit)) => (Ok(value), commit),
+        (Ok(_), Err(error)) => (
+            Err(CallError::new(
+                ErrorKind::WorkspaceInvalid,
+                format!("the worker's workspace tree is not acceptable: {error}"),
+            )),
+            None,
+        ),
+        (Err(error), _) => (Err(error), None),
+    };
     tracing::debug!(call = %record.id, "judged");
     CallOutcome {
         result: judged,
@@ -36,6 +49,6 @@ pub fn judge(
             worker: worker.to_string(),
             replayed: result.replayed,
         },
-        workspace: None,
+        workspace,
     }
 }

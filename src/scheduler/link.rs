@@ -36,6 +36,7 @@ fn event(event: control_event::Event) -> Result<ControlEvent, Status> {
 impl WorkerLink for WorkerLinkService {
     type AttachStream = EventStream<ControlEvent>;
     type FetchArtifactStream = EventStream<proto::ArtifactChunk>;
+    type FetchWorkspaceStream = EventStream<proto::WorkspaceChunk>;
 
     async fn attach(
         &self,
@@ -154,4 +155,81 @@ impl WorkerLink for WorkerLinkService {
             .collect();
         Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
     }
+
+    async fn fetch_workspace(
+        &self,
+        request: Request<proto::FetchWorkspaceRequest>,
+    ) -> Result<Response<Self::FetchWorkspaceStream>, Status> {
+        let request = request.into_inner();
+        let chunks = workspace_chunks(self.store.as_ref(), &request.call_id, request.epoch).await?;
+        Ok(Response::new(Box::pin(tokio_stream::iter(
+            chunks.into_iter().map(Ok),
+        ))))
+    }
+}
+
+/// The chunks of the version a call started from: its tree first, then each blob in pieces
+/// of at most [`CHUNK`] bytes. Only for a call running under `epoch` (the session check,
+/// that the asking worker holds it, is the link's authentication).
+pub async fn workspace_chunks(
+    store: &dyn Store,
+    call_id: &str,
+    epoch: u64,
+) -> Result<Vec<proto::WorkspaceChunk>, Status> {
+    let internal = |e: crate::store::StoreError| Status::internal(e.to_string());
+    let seen = store
+        .call_workspace(call_id)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| Status::not_found(format!("call {call_id} has no workspace")))?;
+    if seen.state != crate::call::CallState::Running || seen.epoch != epoch {
+        return Err(Status::failed_precondition(format!(
+            "call {call_id} is not running under epoch {epoch}"
+        )));
+    }
+    let base = seen.base.ok_or_else(|| {
+        Status::failed_precondition(format!("call {call_id} has no base version yet"))
+    })?;
+    let version = store
+        .workspace_version(&seen.key, base)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| Status::internal(format!("workspace {} has no version {base}", seen.key)))?;
+    let mut digests: Vec<String> = version
+        .tree
+        .files
+        .values()
+        .map(|f| f.digest.clone())
+        .collect();
+    digests.sort();
+    digests.dedup();
+    let blobs = store.blobs(&digests).await.map_err(internal)?;
+    if blobs.len() != digests.len() {
+        return Err(Status::internal(format!(
+            "workspace {} version {base} misses blobs",
+            seen.key
+        )));
+    }
+    let mut chunks = vec![proto::WorkspaceChunk {
+        version: base,
+        files: proto::tree_to_wire(&version.tree),
+        ..Default::default()
+    }];
+    for (digest, bytes) in blobs {
+        if bytes.is_empty() {
+            chunks.push(proto::WorkspaceChunk {
+                digest: digest.clone(),
+                ..Default::default()
+            });
+        }
+        for (i, piece) in bytes.chunks(CHUNK).enumerate() {
+            chunks.push(proto::WorkspaceChunk {
+                digest: digest.clone(),
+                offset: (i * CHUNK) as u64,
+                data: piece.to_vec(),
+                ..Default::default()
+            });
+        }
+    }
+    Ok(chunks)
 }

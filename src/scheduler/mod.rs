@@ -790,5 +790,9 @@ fn assign_of(
         attempt,
         egress_json: serde_json::to_string(&spec.egress).unwrap_or_default(),
         replay_chunks: 0,
+        filesystem: match crate::workspace::WorkspaceKey::of_call(&record.namespace, &spec.access) {
+            Some(_) => spec.access.filesystem.as_str().to_string(),
+            None => String::new(),
+        },
     }
 }

@@ -8,6 +8,7 @@ pub mod link;
 pub mod process;
 pub mod recorder;
 pub mod runtime;
+pub mod workspace;
 
 pub use process::{WorkerConfig, run};
 pub use runtime::{Compiled, Failure, RunOutcome, RunRequest, Runtime, RuntimeConfig};

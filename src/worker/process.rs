@@ -445,6 +445,7 @@ async fn run_call(
         epoch: assign.epoch,
         ..Default::default()
     };
+    tracing::info!(filesystem = %assign.filesystem, "call started");
     if let Some(link) = slot.get() {
         let progress = proto::WorkerProgress {
             call_id: assign.call_id.clone(),
@@ -508,6 +509,26 @@ async fn run_call(
             entries: replay.len() as u64,
         }));
     }
+    // The workspace: a fresh copy of the call's base version, removed when the call ends.
+    let (workspace, base_tree) = match assign.filesystem.as_str() {
+        "" => (None, None),
+        access @ ("readOnly" | "readWrite") => {
+            match prepare_workspace(slot.clone(), &assign.call_id, assign.epoch).await {
+                Ok((dir, tree)) => (Some((dir, access == "readWrite")), Some(tree)),
+                Err((kind, message)) => {
+                    tracing::error!(%message, "cannot prepare the workspace");
+                    result.failure_kind = kind.as_str().into();
+                    result.failure_message = message;
+                    return Ran::Result(result);
+                }
+            }
+        }
+        other => {
+            result.failure_kind = crate::error::ErrorKind::Internal.as_str().into();
+            result.failure_message = format!("unknown filesystem access {other:?}");
+            return Ran::Result(result);
+        }
+    };
     let sent = Arc::new(AtomicU64::new(0));
     let sink: Arc<dyn OplogSink> = Arc::new(LinkSink {
         slot: slot.clone(),
@@ -535,6 +556,12 @@ async fn run_call(
             response_bytes: limits.response_bytes,
         },
         replay,
+        workspace: workspace
+            .as_ref()
+            .map(|(dir, writable)| super::workspace::WorkspaceMount {
+                dir: dir.path().to_path_buf(),
+                writable: *writable,
+            }),
     };
     let outcome = runtime.run(&compiled, request).await;
     let (replayed, recorded) = outcome.log.counts();
@@ -571,6 +598,38 @@ async fn run_call(
     if let Some(failure) = outcome.failure {
         result.failure_kind = failure.kind.as_str().into();
         result.failure_message = failure.message;
+    } else if outcome.exit_code == 0
+        && let (Some((dir, true)), Some(base)) = (workspace, base_tree)
+    {
+        // A read-write call that exited 0: its tree goes back with the result, committed
+        // only if the call is judged a success.
+        let scanned = tokio::task::spawn_blocking(move || {
+            let scanned = super::workspace::scan(dir.path(), &crate::workspace::Limits::default());
+            drop(dir);
+            scanned.map(|s| {
+                let blobs = s.new_blobs(&base);
+                (s.tree, blobs)
+            })
+        })
+        .await;
+        match scanned {
+            Ok(Ok((tree, blobs))) => {
+                result.has_workspace = true;
+                result.workspace_tree = proto::tree_to_wire(&tree);
+                result.workspace_blobs = blobs
+                    .into_iter()
+                    .map(|(digest, data)| proto::WorkspaceBlob { digest, data })
+                    .collect();
+            }
+            Ok(Err(error)) => {
+                result.failure_kind = error.kind().as_str().into();
+                result.failure_message = error.to_string();
+            }
+            Err(error) => {
+                result.failure_kind = crate::error::ErrorKind::Internal.as_str().into();
+                result.failure_message = format!("the workspace scan stopped: {error}");
+            }
+        }
     }
     // Entries still buffered go with the result, unless they are large: then they are
     // committed first (in link-sized appends), so the result message stays small.
@@ -664,4 +723,121 @@ async fn fetch_artifact(slot: LinkSlot, digest: String) -> Result<Vec<u8>, Prepa
         }
     }
     Err(PrepareError::Fetch(last_error))
+}
+
+/// Fetches the call's base version and writes it into a fresh directory.
+async fn prepare_workspace(
+    slot: LinkSlot,
+    call_id: &str,
+    epoch: u64,
+) -> Result<(tempfile::TempDir, crate::workspace::Tree), (crate::error::ErrorKind, String)> {
+    use crate::error::ErrorKind;
+    let (tree, blobs) = fetch_workspace(slot, call_id, epoch).await.map_err(|e| {
+        (
+            ErrorKind::Unavailable,
+            format!("cannot fetch the workspace: {e}"),
+        )
+    })?;
+    tokio::task::spawn_blocking(move || {
+        let dir = tempfile::Builder::new()
+            .prefix("toolgrid-workspace-")
+            .tempdir()
+            .map_err(|e| (ErrorKind::Internal, format!("workspace directory: {e}")))?;
+        super::workspace::materialize(dir.path(), &tree, &blobs)
+            .map_err(|e| (e.kind(), e.to_string()))?;
+        Ok((dir, tree))
+    })
+    .await
+    .map_err(|e| {
+        (
+            ErrorKind::Internal,
+            format!("the workspace copy stopped: {e}"),
+        )
+    })?
+}
+
+/// Downloads the version a call starts from: its tree and every blob, checked against the
+/// tree and bounded by the workspace limits. Rides out a reconnect or two.
+async fn fetch_workspace(
+    slot: LinkSlot,
+    call_id: &str,
+    epoch: u64,
+) -> Result<(crate::workspace::Tree, HashMap<String, Vec<u8>>), String> {
+    let limits = crate::workspace::Limits::default();
+    let mut last_error = String::from("not attached to the control plane");
+    for attempt in 0..20 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let Some(link) = slot.get() else { continue };
+        let mut client = WorkerLinkClient::new(link.channel()).max_decoding_message_size(64 << 20);
+        let request = proto::FetchWorkspaceRequest {
+            call_id: call_id.to_string(),
+            epoch,
+        };
+        let mut stream = match client.fetch_workspace(request).await {
+            Ok(response) => response.into_inner(),
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::NotFound | tonic::Code::FailedPrecondition | tonic::Code::Internal
+                ) =>
+            {
+                return Err(status.message().to_string());
+            }
+            Err(status) => {
+                last_error = status.message().to_string();
+                continue;
+            }
+        };
+        let mut tree = None;
+        let mut blobs: HashMap<String, Vec<u8>> = HashMap::new();
+        let mut received = 0u64;
+        let complete = loop {
+            match stream.message().await {
+                Ok(Some(chunk)) => {
+                    let Some(tree) = &tree else {
+                        let first = proto::tree_from_wire(&chunk.files)
+                            .map_err(|e| format!("the workspace tree is not acceptable: {e}"))?;
+                        limits.check(&first).map_err(|e| e.to_string())?;
+                        tree = Some(first);
+                        continue;
+                    };
+                    let expected = tree
+                        .files
+                        .values()
+                        .find(|f| f.digest == chunk.digest)
+                        .map(|f| f.size)
+                        .ok_or_else(|| format!("blob {} is not in the tree", chunk.digest))?;
+                    let blob = blobs.entry(chunk.digest.clone()).or_default();
+                    if chunk.offset != blob.len() as u64
+                        || blob.len() as u64 + chunk.data.len() as u64 > expected
+                    {
+                        return Err(format!("blob {} arrived out of order", chunk.digest));
+                    }
+                    received += chunk.data.len() as u64;
+                    if received > limits.max_bytes {
+                        return Err("the workspace is larger than its limit".into());
+                    }
+                    blob.extend_from_slice(&chunk.data);
+                }
+                Ok(None) => break true,
+                Err(status) => {
+                    last_error = status.message().to_string();
+                    break false;
+                }
+            }
+        };
+        if !complete {
+            continue;
+        }
+        let tree = tree.ok_or("the workspace stream was empty")?;
+        for (digest, bytes) in &blobs {
+            if crate::workspace::blob_digest(bytes) != *digest {
+                return Err(format!("blob {digest} does not match its bytes"));
+            }
+        }
+        return Ok((tree, blobs));
+    }
+    Err(last_error)
 }

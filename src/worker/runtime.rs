@@ -321,6 +321,9 @@ pub struct RunRequest {
     pub sink: Option<Arc<dyn OplogSink>>,
     /// Entries to record before the guest starts (a replay marker).
     pub prelude: Vec<OplogEntry>,
+    /// The call's workspace copy, preopened at `/workspace` (read-only unless
+    /// `writable`); `None`: no filesystem at all.
+    pub workspace: Option<super::workspace::WorkspaceMount>,
 }
 
 impl std::fmt::Debug for dyn OplogSink {
@@ -638,6 +641,29 @@ impl Runtime {
             .secure_random(RecordedRng::secure(log.clone()))
             .insecure_random(RecordedRng::insecure(log.clone()))
             .insecure_random_seed(seed_of(&request.call_id));
+        if let Some(mount) = &request.workspace {
+            let perms = if mount.writable {
+                wasmtime_wasi::FsPerms::ReadWrite
+            } else {
+                wasmtime_wasi::FsPerms::ReadOnly
+            };
+            if let Err(error) =
+                builder.preopened_dir(&mount.dir, crate::workspace::GUEST_DIR, perms)
+            {
+                return RunOutcome {
+                    exit_code: -1,
+                    stdout: Bytes::new(),
+                    stderr_tail: Bytes::new(),
+                    failure: Some(Failure {
+                        kind: ErrorKind::Internal,
+                        message: format!("cannot open the workspace directory: {error}"),
+                    }),
+                    log,
+                    elapsed: started.elapsed(),
+                    fenced: false,
+                };
+            }
+        }
         let memory = CallMemory::new(request.limits.memory_bytes, trips.clone());
         let limiter = MemoryLimiter::new(memory.clone());
         let timeout = Duration::from_millis(request.limits.timeout_ms.max(1));
