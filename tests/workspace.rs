@@ -285,6 +285,164 @@ async fn a_run_that_grows_the_workspace_past_its_limit_is_refused_by_name() {
     );
 }
 
+// ---- The CLI over the Workspaces service ---------------------------------------------------
+
+/// Commits `files` as the next version of `agent`'s workspace the way a succeeded call does.
+async fn commit_through_a_call(
+    store: &std::sync::Arc<dyn toolgrid::store::Store>,
+    id: &str,
+    agent: &str,
+    files: &[(&str, &[u8])],
+) {
+    use toolgrid::call::{CallAccess, CallStarted, Filesystem, RunSummary};
+    use toolgrid::store::{CallOutcome, CallSpec, NewCall};
+    let call = NewCall {
+        id: id.into(),
+        namespace: "default".into(),
+        tool: "workspace".into(),
+        command: "write".into(),
+        release: "workspace-1.0.0".into(),
+        release_digest: "sha256:00".into(),
+        args: serde_json::json!({}),
+        spec: CallSpec {
+            pool: "default/default".into(),
+            access: CallAccess {
+                agent: Some(agent.into()),
+                filesystem: Filesystem::ReadWrite,
+                ..CallAccess::default()
+            },
+            ..CallSpec::default()
+        },
+        stdin: Vec::new(),
+        idempotency_key: None,
+        request_hash: id.into(),
+        started: CallStarted {
+            namespace: "default".into(),
+            tool: "workspace".into(),
+            command: "write".into(),
+            release: "workspace-1.0.0".into(),
+            version: "1.0.0".into(),
+            digest: "sha256:00".into(),
+            args: serde_json::json!({}),
+            argv: Vec::new(),
+            stdin_bytes: 0,
+            idempotency_key: None,
+        },
+        assign_to: Some("test".into()),
+    };
+    store.create_call(call).await.unwrap();
+    let commit = workspace::Commit {
+        tree: Tree::from_rows(
+            files
+                .iter()
+                .map(|(p, b)| (p.to_string(), workspace::blob_digest(b), b.len() as u64)),
+        )
+        .unwrap(),
+        blobs: files
+            .iter()
+            .map(|(_, b)| (workspace::blob_digest(b), b.to_vec()))
+            .collect(),
+    };
+    let outcome = CallOutcome {
+        result: Ok(serde_json::json!({})),
+        run: RunSummary {
+            exit_code: 0,
+            stdout_bytes: 2,
+            run_micros: 1,
+            epoch: 1,
+            worker: "test".into(),
+            replayed: 0,
+        },
+        workspace: Some(commit),
+    };
+    let done = store
+        .complete_call(id, 1, 0, vec![], outcome)
+        .await
+        .unwrap();
+    assert!(done.error.is_none(), "{:?}", done.error);
+}
+
+#[tokio::test]
+async fn the_cli_lists_prints_and_diffs_versions_and_refuses_hostile_paths() {
+    let root = tempfile::tempdir().unwrap();
+    let manifests = root.path().join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    let platform = common::Platform::start(root.path(), &manifests, &["--no-workers"]);
+    let url = format!("sqlite://{}", platform.data.join("toolgrid.db").display());
+    let store = toolgrid::store::open(&url).await.unwrap();
+    commit_through_a_call(
+        &store,
+        "c1",
+        "alice",
+        &[("notes/a.txt", b"one"), ("b", b"bee")],
+    )
+    .await;
+    commit_through_a_call(
+        &store,
+        "c2",
+        "alice",
+        &[("notes/a.txt", b"two"), ("c", b"sea")],
+    )
+    .await;
+    commit_through_a_call(&store, "c3", "bob", &[("bob.txt", b"bob's")]).await;
+
+    let run = |args: &[&str]| {
+        let mut all = vec!["workspace"];
+        all.extend_from_slice(args);
+        platform.cli(&all, None)
+    };
+    let text = |out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let history: Vec<serde_json::Value> =
+        serde_json::from_str(&text(run(&["history", "alice", "-o", "json"]))).unwrap();
+    let versions: Vec<u64> = history
+        .iter()
+        .map(|v| v["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, [1, 2]);
+    assert_eq!(history[1]["callId"], "c2");
+    assert_eq!(text(run(&["cat", "alice", "notes/a.txt"])), "two");
+    assert_eq!(
+        text(run(&["cat", "alice", "notes/a.txt", "-v", "1"])),
+        "one"
+    );
+    let listed = text(run(&["ls", "alice"]));
+    assert!(
+        listed.contains("notes/a.txt") && listed.contains("c") && !listed.contains("bob.txt"),
+        "{listed}"
+    );
+    let under: serde_json::Value =
+        serde_json::from_str(&text(run(&["ls", "alice", "notes", "-o", "json"]))).unwrap();
+    assert_eq!(under["files"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        text(run(&["diff", "alice", "1", "2"])),
+        "D b\nA c\nM notes/a.txt\n"
+    );
+    assert_eq!(
+        text(run(&["diff", "alice", "0", "1"])),
+        "A b\nA notes/a.txt\n"
+    );
+    assert_eq!(text(run(&["cat", "bob", "bob.txt"])), "bob's");
+
+    for (args, kind) in [
+        (&["cat", "alice", "../bob/bob.txt"][..], "invalid-argument"),
+        (&["cat", "alice", "/etc/passwd"], "invalid-argument"),
+        (&["cat", "alice", "bob.txt"], "not-found"),
+        (&["cat", "alice", "b", "-v", "9"], "not-found"),
+    ] {
+        let out = run(args);
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(kind), "{args:?}: {stderr}");
+    }
+}
+
 // ---- End to end (needs caller authentication, part 1 of issue 9) -------------------------
 
 mod end_to_end {

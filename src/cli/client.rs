@@ -15,7 +15,7 @@ pub const DEFAULT_ENDPOINT: &str = "127.0.0.1:7070";
 pub struct Endpoint {
     /// The control plane's gRPC address.
     #[arg(long, env = "TOOLGRID_ENDPOINT", default_value = DEFAULT_ENDPOINT, global = true)]
-    endpoint: String,
+    pub(super) endpoint: String,
 }
 
 async fn connect(endpoint: &str) -> Result<ToolsClient<Channel>, ApiError> {
@@ -58,7 +58,7 @@ fn exit_code_of(kind: ErrorKind) -> u8 {
 }
 
 /// Prints a one-line error and returns the exit code for its kind.
-fn fail(error: ApiError) -> ExitCode {
+pub(super) fn fail(error: ApiError) -> ExitCode {
     eprintln!(
         "toolgrid: {}: {}",
         error.kind,
