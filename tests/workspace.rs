@@ -443,6 +443,393 @@ async fn the_cli_lists_prints_and_diffs_versions_and_refuses_hostile_paths() {
     }
 }
 
+// ---- Through the platform: real control plane, workers, link and store ----------------------
+//
+// Until admission fills a call's access from bindings (part 1), these tests write calls with
+// the access a binding would grant straight into the store of a `toolgrid up` started with
+// `--no-workers`, restart it so it recovers them, and let real worker processes run them.
+
+mod through_the_platform {
+    use super::common::{Platform, WorkerProcess};
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use toolgrid::call::{CallAccess, CallStarted, CallState, Filesystem};
+    use toolgrid::store::{CallRecord, CallSpec, NewCall, Store};
+    use toolgrid::workspace::WorkspaceKey;
+
+    const TOOL: &str = r#"
+apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {name: workspace}
+spec:
+  effect: write
+  timeout: 120s
+  commands:
+    - name: write
+      options:
+        - {name: path, schema: {type: string}, required: true}
+        - {name: text, schema: {type: string}, required: true}
+        - {name: work, schema: {type: integer, minimum: 0}, default: 0}
+      errors:
+        - {name: write-failed, exitCode: 3}
+    - name: read
+      options:
+        - {name: path, schema: {type: string}, required: true}
+      errors:
+        - {name: not-found, exitCode: 4}
+    - name: ls
+      errors:
+        - {name: not-found, exitCode: 4}
+    - name: fail-after-write
+      options:
+        - {name: path, schema: {type: string}, required: true}
+        - {name: text, schema: {type: string}, required: true}
+      errors:
+        - {name: failed-on-purpose, exitCode: 5}
+        - {name: write-failed, exitCode: 3}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolRelease
+metadata: {name: workspace-1.0.0}
+spec: {tool: workspace, version: 1.0.0, artifact: {file: workspace.wasm}}
+"#;
+
+    struct Setup {
+        root: tempfile::TempDir,
+        platform: Platform,
+        store: Arc<dyn Store>,
+        digest: String,
+    }
+
+    async fn setup() -> Setup {
+        let root = tempfile::tempdir().unwrap();
+        let manifests = root.path().join("manifests");
+        std::fs::create_dir_all(&manifests).unwrap();
+        let (digest, bytes) = fixture("workspace");
+        std::fs::write(manifests.join("workspace.wasm"), bytes).unwrap();
+        std::fs::write(manifests.join("workspace.yaml"), TOOL).unwrap();
+        let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
+        let url = format!("sqlite://{}", platform.data.join("toolgrid.db").display());
+        let store = toolgrid::store::open(&url).await.unwrap();
+        assert!(
+            store.get_artifact(&digest).await.unwrap().is_some(),
+            "the catalog stored the release's artifact"
+        );
+        Setup {
+            root,
+            platform,
+            store,
+            digest,
+        }
+    }
+
+    fn command(name: &str) -> serde_json::Value {
+        let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(TOOL)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect();
+        let command = docs[0]["spec"]["commands"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"].as_str() == Some(name))
+            .unwrap()
+            .clone();
+        let command: toolgrid::api::Command = serde_yaml::from_value(command).unwrap();
+        serde_json::to_value(command).unwrap()
+    }
+
+    /// Records a pending call of `workspace COMMAND ARGS...` acting for `agent` with
+    /// `filesystem`, as admission does once bindings grant access.
+    async fn admit(setup: &Setup, id: &str, agent: &str, filesystem: Filesystem, argv: &[&str]) {
+        let argv: Vec<String> = std::iter::once("workspace")
+            .chain(argv.iter().copied())
+            .map(String::from)
+            .collect();
+        let call = NewCall {
+            id: id.into(),
+            namespace: "default".into(),
+            tool: "workspace".into(),
+            command: argv[1].clone(),
+            release: "workspace-1.0.0".into(),
+            release_digest: setup.digest.clone(),
+            args: serde_json::json!({}),
+            spec: CallSpec {
+                pool: "default/default".into(),
+                argv: argv.clone(),
+                limits: RunLimits {
+                    memory_bytes: 64 << 20,
+                    cpu_time_ms: 60_000,
+                    output_bytes: 1 << 20,
+                    timeout_ms: 120_000,
+                    ..RunLimits::default()
+                },
+                effect: "write".into(),
+                command: command(&argv[1]),
+                deadline_ms: toolgrid::store::now_ms() + 600_000,
+                access: CallAccess {
+                    agent: Some(agent.into()),
+                    filesystem,
+                    ..CallAccess::default()
+                },
+                ..CallSpec::default()
+            },
+            stdin: Vec::new(),
+            idempotency_key: None,
+            request_hash: id.into(),
+            started: CallStarted {
+                namespace: "default".into(),
+                tool: "workspace".into(),
+                command: argv[1].clone(),
+                release: "workspace-1.0.0".into(),
+                version: "1.0.0".into(),
+                digest: setup.digest.clone(),
+                args: serde_json::json!({}),
+                argv,
+                stdin_bytes: 0,
+                idempotency_key: None,
+            },
+            assign_to: None,
+        };
+        setup.store.create_call(call).await.unwrap();
+        // Recovered oldest first: keep creation times apart.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    async fn ended(setup: &Setup, id: &str) -> CallRecord {
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(180) {
+            if let Some(call) = setup.store.get_call(id).await.unwrap()
+                && call.state.is_terminal()
+            {
+                return call;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("call {id} did not end; log:\n{}", setup.platform.logs());
+    }
+
+    fn succeeded(call: &CallRecord) -> serde_json::Value {
+        assert_eq!(
+            call.state,
+            CallState::Succeeded,
+            "{}: {:?}",
+            call.id,
+            call.error
+        );
+        call.result.clone().unwrap()
+    }
+
+    fn failed(call: &CallRecord) -> (ErrorKind, String) {
+        assert_eq!(
+            call.state,
+            CallState::Failed,
+            "{}: {:?}",
+            call.id,
+            call.result
+        );
+        let error = call.error.clone().unwrap();
+        (error.kind, error.name)
+    }
+
+    async fn head(setup: &Setup, agent: &str) -> workspace::Version {
+        setup
+            .store
+            .workspace_head(&WorkspaceKey::new("default", agent))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn workspaces_are_per_agent_read_only_cannot_write_and_failures_leave_no_trace() {
+        use Filesystem::{ReadOnly, ReadWrite};
+        let mut setup = setup().await;
+        admit(
+            &setup,
+            "a1",
+            "alice",
+            ReadWrite,
+            &["write", "--path", "notes/a.txt", "--text", "one"],
+        )
+        .await;
+        admit(
+            &setup,
+            "b1",
+            "bob",
+            ReadWrite,
+            &["write", "--path", "bob.txt", "--text", "bob's"],
+        )
+        .await;
+        setup.platform.restart(libc::SIGTERM);
+        let _worker = WorkerProcess::start(&setup.platform, "w1", 4, setup.root.path());
+        succeeded(&ended(&setup, "a1").await);
+        succeeded(&ended(&setup, "b1").await);
+        let alice = head(&setup, "alice").await;
+        assert_eq!(alice.version, 1);
+        let paths: Vec<String> = alice.tree.files.keys().map(|p| p.to_string()).collect();
+        assert_eq!(
+            paths,
+            ["notes/a.txt"],
+            "alice's workspace holds only her file"
+        );
+
+        admit(
+            &setup,
+            "a2",
+            "alice",
+            ReadWrite,
+            &[
+                "fail-after-write",
+                "--path",
+                "notes/a.txt",
+                "--text",
+                "junk",
+            ],
+        )
+        .await;
+        admit(
+            &setup,
+            "a3",
+            "alice",
+            ReadOnly,
+            &["write", "--path", "notes/a.txt", "--text", "ro"],
+        )
+        .await;
+        admit(
+            &setup,
+            "a4",
+            "alice",
+            ReadOnly,
+            &["read", "--path", "notes/a.txt"],
+        )
+        .await;
+        admit(&setup, "b2", "bob", ReadOnly, &["ls"]).await;
+        admit(&setup, "n1", "alice", Filesystem::None, &["ls"]).await;
+        setup.platform.restart(libc::SIGTERM);
+        assert_eq!(
+            failed(&ended(&setup, "a2").await),
+            (ErrorKind::ToolError, "failed-on-purpose".into())
+        );
+        assert_eq!(
+            failed(&ended(&setup, "a3").await),
+            (ErrorKind::ToolError, "write-failed".into())
+        );
+        assert_eq!(succeeded(&ended(&setup, "a4").await)["text"], "one");
+        assert_eq!(
+            succeeded(&ended(&setup, "b2").await)["files"],
+            serde_json::json!(["bob.txt"]),
+            "bob sees only his own files"
+        );
+        assert_eq!(
+            failed(&ended(&setup, "n1").await),
+            (ErrorKind::ToolError, "not-found".into())
+        );
+        let after = head(&setup, "alice").await;
+        assert_eq!(
+            after.version, 1,
+            "neither the failed nor the read-only calls committed"
+        );
+        assert_eq!(after.tree, alice.tree);
+    }
+
+    #[tokio::test]
+    async fn a_write_killed_mid_call_and_replayed_elsewhere_commits_what_an_uninterrupted_run_would()
+     {
+        use Filesystem::ReadWrite;
+        let mut setup = setup().await;
+        // The same version 1 for both agents.
+        let base: &[(&str, &[u8])] = &[("out/old.txt", b"old"), ("keep", b"kept")];
+        commit_through_a_call(&setup.store, "base-alice", "alice", base).await;
+        commit_through_a_call(&setup.store, "base-bob", "bob", base).await;
+        let argv = [
+            "write",
+            "--path",
+            "out/old.txt",
+            "--text",
+            "new",
+            "--work",
+            "1500000000",
+        ];
+
+        // Bob's run, uninterrupted.
+        admit(&setup, "bob-run", "bob", ReadWrite, &argv).await;
+        setup.platform.restart(libc::SIGTERM);
+        let mut w0 = WorkerProcess::start(&setup.platform, "w0", 1, setup.root.path());
+        succeeded(&ended(&setup, "bob-run").await);
+        w0.kill();
+
+        // Alice's, its worker killed mid-call, replayed on another.
+        admit(&setup, "alice-run", "alice", ReadWrite, &argv).await;
+        setup.platform.restart(libc::SIGTERM);
+        let mut w1 = WorkerProcess::start(&setup.platform, "w1", 1, setup.root.path());
+        let log = w1.log.clone();
+        setup
+            .platform
+            .eventually(
+                "alice's call starts on w1",
+                Duration::from_secs(120),
+                move || {
+                    let log = log.clone();
+                    async move {
+                        std::fs::read_to_string(&log)
+                            .unwrap_or_default()
+                            .contains("call started")
+                    }
+                },
+            )
+            .await;
+        w1.signal(libc::SIGKILL);
+        w1.kill();
+        let _w2 = WorkerProcess::start(&setup.platform, "w2", 1, setup.root.path());
+        succeeded(&ended(&setup, "alice-run").await);
+        let oplog = setup.store.oplog("alice-run").await.unwrap();
+        assert!(
+            oplog.iter().any(|e| e.kind == "fenced"),
+            "the first run was taken back: {:?}",
+            oplog.iter().map(|e| &e.kind).collect::<Vec<_>>()
+        );
+        let history = setup
+            .store
+            .workspace_history(&WorkspaceKey::new("default", "alice"))
+            .await
+            .unwrap();
+        let versions: Vec<u64> = history.iter().map(|v| v.version).collect();
+        assert_eq!(versions, [1, 2], "V+1, not V+2");
+        assert_eq!(history[1].call_id, "alice-run");
+        let bob = head(&setup, "bob").await;
+        assert_eq!(bob.version, 2);
+        assert_eq!(
+            history[1].tree_digest, bob.tree_digest,
+            "the same tree as the uninterrupted run"
+        );
+        assert_ne!(history[1].tree_digest, history[0].tree_digest);
+    }
+
+    #[tokio::test]
+    async fn a_call_that_grows_the_workspace_past_its_limit_fails_by_name_and_commits_nothing() {
+        let mut setup = setup().await;
+        // A version at the file limit already (every file the same empty blob).
+        let names: Vec<String> = (0..workspace::DEFAULT_MAX_FILES)
+            .map(|i| format!("f/{i}"))
+            .collect();
+        let files: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &b""[..])).collect();
+        commit_through_a_call(&setup.store, "full", "alice", &files).await;
+        admit(
+            &setup,
+            "one-more",
+            "alice",
+            Filesystem::ReadWrite,
+            &["write", "--path", "g", "--text", "x"],
+        )
+        .await;
+        setup.platform.restart(libc::SIGTERM);
+        let _worker = WorkerProcess::start(&setup.platform, "w1", 1, setup.root.path());
+        let (kind, _) = failed(&ended(&setup, "one-more").await);
+        assert_eq!(kind, ErrorKind::WorkspaceLimit);
+        assert_eq!(head(&setup, "alice").await.version, 1);
+    }
+}
+
 // ---- End to end (needs caller authentication, part 1 of issue 9) -------------------------
 
 mod end_to_end {
