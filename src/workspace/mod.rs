@@ -10,8 +10,8 @@
 //!
 //! This module is pure: paths, trees, diffs, limits, who may read a workspace, and the
 //! one-writer-per-workspace rule the scheduler applies ([`WriteLocks`]). The store keeps
-//! versions and blobs (`crate::store`), the worker materialises and scans trees on disk
-//! (`crate::worker::workspace`).
+//! versions and blobs (migration 5, see docs/store.md); the worker writes a version out into
+//! a directory and scans it back (its `workspace` module).
 
 use crate::auth::Principal;
 use crate::call::{CallAccess, Filesystem};
