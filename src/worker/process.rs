@@ -335,7 +335,7 @@ fn start_call(
         async move {
             let call_id = assign.call_id.clone();
             let result = match run_call(&runtime, &slot, &worker_id, assign).await {
-                Ran::Result(result) => result,
+                Ran::Result(result) => *result,
                 Ran::Fenced => {
                     // The call belongs to another worker now; forget it quietly.
                     let mut calls = in_flight_task.lock();
@@ -391,7 +391,7 @@ fn start_call(
 /// How one assignment ended on this worker.
 enum Ran {
     /// It ran to an end (a result or a failure) to report.
-    Result(proto::CallResult),
+    Result(Box<proto::CallResult>),
     /// It was taken away mid-run: report nothing.
     Fenced,
     /// A commit went unacknowledged, so it stopped; the reason is reported.
@@ -469,7 +469,7 @@ async fn run_call(
             tracing::error!(%error, "cannot prepare the release");
             result.failure_kind = kind.into();
             result.failure_message = error.to_string();
-            return Ran::Result(result);
+            return Ran::Result(Box::new(result));
         }
     };
     let limits = assign.limits.unwrap_or_default();
@@ -483,7 +483,7 @@ async fn run_call(
                 result.failure_kind = "internal".into();
                 result.failure_message =
                     format!("the assignment's egress rules do not parse: {error}");
-                return Ran::Result(result);
+                return Ran::Result(Box::new(result));
             }
         }
     };
@@ -497,7 +497,7 @@ async fn run_call(
         Err(error) => {
             result.failure_kind = crate::error::ErrorKind::ReplayDivergence.as_str().into();
             result.failure_message = format!("the replay cannot be read: {error}");
-            return Ran::Result(result);
+            return Ran::Result(Box::new(result));
         }
     };
     let mut prelude = Vec::new();
@@ -519,14 +519,14 @@ async fn run_call(
                     tracing::error!(%message, "cannot prepare the workspace");
                     result.failure_kind = kind.as_str().into();
                     result.failure_message = message;
-                    return Ran::Result(result);
+                    return Ran::Result(Box::new(result));
                 }
             }
         }
         other => {
             result.failure_kind = crate::error::ErrorKind::Internal.as_str().into();
             result.failure_message = format!("unknown filesystem access {other:?}");
-            return Ran::Result(result);
+            return Ran::Result(Box::new(result));
         }
     };
     let sent = Arc::new(AtomicU64::new(0));
@@ -657,7 +657,7 @@ async fn run_call(
     result.run_micros = outcome.elapsed.as_micros() as u64;
     result.replayed = replayed as u64;
     result.recorded = recorded as u64;
-    Ran::Result(result)
+    Ran::Result(Box::new(result))
 }
 
 /// Commits a call's entries over the current attachment under its epoch.
