@@ -248,7 +248,8 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
             oplog[1].entry().unwrap(),
             OplogEntry::Assigned(Assigned {
                 worker: "w1".into(),
-                epoch: 1
+                epoch: 1,
+                workspace_version: None,
             })
         );
         assert!(matches!(store.get_call("nope").await, Ok(None)));
@@ -1166,6 +1167,21 @@ async fn a_read_write_call_commits_the_next_version_with_its_success_only() {
         store.fence_call("w3", epoch, "worker lost").await.unwrap();
         let epoch = store.assign_call("w3", "w-other").await.unwrap();
         assert_eq!(base_of(&store, "w3").await, Some(1), "{backend}");
+        let pinned: Vec<Option<u64>> = store
+            .oplog("w3")
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|r| match r.entry() {
+                Ok(OplogEntry::Assigned(a)) => Some(a.workspace_version),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            pinned,
+            [Some(1), Some(1)],
+            "{backend}: both assignments name V"
+        );
         let next = commit_of(&[("notes/a.txt", b"hello again")]);
         for _ in 0..2 {
             store

@@ -919,8 +919,12 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
     let started = OplogEntry::CallStarted(call.started.clone());
     insert_entry(conn, &call.id, 0, 0, &started, now).await?;
     if let Some((lifecycle, assigned)) = &assignment {
-        insert_entry(conn, &call.id, 1, lifecycle.epoch as i64, assigned, now).await?;
-        pin_workspace_base(conn, &call.id, &call.namespace, &call.spec).await?;
+        let base = pin_workspace_base(conn, &call.id, &call.namespace, &call.spec).await?;
+        let mut assigned = assigned.clone();
+        if let OplogEntry::Assigned(entry) = &mut assigned {
+            entry.workspace_version = base;
+        }
+        insert_entry(conn, &call.id, 1, lifecycle.epoch as i64, &assigned, now).await?;
     }
     Ok(Created::New(call_from_row(&inserted)?))
 }
@@ -963,29 +967,34 @@ async fn assign(conn: &mut AnyConnection, call_id: &str, worker: &str) -> Result
     };
     let epoch: i64 = row.try_get("epoch")?;
     let next_seq: i64 = row.try_get("next_seq")?;
-    if row.try_get::<Option<i64>, _>("workspace_base")?.is_none() {
-        let namespace: String = row.try_get("namespace")?;
-        let spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
-        pin_workspace_base(conn, call_id, &namespace, &spec).await?;
-    }
+    let workspace_version = match row.try_get::<Option<i64>, _>("workspace_base")? {
+        Some(base) => Some(base as u64),
+        None => {
+            let namespace: String = row.try_get("namespace")?;
+            let spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
+            pin_workspace_base(conn, call_id, &namespace, &spec).await?
+        }
+    };
     let entry = OplogEntry::Assigned(Assigned {
         worker: worker.to_string(),
         epoch: epoch as u64,
+        workspace_version,
     });
     insert_entry(conn, call_id, next_seq - 1, epoch, &entry, now_ms()).await?;
     Ok(epoch as u64)
 }
 
 /// At a call's first assignment, records the head of the workspace it sees as its base:
-/// every later assignment (a replay after failover) starts from the same version.
+/// every later assignment (a replay after failover) starts from the same version. Returns
+/// the base (`None` for a call without a workspace).
 async fn pin_workspace_base(
     conn: &mut AnyConnection,
     call_id: &str,
     namespace: &str,
     spec: &CallSpec,
-) -> Result<(), StoreError> {
+) -> Result<Option<u64>, StoreError> {
     let Some(key) = WorkspaceKey::of_call(namespace, &spec.access) else {
-        return Ok(());
+        return Ok(None);
     };
     let head = head_version(conn, &key).await?;
     sqlx::query("UPDATE calls SET workspace_base = $2 WHERE id = $1 AND workspace_base IS NULL")
@@ -993,7 +1002,7 @@ async fn pin_workspace_base(
         .bind(head as i64)
         .execute(&mut *conn)
         .await?;
-    Ok(())
+    Ok(Some(head))
 }
 
 /// The newest stored version of a workspace (0 when none is).
