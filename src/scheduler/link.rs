@@ -233,3 +233,133 @@ pub async fn workspace_chunks(
     }
     Ok(chunks)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{CallAccess, CallStarted, Filesystem, NewCall, RunSummary};
+    use crate::store::{CallOutcome, CallSpec};
+    use crate::workspace::{Commit, Tree, blob_digest};
+
+    fn call(id: &str, agent: &str, filesystem: Filesystem) -> NewCall {
+        NewCall {
+            id: id.into(),
+            namespace: "default".into(),
+            tool: "t".into(),
+            command: "c".into(),
+            release: "r".into(),
+            release_digest: "sha256:00".into(),
+            args: serde_json::json!({}),
+            spec: CallSpec {
+                access: CallAccess {
+                    agent: Some(agent.into()),
+                    filesystem,
+                    ..CallAccess::default()
+                },
+                ..CallSpec::default()
+            },
+            stdin: Vec::new(),
+            idempotency_key: None,
+            request_hash: id.into(),
+            started: CallStarted {
+                namespace: "default".into(),
+                tool: "t".into(),
+                command: "c".into(),
+                release: "r".into(),
+                version: "1.0.0".into(),
+                digest: "sha256:00".into(),
+                args: serde_json::json!({}),
+                argv: Vec::new(),
+                stdin_bytes: 0,
+                idempotency_key: None,
+            },
+            assign_to: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_workspace_goes_only_to_the_current_assignment_tree_first_then_blobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("store.db").display());
+        let store = crate::store::open(&url).await.unwrap();
+        // Version 1 of alice's workspace, with a blob larger than one chunk.
+        let big = vec![7u8; CHUNK + 10];
+        let files: [(&str, &[u8]); 3] = [("a", b"one"), ("big", &big), ("empty", b"")];
+        store
+            .create_call(call("w", "alice", Filesystem::ReadWrite))
+            .await
+            .unwrap();
+        let epoch = store.assign_call("w", "w1").await.unwrap();
+        let commit = Commit {
+            tree: Tree::from_rows(
+                files
+                    .iter()
+                    .map(|(p, b)| (p.to_string(), blob_digest(b), b.len() as u64)),
+            )
+            .unwrap(),
+            blobs: files
+                .iter()
+                .map(|(_, b)| (blob_digest(b), b.to_vec()))
+                .collect(),
+        };
+        let outcome = CallOutcome {
+            result: Ok(serde_json::json!({})),
+            run: RunSummary {
+                exit_code: 0,
+                stdout_bytes: 0,
+                run_micros: 0,
+                epoch,
+                worker: "w1".into(),
+                replayed: 0,
+            },
+            workspace: Some(commit.clone()),
+        };
+        store
+            .complete_call("w", epoch, 0, vec![], outcome)
+            .await
+            .unwrap();
+
+        store
+            .create_call(call("r", "alice", Filesystem::ReadOnly))
+            .await
+            .unwrap();
+        let epoch = store.assign_call("r", "w2").await.unwrap();
+        let chunks = workspace_chunks(store.as_ref(), "r", epoch).await.unwrap();
+        assert_eq!(chunks[0].version, 1);
+        assert_eq!(
+            crate::proto::tree_from_wire(&chunks[0].files).unwrap(),
+            commit.tree
+        );
+        let mut blobs: std::collections::HashMap<String, Vec<u8>> = Default::default();
+        for chunk in &chunks[1..] {
+            let blob = blobs.entry(chunk.digest.clone()).or_default();
+            assert_eq!(chunk.offset, blob.len() as u64);
+            assert!(chunk.data.len() <= CHUNK);
+            blob.extend_from_slice(&chunk.data);
+        }
+        assert_eq!(blobs.len(), 3);
+        assert_eq!(blobs[&blob_digest(&big)], big);
+
+        // Not for an older (or a future) epoch, an ended call, or a call without access.
+        let refused = workspace_chunks(store.as_ref(), "r", epoch + 1)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        store.fence_call("r", epoch, "test").await.unwrap();
+        let refused = workspace_chunks(store.as_ref(), "r", epoch)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        let refused = workspace_chunks(store.as_ref(), "w", 1).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "ended");
+        store
+            .create_call(call("n", "alice", Filesystem::None))
+            .await
+            .unwrap();
+        let epoch = store.assign_call("n", "w1").await.unwrap();
+        let refused = workspace_chunks(store.as_ref(), "n", epoch)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::NotFound);
+    }
+}
