@@ -4,6 +4,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/toolgrid/v1/tools.proto",
         "proto/toolgrid/v1/worker.proto",
+        "proto/toolgrid/v1/workspaces.proto",
     ];
     let descriptors = protox::compile(files, ["proto"])?;
     // `Assign` carries secret values: its `Debug` is written by hand (src/proto.rs) and

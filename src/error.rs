@@ -23,7 +23,10 @@ pub fn grpc_code(kind: ErrorKind) -> tonic::Code {
         | ErrorKind::MemoryLimit
         | ErrorKind::OutputLimit
         | ErrorKind::RequestLimit
-        | ErrorKind::ResponseLimit => Code::ResourceExhausted,
+        | ErrorKind::ResponseLimit
+        | ErrorKind::WorkspaceLimit => Code::ResourceExhausted,
+        ErrorKind::WorkspaceConflict => Code::Aborted,
+        ErrorKind::WorkspaceInvalid => Code::InvalidArgument,
         ErrorKind::Cancelled => Code::Cancelled,
         ErrorKind::Internal => Code::Internal,
         ErrorKind::ToolError

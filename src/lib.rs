@@ -20,3 +20,4 @@ pub mod scheduler;
 pub mod store;
 pub mod telemetry;
 pub mod worker;
+pub mod workspace;

@@ -132,3 +132,45 @@ mod tests {
         assert!(link_batches(Vec::new()).is_empty());
     }
 }
+
+// A workspace tree on the wire: one `WorkspaceFile` per file, checked again when read.
+
+/// A tree for the wire.
+pub fn tree_to_wire(tree: &crate::workspace::Tree) -> Vec<WorkspaceFile> {
+    tree.files
+        .iter()
+        .map(|(path, file)| WorkspaceFile {
+            path: path.to_string(),
+            digest: file.digest.clone(),
+            size: file.size,
+        })
+        .collect()
+}
+
+/// Reads a tree off the wire (from a peer: every path and digest is validated).
+pub fn tree_from_wire(
+    files: &[WorkspaceFile],
+) -> Result<crate::workspace::Tree, crate::workspace::TreeError> {
+    crate::workspace::Tree::from_rows(
+        files
+            .iter()
+            .map(|f| (f.path.clone(), f.digest.clone(), f.size)),
+    )
+}
+
+/// The workspace a worker's result carries, if any.
+pub fn commit_of(
+    result: &CallResult,
+) -> Result<Option<crate::workspace::Commit>, crate::workspace::TreeError> {
+    if !result.has_workspace {
+        return Ok(None);
+    }
+    Ok(Some(crate::workspace::Commit {
+        tree: tree_from_wire(&result.workspace_tree)?,
+        blobs: result
+            .workspace_blobs
+            .iter()
+            .map(|b| (b.digest.clone(), b.data.clone()))
+            .collect(),
+    }))
+}

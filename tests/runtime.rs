@@ -47,6 +47,7 @@ fn request(call_id: &str, argv: &[&str], replay: Vec<OplogEntry>) -> RunRequest 
         sink: None,
         prelude: Vec::new(),
         secrets: Default::default(),
+        workspace: None,
     }
 }
 

@@ -13,10 +13,12 @@ use toolgrid::call::{
     Assigned, CallStarted, ErrorKind, MonotonicClock, OplogEntry, Random, RandomSource, RunSummary,
     WallClock,
 };
+use toolgrid::call::{CallAccess, Filesystem};
 use toolgrid::store::{
     self, CallError, CallFilter, CallOutcome, CallSpec, CallState, Created, NewCall, OpenOptions,
     ResourceRecord, RetryPolicy, SCHEMA_VERSION, Store, StoreError,
 };
+use toolgrid::workspace::{self, WorkspaceKey};
 
 /// Cases share the PostgreSQL server; the one that restarts it runs alone.
 static SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
@@ -111,6 +113,7 @@ fn success(value: serde_json::Value) -> CallOutcome {
             worker: "w".into(),
             replayed: 0,
         },
+        workspace: None,
     }
 }
 
@@ -245,7 +248,8 @@ async fn calls_move_through_epochs_and_stale_writers_are_fenced() {
             oplog[1].entry().unwrap(),
             OplogEntry::Assigned(Assigned {
                 worker: "w1".into(),
-                epoch: 1
+                epoch: 1,
+                workspace_version: None,
             })
         );
         assert!(matches!(store.get_call("nope").await, Ok(None)));
@@ -1050,4 +1054,347 @@ async fn appends_across_a_postgres_restart_are_stored_exactly_once() {
         .await
         .unwrap();
     assert_eq!(done.state, CallState::Succeeded);
+}
+
+// ---- Workspaces -------------------------------------------------------------------------
+
+/// A call acting for `agent` with `filesystem` access to its workspace.
+fn agent_call(id: &str, agent: &str, filesystem: Filesystem) -> NewCall {
+    let mut call = new_call(id, None, json!({"id": id}));
+    call.spec.access = CallAccess {
+        agent: Some(agent.into()),
+        filesystem,
+        ..CallAccess::default()
+    };
+    call
+}
+
+/// A commit of `files` with every blob sent along.
+fn commit_of(files: &[(&str, &[u8])]) -> workspace::Commit {
+    let rows = files.iter().map(|(path, bytes)| {
+        (
+            path.to_string(),
+            workspace::blob_digest(bytes),
+            bytes.len() as u64,
+        )
+    });
+    workspace::Commit {
+        tree: workspace::Tree::from_rows(rows).unwrap(),
+        blobs: files
+            .iter()
+            .map(|(_, bytes)| (workspace::blob_digest(bytes), bytes.to_vec()))
+            .collect(),
+    }
+}
+
+fn succeeded_with(commit: workspace::Commit) -> CallOutcome {
+    CallOutcome {
+        workspace: Some(commit),
+        ..success(json!({"ok": true}))
+    }
+}
+
+async fn assigned(store: &Arc<dyn Store>, call: NewCall) -> u64 {
+    let id = call.id.clone();
+    store.create_call(call).await.unwrap();
+    store.assign_call(&id, "w").await.unwrap()
+}
+
+async fn base_of(store: &Arc<dyn Store>, id: &str) -> Option<u64> {
+    store.call_workspace(id).await.unwrap().and_then(|w| w.base)
+}
+
+#[tokio::test]
+async fn a_read_write_call_commits_the_next_version_with_its_success_only() {
+    use Filesystem::{ReadOnly, ReadWrite};
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let store = store::open(&url).await.unwrap();
+        let alice = WorkspaceKey::new("default", "alice");
+        let bob = WorkspaceKey::new("default", "bob");
+        let head = store.workspace_head(&alice).await.unwrap();
+        assert_eq!(
+            (head.version, head.tree.len()),
+            (0, 0),
+            "{backend}: starts empty"
+        );
+
+        // Success: version 1, with its blobs, in the same commit as the call's end.
+        let epoch = assigned(&store, agent_call("w1", "alice", ReadWrite)).await;
+        assert_eq!(base_of(&store, "w1").await, Some(0), "{backend}");
+        let commit = commit_of(&[("notes/a.txt", b"hello"), ("b.bin", b"\x00\x01")]);
+        let done = store
+            .complete_call("w1", epoch, 0, vec![], succeeded_with(commit.clone()))
+            .await
+            .unwrap();
+        assert_eq!(done.state, CallState::Succeeded, "{backend}");
+        let head = store.workspace_head(&alice).await.unwrap();
+        assert_eq!(head.version, 1, "{backend}");
+        assert_eq!(head.tree, commit.tree, "{backend}");
+        assert_eq!(head.tree_digest, commit.tree.digest(), "{backend}");
+        assert_eq!(head.call_id, "w1", "{backend}");
+        let digest = workspace::blob_digest(b"hello");
+        assert_eq!(
+            store.blobs(std::slice::from_ref(&digest)).await.unwrap(),
+            vec![(digest.clone(), b"hello".to_vec())],
+            "{backend}"
+        );
+
+        // A failed read-write call leaves no trace.
+        let epoch = assigned(&store, agent_call("w2", "alice", ReadWrite)).await;
+        assert_eq!(base_of(&store, "w2").await, Some(1), "{backend}");
+        let failed = CallOutcome {
+            result: Err(failure()),
+            workspace: Some(commit_of(&[("junk", b"junk")])),
+            ..success(json!(null))
+        };
+        store
+            .complete_call("w2", epoch, 0, vec![], failed)
+            .await
+            .unwrap();
+        assert_eq!(store.workspace_head(&alice).await.unwrap().version, 1);
+        assert!(
+            store
+                .blobs(&[workspace::blob_digest(b"junk")])
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        // Fenced and re-assigned: the base stays where the first assignment found it, and
+        // the success commits version 2 once, however often it is reported.
+        let epoch = assigned(&store, agent_call("w3", "alice", ReadWrite)).await;
+        store.fence_call("w3", epoch, "worker lost").await.unwrap();
+        let epoch = store.assign_call("w3", "w-other").await.unwrap();
+        assert_eq!(base_of(&store, "w3").await, Some(1), "{backend}");
+        let pinned: Vec<Option<u64>> = store
+            .oplog("w3")
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|r| match r.entry() {
+                Ok(OplogEntry::Assigned(a)) => Some(a.workspace_version),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            pinned,
+            [Some(1), Some(1)],
+            "{backend}: both assignments name V"
+        );
+        let next = commit_of(&[("notes/a.txt", b"hello again")]);
+        for _ in 0..2 {
+            store
+                .complete_call("w3", epoch, 0, vec![], succeeded_with(next.clone()))
+                .await
+                .unwrap();
+        }
+        let history = store.workspace_history(&alice).await.unwrap();
+        let versions: Vec<u64> = history.iter().map(|v| v.version).collect();
+        assert_eq!(versions, [1, 2], "{backend}");
+        assert_eq!(history[1].tree, next.tree);
+        let v1 = store.workspace_version(&alice, 1).await.unwrap().unwrap();
+        assert_eq!(
+            v1.tree, commit.tree,
+            "{backend}: an old version stays readable"
+        );
+        assert!(store.workspace_version(&alice, 3).await.unwrap().is_none());
+        assert_eq!(
+            store
+                .workspace_version(&alice, 0)
+                .await
+                .unwrap()
+                .unwrap()
+                .tree
+                .len(),
+            0
+        );
+
+        // A read-only call cannot commit, whatever its worker sends.
+        let epoch = assigned(&store, agent_call("r1", "alice", ReadOnly)).await;
+        assert_eq!(base_of(&store, "r1").await, Some(2), "{backend}");
+        let done = store
+            .complete_call(
+                "r1",
+                epoch,
+                0,
+                vec![],
+                succeeded_with(commit_of(&[("x", b"x")])),
+            )
+            .await
+            .unwrap();
+        assert_eq!(done.state, CallState::Failed, "{backend}");
+        assert_eq!(done.error.unwrap().kind, ErrorKind::WorkspaceInvalid);
+        assert_eq!(store.workspace_head(&alice).await.unwrap().version, 2);
+
+        // Another agent's workspace is its own; a call without access sees none.
+        let epoch = assigned(&store, agent_call("b1", "bob", ReadWrite)).await;
+        assert_eq!(base_of(&store, "b1").await, Some(0), "{backend}");
+        store
+            .complete_call(
+                "b1",
+                epoch,
+                0,
+                vec![],
+                succeeded_with(commit_of(&[("mine", b"bob")])),
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.workspace_head(&bob).await.unwrap().version, 1);
+        assert_eq!(store.workspace_head(&alice).await.unwrap().version, 2);
+        let epoch = assigned(&store, agent_call("n1", "alice", Filesystem::None)).await;
+        assert!(store.call_workspace("n1").await.unwrap().is_none());
+        let _ = epoch;
+
+        // Admission and assignment in one commit pin the base too.
+        let mut call = agent_call("w4", "alice", ReadWrite);
+        call.assign_to = Some("w".into());
+        store.create_call(call).await.unwrap();
+        assert_eq!(base_of(&store, "w4").await, Some(2), "{backend}");
+    }
+}
+
+#[tokio::test]
+async fn a_commit_on_a_moved_head_over_the_limit_or_with_bad_blobs_fails_the_call() {
+    use Filesystem::ReadWrite;
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let store = store::open(&url).await.unwrap();
+        let alice = WorkspaceKey::new("default", "alice");
+        // Two writers from the same base (the scheduler never does this; the store still
+        // refuses the second).
+        let e1 = assigned(&store, agent_call("c1", "alice", ReadWrite)).await;
+        let e2 = assigned(&store, agent_call("c2", "alice", ReadWrite)).await;
+        store
+            .complete_call(
+                "c1",
+                e1,
+                0,
+                vec![],
+                succeeded_with(commit_of(&[("a", b"1")])),
+            )
+            .await
+            .unwrap();
+        let done = store
+            .complete_call(
+                "c2",
+                e2,
+                0,
+                vec![],
+                succeeded_with(commit_of(&[("a", b"2")])),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            done.error.map(|e| e.kind),
+            Some(ErrorKind::WorkspaceConflict),
+            "{backend}"
+        );
+        assert_eq!(store.workspace_head(&alice).await.unwrap().version, 1);
+
+        let refused = |id: &'static str, commit: workspace::Commit, kind: ErrorKind| {
+            let store = store.clone();
+            let backend = backend.clone();
+            async move {
+                let epoch = assigned(&store, agent_call(id, "alice", ReadWrite)).await;
+                let done = store
+                    .complete_call(id, epoch, 0, vec![], succeeded_with(commit))
+                    .await
+                    .unwrap();
+                assert_eq!(done.error.map(|e| e.kind), Some(kind), "{backend}: {id}");
+            }
+        };
+        // Over the file count (every file the same empty blob).
+        let many = (0..=workspace::DEFAULT_MAX_FILES)
+            .map(|i| (format!("f{i}"), workspace::blob_digest(b""), 0));
+        let too_many = workspace::Commit {
+            tree: workspace::Tree::from_rows(many).unwrap(),
+            blobs: vec![(workspace::blob_digest(b""), Vec::new())],
+        };
+        refused("c3", too_many, ErrorKind::WorkspaceLimit).await;
+        // Over the byte limit (a size the blob does not need to have to be counted).
+        let big = workspace::Tree::from_rows([(
+            "big".to_string(),
+            workspace::blob_digest(b"1"),
+            workspace::DEFAULT_MAX_BYTES + 1,
+        )])
+        .unwrap();
+        refused(
+            "c4",
+            workspace::Commit {
+                tree: big,
+                blobs: vec![],
+            },
+            ErrorKind::WorkspaceLimit,
+        )
+        .await;
+        // A blob whose bytes do not match its digest.
+        let mut forged = commit_of(&[("a", b"3")]);
+        forged.blobs[0].1 = b"not 3".to_vec();
+        refused("c5", forged, ErrorKind::WorkspaceInvalid).await;
+        // A digest neither sent nor stored.
+        let mut missing = commit_of(&[("a", b"4")]);
+        missing.blobs.clear();
+        refused("c6", missing, ErrorKind::WorkspaceInvalid).await;
+        assert_eq!(
+            store.workspace_head(&alice).await.unwrap().version,
+            1,
+            "{backend}"
+        );
+        assert!(
+            store
+                .blobs(&[workspace::blob_digest(b"3")])
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        // A blob already stored need not be sent again.
+        let mut reuse = commit_of(&[("a", b"1"), ("copy", b"1")]);
+        reuse.blobs.clear();
+        let epoch = assigned(&store, agent_call("c7", "alice", ReadWrite)).await;
+        let done = store
+            .complete_call("c7", epoch, 0, vec![], succeeded_with(reuse))
+            .await
+            .unwrap();
+        assert_eq!(
+            done.state,
+            CallState::Succeeded,
+            "{backend}: {:?}",
+            done.error
+        );
+        assert_eq!(store.workspace_head(&alice).await.unwrap().version, 2);
+    }
+}
+
+#[tokio::test]
+async fn retention_keeps_every_workspace_version_and_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let store = store::open(&url).await.unwrap();
+        let alice = WorkspaceKey::new("default", "alice");
+        let epoch = assigned(&store, agent_call("w1", "alice", Filesystem::ReadWrite)).await;
+        store
+            .complete_call(
+                "w1",
+                epoch,
+                0,
+                vec![],
+                succeeded_with(commit_of(&[("a", b"kept")])),
+            )
+            .await
+            .unwrap();
+        let report = store
+            .delete_finished_before(store::now_ms() + 60_000, &HashSet::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            report.calls, 1,
+            "{backend}: the call that committed it is gone"
+        );
+        let head = store.workspace_head(&alice).await.unwrap();
+        assert_eq!(head.version, 1, "{backend}");
+        let digest = workspace::blob_digest(b"kept");
+        assert_eq!(store.blobs(&[digest]).await.unwrap().len(), 1, "{backend}");
+    }
 }

@@ -156,6 +156,10 @@ pub struct CallStarted {
 pub struct Assigned {
     pub worker: String,
     pub epoch: u64,
+    /// The version of its agent's workspace the call runs on (pinned at its first
+    /// assignment, the same on every later one), for a call that sees a workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_version: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -58,12 +58,21 @@ pub enum ErrorKind {
     /// The tool's outgoing request referred to a secret (`${secret:NAME}`) the call may not
     /// use: the request is refused and never leaves.
     UnknownSecret,
+    /// The call's workspace grew past its size limit (total bytes or file count); nothing
+    /// of the call was committed.
+    WorkspaceLimit,
+    /// The workspace's head moved past the version the call started from (another writer
+    /// committed first); nothing of the call was committed.
+    WorkspaceConflict,
+    /// A workspace path or entry is not acceptable (absolute, `..`, not UTF-8, not a
+    /// regular file, a digest that does not match its bytes).
+    WorkspaceInvalid,
     Cancelled,
     Internal,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 27] = [
+    pub const ALL: [ErrorKind; 30] = [
         ErrorKind::InvalidArgument,
         ErrorKind::UnknownTool,
         ErrorKind::UnknownCommand,
@@ -89,6 +98,9 @@ impl ErrorKind {
         ErrorKind::Denied,
         ErrorKind::SecretUnavailable,
         ErrorKind::UnknownSecret,
+        ErrorKind::WorkspaceLimit,
+        ErrorKind::WorkspaceConflict,
+        ErrorKind::WorkspaceInvalid,
         ErrorKind::Cancelled,
         ErrorKind::Internal,
     ];
@@ -120,6 +132,9 @@ impl ErrorKind {
             ErrorKind::Denied => "denied",
             ErrorKind::SecretUnavailable => "secret-unavailable",
             ErrorKind::UnknownSecret => "unknown-secret",
+            ErrorKind::WorkspaceLimit => "workspace-limit",
+            ErrorKind::WorkspaceConflict => "workspace-conflict",
+            ErrorKind::WorkspaceInvalid => "workspace-invalid",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::Internal => "internal",
         }
@@ -139,7 +154,9 @@ impl ErrorKind {
             | ErrorKind::EgressDenied
             | ErrorKind::UnknownSecret => 403,
             ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => 404,
-            ErrorKind::IdempotencyConflict | ErrorKind::WorkerIdInUse => 409,
+            ErrorKind::IdempotencyConflict
+            | ErrorKind::WorkerIdInUse
+            | ErrorKind::WorkspaceConflict => 409,
             ErrorKind::Cancelled => 499,
             ErrorKind::Internal => 500,
             ErrorKind::Unavailable => 503,

@@ -71,6 +71,7 @@ impl Lifecycle {
         let entry = OplogEntry::Assigned(Assigned {
             worker: worker.to_string(),
             epoch,
+            workspace_version: None,
         });
         Ok((next, entry))
     }
@@ -192,7 +193,8 @@ mod tests {
             entry,
             OplogEntry::Assigned(Assigned {
                 worker: "w1".into(),
-                epoch: 1
+                epoch: 1,
+                workspace_version: None,
             })
         );
         call.append(1).unwrap();

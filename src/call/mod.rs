@@ -132,6 +132,7 @@ mod tests {
             "src/call/record.rs",
             "src/call/secret.rs",
             "src/scheduler/state.rs",
+            "src/workspace/mod.rs",
         ];
         let forbidden = [
             "tonic::",

@@ -16,7 +16,7 @@ pub struct Endpoint {
     /// The control plane's gRPC address.
     /// `https://HOST:PORT` for a control plane serving TLS.
     #[arg(long, env = "TOOLGRID_ENDPOINT", default_value = DEFAULT_ENDPOINT, global = true)]
-    endpoint: String,
+    pub(super) endpoint: String,
     /// CA certificate (PEM) to trust for an `https://` endpoint, instead of the system's
     /// roots.
     #[arg(long, env = "TOOLGRID_TLS_CA", global = true)]
@@ -61,7 +61,7 @@ fn exit_code_of(kind: ErrorKind) -> u8 {
 }
 
 /// Prints a one-line error and returns the exit code for its kind.
-fn fail(error: ApiError) -> ExitCode {
+pub(super) fn fail(error: ApiError) -> ExitCode {
     eprintln!(
         "toolgrid: {}: {}",
         error.kind,

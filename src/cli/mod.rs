@@ -8,6 +8,7 @@ mod failover;
 mod table;
 mod up;
 mod worker;
+mod workspace;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -40,6 +41,9 @@ enum Commands {
     Calls(client::CallsArgs),
     /// Print a call's oplog.
     Oplog(client::OplogArgs),
+    /// Read an agent's workspace: `ls AGENT [PATH]`, `cat AGENT PATH`, `history AGENT`,
+    /// `diff AGENT V1 V2` (`-n NAMESPACE`, `-v V` for an older version).
+    Workspace(workspace::WorkspaceArgs),
     /// Approve a call waiting for approval.
     Approve(client::DecisionArgs),
     /// Deny a call waiting for approval.
@@ -110,6 +114,7 @@ pub fn main() -> ExitCode {
             Commands::Get(args) => client::get(args).await,
             Commands::Calls(args) => client::calls(args).await,
             Commands::Oplog(args) => client::oplog(args).await,
+            Commands::Workspace(args) => workspace::run(args).await,
             Commands::Approve(args) => client::decide(args, true).await,
             Commands::Deny(args) => client::decide(args, false).await,
             Commands::Crds { helm } => match if helm {

@@ -6,6 +6,7 @@ pub mod completion;
 pub mod convert;
 mod grpc;
 mod http;
+pub mod workspaces;
 
 pub use grpc::ToolsService;
 pub use http::router;

@@ -100,6 +100,10 @@ impl ControlPlane {
         let tools = ToolsServer::new(ToolsService::new(self.gateway.clone()))
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
+        let workspaces = crate::proto::workspaces_server::WorkspacesServer::new(
+            crate::gateway::workspaces::WorkspacesService::new(self.store.clone()),
+        )
+        .max_encoding_message_size(64 << 20);
         let link = WorkerLinkServer::new(WorkerLinkService::new(
             self.scheduler.clone(),
             self.store.clone(),
@@ -118,6 +122,7 @@ impl ControlPlane {
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
             .add_service(tools)
+            .add_service(workspaces)
             .add_service(link)
             .serve_with_incoming(incoming);
         // Workers can attach from now on: the re-attach grace of recovered calls starts here,

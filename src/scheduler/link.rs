@@ -80,6 +80,7 @@ fn event(event: control_event::Event) -> Result<ControlEvent, Status> {
 impl WorkerLink for WorkerLinkService {
     type AttachStream = EventStream<ControlEvent>;
     type FetchArtifactStream = EventStream<proto::ArtifactChunk>;
+    type FetchWorkspaceStream = EventStream<proto::WorkspaceChunk>;
 
     async fn attach(
         &self,
@@ -223,5 +224,212 @@ impl WorkerLink for WorkerLinkService {
             })
             .collect();
         Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+    }
+
+    async fn fetch_workspace(
+        &self,
+        request: Request<proto::FetchWorkspaceRequest>,
+    ) -> Result<Response<Self::FetchWorkspaceStream>, Status> {
+        self.authenticate(request.metadata()).await?;
+        let request = request.into_inner();
+        let chunks = workspace_chunks(self.store.as_ref(), &request.call_id, request.epoch).await?;
+        Ok(Response::new(Box::pin(tokio_stream::iter(
+            chunks.into_iter().map(Ok),
+        ))))
+    }
+}
+
+/// The chunks of the version a call started from: its tree first, then each blob in pieces
+/// of at most [`CHUNK`] bytes. Only for a call running under `epoch`, and only to an authenticated worker.
+pub async fn workspace_chunks(
+    store: &dyn Store,
+    call_id: &str,
+    epoch: u64,
+) -> Result<Vec<proto::WorkspaceChunk>, Status> {
+    let internal = |e: crate::store::StoreError| Status::internal(e.to_string());
+    let seen = store
+        .call_workspace(call_id)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| Status::not_found(format!("call {call_id} has no workspace")))?;
+    if seen.state != crate::call::CallState::Running || seen.epoch != epoch {
+        return Err(Status::failed_precondition(format!(
+            "call {call_id} is not running under epoch {epoch}"
+        )));
+    }
+    let base = seen.base.ok_or_else(|| {
+        Status::failed_precondition(format!("call {call_id} has no base version yet"))
+    })?;
+    let version = store
+        .workspace_version(&seen.key, base)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| Status::internal(format!("workspace {} has no version {base}", seen.key)))?;
+    let mut digests: Vec<String> = version
+        .tree
+        .files
+        .values()
+        .map(|f| f.digest.clone())
+        .collect();
+    digests.sort();
+    digests.dedup();
+    let blobs = store.blobs(&digests).await.map_err(internal)?;
+    if blobs.len() != digests.len() {
+        return Err(Status::internal(format!(
+            "workspace {} version {base} misses blobs",
+            seen.key
+        )));
+    }
+    let mut chunks = vec![proto::WorkspaceChunk {
+        version: base,
+        files: proto::tree_to_wire(&version.tree),
+        ..Default::default()
+    }];
+    for (digest, bytes) in blobs {
+        if bytes.is_empty() {
+            chunks.push(proto::WorkspaceChunk {
+                digest: digest.clone(),
+                ..Default::default()
+            });
+        }
+        for (i, piece) in bytes.chunks(CHUNK).enumerate() {
+            chunks.push(proto::WorkspaceChunk {
+                digest: digest.clone(),
+                offset: (i * CHUNK) as u64,
+                data: piece.to_vec(),
+                ..Default::default()
+            });
+        }
+    }
+    Ok(chunks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{CallAccess, CallStarted, Filesystem, NewCall, RunSummary};
+    use crate::store::{CallOutcome, CallSpec};
+    use crate::workspace::{Commit, Tree, blob_digest};
+
+    fn call(id: &str, agent: &str, filesystem: Filesystem) -> NewCall {
+        NewCall {
+            id: id.into(),
+            namespace: "default".into(),
+            tool: "t".into(),
+            command: "c".into(),
+            release: "r".into(),
+            release_digest: "sha256:00".into(),
+            args: serde_json::json!({}),
+            spec: CallSpec {
+                access: CallAccess {
+                    agent: Some(agent.into()),
+                    filesystem,
+                    ..CallAccess::default()
+                },
+                ..CallSpec::default()
+            },
+            stdin: Vec::new(),
+            idempotency_key: None,
+            request_hash: id.into(),
+            started: CallStarted {
+                namespace: "default".into(),
+                tool: "t".into(),
+                command: "c".into(),
+                release: "r".into(),
+                version: "1.0.0".into(),
+                digest: "sha256:00".into(),
+                args: serde_json::json!({}),
+                argv: Vec::new(),
+                stdin_bytes: 0,
+                idempotency_key: None,
+            },
+            assign_to: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_workspace_goes_only_to_the_current_assignment_tree_first_then_blobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("store.db").display());
+        let store = crate::store::open(&url).await.unwrap();
+        // Version 1 of alice's workspace, with a blob larger than one chunk.
+        let big = vec![7u8; CHUNK + 10];
+        let files: [(&str, &[u8]); 3] = [("a", b"one"), ("big", &big), ("empty", b"")];
+        store
+            .create_call(call("w", "alice", Filesystem::ReadWrite))
+            .await
+            .unwrap();
+        let epoch = store.assign_call("w", "w1").await.unwrap();
+        let commit = Commit {
+            tree: Tree::from_rows(
+                files
+                    .iter()
+                    .map(|(p, b)| (p.to_string(), blob_digest(b), b.len() as u64)),
+            )
+            .unwrap(),
+            blobs: files
+                .iter()
+                .map(|(_, b)| (blob_digest(b), b.to_vec()))
+                .collect(),
+        };
+        let outcome = CallOutcome {
+            result: Ok(serde_json::json!({})),
+            run: RunSummary {
+                exit_code: 0,
+                stdout_bytes: 0,
+                run_micros: 0,
+                epoch,
+                worker: "w1".into(),
+                replayed: 0,
+            },
+            workspace: Some(commit.clone()),
+        };
+        store
+            .complete_call("w", epoch, 0, vec![], outcome)
+            .await
+            .unwrap();
+
+        store
+            .create_call(call("r", "alice", Filesystem::ReadOnly))
+            .await
+            .unwrap();
+        let epoch = store.assign_call("r", "w2").await.unwrap();
+        let chunks = workspace_chunks(store.as_ref(), "r", epoch).await.unwrap();
+        assert_eq!(chunks[0].version, 1);
+        assert_eq!(
+            crate::proto::tree_from_wire(&chunks[0].files).unwrap(),
+            commit.tree
+        );
+        let mut blobs: std::collections::HashMap<String, Vec<u8>> = Default::default();
+        for chunk in &chunks[1..] {
+            let blob = blobs.entry(chunk.digest.clone()).or_default();
+            assert_eq!(chunk.offset, blob.len() as u64);
+            assert!(chunk.data.len() <= CHUNK);
+            blob.extend_from_slice(&chunk.data);
+        }
+        assert_eq!(blobs.len(), 3);
+        assert_eq!(blobs[&blob_digest(&big)], big);
+
+        // Not for an older (or a future) epoch, an ended call, or a call without access.
+        let refused = workspace_chunks(store.as_ref(), "r", epoch + 1)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        store.fence_call("r", epoch, "test").await.unwrap();
+        let refused = workspace_chunks(store.as_ref(), "r", epoch)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        let refused = workspace_chunks(store.as_ref(), "w", 1).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "ended");
+        store
+            .create_call(call("n", "alice", Filesystem::None))
+            .await
+            .unwrap();
+        let epoch = store.assign_call("n", "w1").await.unwrap();
+        let refused = workspace_chunks(store.as_ref(), "n", epoch)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::NotFound);
     }
 }

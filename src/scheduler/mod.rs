@@ -906,5 +906,9 @@ fn assign_of(
         egress_json: serde_json::to_string(&spec.egress).unwrap_or_default(),
         replay_chunks: 0,
         secrets: delivery.secrets,
+        filesystem: match crate::workspace::WorkspaceKey::of_call(&record.namespace, &spec.access) {
+            Some(_) => spec.access.filesystem.as_str().to_string(),
+            None => String::new(),
+        },
     }
 }

@@ -22,6 +22,7 @@
 use crate::auth::worker::secrets_match;
 use crate::call::{CallError, CallRecord, CallState, ErrorKind, Lifecycle, NewCall};
 use crate::catalog::interface::CommandInterface;
+use crate::workspace::{WorkspaceKey, WriteLocks};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,6 +58,11 @@ impl Call {
 
     fn id(&self) -> &str {
         &self.record.id
+    }
+
+    /// The workspace this call writes, if it is a read-write call of an agent.
+    fn writes(&self) -> Option<WorkspaceKey> {
+        WorkspaceKey::written_by(&self.record.namespace, &self.record.spec.access)
     }
 }
 
@@ -376,6 +382,8 @@ pub struct State {
     listening_since: Option<Instant>,
     /// Consecutive failed assignment writes of a call, for its backoff.
     assign_failures: HashMap<String, u32>,
+    /// Which call writes each workspace (from its first assignment until it ends).
+    writers: WriteLocks,
 }
 
 impl State {
@@ -392,6 +400,7 @@ impl State {
             reserved: HashMap::new(),
             listening_since: None,
             assign_failures: HashMap::new(),
+            writers: WriteLocks::default(),
         }
     }
 
@@ -414,6 +423,10 @@ impl State {
                 let until = self.listening_since.map(|t| t + self.timing.reattach_grace);
                 for record in records {
                     let call = Call::new(record, None);
+                    if call.record.epoch > 0 {
+                        // Assigned before the restart: it still holds its workspace.
+                        self.writers.take(call.writes().as_ref(), call.id());
+                    }
                     if call.record.state == CallState::Running {
                         self.orphans
                             .insert(call.id().to_string(), Orphan { call, until });
@@ -509,6 +522,7 @@ impl State {
             }
             Event::AssignRefused { call_id } => {
                 self.release(&call_id);
+                self.writers.release(&call_id);
             }
             Event::AssignFailed { call_id } => {
                 if let Some(running) = self.release(&call_id) {
@@ -537,6 +551,7 @@ impl State {
             }
             Event::FenceRefused { call_id } => {
                 self.fencing.remove(&call_id);
+                self.writers.release(&call_id);
             }
             Event::FenceFailed { call_id } => {
                 let backoff = self.fencing.get(&call_id).map(|f| self.backoff(f.failures));
@@ -552,6 +567,7 @@ impl State {
                 self.fencing.remove(&call_id);
                 self.orphans.remove(&call_id);
                 self.queue.retain(|q| q.call.id() != call_id);
+                self.writers.release(&call_id);
             }
             Event::FailFailed { call_id } => {
                 let backoff = self.failing.get(&call_id).map(|f| self.backoff(f.failures));
@@ -714,6 +730,7 @@ impl State {
                 (None, None, Some(stored)) => Call::new(stored, None),
                 (None, None, None) => continue,
             };
+            self.writers.take(call.writes().as_ref(), call.id());
             busy.insert(id.clone());
             adopted.insert(id.clone());
             self.running.insert(
@@ -891,6 +908,12 @@ impl State {
                 continue;
             }
             let record = queued.call.record.clone();
+            let writes = queued.call.writes();
+            if !self.writers.may_assign(writes.as_ref(), &record.id) {
+                // Another call writes its workspace: it waits, the calls behind it do not.
+                index += 1;
+                continue;
+            }
             let Some((worker, session)) = self.pick(&record) else {
                 index += 1;
                 continue;
@@ -899,6 +922,7 @@ impl State {
                 break;
             };
             let id = record.id.clone();
+            self.writers.take(writes.as_ref(), &id);
             if let Some(w) = self.workers.get_mut(&worker) {
                 w.busy.insert(id.clone());
                 w.cached.insert(record.release_digest.clone());
@@ -958,6 +982,10 @@ impl State {
             // Calls already waiting go first.
             return None;
         }
+        let writes = WorkspaceKey::written_by(&call.namespace, &call.spec.access);
+        if !self.writers.may_assign(writes.as_ref(), &call.id) {
+            return None;
+        }
         let placement = Placement {
             pool: &call.spec.pool,
             release: &call.release,
@@ -965,6 +993,7 @@ impl State {
             instances: call.spec.limits.instances,
         };
         let (worker, session) = self.place(&placement)?;
+        self.writers.take(writes.as_ref(), &call.id);
         if let Some(w) = self.workers.get_mut(&worker) {
             w.busy.insert(call.id.clone());
             w.cached.insert(call.release_digest.clone());
@@ -977,6 +1006,7 @@ impl State {
     /// Gives back a reservation that was not used (the call was a duplicate, or the write
     /// failed).
     pub fn unreserve(&mut self, call_id: &str) {
+        self.writers.release(call_id);
         if let Some((worker, _)) = self.reserved.remove(call_id)
             && let Some(w) = self.workers.get_mut(&worker)
         {
@@ -1774,5 +1804,165 @@ mod tests {
         assert_ne!(s1, s2);
         assert_eq!(fences(&out), [("a".to_string(), 1)]);
         assert!(state.is_session("w1", s2));
+    }
+
+    fn with_fs(id: &str, agent: &str, filesystem: crate::call::Filesystem) -> Call {
+        let mut r = record(id, CallState::Pending, 0, None);
+        r.spec.access = crate::call::CallAccess {
+            agent: Some(agent.into()),
+            filesystem,
+            ..Default::default()
+        };
+        Call::new(r, None)
+    }
+
+    fn submit_ids(state: &mut State, calls: Vec<Call>, now: Instant) -> Vec<String> {
+        let mut ids = Vec::new();
+        for call in calls {
+            ids.extend(
+                assigns(&state.on(Event::Submitted(call), now))
+                    .into_iter()
+                    .map(|(id, _)| id),
+            );
+        }
+        ids
+    }
+
+    #[test]
+    fn read_write_calls_of_one_workspace_run_one_at_a_time_and_others_do_not_wait() {
+        use crate::call::Filesystem::{ReadOnly, ReadWrite};
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        attach(&mut state, "w1", 8, t0);
+        let ids = submit_ids(
+            &mut state,
+            vec![
+                with_fs("w-a1", "a", ReadWrite),
+                with_fs("w-a2", "a", ReadWrite),
+                with_fs("r-a", "a", ReadOnly),
+                with_fs("w-b", "b", ReadWrite),
+                pending("plain"),
+            ],
+            t0,
+        );
+        assert_eq!(ids, ["w-a1", "r-a", "w-b", "plain"], "w-a2 waits for w-a1");
+        state.on(
+            Event::Assigned {
+                call_id: "w-a1".into(),
+                epoch: 1,
+            },
+            t0,
+        );
+        let out = state.on(
+            Event::Finished {
+                call_id: "w-a1".into(),
+            },
+            t0,
+        );
+        assert_eq!(assigns(&out), [("w-a2".to_string(), "w1".to_string())]);
+    }
+
+    #[test]
+    fn a_writer_keeps_its_workspace_while_it_is_fenced_and_reassigned() {
+        use crate::call::Filesystem::ReadWrite;
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let (s1, _) = attach(&mut state, "w1", 1, t0);
+        let ids = submit_ids(&mut state, vec![with_fs("first", "a", ReadWrite)], t0);
+        assert_eq!(ids, ["first"]);
+        state.on(
+            Event::Assigned {
+                call_id: "first".into(),
+                epoch: 1,
+            },
+            t0,
+        );
+        let out = state.on(
+            Event::Detached {
+                worker: "w1".into(),
+                session: s1,
+                reason: "killed".into(),
+            },
+            t0,
+        );
+        assert_eq!(fences(&out), [("first".to_string(), 1)]);
+        // A second writer arrives while the first is being fenced, and a worker frees up.
+        let (_, out) = attach(&mut state, "w2", 2, t0);
+        assert!(assigns(&out).is_empty());
+        let ids = submit_ids(&mut state, vec![with_fs("second", "a", ReadWrite)], t0);
+        assert!(
+            ids.is_empty(),
+            "the fenced writer still holds the workspace"
+        );
+        let out = state.on(
+            Event::Fenced {
+                call_id: "first".into(),
+            },
+            t0,
+        );
+        assert_eq!(assigns(&out), [("first".to_string(), "w2".to_string())]);
+        let out = state.on(
+            Event::Finished {
+                call_id: "first".into(),
+            },
+            t0,
+        );
+        assert_eq!(assigns(&out), [("second".to_string(), "w2".to_string())]);
+    }
+
+    #[test]
+    fn admission_does_not_reserve_a_slot_for_a_second_writer() {
+        use crate::call::Filesystem::{ReadOnly, ReadWrite};
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        attach(&mut state, "w1", 4, t0);
+        let new = |id: &str, fs| {
+            let call = with_fs(id, "a", fs);
+            NewCall {
+                id: id.into(),
+                namespace: call.record.namespace.clone(),
+                tool: "t".into(),
+                command: "c".into(),
+                release: "t-1".into(),
+                release_digest: "sha256:1".into(),
+                args: serde_json::json!({}),
+                spec: call.record.spec.clone(),
+                stdin: Vec::new(),
+                idempotency_key: None,
+                request_hash: String::new(),
+                started: crate::call::CallStarted {
+                    namespace: "default".into(),
+                    tool: "t".into(),
+                    command: "c".into(),
+                    release: "t-1".into(),
+                    version: "1.0.0".into(),
+                    digest: "sha256:1".into(),
+                    args: serde_json::json!({}),
+                    argv: Vec::new(),
+                    stdin_bytes: 0,
+                    idempotency_key: None,
+                },
+                assign_to: None,
+            }
+        };
+        assert!(state.reserve(&new("one", ReadWrite)).is_some());
+        assert!(state.reserve(&new("two", ReadWrite)).is_none());
+        assert!(state.reserve(&new("reader", ReadOnly)).is_some());
+        state.unreserve("one");
+        assert!(state.reserve(&new("two", ReadWrite)).is_some());
+    }
+
+    #[test]
+    fn after_a_restart_a_writer_assigned_before_goes_before_one_never_assigned() {
+        use crate::call::Filesystem::ReadWrite;
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let mut fresh = with_fs("fresh", "a", ReadWrite).record.as_ref().clone();
+        fresh.created_at_ms = 1;
+        let mut fenced = with_fs("fenced", "a", ReadWrite).record.as_ref().clone();
+        fenced.epoch = 2;
+        state.on(Event::Recovered(vec![fresh, fenced]), t0);
+        let (_, out) = attach(&mut state, "w1", 4, t0);
+        assert_eq!(assigns(&out), [("fenced".to_string(), "w1".to_string())]);
     }
 }

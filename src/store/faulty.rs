@@ -364,6 +364,39 @@ impl Store for FaultyStore {
         .await
     }
 
+    async fn call_workspace(
+        &self,
+        call_id: &str,
+    ) -> Result<Option<super::CallWorkspace>, StoreError> {
+        self.inner.call_workspace(call_id).await
+    }
+
+    async fn workspace_head(
+        &self,
+        key: &crate::workspace::WorkspaceKey,
+    ) -> Result<crate::workspace::Version, StoreError> {
+        self.inner.workspace_head(key).await
+    }
+
+    async fn workspace_version(
+        &self,
+        key: &crate::workspace::WorkspaceKey,
+        version: u64,
+    ) -> Result<Option<crate::workspace::Version>, StoreError> {
+        self.inner.workspace_version(key, version).await
+    }
+
+    async fn workspace_history(
+        &self,
+        key: &crate::workspace::WorkspaceKey,
+    ) -> Result<Vec<crate::workspace::Version>, StoreError> {
+        self.inner.workspace_history(key).await
+    }
+
+    async fn blobs(&self, digests: &[String]) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.inner.blobs(digests).await
+    }
+
     fn artifact_purges(&self) -> u64 {
         self.inner.artifact_purges()
     }
@@ -456,6 +489,7 @@ mod tests {
                 worker: "w".into(),
                 replayed: 0,
             },
+            workspace: None,
         };
         assert!(
             faulty

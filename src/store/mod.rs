@@ -24,6 +24,8 @@ pub use crate::call::{
 pub use faulty::{FaultyStore, Op};
 pub use sql::{OpenOptions, RetryPolicy, SCHEMA_VERSION, SqlStore, is_transient};
 
+use crate::call::Filesystem;
+use crate::workspace::{self, WorkspaceKey};
 use async_trait::async_trait;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -135,6 +137,37 @@ pub trait Store: Send + Sync + 'static {
     fn artifact_purges(&self) -> u64 {
         0
     }
+
+    /// The workspace a call sees, with the base version pinned at its first assignment
+    /// (`None`: no such call, or it sees no workspace).
+    async fn call_workspace(&self, call_id: &str) -> Result<Option<CallWorkspace>, StoreError>;
+    /// The newest version of a workspace (version 0, the empty tree, when none is stored).
+    async fn workspace_head(&self, key: &WorkspaceKey) -> Result<workspace::Version, StoreError>;
+    /// One version of a workspace (0 is the empty tree); `None` if it does not exist.
+    async fn workspace_version(
+        &self,
+        key: &WorkspaceKey,
+        version: u64,
+    ) -> Result<Option<workspace::Version>, StoreError>;
+    /// Every stored version of a workspace, oldest first.
+    async fn workspace_history(
+        &self,
+        key: &WorkspaceKey,
+    ) -> Result<Vec<workspace::Version>, StoreError>;
+    /// The blobs among `digests` the store has, as `(digest, bytes)`.
+    async fn blobs(&self, digests: &[String]) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+}
+
+/// The workspace one call sees (see [`Store::call_workspace`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallWorkspace {
+    pub key: WorkspaceKey,
+    pub filesystem: Filesystem,
+    /// The version the call started from, pinned durably at its first assignment and reused
+    /// by every re-assignment; `None` while it was never assigned.
+    pub base: Option<u64>,
+    pub state: CallState,
+    pub epoch: u64,
 }
 
 /// What [`Store::delete_finished_before`] deleted.
@@ -152,6 +185,12 @@ pub struct CallOutcome {
     pub result: Result<serde_json::Value, CallError>,
     /// What the worker reported of the run (recorded in the `outcome` entry).
     pub run: RunSummary,
+    /// A succeeded read-write call's workspace: committed as the base version + 1 in the
+    /// same transaction that ends the call, if the head is still the base, the tree within
+    /// the workspace limits and every blob present and matching its digest (otherwise the
+    /// call fails `workspace-conflict`, `workspace-limit` or `workspace-invalid` and
+    /// nothing is committed). Ignored for a failed call.
+    pub workspace: Option<workspace::Commit>,
 }
 
 /// Opens the store named by `url` (`sqlite://PATH` or `postgres://...`), upgrading its

@@ -2,6 +2,7 @@
 
 use super::{CallOutcome, RetentionReport, Store, StoreError};
 use crate::call::*;
+use crate::workspace::{self, WorkspaceKey};
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -179,10 +180,44 @@ const MIGRATIONS: &[Migration] = &[
             ]
         },
     },
+    // Workspaces: blobs by digest, versions by (namespace, agent, version), and the version
+    // each call started from (pinned at its first assignment).
+    Migration {
+        version: 5,
+        statements: schema_v5,
+    },
 ];
 
 /// The schema version this binary writes; a store at a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 5;
+
+fn schema_v5(backend: Backend) -> Vec<String> {
+    let blob = match backend {
+        Backend::Sqlite => "BLOB",
+        Backend::Postgres => "BYTEA",
+    };
+    vec![
+        "ALTER TABLE calls ADD COLUMN workspace_base BIGINT".into(),
+        "CREATE TABLE IF NOT EXISTS workspace_blobs (
+            digest TEXT PRIMARY KEY,
+            size BIGINT NOT NULL,
+            bytes BLOBTYPE NOT NULL,
+            created_at_ms BIGINT NOT NULL
+        )"
+        .replace("BLOBTYPE", blob),
+        "CREATE TABLE IF NOT EXISTS workspace_versions (
+            namespace TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            version BIGINT NOT NULL,
+            tree_json TEXT NOT NULL,
+            tree_digest TEXT NOT NULL,
+            created_at_ms BIGINT NOT NULL,
+            call_id TEXT NOT NULL,
+            PRIMARY KEY (namespace, agent, version)
+        )"
+        .into(),
+    ]
+}
 
 fn schema_v1(backend: Backend) -> Vec<String> {
     let blob = match backend {
@@ -601,11 +636,31 @@ async fn execute(conn: &mut AnyConnection, op: &WriteOp, again: bool) -> Result<
             entries,
             outcome,
         } => {
+            // A succeeded call's workspace goes in with its end, or the call fails instead.
+            let mut judged;
+            let mut outcome = outcome;
+            let mut commit = None;
+            if outcome.result.is_ok()
+                && let Some(workspace) = &outcome.workspace
+            {
+                match commit_refusal(conn, call_id, *epoch, workspace).await? {
+                    Some(error) => {
+                        judged = outcome.clone();
+                        judged.result = Err(error);
+                        judged.workspace = None;
+                        outcome = &judged;
+                    }
+                    None => commit = Some(workspace),
+                }
+            }
             match reserve_and_insert(conn, call_id, *epoch, *first_wseq, entries, Some(outcome))
                 .await
             {
                 Ok(record) => {
                     let record = record.ok_or_else(|| StoreError::NotFound(call_id.clone()))?;
+                    if let Some(commit) = commit {
+                        commit_version(conn, call_id, commit).await?;
+                    }
                     Ok(Reply::Record(Box::new(record)))
                 }
                 Err(StoreError::StaleEpoch {
@@ -864,7 +919,12 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
     let started = OplogEntry::CallStarted(call.started.clone());
     insert_entry(conn, &call.id, 0, 0, &started, now).await?;
     if let Some((lifecycle, assigned)) = &assignment {
-        insert_entry(conn, &call.id, 1, lifecycle.epoch as i64, assigned, now).await?;
+        let base = pin_workspace_base(conn, &call.id, &call.namespace, &call.spec).await?;
+        let mut assigned = assigned.clone();
+        if let OplogEntry::Assigned(entry) = &mut assigned {
+            entry.workspace_version = base;
+        }
+        insert_entry(conn, &call.id, 1, lifecycle.epoch as i64, &assigned, now).await?;
     }
     Ok(Created::New(call_from_row(&inserted)?))
 }
@@ -895,7 +955,8 @@ async fn insert_entry(
 async fn assign(conn: &mut AnyConnection, call_id: &str, worker: &str) -> Result<u64, StoreError> {
     let row = sqlx::query(
         "UPDATE calls SET epoch = epoch + 1, worker = $2, state = 'running', next_seq = next_seq + 1 \
-         WHERE id = $1 AND state IN ('pending', 'running') RETURNING epoch, next_seq",
+         WHERE id = $1 AND state IN ('pending', 'running') \
+         RETURNING epoch, next_seq, namespace, spec_json, workspace_base",
     )
     .bind(call_id)
     .bind(worker)
@@ -906,12 +967,216 @@ async fn assign(conn: &mut AnyConnection, call_id: &str, worker: &str) -> Result
     };
     let epoch: i64 = row.try_get("epoch")?;
     let next_seq: i64 = row.try_get("next_seq")?;
+    let workspace_version = match row.try_get::<Option<i64>, _>("workspace_base")? {
+        Some(base) => Some(base as u64),
+        None => {
+            let namespace: String = row.try_get("namespace")?;
+            let spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
+            pin_workspace_base(conn, call_id, &namespace, &spec).await?
+        }
+    };
     let entry = OplogEntry::Assigned(Assigned {
         worker: worker.to_string(),
         epoch: epoch as u64,
+        workspace_version,
     });
     insert_entry(conn, call_id, next_seq - 1, epoch, &entry, now_ms()).await?;
     Ok(epoch as u64)
+}
+
+/// At a call's first assignment, records the head of the workspace it sees as its base:
+/// every later assignment (a replay after failover) starts from the same version. Returns
+/// the base (`None` for a call without a workspace).
+async fn pin_workspace_base(
+    conn: &mut AnyConnection,
+    call_id: &str,
+    namespace: &str,
+    spec: &CallSpec,
+) -> Result<Option<u64>, StoreError> {
+    let Some(key) = WorkspaceKey::of_call(namespace, &spec.access) else {
+        return Ok(None);
+    };
+    let head = head_version(conn, &key).await?;
+    sqlx::query("UPDATE calls SET workspace_base = $2 WHERE id = $1 AND workspace_base IS NULL")
+        .bind(call_id)
+        .bind(head as i64)
+        .execute(&mut *conn)
+        .await?;
+    Ok(Some(head))
+}
+
+/// The newest stored version of a workspace (0 when none is).
+async fn head_version(conn: &mut AnyConnection, key: &WorkspaceKey) -> Result<u64, StoreError> {
+    let row = sqlx::query(
+        "SELECT MAX(version) AS head FROM workspace_versions WHERE namespace = $1 AND agent = $2",
+    )
+    .bind(key.namespace.as_str())
+    .bind(key.agent.as_str())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(row.try_get::<Option<i64>, _>("head")?.unwrap_or(0) as u64)
+}
+
+/// Why a succeeded call's workspace commit cannot be taken (the call then fails with it),
+/// checked in the transaction that would end the call. `Ok(None)`: the commit may go in
+/// (or the call is not running under `epoch`, which the completion itself refuses).
+async fn commit_refusal(
+    conn: &mut AnyConnection,
+    call_id: &str,
+    epoch: u64,
+    commit: &workspace::Commit,
+) -> Result<Option<CallError>, StoreError> {
+    let row = sqlx::query(
+        "SELECT namespace, spec_json, workspace_base FROM calls \
+         WHERE id = $1 AND epoch = $2 AND state = 'running'",
+    )
+    .bind(call_id)
+    .bind(epoch as i64)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let namespace: String = row.try_get("namespace")?;
+    let spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
+    let invalid = |message: String| Ok(Some(CallError::new(ErrorKind::WorkspaceInvalid, message)));
+    let Some(key) = WorkspaceKey::written_by(&namespace, &spec.access) else {
+        return invalid("the worker sent a workspace for a call that may not write one".into());
+    };
+    let Some(base) = row.try_get::<Option<i64>, _>("workspace_base")? else {
+        return invalid("the call has no base version".into());
+    };
+    let head = head_version(conn, &key).await?;
+    if head != base as u64 {
+        return Ok(Some(CallError::new(
+            ErrorKind::WorkspaceConflict,
+            format!("workspace {key} is at version {head}, not at {base} where the call started"),
+        )));
+    }
+    if let Err(exceeded) = workspace::Limits::default().check(&commit.tree) {
+        return Ok(Some(CallError::new(
+            ErrorKind::WorkspaceLimit,
+            exceeded.to_string(),
+        )));
+    }
+    if let Err(error) = commit.tree.validate() {
+        return invalid(error.to_string());
+    }
+    let mut sent = HashSet::new();
+    for (digest, bytes) in &commit.blobs {
+        if workspace::blob_digest(bytes) != *digest {
+            return invalid(format!("blob {digest} does not match its bytes"));
+        }
+        sent.insert(digest.as_str());
+    }
+    let missing: Vec<String> = commit
+        .tree
+        .files
+        .values()
+        .map(|f| f.digest.clone())
+        .filter(|d| !sent.contains(d.as_str()))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let stored = stored_blobs(conn, &missing).await?;
+    if let Some(absent) = missing.iter().find(|d| !stored.contains(*d)) {
+        return invalid(format!("blob {absent} was neither sent nor stored"));
+    }
+    for (path, file) in &commit.tree.files {
+        if let Some((_, bytes)) = commit.blobs.iter().find(|(d, _)| *d == file.digest)
+            && bytes.len() as u64 != file.size
+        {
+            return invalid(format!(
+                "{path}: size {} does not match its blob",
+                file.size
+            ));
+        }
+    }
+    Ok(None)
+}
+
+/// Which of `digests` are stored.
+async fn stored_blobs(
+    conn: &mut AnyConnection,
+    digests: &[String],
+) -> Result<HashSet<String>, StoreError> {
+    let mut out = HashSet::new();
+    for chunk in digests.chunks(100) {
+        let sql = format!(
+            "SELECT digest FROM workspace_blobs WHERE digest IN ({})",
+            placeholders(1, chunk.len())
+        );
+        // Only numbered placeholders are formatted into the statement.
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for digest in chunk {
+            query = query.bind(digest.as_str());
+        }
+        for row in query.fetch_all(&mut *conn).await? {
+            out.insert(row.try_get::<String, _>("digest")?);
+        }
+    }
+    Ok(out)
+}
+
+/// Writes a commit as version `base + 1` of the call's workspace (checked by
+/// [`commit_refusal`] in the same transaction).
+async fn commit_version(
+    conn: &mut AnyConnection,
+    call_id: &str,
+    commit: &workspace::Commit,
+) -> Result<(), StoreError> {
+    let row = sqlx::query("SELECT namespace, spec_json, workspace_base FROM calls WHERE id = $1")
+        .bind(call_id)
+        .fetch_one(&mut *conn)
+        .await?;
+    let namespace: String = row.try_get("namespace")?;
+    let spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
+    let key = WorkspaceKey::written_by(&namespace, &spec.access)
+        .ok_or_else(|| StoreError::Corrupt(format!("call {call_id} writes no workspace")))?;
+    let base = row
+        .try_get::<Option<i64>, _>("workspace_base")?
+        .ok_or_else(|| StoreError::Corrupt(format!("call {call_id} has no base version")))?;
+    let now = now_ms();
+    for (digest, bytes) in &commit.blobs {
+        sqlx::query(
+            "INSERT INTO workspace_blobs (digest, size, bytes, created_at_ms) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (digest) DO NOTHING",
+        )
+        .bind(digest.as_str())
+        .bind(bytes.len() as i64)
+        .bind(bytes.as_slice())
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    }
+    sqlx::query(
+        "INSERT INTO workspace_versions (namespace, agent, version, tree_json, tree_digest, created_at_ms, call_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(key.namespace.as_str())
+    .bind(key.agent.as_str())
+    .bind(base + 1)
+    .bind(commit.tree.to_json())
+    .bind(commit.tree.digest())
+    .bind(now)
+    .bind(call_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+fn version_from_row(row: &AnyRow) -> Result<workspace::Version, StoreError> {
+    let tree = workspace::Tree::from_json(&row.try_get::<String, _>("tree_json")?)
+        .map_err(|e| StoreError::Corrupt(format!("workspace tree: {e}")))?;
+    Ok(workspace::Version {
+        key: WorkspaceKey::new(
+            row.try_get::<String, _>("namespace")?,
+            row.try_get::<String, _>("agent")?,
+        ),
+        version: row.try_get::<i64, _>("version")? as u64,
+        tree,
+        tree_digest: row.try_get("tree_digest")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        call_id: row.try_get("call_id")?,
+    })
 }
 
 async fn fence(
@@ -1416,6 +1681,105 @@ impl Store for SqlStore {
         }
         report.artifacts = artifacts;
         Ok(report)
+    }
+
+    async fn call_workspace(
+        &self,
+        call_id: &str,
+    ) -> Result<Option<super::CallWorkspace>, StoreError> {
+        let row = sqlx::query(
+            "SELECT namespace, spec_json, workspace_base, state, epoch FROM calls WHERE id = $1",
+        )
+        .bind(call_id)
+        .fetch_optional(&self.reads)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let namespace: String = row.try_get("namespace")?;
+        let spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
+        let Some(key) = WorkspaceKey::of_call(&namespace, &spec.access) else {
+            return Ok(None);
+        };
+        let state: String = row.try_get("state")?;
+        Ok(Some(super::CallWorkspace {
+            key,
+            filesystem: spec.access.filesystem,
+            base: row
+                .try_get::<Option<i64>, _>("workspace_base")?
+                .map(|v| v as u64),
+            state: CallState::parse(&state)
+                .ok_or_else(|| StoreError::Corrupt(format!("call state {state:?}")))?,
+            epoch: row.try_get::<i64, _>("epoch")? as u64,
+        }))
+    }
+
+    async fn workspace_head(&self, key: &WorkspaceKey) -> Result<workspace::Version, StoreError> {
+        let row = sqlx::query(
+            "SELECT namespace, agent, version, tree_json, tree_digest, created_at_ms, call_id \
+             FROM workspace_versions WHERE namespace = $1 AND agent = $2 \
+             ORDER BY version DESC LIMIT 1",
+        )
+        .bind(key.namespace.as_str())
+        .bind(key.agent.as_str())
+        .fetch_optional(&self.reads)
+        .await?;
+        match row {
+            Some(row) => version_from_row(&row),
+            None => Ok(workspace::Version::empty(key.clone())),
+        }
+    }
+
+    async fn workspace_version(
+        &self,
+        key: &WorkspaceKey,
+        version: u64,
+    ) -> Result<Option<workspace::Version>, StoreError> {
+        if version == 0 {
+            return Ok(Some(workspace::Version::empty(key.clone())));
+        }
+        let row = sqlx::query(
+            "SELECT namespace, agent, version, tree_json, tree_digest, created_at_ms, call_id \
+             FROM workspace_versions WHERE namespace = $1 AND agent = $2 AND version = $3",
+        )
+        .bind(key.namespace.as_str())
+        .bind(key.agent.as_str())
+        .bind(version.min(i64::MAX as u64) as i64)
+        .fetch_optional(&self.reads)
+        .await?;
+        row.map(|row| version_from_row(&row)).transpose()
+    }
+
+    async fn workspace_history(
+        &self,
+        key: &WorkspaceKey,
+    ) -> Result<Vec<workspace::Version>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT namespace, agent, version, tree_json, tree_digest, created_at_ms, call_id \
+             FROM workspace_versions WHERE namespace = $1 AND agent = $2 ORDER BY version",
+        )
+        .bind(key.namespace.as_str())
+        .bind(key.agent.as_str())
+        .fetch_all(&self.reads)
+        .await?;
+        rows.iter().map(version_from_row).collect()
+    }
+
+    async fn blobs(&self, digests: &[String]) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let mut out = Vec::new();
+        for chunk in digests.chunks(100) {
+            let sql = format!(
+                "SELECT digest, bytes FROM workspace_blobs WHERE digest IN ({})",
+                placeholders(1, chunk.len())
+            );
+            // Only numbered placeholders are formatted into the statement.
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for digest in chunk {
+                query = query.bind(digest.as_str());
+            }
+            for row in query.fetch_all(&self.reads).await? {
+                out.push((row.try_get("digest")?, row.try_get("bytes")?));
+            }
+        }
+        Ok(out)
     }
 
     fn artifact_purges(&self) -> u64 {

@@ -10,6 +10,7 @@ pub mod process;
 pub mod recorder;
 pub mod runtime;
 pub mod secrets;
+pub mod workspace;
 
 pub use process::{WorkerConfig, WorkerCredential, run};
 pub use runtime::{Compiled, Failure, RunOutcome, RunRequest, Runtime, RuntimeConfig};

@@ -349,7 +349,7 @@ fn start_call(
         async move {
             let call_id = assign.call_id.clone();
             let result = match run_call(&runtime, &slot, &worker_id, assign).await {
-                Ran::Result(result) => result,
+                Ran::Result(result) => *result,
                 Ran::Fenced => {
                     // The call belongs to another worker now; forget it quietly.
                     let mut calls = in_flight_task.lock();
@@ -405,7 +405,7 @@ fn start_call(
 /// How one assignment ended on this worker.
 enum Ran {
     /// It ran to an end (a result or a failure) to report.
-    Result(proto::CallResult),
+    Result(Box<proto::CallResult>),
     /// It was taken away mid-run: report nothing.
     Fenced,
     /// A commit went unacknowledged, so it stopped; the reason is reported.
@@ -459,6 +459,7 @@ async fn run_call(
         epoch: assign.epoch,
         ..Default::default()
     };
+    tracing::info!(filesystem = %assign.filesystem, "call started");
     if let Some(link) = slot.get() {
         let progress = proto::WorkerProgress {
             call_id: assign.call_id.clone(),
@@ -482,7 +483,7 @@ async fn run_call(
             tracing::error!(%error, "cannot prepare the release");
             result.failure_kind = kind.into();
             result.failure_message = error.to_string();
-            return Ran::Result(result);
+            return Ran::Result(Box::new(result));
         }
     };
     let limits = assign.limits.unwrap_or_default();
@@ -496,7 +497,7 @@ async fn run_call(
                 result.failure_kind = "internal".into();
                 result.failure_message =
                     format!("the assignment's egress rules do not parse: {error}");
-                return Ran::Result(result);
+                return Ran::Result(Box::new(result));
             }
         }
     };
@@ -516,7 +517,7 @@ async fn run_call(
         Err(error) => {
             result.failure_kind = crate::error::ErrorKind::ReplayDivergence.as_str().into();
             result.failure_message = format!("the replay cannot be read: {error}");
-            return Ran::Result(result);
+            return Ran::Result(Box::new(result));
         }
     };
     let mut prelude = Vec::new();
@@ -528,6 +529,26 @@ async fn run_call(
             entries: replay.len() as u64,
         }));
     }
+    // The workspace: a fresh copy of the call's base version, removed when the call ends.
+    let (workspace, base_tree) = match assign.filesystem.as_str() {
+        "" => (None, None),
+        access @ ("readOnly" | "readWrite") => {
+            match prepare_workspace(slot.clone(), &assign.call_id, assign.epoch).await {
+                Ok((dir, tree)) => (Some((dir, access == "readWrite")), Some(tree)),
+                Err((kind, message)) => {
+                    tracing::error!(%message, "cannot prepare the workspace");
+                    result.failure_kind = kind.as_str().into();
+                    result.failure_message = message;
+                    return Ran::Result(Box::new(result));
+                }
+            }
+        }
+        other => {
+            result.failure_kind = crate::error::ErrorKind::Internal.as_str().into();
+            result.failure_message = format!("unknown filesystem access {other:?}");
+            return Ran::Result(Box::new(result));
+        }
+    };
     let sent = Arc::new(AtomicU64::new(0));
     let sink: Arc<dyn OplogSink> = Arc::new(LinkSink {
         slot: slot.clone(),
@@ -560,6 +581,12 @@ async fn run_call(
             .into_iter()
             .map(|(name, value)| (name, crate::call::SecretValue::new(value)))
             .collect(),
+        workspace: workspace
+            .as_ref()
+            .map(|(dir, writable)| super::workspace::WorkspaceMount {
+                dir: dir.path().to_path_buf(),
+                writable: *writable,
+            }),
     };
     let outcome = runtime.run(&compiled, request).await;
     let (replayed, recorded) = outcome.log.counts();
@@ -596,6 +623,38 @@ async fn run_call(
     if let Some(failure) = outcome.failure {
         result.failure_kind = failure.kind.as_str().into();
         result.failure_message = failure.message;
+    } else if outcome.exit_code == 0
+        && let (Some((dir, true)), Some(base)) = (workspace, base_tree)
+    {
+        // A read-write call that exited 0: its tree goes back with the result, committed
+        // only if the call is judged a success.
+        let scanned = tokio::task::spawn_blocking(move || {
+            let scanned = super::workspace::scan(dir.path(), &crate::workspace::Limits::default());
+            drop(dir);
+            scanned.map(|s| {
+                let blobs = s.new_blobs(&base);
+                (s.tree, blobs)
+            })
+        })
+        .await;
+        match scanned {
+            Ok(Ok((tree, blobs))) => {
+                result.has_workspace = true;
+                result.workspace_tree = proto::tree_to_wire(&tree);
+                result.workspace_blobs = blobs
+                    .into_iter()
+                    .map(|(digest, data)| proto::WorkspaceBlob { digest, data })
+                    .collect();
+            }
+            Ok(Err(error)) => {
+                result.failure_kind = error.kind().as_str().into();
+                result.failure_message = error.to_string();
+            }
+            Err(error) => {
+                result.failure_kind = crate::error::ErrorKind::Internal.as_str().into();
+                result.failure_message = format!("the workspace scan stopped: {error}");
+            }
+        }
     }
     // Entries still buffered go with the result, unless they are large: then they are
     // committed first (in link-sized appends), so the result message stays small.
@@ -623,7 +682,7 @@ async fn run_call(
     result.run_micros = outcome.elapsed.as_micros() as u64;
     result.replayed = replayed as u64;
     result.recorded = recorded as u64;
-    Ran::Result(result)
+    Ran::Result(Box::new(result))
 }
 
 /// Commits a call's entries over the current attachment under its epoch.
@@ -695,4 +754,127 @@ async fn fetch_artifact(slot: LinkSlot, digest: String) -> Result<Vec<u8>, Prepa
         }
     }
     Err(PrepareError::Fetch(last_error))
+}
+
+/// Fetches the call's base version and writes it into a fresh directory.
+async fn prepare_workspace(
+    slot: LinkSlot,
+    call_id: &str,
+    epoch: u64,
+) -> Result<(tempfile::TempDir, crate::workspace::Tree), (crate::error::ErrorKind, String)> {
+    use crate::error::ErrorKind;
+    let (tree, blobs) = fetch_workspace(slot, call_id, epoch).await.map_err(|e| {
+        (
+            ErrorKind::Unavailable,
+            format!("cannot fetch the workspace: {e}"),
+        )
+    })?;
+    tokio::task::spawn_blocking(move || {
+        let dir = tempfile::Builder::new()
+            .prefix("toolgrid-workspace-")
+            .tempdir()
+            .map_err(|e| (ErrorKind::Internal, format!("workspace directory: {e}")))?;
+        super::workspace::materialize(dir.path(), &tree, &blobs)
+            .map_err(|e| (e.kind(), e.to_string()))?;
+        Ok((dir, tree))
+    })
+    .await
+    .map_err(|e| {
+        (
+            ErrorKind::Internal,
+            format!("the workspace copy stopped: {e}"),
+        )
+    })?
+}
+
+/// Downloads the version a call starts from: its tree and every blob, checked against the
+/// tree and bounded by the workspace limits. Rides out a reconnect or two.
+async fn fetch_workspace(
+    slot: LinkSlot,
+    call_id: &str,
+    epoch: u64,
+) -> Result<(crate::workspace::Tree, HashMap<String, Vec<u8>>), String> {
+    let limits = crate::workspace::Limits::default();
+    let mut last_error = String::from("not attached to the control plane");
+    for attempt in 0..20 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let Some(link) = slot.get() else { continue };
+        let mut client = match link.client() {
+            Ok(client) => client,
+            Err(error) => {
+                last_error = error;
+                continue;
+            }
+        };
+        let request = proto::FetchWorkspaceRequest {
+            call_id: call_id.to_string(),
+            epoch,
+        };
+        let mut stream = match client.fetch_workspace(request).await {
+            Ok(response) => response.into_inner(),
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::NotFound | tonic::Code::FailedPrecondition | tonic::Code::Internal
+                ) =>
+            {
+                return Err(status.message().to_string());
+            }
+            Err(status) => {
+                last_error = status.message().to_string();
+                continue;
+            }
+        };
+        let mut tree = None;
+        let mut blobs: HashMap<String, Vec<u8>> = HashMap::new();
+        let mut received = 0u64;
+        let complete = loop {
+            match stream.message().await {
+                Ok(Some(chunk)) => {
+                    let Some(tree) = &tree else {
+                        let first = proto::tree_from_wire(&chunk.files)
+                            .map_err(|e| format!("the workspace tree is not acceptable: {e}"))?;
+                        limits.check(&first).map_err(|e| e.to_string())?;
+                        tree = Some(first);
+                        continue;
+                    };
+                    let expected = tree
+                        .files
+                        .values()
+                        .find(|f| f.digest == chunk.digest)
+                        .map(|f| f.size)
+                        .ok_or_else(|| format!("blob {} is not in the tree", chunk.digest))?;
+                    let blob = blobs.entry(chunk.digest.clone()).or_default();
+                    if chunk.offset != blob.len() as u64
+                        || blob.len() as u64 + chunk.data.len() as u64 > expected
+                    {
+                        return Err(format!("blob {} arrived out of order", chunk.digest));
+                    }
+                    received += chunk.data.len() as u64;
+                    if received > limits.max_bytes {
+                        return Err("the workspace is larger than its limit".into());
+                    }
+                    blob.extend_from_slice(&chunk.data);
+                }
+                Ok(None) => break true,
+                Err(status) => {
+                    last_error = status.message().to_string();
+                    break false;
+                }
+            }
+        };
+        if !complete {
+            continue;
+        }
+        let tree = tree.ok_or("the workspace stream was empty")?;
+        for (digest, bytes) in &blobs {
+            if crate::workspace::blob_digest(bytes) != *digest {
+                return Err(format!("blob {digest} does not match its bytes"));
+            }
+        }
+        return Ok((tree, blobs));
+    }
+    Err(last_error)
 }

@@ -329,6 +329,9 @@ pub struct RunRequest {
     /// `${secret:NAME}` in a request resolves to, and what is redacted from responses, the
     /// output and the oplog. Revealable ones are also in `env`, by the caller.
     pub secrets: std::collections::BTreeMap<String, crate::call::SecretValue>,
+    /// The call's workspace copy, preopened at `/workspace` (read-only unless
+    /// `writable`); `None`: no filesystem at all.
+    pub workspace: Option<super::workspace::WorkspaceMount>,
 }
 
 impl std::fmt::Debug for RunRequest {
@@ -344,6 +347,7 @@ impl std::fmt::Debug for RunRequest {
             .field("repeatable", &self.repeatable)
             .field("egress", &self.egress)
             .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .field("workspace", &self.workspace)
             .finish_non_exhaustive()
     }
 }
@@ -663,6 +667,29 @@ impl Runtime {
             .secure_random(RecordedRng::secure(log.clone()))
             .insecure_random(RecordedRng::insecure(log.clone()))
             .insecure_random_seed(seed_of(&request.call_id));
+        if let Some(mount) = &request.workspace {
+            let perms = if mount.writable {
+                wasmtime_wasi::FsPerms::ReadWrite
+            } else {
+                wasmtime_wasi::FsPerms::ReadOnly
+            };
+            if let Err(error) =
+                builder.preopened_dir(&mount.dir, crate::workspace::GUEST_DIR, perms)
+            {
+                return RunOutcome {
+                    exit_code: -1,
+                    stdout: Bytes::new(),
+                    stderr_tail: Bytes::new(),
+                    failure: Some(Failure {
+                        kind: ErrorKind::Internal,
+                        message: format!("cannot open the workspace directory: {error}"),
+                    }),
+                    log,
+                    elapsed: started.elapsed(),
+                    fenced: false,
+                };
+            }
+        }
         let memory = CallMemory::new(request.limits.memory_bytes, trips.clone());
         let limiter = MemoryLimiter::new(memory.clone());
         let timeout = Duration::from_millis(request.limits.timeout_ms.max(1));
