@@ -2,6 +2,10 @@
 //! them. The gateway authenticates callers (`Principal`), the worker link authenticates
 //! workers; both ask a [`TokenReviewer`] about ServiceAccount tokens in a cluster.
 
+pub mod secret;
+
+pub use secret::SecretValue;
+
 use crate::catalog::ObjectKey;
 
 /// The audience of the tokens callers present in a cluster.
