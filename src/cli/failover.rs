@@ -3,7 +3,7 @@
 //! there (its run, replay included, as the finishing worker reports it).
 
 use super::bench::Sample;
-use crate::proto::{self, tools_client::ToolsClient};
+use crate::proto;
 use anyhow::Context;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -168,7 +168,11 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let channel = Channel::from_shared(format!("http://{grpc}"))?
         .connect()
         .await?;
-    let mut client = ToolsClient::new(channel).max_decoding_message_size(64 << 20);
+    let token = super::up::admin_token(&dir.path().join("data"))?;
+    let mut client = super::client::client_of(
+        channel,
+        super::client::Credentials::new(Some(&token), None)?,
+    );
     let request = |run: &str| proto::InvokeRequest {
         tool: "effects".into(),
         command: "run".into(),

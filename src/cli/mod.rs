@@ -40,6 +40,9 @@ enum Commands {
     Calls(client::CallsArgs),
     /// Print a call's oplog.
     Oplog(client::OplogArgs),
+    /// Which tools an agent may call and, for each it may not, why: no binding, binding
+    /// not Ready (and its reason), permission, release range.
+    Why(client::WhyArgs),
     /// Approve a call waiting for approval.
     Approve(client::DecisionArgs),
     /// Deny a call waiting for approval.
@@ -66,6 +69,8 @@ pub mod exit {
     pub const UNAVAILABLE: u8 = 3;
     /// No such tool, command or call.
     pub const NOT_FOUND: u8 = 4;
+    /// No valid token, or the caller may not do this.
+    pub const DENIED: u8 = 6;
     /// Anything else.
     pub const INTERNAL: u8 = 5;
 }
@@ -110,6 +115,7 @@ pub fn main() -> ExitCode {
             Commands::Get(args) => client::get(args).await,
             Commands::Calls(args) => client::calls(args).await,
             Commands::Oplog(args) => client::oplog(args).await,
+            Commands::Why(args) => client::why(args).await,
             Commands::Approve(args) => client::decide(args, true).await,
             Commands::Deny(args) => client::decide(args, false).await,
             Commands::Crds { helm } => match if helm {

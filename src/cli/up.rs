@@ -8,7 +8,7 @@ use crate::store::{FaultyStore, Store};
 use anyhow::Context;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,7 +80,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         reattach_grace: (args.lease.get() * 2).max(Duration::from_secs(2)),
         ..SchedulerConfig::default()
     };
-    let control_plane = ControlPlane::start(store.clone(), config).await?;
+    let admin = admin_token(&data)?;
+    let auth = crate::gateway::Authenticator::new().with_admin_token(&admin);
+    let control_plane = ControlPlane::start(store.clone(), config, auth).await?;
     let source = ManifestSource::new(
         manifests.clone(),
         store.clone(),
@@ -135,6 +137,47 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         _ = server => tracing::error!("the servers stopped"),
     }
     Ok(())
+}
+
+/// The file under `--data` holding the admin token.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+
+/// The admin token of this data directory: created on first start (32 random bytes as hex,
+/// mode 0600), the same on later starts.
+pub fn admin_token(data: &Path) -> anyhow::Result<String> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let path = data.join(ADMIN_TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let token = text.trim().to_string();
+            if token.is_empty() {
+                anyhow::bail!("{} is empty: delete it to make a new admin token", path.display());
+            }
+            let mode = std::fs::metadata(&path)?.permissions().mode();
+            if mode & 0o077 != 0 {
+                tracing::warn!(file = %path.display(), "the admin token is readable by others; making it 0600");
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            }
+            return Ok(token);
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot read {}", path.display()));
+        }
+    }
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes);
+    let token = hex::encode(bytes);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(format!("{token}\n").as_bytes())?;
+    file.sync_all()?;
+    tracing::info!(file = %path.display(), "created the admin token");
+    Ok(token)
 }
 
 /// Waits until every pool that wants workers has one attached.

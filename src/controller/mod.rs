@@ -141,6 +141,9 @@ async fn lead(
             reattach_grace: (settings.worker_lease * 2).max(Duration::from_secs(5)),
             ..SchedulerConfig::default()
         },
+        // Agent tokens only, until the cluster's TokenReviewer is wired in
+        // (`Authenticator::with_reviewer`).
+        crate::gateway::Authenticator::new(),
     )
     .await?;
     let source = source::ClusterSource::start(
