@@ -409,6 +409,36 @@ spec: {}
     }
 
     #[test]
+    fn secrets_are_read_and_bad_data_is_reported_without_its_value() {
+        let set = load(
+            r#"
+apiVersion: v1
+kind: Secret
+metadata: {name: tokens, namespace: team}
+stringData: {token: plain-value}
+data: {b64: czNjcjN0}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: broken}
+data: {key: "not base64 at all!"}
+"#,
+        );
+        assert_eq!(set.secrets.len(), 1);
+        assert_eq!(
+            set.secrets[0].object.metadata.namespace.as_deref(),
+            Some("team")
+        );
+        let data = crate::catalog::Identities::secret_data(&set.secrets[0].object);
+        assert_eq!(data["token"].expose_str(), Some("plain-value"));
+        assert_eq!(data["b64"].expose_str(), Some("s3cr3t"));
+        assert_eq!(set.invalid.len(), 1, "{:?}", set.invalid);
+        let text = set.invalid[0].to_string();
+        assert!(text.contains("Secret"), "{text}");
+        assert!(!text.contains("not base64 at all"), "{text}");
+    }
+
+    #[test]
     fn a_yaml_syntax_error_is_reported() {
         let set = load(
             "kind: Tool

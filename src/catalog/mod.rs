@@ -13,8 +13,8 @@ pub mod wasm;
 pub use resolve::Identities;
 
 pub use snapshot::{
-    Limits, ObjectKey, ResolvedAgent, ResolvedBinding, ResolvedPool, ResolvedRelease,
-    ResolvedTool, ResourceId, ResourceState, Snapshot,
+    Limits, ObjectKey, ResolvedAgent, ResolvedBinding, ResolvedPool, ResolvedRelease, ResolvedTool,
+    ResourceId, ResourceState, Snapshot,
 };
 pub use source::ManifestSource;
 

@@ -5,14 +5,14 @@
 use super::artifacts::{ArtifactOutcome, is_valid_digest, source_kind};
 use super::interface::{CommandInterface, FieldError, is_kebab};
 use super::manifest::{ResourceSet, Source, Sourced};
-use crate::auth::SecretValue;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use super::snapshot::*;
 use crate::api::conditions::{self, Desired, Reason};
 use crate::api::{
     Agent, Kind, KindStatus, Middleware, Tool, ToolBinding, ToolBindingStatus, ToolRelease,
     ToolReleaseStatus, ToolStatus, WorkerPool, WorkerPoolStatus,
 };
+use crate::auth::SecretValue;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -172,7 +172,11 @@ fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(Reason, 
 }
 
 /// An Agent that passed its checks, with what it refers to resolved.
-fn resolved_agent(agent: &Agent, key: &ObjectKey, identities: Option<&Identities>) -> ResolvedAgent {
+fn resolved_agent(
+    agent: &Agent,
+    key: &ObjectKey,
+    identities: Option<&Identities>,
+) -> ResolvedAgent {
     let spec = &agent.spec;
     let at = |name: &str| ObjectKey::new(key.namespace.clone(), name);
     let token_digest = identities.and_then(|ids| {
@@ -841,10 +845,7 @@ impl<'a> Resolver<'a> {
                     status.resolved_release = Some(key.name.clone());
                     columns.push(("Release".into(), key.name.clone()));
                     release = Some(key.clone());
-                    Desired::ready(
-                        Reason::Resolved,
-                        format!("calls run release {}", key.name),
-                    )
+                    Desired::ready(Reason::Resolved, format!("calls run release {}", key.name))
                 }
             };
             self.record_declared(&d, ready, KindStatus::ToolBinding(status), columns);

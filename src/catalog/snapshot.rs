@@ -3,7 +3,9 @@
 
 use super::interface::CommandInterface;
 use crate::api::conditions::Desired;
-use crate::api::{AgentSpec, Effect, Kind, NetworkPolicy, ToolBindingSpec, ToolSpec, WorkerPoolSpec};
+use crate::api::{
+    AgentSpec, Effect, Kind, NetworkPolicy, ToolBindingSpec, ToolSpec, WorkerPoolSpec,
+};
 use crate::auth::SecretValue;
 use serde_json::Value;
 use std::collections::BTreeMap;

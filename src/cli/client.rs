@@ -73,7 +73,9 @@ impl tonic::service::Interceptor for Credentials {
         mut request: tonic::Request<()>,
     ) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(value) = &self.authorization {
-            request.metadata_mut().insert("authorization", value.clone());
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
         }
         if let Some(value) = &self.act_as {
             request.metadata_mut().insert("toolgrid-as", value.clone());
@@ -551,7 +553,13 @@ fn print_why(tools: &[&proto::ToolAccess]) {
     let rows: Vec<Vec<String>> = tools
         .iter()
         .map(|t| {
-            let dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
+            let dash = |s: &str| {
+                if s.is_empty() {
+                    "-".to_string()
+                } else {
+                    s.to_string()
+                }
+            };
             if t.allowed {
                 vec![
                     t.tool.clone(),

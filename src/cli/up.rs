@@ -151,7 +151,10 @@ pub fn admin_token(data: &Path) -> anyhow::Result<String> {
         Ok(text) => {
             let token = text.trim().to_string();
             if token.is_empty() {
-                anyhow::bail!("{} is empty: delete it to make a new admin token", path.display());
+                anyhow::bail!(
+                    "{} is empty: delete it to make a new admin token",
+                    path.display()
+                );
             }
             let mode = std::fs::metadata(&path)?.permissions().mode();
             if mode & 0o077 != 0 {

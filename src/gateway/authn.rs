@@ -150,7 +150,11 @@ pub fn bearer_token(authorization: Option<&str>) -> Result<&str, ApiError> {
 
 /// The admin or an Agent, when `token` is the admin token or an Agent's token. Compares
 /// SHA-256 digests, each in constant time, against every candidate.
-pub fn match_token(token: &str, admin: Option<&[u8; 32]>, snapshot: &Snapshot) -> Option<Principal> {
+pub fn match_token(
+    token: &str,
+    admin: Option<&[u8; 32]>,
+    snapshot: &Snapshot,
+) -> Option<Principal> {
     let digest = sha256(token.as_bytes());
     let mut found = None;
     if let Some(admin) = admin
@@ -174,7 +178,10 @@ pub fn match_token(token: &str, admin: Option<&[u8; 32]>, snapshot: &Snapshot) -
 }
 
 /// The Agent whose `spec.serviceAccount` is the reviewed ServiceAccount (same namespace).
-pub fn agent_of_service_account(reviewed: &ReviewedToken, snapshot: &Snapshot) -> Option<ObjectKey> {
+pub fn agent_of_service_account(
+    reviewed: &ReviewedToken,
+    snapshot: &Snapshot,
+) -> Option<ObjectKey> {
     let account = reviewed.service_account()?;
     snapshot
         .agents
@@ -292,8 +299,14 @@ mod tests {
         assert_eq!(bearer_token(Some("Bearer abc")).unwrap(), "abc");
         assert_eq!(bearer_token(Some("bearer abc")).unwrap(), "abc");
         assert_eq!(kind(bearer_token(None)), ErrorKind::Unauthenticated);
-        assert_eq!(kind(bearer_token(Some("Basic abc"))), ErrorKind::Unauthenticated);
-        assert_eq!(kind(bearer_token(Some("Bearer "))), ErrorKind::Unauthenticated);
+        assert_eq!(
+            kind(bearer_token(Some("Basic abc"))),
+            ErrorKind::Unauthenticated
+        );
+        assert_eq!(
+            kind(bearer_token(Some("Bearer "))),
+            ErrorKind::Unauthenticated
+        );
         assert_eq!(kind(bearer_token(Some("abc"))), ErrorKind::Unauthenticated);
         let long = format!("Bearer {}", "x".repeat(MAX_TOKEN_BYTES + 1));
         assert_eq!(kind(bearer_token(Some(&long))), ErrorKind::Unauthenticated);
@@ -382,7 +395,11 @@ mod tests {
         // Without a reviewer, an unknown token is refused without asking anyone.
         let local = Authenticator::new().with_admin_token("admin-token");
         assert_eq!(
-            kind(local.authenticate(Some("Bearer sa-robot"), None, &snapshot).await),
+            kind(
+                local
+                    .authenticate(Some("Bearer sa-robot"), None, &snapshot)
+                    .await
+            ),
             ErrorKind::Unauthenticated
         );
     }

@@ -93,13 +93,17 @@ where
 
 /// The caller [`AuthenticatedTools`] put in the request.
 fn caller<T>(request: &Request<T>) -> Result<Principal, Status> {
-    request.extensions().get::<Principal>().cloned().ok_or_else(|| {
-        ApiError::new(
-            ErrorKind::Unauthenticated,
-            "the request was not authenticated",
-        )
-        .into()
-    })
+    request
+        .extensions()
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::Unauthenticated,
+                "the request was not authenticated",
+            )
+            .into()
+        })
 }
 
 /// The longest `GetCall` with `wait` blocks.

@@ -95,7 +95,10 @@ impl Gateway {
         act_as: Option<&str>,
     ) -> Result<Principal, ApiError> {
         let snapshot = self.catalog.current();
-        let result = self.auth.authenticate(authorization, act_as, &snapshot).await;
+        let result = self
+            .auth
+            .authenticate(authorization, act_as, &snapshot)
+            .await;
         if let Err(error) = &result {
             tracing::debug!(kind = %error.kind, "request refused: {}", error.message);
         }
@@ -452,7 +455,10 @@ impl Gateway {
         if authz::may_read_call(caller, &record) {
             Ok(record)
         } else {
-            Err(ApiError::new(ErrorKind::NotFound, format!("no call {id:?}")))
+            Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("no call {id:?}"),
+            ))
         }
     }
 
@@ -491,7 +497,11 @@ impl Gateway {
             limit,
         };
         if let Principal::Agent { agent } = caller {
-            if filter.namespace.as_ref().is_some_and(|ns| ns != &agent.namespace) {
+            if filter
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| ns != &agent.namespace)
+            {
                 return Ok(Vec::new());
             }
             filter.namespace = Some(agent.namespace.clone());
