@@ -54,6 +54,10 @@ pub struct ControllerArgs {
     /// Default: keep all.
     #[arg(long, env = "TOOLGRID_RETAIN", value_parser = humantime::parse_duration)]
     retain: Option<std::time::Duration>,
+    /// A static operator token (e.g. from a Secret), besides the subjects Kubernetes RBAC
+    /// lets operate toolgrid. Optional.
+    #[arg(long, env = "TOOLGRID_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
 }
 
 impl ControllerArgs {
@@ -90,6 +94,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         pod_namespace: args.pod_namespace,
         lease_name: args.lease_name,
         retain: args.retain,
+        admin_token: args
+            .admin_token
+            .clone()
+            .filter(|t| !t.is_empty())
+            .map(|t| crate::auth::SecretValue::new(t.into_bytes())),
     })
     .await
 }

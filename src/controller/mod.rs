@@ -46,6 +46,8 @@ pub struct Settings {
     pub lease_name: String,
     /// Delete calls that ended longer ago than this (retention); `None` keeps them all.
     pub retain: Option<Duration>,
+    /// A static operator token accepted besides the cluster's own subjects (never printed).
+    pub admin_token: Option<crate::auth::SecretValue>,
 }
 
 /// Runs the controller until it stops leading or is told to stop.
@@ -141,9 +143,13 @@ async fn lead(
             reattach_grace: (settings.worker_lease * 2).max(Duration::from_secs(5)),
             ..SchedulerConfig::default()
         },
-        // Agent tokens only, until the cluster's TokenReviewer is wired in
-        // (`Authenticator::with_reviewer`).
-        crate::gateway::Authenticator::new(),
+        // Agent tokens and the static admin token; the cluster's TokenReviewer is added
+        // with `Authenticator::with_reviewer`.
+        match &settings.admin_token {
+            Some(token) => crate::gateway::Authenticator::new()
+                .with_admin_token(token.expose_str().unwrap_or_default()),
+            None => crate::gateway::Authenticator::new(),
+        },
     )
     .await?;
     let source = source::ClusterSource::start(
