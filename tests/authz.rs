@@ -216,6 +216,7 @@ async fn callers_are_authenticated_and_authorized() {
         .unwrap();
     assert_eq!(result_of(&call)["order"], -1);
     assert_eq!(call.release, "semver-1.0.0");
+    assert_eq!(call.agent, "reporter");
     let record = stored(&platform, &call.id).await;
     assert_eq!(record.spec.access.agent.as_deref(), Some("reporter"));
     assert_eq!(
@@ -321,6 +322,7 @@ async fn callers_are_authenticated_and_authorized() {
     .await;
     assert_eq!(status, 200);
     assert_eq!(mine["id"], reporters_call.as_str());
+    assert_eq!(mine["agent"], "reporter");
     // Listings: each agent its own calls; the admin all of them.
     let listed =
         |calls: Vec<proto::Call>| -> Vec<String> { calls.into_iter().map(|c| c.id).collect() };

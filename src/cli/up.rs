@@ -171,12 +171,22 @@ pub fn admin_token(data: &Path) -> anyhow::Result<String> {
     let mut bytes = [0u8; 32];
     rand::fill(&mut bytes);
     let token = hex::encode(bytes);
-    let mut file = std::fs::OpenOptions::new()
+    let mut file = match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(&path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
+    {
+        Ok(file) => file,
+        // Another start made it meanwhile: use that one.
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::thread::sleep(Duration::from_millis(50));
+            return admin_token(data);
+        }
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot create {}", path.display()));
+        }
+    };
     file.write_all(format!("{token}\n").as_bytes())?;
     file.sync_all()?;
     tracing::info!(file = %path.display(), "created the admin token");
