@@ -506,6 +506,15 @@ async fn callers_are_authenticated_and_authorized() {
     );
     assert!(text.contains("cannot call"), "{text}");
     assert!(text.contains("release-range"), "{text}");
+    // The same over HTTP.
+    let (status, why) = http_status(platform.http_client().get(format!(
+        "http://{}/v1/why?agent=ranger&tool=uuid",
+        platform.http
+    )))
+    .await;
+    assert_eq!(status, 200, "{why}");
+    assert_eq!(why["tools"][0]["cause"], "release-range");
+    assert_eq!(why["tools"][0]["binding"], "ranger-uuid");
     // An agent asks only about itself.
     let mut ranger = platform.client_with(Some(RANGER), None).await;
     let mine = ranger

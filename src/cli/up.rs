@@ -193,6 +193,38 @@ pub fn admin_token(data: &Path) -> anyhow::Result<String> {
     Ok(token)
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_admin_token_is_made_once_for_the_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = admin_token(dir.path()).unwrap();
+        assert_eq!(first.len(), 64);
+        assert!(first.chars().all(|c| c.is_ascii_hexdigit()));
+        let path = dir.path().join(ADMIN_TOKEN_FILE);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(
+            admin_token(dir.path()).unwrap(),
+            first,
+            "kept across starts"
+        );
+        // A file others can read is tightened, and still used.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(admin_token(dir.path()).unwrap(), first);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::write(&path, "\n").unwrap();
+        assert!(
+            admin_token(dir.path()).is_err(),
+            "an empty token is refused"
+        );
+    }
+}
+
 /// Waits until every pool that wants workers has one attached.
 async fn wait_for_workers(control_plane: &ControlPlane, limit: Duration) {
     let start = Instant::now();

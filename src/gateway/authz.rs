@@ -454,6 +454,11 @@ spec:
   secretRef: {name: missing}
 ---
 apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {name: robot}
+spec: {serviceAccount: robot-sa, permissions: [{tools: ["*"]}]}
+---
+apiVersion: toolgrid.dev/v1alpha1
 kind: ToolBinding
 metadata: {name: semver-v1}
 spec:
@@ -689,6 +694,12 @@ spec: {agents: [ghost], tool: semver}
                 .ready
                 .reason,
             Reason::UnknownAgent
+        );
+        // ServiceAccounts are not known in a manifest directory: not checked there.
+        assert!(
+            state(&snapshot, crate::api::Kind::Agent, "robot")
+                .ready
+                .status
         );
         let reporter = snapshot.agent(&reporter()).unwrap();
         assert_eq!(
