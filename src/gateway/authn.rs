@@ -16,7 +16,9 @@ use crate::auth::secret::{digests_equal, sha256};
 use crate::auth::{CALLER_AUDIENCE, Principal, ReviewedToken, TokenReviewer};
 use crate::catalog::{ObjectKey, Snapshot};
 use crate::error::{ApiError, ErrorKind};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// The header (gRPC metadata key, HTTP header) carrying the bearer token.
 pub const AUTHORIZATION: &str = "authorization";
@@ -24,6 +26,49 @@ pub const AUTHORIZATION: &str = "authorization";
 pub const ACT_AS: &str = "toolgrid-as";
 /// The longest token accepted (Kubernetes tokens are a few KiB).
 pub const MAX_TOKEN_BYTES: usize = 16 << 10;
+/// How long the cluster's answer about a token is reused before it is asked again (a
+/// revoked token keeps working at most this long).
+pub const REVIEW_TTL: Duration = Duration::from_secs(10);
+/// Most reviewed tokens remembered at once; beyond it the oldest answers are dropped.
+pub const REVIEW_CACHE_ENTRIES: usize = 1024;
+
+/// The cluster's recent answers, by the SHA-256 of the token (never the token).
+#[derive(Default)]
+struct ReviewCache {
+    entries: Mutex<HashMap<[u8; 32], Reviewed>>,
+}
+
+#[derive(Clone)]
+struct Reviewed {
+    at: Instant,
+    token: ReviewedToken,
+    /// `is_operator`'s answer, once asked.
+    operator: Option<bool>,
+}
+
+impl ReviewCache {
+    fn get(&self, digest: &[u8; 32], now: Instant) -> Option<Reviewed> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(digest)
+            .filter(|r| now.duration_since(r.at) < REVIEW_TTL)
+            .cloned()
+    }
+
+    fn put(&self, digest: [u8; 32], reviewed: Reviewed) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= REVIEW_CACHE_ENTRIES && !entries.contains_key(&digest) {
+            let now = reviewed.at;
+            entries.retain(|_, r| now.duration_since(r.at) < REVIEW_TTL);
+            if entries.len() >= REVIEW_CACHE_ENTRIES
+                && let Some(oldest) = entries.iter().min_by_key(|(_, r)| r.at).map(|(k, _)| *k)
+            {
+                entries.remove(&oldest);
+            }
+        }
+        entries.insert(digest, reviewed);
+    }
+}
 
 /// How the gateway authenticates callers.
 #[derive(Clone, Default)]
@@ -33,6 +78,7 @@ pub struct Authenticator {
     reviewer: Option<Arc<dyn TokenReviewer>>,
     /// Where `is_operator` asks RBAC about reviewed subjects (the controller's namespace).
     operator_namespace: String,
+    reviews: Arc<ReviewCache>,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -85,22 +131,46 @@ impl Authenticator {
         apply_act_as(principal, act_as)
     }
 
+    /// Asks the cluster (or its answer of the last [`REVIEW_TTL`]) who holds `token`.
+    /// Refusals are not remembered, so a token the cluster starts accepting works at once.
     async fn review(&self, token: &str, snapshot: &Snapshot) -> Result<Principal, ApiError> {
         let Some(reviewer) = &self.reviewer else {
             return Err(unknown_token());
         };
-        let reviewed = reviewer
-            .review(token, CALLER_AUDIENCE)
-            .await
-            .map_err(|e| ApiError::new(ErrorKind::Unavailable, e.to_string()))?
-            .ok_or_else(unknown_token)?;
+        let digest = sha256(token.as_bytes());
+        let mut cached = match self.reviews.get(&digest, Instant::now()) {
+            Some(cached) => cached,
+            None => {
+                let token = reviewer
+                    .review(token, CALLER_AUDIENCE)
+                    .await
+                    .map_err(|e| ApiError::new(ErrorKind::Unavailable, e.to_string()))?
+                    .ok_or_else(unknown_token)?;
+                let reviewed = Reviewed {
+                    at: Instant::now(),
+                    token,
+                    operator: None,
+                };
+                self.reviews.put(digest, reviewed.clone());
+                reviewed
+            }
+        };
+        let reviewed = cached.token.clone();
         if let Some(agent) = agent_of_service_account(&reviewed, snapshot) {
             return Ok(Principal::Agent { agent });
         }
-        let operator = reviewer
-            .is_operator(&reviewed, &self.operator_namespace)
-            .await
-            .map_err(|e| ApiError::new(ErrorKind::Unavailable, e.to_string()))?;
+        let operator = match cached.operator {
+            Some(operator) => operator,
+            None => {
+                let operator = reviewer
+                    .is_operator(&reviewed, &self.operator_namespace)
+                    .await
+                    .map_err(|e| ApiError::new(ErrorKind::Unavailable, e.to_string()))?;
+                cached.operator = Some(operator);
+                self.reviews.put(digest, cached);
+                operator
+            }
+        };
         if operator {
             Ok(Principal::Operator {
                 subject: reviewed.username,
@@ -255,7 +325,10 @@ mod tests {
         snapshot
     }
 
-    struct FakeReviewer;
+    #[derive(Default)]
+    struct FakeReviewer {
+        reviews: std::sync::atomic::AtomicUsize,
+    }
 
     #[async_trait::async_trait]
     impl TokenReviewer for FakeReviewer {
@@ -264,6 +337,8 @@ mod tests {
             token: &str,
             audience: &str,
         ) -> Result<Option<ReviewedToken>, ReviewError> {
+            self.reviews
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             if audience != CALLER_AUDIENCE {
                 return Ok(None);
             }
@@ -366,7 +441,7 @@ mod tests {
         let snapshot = snapshot();
         let auth = Authenticator::new()
             .with_admin_token("admin-token")
-            .with_reviewer(Arc::new(FakeReviewer), "toolgrid");
+            .with_reviewer(Arc::new(FakeReviewer::default()), "toolgrid");
         let who = |token: &'static str| {
             let auth = auth.clone();
             let header = format!("Bearer {token}");
@@ -402,5 +477,25 @@ mod tests {
             ),
             ErrorKind::Unauthenticated
         );
+    }
+
+    #[tokio::test]
+    async fn the_clusters_answers_are_reused_briefly_and_refusals_never() {
+        let snapshot = snapshot();
+        let reviewer = Arc::new(FakeReviewer::default());
+        let auth = Authenticator::new().with_reviewer(reviewer.clone(), "toolgrid");
+        let count = || reviewer.reviews.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..3 {
+            auth.authenticate(Some("Bearer alice"), None, &snapshot)
+                .await
+                .unwrap();
+        }
+        assert_eq!(count(), 1, "one TokenReview for repeated calls");
+        for _ in 0..2 {
+            let _ = auth
+                .authenticate(Some("Bearer expired"), None, &snapshot)
+                .await;
+        }
+        assert_eq!(count(), 3, "refusals are asked again");
     }
 }
