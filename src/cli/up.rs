@@ -193,6 +193,30 @@ pub fn admin_token(data: &Path) -> anyhow::Result<String> {
     Ok(token)
 }
 
+/// Waits until every pool that wants workers has one attached.
+async fn wait_for_workers(control_plane: &ControlPlane, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        let snapshot = control_plane.catalog.current();
+        let workers = control_plane.scheduler.workers();
+        let missing: Vec<String> = snapshot
+            .pools
+            .values()
+            .filter(|p| p.desired_workers > 0)
+            .map(|p| p.key.to_string())
+            .filter(|pool| !workers.iter().any(|w| &w.pool == pool))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        if start.elapsed() > limit {
+            tracing::warn!(pools = ?missing, "no worker attached yet; calls to these pools wait");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,29 +246,5 @@ mod tests {
             admin_token(dir.path()).is_err(),
             "an empty token is refused"
         );
-    }
-}
-
-/// Waits until every pool that wants workers has one attached.
-async fn wait_for_workers(control_plane: &ControlPlane, limit: Duration) {
-    let start = Instant::now();
-    loop {
-        let snapshot = control_plane.catalog.current();
-        let workers = control_plane.scheduler.workers();
-        let missing: Vec<String> = snapshot
-            .pools
-            .values()
-            .filter(|p| p.desired_workers > 0)
-            .map(|p| p.key.to_string())
-            .filter(|pool| !workers.iter().any(|w| &w.pool == pool))
-            .collect();
-        if missing.is_empty() {
-            return;
-        }
-        if start.elapsed() > limit {
-            tracing::warn!(pools = ?missing, "no worker attached yet; calls to these pools wait");
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
