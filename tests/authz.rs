@@ -74,6 +74,16 @@ kind: Agent
 metadata: {name: dangling}
 spec:
   tokenSecretRef: {name: no-such-secret, key: token}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {name: ranger-nope}
+spec: {agents: [ranger], tool: nope}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: broken}
+data: {key: "%%% not base64"}
 "#;
 
 fn semver_compare() -> proto::InvokeRequest {
@@ -208,6 +218,18 @@ async fn callers_are_authenticated_and_authorized() {
     assert_eq!(
         (dangling.ready.as_str(), dangling.reason.as_str()),
         ("False", "MissingSecret")
+    );
+    let nope = platform.resource("bindings", "ranger-nope").await.unwrap();
+    assert_eq!(
+        (nope.ready.as_str(), nope.reason.as_str()),
+        ("False", "UnknownTool")
+    );
+    // The broken Secret is reported with its file, never with its content.
+    let logs = platform.logs();
+    assert!(logs.contains("more-agents.yaml"), "{logs}");
+    assert!(
+        !logs.contains("not base64"),
+        "a Secret's data reached the log"
     );
 
     // An agent bound and permitted: its binding's release, its config key.
@@ -547,4 +569,24 @@ async fn callers_are_authenticated_and_authorized() {
         ErrorKind::Unauthenticated,
         "not valid",
     );
+
+    // No token reached the log or the store.
+    let logs = platform.logs();
+    let database = std::fs::read(platform.data.join("toolgrid.db")).unwrap();
+    let wal = std::fs::read(platform.data.join("toolgrid.db-wal")).unwrap_or_default();
+    for token in [
+        REPORTER,
+        RANGER,
+        OTHER,
+        "rotated-token",
+        &platform.admin_token(),
+    ] {
+        assert!(!logs.contains(token), "{token} is in the log");
+        for bytes in [&database, &wal] {
+            assert!(
+                !bytes.windows(token.len()).any(|w| w == token.as_bytes()),
+                "{token} is in the store"
+            );
+        }
+    }
 }

@@ -105,11 +105,13 @@ impl Gateway {
         result
     }
 
-    fn namespace(ns: &str) -> String {
-        if ns.is_empty() {
-            crate::api::DEFAULT_NAMESPACE.to_string()
-        } else {
-            ns.to_string()
+    /// The namespace a request names, or by default the agent's own (`default` for an
+    /// operator).
+    fn namespace(caller: &Principal, ns: &str) -> String {
+        match (ns, caller) {
+            ("", Principal::Agent { agent }) => agent.namespace.clone(),
+            ("", Principal::Operator { .. }) => crate::api::DEFAULT_NAMESPACE.to_string(),
+            (ns, _) => ns.to_string(),
         }
     }
 
@@ -168,7 +170,7 @@ impl Gateway {
         caller: &Principal,
         invocation: Invocation,
     ) -> Result<Admitted, ApiError> {
-        let namespace = Self::namespace(&invocation.namespace);
+        let namespace = Self::namespace(caller, &invocation.namespace);
         let snapshot = self.catalog.current();
         let tool = self.tool(&snapshot, caller, &namespace, &invocation.tool)?;
 
@@ -470,7 +472,7 @@ impl Gateway {
         namespace: &str,
         key: &str,
     ) -> Result<CallRecord, ApiError> {
-        let namespace = Self::namespace(namespace);
+        let namespace = Self::namespace(caller, namespace);
         self.store
             .find_call_by_key(&namespace, authz::agent_scope(caller), key)
             .await?
@@ -549,7 +551,7 @@ impl Gateway {
     /// an agent's callable tools (with the release and commands its binding gives) for an
     /// agent.
     pub fn list_tools(&self, caller: &Principal, namespace: &str) -> Vec<proto::ToolInfo> {
-        let namespace = Self::namespace(namespace);
+        let namespace = Self::namespace(caller, namespace);
         let snapshot = self.catalog.current();
         snapshot
             .tools
