@@ -37,8 +37,12 @@ pub enum Refusal {
     ReleaseRange { binding: String, message: String },
     /// The agent's permissions do not allow the tool, or the command.
     Permission { message: String },
-    /// The Ready bindings' `commands` do not list the command.
-    BindingCommands { binding: String, command: String },
+    /// The Ready bindings' `commands` do not list the command (`commands`: the ones the
+    /// agent's permissions allow, when no command was named).
+    BindingCommands {
+        binding: String,
+        commands: Vec<String>,
+    },
 }
 
 impl Refusal {
@@ -81,9 +85,10 @@ impl fmt::Display for Refusal {
                 "release range: binding {binding} matches no Ready release ({message})"
             ),
             Refusal::Permission { message } => write!(f, "permissions: {message}"),
-            Refusal::BindingCommands { binding, command } => write!(
+            Refusal::BindingCommands { binding, commands } => write!(
                 f,
-                "binding {binding} does not list command {command:?} in its commands"
+                "binding {binding} lists none of the commands {} in its commands",
+                commands.join(", ")
             ),
         }
     }
@@ -202,7 +207,7 @@ pub fn decide(
             .find(|b| binding_allows(b, command))
             .ok_or_else(|| Refusal::BindingCommands {
                 binding: first_ready.key.name.clone(),
-                command: command.to_string(),
+                commands: vec![command.to_string()],
             })?,
         None => ready
             .iter()
@@ -210,7 +215,7 @@ pub fn decide(
             .find(|b| permitted_commands.iter().any(|c| binding_allows(b, c)))
             .ok_or_else(|| Refusal::BindingCommands {
                 binding: first_ready.key.name.clone(),
-                command: permitted_commands.join(","),
+                commands: permitted_commands.iter().map(|c| c.to_string()).collect(),
             })?,
     };
     let commands = permitted_commands
@@ -413,6 +418,16 @@ kind: Tool
 metadata: {name: other}
 spec: {effect: read, commands: [{name: run}]}
 ---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {name: narrow}
+spec: {effect: read, commands: [{name: a}, {name: b}]}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {name: narrow-b}
+spec: {agents: [reporter], tool: narrow, commands: [b]}
+---
 apiVersion: v1
 kind: Secret
 metadata: {name: reporter-token}
@@ -436,7 +451,7 @@ spec:
   tokenSecretRef: {name: reporter-token, key: token}
   permissions:
     - {tools: [semver], commands: [compare]}
-    - {tools: [uuid, fetch, textstats]}
+    - {tools: [uuid, fetch, textstats, narrow]}
   configMapRef: {name: reporter-config}
   secretRef: {name: reporter-secrets}
 ---
@@ -517,6 +532,7 @@ spec: {agents: [ghost], tool: semver}
             ("textstats-1.0.0", "textstats", "1.0.0"),
             ("wc-1.0.0", "wc", "1.0.0"),
             ("other-1.0.0", "other", "1.0.0"),
+            ("narrow-1.0.0", "narrow", "1.0.0"),
         ] {
             text.push_str(&release(name, tool, version));
         }
@@ -606,6 +622,9 @@ spec: {agents: [ghost], tool: semver}
         assert_eq!(bump.cause(), "permission");
         assert!(bump.to_string().contains("\"bump\""), "{bump}");
         assert_eq!(refusal("wc", None), Refusal::NoBinding);
+        let narrow = refusal("narrow", Some("a"));
+        assert_eq!(narrow.cause(), "binding-commands");
+        assert_eq!(narrow.binding(), Some("narrow-b"));
         assert_eq!(refusal("other", None).cause(), "permission");
         let range = refusal("uuid", None);
         assert_eq!(range.cause(), "release-range");
@@ -757,10 +776,16 @@ spec: {agents: [ghost], tool: semver}
             .filter(|a| a.verdict.is_ok())
             .map(|a| a.tool.as_str())
             .collect();
-        assert_eq!(allowed, ["semver", "textstats"]);
+        assert_eq!(allowed, ["narrow", "semver", "textstats"]);
+        let narrow = all.iter().find(|a| a.tool == "narrow").unwrap();
+        assert_eq!(
+            narrow.verdict.as_ref().unwrap().commands,
+            ["b"],
+            "the binding narrows the permissions"
+        );
         let semver = all.iter().find(|a| a.tool == "semver").unwrap();
         assert_eq!(semver.verdict.as_ref().unwrap().commands, ["compare"]);
-        assert_eq!(all.len(), 6);
+        assert_eq!(all.len(), 7);
         assert_eq!(explain(&snapshot, &reporter(), Some("wc")).len(), 1);
     }
 
