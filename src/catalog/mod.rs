@@ -1,6 +1,7 @@
 //! The catalog: the resolved view of every resource, fed by a resource source (a manifest
 //! directory here, the Kubernetes API in `controller`) through the same reconcile logic.
 
+pub mod access;
 pub mod artifacts;
 pub mod interface;
 pub mod manifest;

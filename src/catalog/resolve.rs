@@ -853,6 +853,33 @@ impl<'a> Resolver<'a> {
         }
     }
 
+    /// Each Ready Agent's `status.tools` (and `Tools` column): the tools it may call now.
+    fn agent_tools(&mut self) {
+        let agents: Vec<ObjectKey> = self.snapshot.agents.keys().cloned().collect();
+        for key in agents {
+            let tools: Vec<String> = super::access::explain(&self.snapshot, &key, None)
+                .into_iter()
+                .filter(|a| a.verdict.is_ok())
+                .map(|a| a.tool)
+                .collect();
+            let id = ResourceId {
+                kind: Kind::Agent,
+                key,
+            };
+            if let Some(state) = self.snapshot.resources.get_mut(&id) {
+                let column = if tools.is_empty() {
+                    "<none>".to_string()
+                } else {
+                    tools.join(",")
+                };
+                if !tools.is_empty() {
+                    state.status["tools"] = serde_json::json!(tools);
+                }
+                state.columns.push(("Tools".into(), column));
+            }
+        }
+    }
+
     /// Keeps a binding, Ready or not, with its condition, for authorization and `why`.
     fn keep_binding(&mut self, d: &Declared<'_, ToolBinding>, release: Option<ObjectKey>) {
         let Some(state) = self.snapshot.resources.get(&d.id) else {
@@ -1252,6 +1279,7 @@ pub fn resolve(input: &ResolveInput<'_>) -> Snapshot {
     let agents = resolver.agents();
     let middleware = resolver.middleware();
     resolver.bindings(&agents, &middleware);
+    resolver.agent_tools();
     resolver.snapshot
 }
 
