@@ -23,7 +23,10 @@ fn the_controller_reconciles_the_examples_against_a_fake_api_server() {
             .arg("--toolgrid")
             .arg(env!("CARGO_BIN_EXE_toolgrid"))
             .current_dir(repo())
-            .env_remove("KUBECONFIG"),
+            .env_remove("KUBECONFIG")
+            // The controller takes this operator token, and the CLI calls with it.
+            .env("TOOLGRID_ADMIN_TOKEN", "controller-smoke-admin")
+            .env("TOOLGRID_TOKEN", "controller-smoke-admin"),
     ) else {
         return;
     };

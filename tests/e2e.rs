@@ -214,7 +214,7 @@ async fn examples_run_over_grpc_http_and_the_cli() {
     assert_eq!(found.id, first.id);
 
     // HTTP: the same operation as JSON, with the key in a header.
-    let http = reqwest::Client::new();
+    let http = platform.http_client();
     let url = format!(
         "http://{}/v1/namespaces/default/tools/semver/compare:call",
         platform.http

@@ -258,8 +258,10 @@ fn payload(entry: &proto::OplogRecord) -> Value {
 /// [`Ledger::check`]. While the control plane restarts the probe asks again.
 fn probe_commit_before_send(witness: &Witness, platform: &Platform) {
     let endpoint = format!("http://{}", platform.grpc);
+    let token = platform.admin_token();
     witness.set_probe(move |seen| {
         let endpoint = endpoint.clone();
+        let token = token.clone();
         async move {
             let key = seen.key.clone().ok_or("no Idempotency-Key")?;
             let (call_id, seq) = key
@@ -270,10 +272,15 @@ fn probe_commit_before_send(witness: &Witness, platform: &Platform) {
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 let asked = async {
-                    let mut client = proto::tools_client::ToolsClient::connect(endpoint.clone())
-                        .await
+                    let channel = tonic::transport::Channel::from_shared(endpoint.clone())
                         .map_err(|e| e.to_string())?
-                        .max_decoding_message_size(64 << 20);
+                        .connect()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let credentials =
+                        toolgrid::cli::client::Credentials::new(Some(&token), None)
+                            .map_err(|e| e.to_string())?;
+                    let mut client = toolgrid::cli::client::client_of(channel, credentials);
                     toolgrid::cli::client::oplog_of(&mut client, call_id)
                         .await
                         .map(|r| r.entries)

@@ -804,7 +804,7 @@ async fn an_oplog_larger_than_a_link_message_commits_and_replays_in_chunks() {
         replay.payload_json
     );
     // Over HTTP the same oplog comes in pages, each under a gRPC client's default limit.
-    let http = reqwest::Client::new();
+    let http = platform.http_client();
     let (mut from, mut pages, mut seqs) = (0u64, 0, Vec::new());
     loop {
         let page: serde_json::Value = http

@@ -514,9 +514,13 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
     ))
     .await
     .unwrap();
-    let plane = ControlPlane::start(store.clone(), SchedulerConfig::default())
-        .await
-        .unwrap();
+    let plane = ControlPlane::start(
+        store.clone(),
+        SchedulerConfig::default(),
+        toolgrid::gateway::Authenticator::new(),
+    )
+    .await
+    .unwrap();
     // The agent's Secret, as the catalog would hold it; rotated while the call is in flight.
     let api_token = Arc::new(std::sync::Mutex::new(TOKEN.to_string()));
     let current = api_token.clone();

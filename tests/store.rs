@@ -291,9 +291,45 @@ async fn idempotency_keys_return_the_first_call_or_refuse_a_different_one() {
             matches!(store.create_call(elsewhere).await.unwrap(), Created::New(_)),
             "keys are per namespace"
         );
+        // Keys are per agent: another agent's same key is another call, found under its
+        // own scope only.
+        let mut by_agent = new_call("k5", Some("key"), json!({"a": 9}));
+        by_agent.spec.access.agent = Some("reporter".into());
+        assert!(
+            matches!(store.create_call(by_agent).await.unwrap(), Created::New(_)),
+            "{backend}: keys are per agent"
+        );
+        let mut again_by_agent = new_call("k6", Some("key"), json!({"a": 9}));
+        again_by_agent.spec.access.agent = Some("reporter".into());
+        let Created::Existing(existing) = store.create_call(again_by_agent).await.unwrap() else {
+            panic!("{backend}: the agent's first call again")
+        };
+        assert_eq!(existing.id, "k5");
         assert_eq!(
             store
-                .find_call_by_key("default", "key")
+                .find_call_by_key("default", "reporter", "key")
+                .await
+                .unwrap()
+                .unwrap()
+                .id,
+            "k5"
+        );
+        let mine = store
+            .list_calls(&CallFilter {
+                agent: Some("reporter".into()),
+                limit: 10,
+                ..CallFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            mine.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+            ["k5"],
+            "{backend}: an agent's listing holds its calls only"
+        );
+        assert_eq!(
+            store
+                .find_call_by_key("default", "", "key")
                 .await
                 .unwrap()
                 .unwrap()
@@ -302,7 +338,7 @@ async fn idempotency_keys_return_the_first_call_or_refuse_a_different_one() {
         );
         assert!(
             store
-                .find_call_by_key("default", "missing")
+                .find_call_by_key("default", "", "missing")
                 .await
                 .unwrap()
                 .is_none()

@@ -654,9 +654,13 @@ async fn cluster_workers_attach_only_for_the_pool_of_their_service_account() {
     let root = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", root.path().join("db").display());
     let store = toolgrid::store::open(&url).await.unwrap();
-    let control_plane = ControlPlane::start(store, Default::default())
-        .await
-        .unwrap();
+    let control_plane = ControlPlane::start(
+        store,
+        Default::default(),
+        toolgrid::gateway::Authenticator::new(),
+    )
+    .await
+    .unwrap();
     let cluster = FakeCluster {
         tokens: vec![
             (

@@ -80,6 +80,11 @@ reasons! {
     MissingServiceAccount: waiting,
     MissingSecret: waiting,
     MissingConfigMap: waiting,
+    /// A binding lists a config key its agent's ConfigMap does not have.
+    MissingConfigKey: waiting,
+    /// A binding lists a secret key its agent's Secret does not have (or an Agent's
+    /// `tokenSecretRef` names a key its Secret does not have).
+    MissingSecretKey: waiting,
     NoWorkers: waiting,
     // Ready=False, only a change to the object helps: Stalled
     InvalidSpec: stalled,

@@ -2,7 +2,10 @@
 //! them. The gateway authenticates callers (`Principal`), the worker link authenticates
 //! workers; both ask a [`TokenReviewer`] about ServiceAccount tokens in a cluster.
 
+pub mod secret;
 pub mod worker;
+
+pub use secret::SecretValue;
 
 use crate::catalog::ObjectKey;
 pub use worker::{

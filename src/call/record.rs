@@ -186,6 +186,8 @@ impl OplogRecord {
 pub struct CallFilter {
     pub namespace: Option<String>,
     pub tool: Option<String>,
+    /// Only the calls made by (or, for an operator, as) this agent.
+    pub agent: Option<String>,
     pub limit: u32,
 }
 

@@ -2,7 +2,7 @@
 //! with every problem located by file, document, resource and field.
 
 use crate::api::{self, Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde::de::DeserializeOwned;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -97,8 +97,11 @@ pub struct ResourceSet {
     pub middleware: Vec<Sourced<Middleware>>,
     pub agents: Vec<Sourced<Agent>>,
     pub pools: Vec<Sourced<WorkerPool>>,
-    /// ConfigMaps, for release artifacts given by `configMap`.
+    /// ConfigMaps, for release artifacts given by `configMap` and Agents' `configMapRef`.
     pub config_maps: Vec<Sourced<ConfigMap>>,
+    /// Secrets (`stringData`, or `data` in base64), for Agents' `tokenSecretRef` and
+    /// `secretRef`. In a cluster the controller reads them from the API instead.
+    pub secrets: Vec<Sourced<Secret>>,
     pub invalid: Vec<InvalidDocument>,
     /// Documents of other APIs, left alone.
     pub ignored: usize,
@@ -212,6 +215,25 @@ fn load_value(source: Source, value: serde_yaml::Value, set: &mut ResourceSet) {
         }
         return;
     }
+    if api_version == "v1" && kind_name == "Secret" {
+        match typed::<Secret>(value) {
+            Ok(_) if name.as_deref().is_none_or(str::is_empty) => set.invalid.push(invalid(
+                None,
+                "metadata.name".into(),
+                "Secret: every Secret needs a name".into(),
+            )),
+            Ok(secret) => set.secrets.push(Sourced {
+                object: with_ns(secret, &namespace),
+                source,
+            }),
+            // The message of a bad `data` value names the field, never the value.
+            Err((field, message)) => {
+                set.invalid
+                    .push(invalid(None, field, format!("Secret: {message}")))
+            }
+        }
+        return;
+    }
     if api_version != api::API_VERSION {
         if api_version.is_empty() || kind_name.is_empty() {
             set.invalid.push(invalid(
@@ -225,7 +247,7 @@ fn load_value(source: Source, value: serde_yaml::Value, set: &mut ResourceSet) {
                 "every document needs an apiVersion and a kind".into(),
             ));
         } else {
-            // Other Kubernetes objects (ServiceAccounts, Secrets...) may share a GitOps
+            // Other Kubernetes objects (ServiceAccounts, Deployments...) may share a GitOps
             // directory; toolgrid has nothing to do with them.
             tracing::debug!(%api_version, kind = %kind_name, "{source}: not a toolgrid resource; ignored");
             set.ignored += 1;
@@ -384,6 +406,36 @@ spec: {}
         assert_eq!(set.invalid[1].field, "spec.effect");
         assert_eq!(set.invalid[2].field, "kind");
         assert_eq!(set.invalid[3].field, "metadata.name");
+    }
+
+    #[test]
+    fn secrets_are_read_and_bad_data_is_reported_without_its_value() {
+        let set = load(
+            r#"
+apiVersion: v1
+kind: Secret
+metadata: {name: tokens, namespace: team}
+stringData: {token: plain-value}
+data: {b64: czNjcjN0}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: broken}
+data: {key: "not base64 at all!"}
+"#,
+        );
+        assert_eq!(set.secrets.len(), 1);
+        assert_eq!(
+            set.secrets[0].object.metadata.namespace.as_deref(),
+            Some("team")
+        );
+        let data = crate::catalog::Identities::secret_data(&set.secrets[0].object);
+        assert_eq!(data["token"].expose_str(), Some("plain-value"));
+        assert_eq!(data["b64"].expose_str(), Some("s3cr3t"));
+        assert_eq!(set.invalid.len(), 1, "{:?}", set.invalid);
+        let text = set.invalid[0].to_string();
+        assert!(text.contains("Secret"), "{text}");
+        assert!(!text.contains("not base64 at all"), "{text}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The catalog: the resolved view of every resource, fed by a resource source (a manifest
 //! directory here, the Kubernetes API in `controller`) through the same reconcile logic.
 
+pub mod access;
 pub mod artifacts;
 pub mod interface;
 pub mod manifest;
@@ -13,8 +14,8 @@ pub mod wasm;
 pub use resolve::Identities;
 
 pub use snapshot::{
-    Limits, ObjectKey, ResolvedPool, ResolvedRelease, ResolvedTool, ResourceId, ResourceState,
-    Snapshot,
+    Limits, ObjectKey, ResolvedAgent, ResolvedBinding, ResolvedPool, ResolvedRelease, ResolvedTool,
+    ResourceId, ResourceState, Snapshot,
 };
 pub use source::ManifestSource;
 

@@ -11,13 +11,15 @@ use crate::api::{
     Agent, Kind, KindStatus, Middleware, Tool, ToolBinding, ToolBindingStatus, ToolRelease,
     ToolReleaseStatus, ToolStatus, WorkerPool, WorkerPoolStatus,
 };
+use crate::auth::SecretValue;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::core::object::HasSpec;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,45 +46,111 @@ pub struct ResolveInput<'a> {
     pub artifacts: &'a HashMap<ObjectKey, ArtifactOutcome>,
     pub previous: &'a HashMap<ResourceId, PreviousState>,
     pub now: Timestamp,
-    /// What exists in the cluster for Agents to refer to; `None` where there is no cluster
-    /// (a manifest directory), and the references are not checked.
+    /// What exists for Agents to refer to (ServiceAccounts, Secrets and ConfigMaps with
+    /// their data): from the cluster, or from the manifest directory
+    /// ([`Identities::of_manifests`]). `None`: nothing is known, references are not
+    /// checked, and agents get no token, config or secrets.
     pub identities: Option<&'a Identities>,
 }
 
-/// ServiceAccounts, Secrets and ConfigMaps that exist, by namespace and name.
+/// ServiceAccounts, Secrets and ConfigMaps that exist, by namespace and name, with the data
+/// agents use. The controller fills it from the API, `toolgrid up` from the directory.
 #[derive(Clone, Debug, Default)]
 pub struct Identities {
-    pub service_accounts: std::collections::HashSet<ObjectKey>,
-    pub secrets: std::collections::HashSet<ObjectKey>,
-    pub config_maps: std::collections::HashSet<ObjectKey>,
+    /// `None` where ServiceAccounts are not known (a manifest directory): an Agent's
+    /// `serviceAccount` is then not checked.
+    pub service_accounts: Option<HashSet<ObjectKey>>,
+    /// Every Secret with its keys and values (`data` decoded, `stringData` over it).
+    pub secrets: HashMap<ObjectKey, BTreeMap<String, SecretValue>>,
+    /// Every ConfigMap with its `data`.
+    pub config_maps: HashMap<ObjectKey, BTreeMap<String, String>>,
 }
 
-/// The first reference of an Agent to something missing, as a condition reason and message.
+impl Identities {
+    /// The Secrets and ConfigMaps of a manifest directory (a name declared twice: the
+    /// later document wins).
+    pub fn of_manifests(set: &ResourceSet) -> Identities {
+        let key = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            ObjectKey::new(
+                meta.namespace.clone().unwrap_or_default(),
+                meta.name.clone().unwrap_or_default(),
+            )
+        };
+        Identities {
+            service_accounts: None,
+            secrets: set
+                .secrets
+                .iter()
+                .map(|s| (key(&s.object.metadata), Identities::secret_data(&s.object)))
+                .collect(),
+            config_maps: set
+                .config_maps
+                .iter()
+                .map(|c| (key(&c.object.metadata), Identities::config_data(&c.object)))
+                .collect(),
+        }
+    }
+
+    /// A Secret's keys and values: `data` (base64, decoded by serde), with `stringData`
+    /// over it as the API server merges them.
+    pub fn secret_data(secret: &Secret) -> BTreeMap<String, SecretValue> {
+        let mut out: BTreeMap<String, SecretValue> = secret
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), SecretValue::new(v.0.clone())))
+            .collect();
+        for (k, v) in secret.string_data.iter().flatten() {
+            out.insert(k.clone(), SecretValue::new(v.as_bytes().to_vec()));
+        }
+        out
+    }
+
+    /// A ConfigMap's `data`.
+    pub fn config_data(config_map: &ConfigMap) -> BTreeMap<String, String> {
+        config_map.data.clone().unwrap_or_default()
+    }
+}
+
+/// The first reference of an Agent to something missing (a ServiceAccount, Secret,
+/// ConfigMap, or the token's key), as a condition reason and message.
 fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(Reason, String)> {
     let ns = agent.metadata.namespace.clone().unwrap_or_default();
     let key = |name: &str| ObjectKey::new(ns.clone(), name);
     let spec = &agent.spec;
-    if let Some(sa) = &spec.service_account
-        && !identities.service_accounts.contains(&key(sa))
+    if let (Some(sa), Some(known)) = (&spec.service_account, &identities.service_accounts)
+        && !known.contains(&key(sa))
     {
         return Some((
             Reason::MissingServiceAccount,
             format!("spec.serviceAccount: there is no ServiceAccount {ns}/{sa}"),
         ));
     }
-    if let Some(secret) = &spec.token_secret_ref
-        && !identities.secrets.contains(&key(&secret.name))
-    {
-        return Some((
-            Reason::MissingSecret,
-            format!(
-                "spec.tokenSecretRef: there is no Secret {ns}/{}",
-                secret.name
-            ),
-        ));
+    if let Some(secret) = &spec.token_secret_ref {
+        match identities.secrets.get(&key(&secret.name)) {
+            None => {
+                return Some((
+                    Reason::MissingSecret,
+                    format!(
+                        "spec.tokenSecretRef: there is no Secret {ns}/{}",
+                        secret.name
+                    ),
+                ));
+            }
+            Some(data) if data.get(&secret.key).is_none_or(SecretValue::is_empty) => {
+                return Some((
+                    Reason::MissingSecretKey,
+                    format!(
+                        "spec.tokenSecretRef: Secret {ns}/{} has no (non-empty) key {:?}",
+                        secret.name, secret.key
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
     }
     if let Some(secret) = &spec.secret_ref
-        && !identities.secrets.contains(&key(&secret.name))
+        && !identities.secrets.contains_key(&key(&secret.name))
     {
         return Some((
             Reason::MissingSecret,
@@ -90,7 +158,7 @@ fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(Reason, 
         ));
     }
     if let Some(config) = &spec.config_map_ref
-        && !identities.config_maps.contains(&key(&config.name))
+        && !identities.config_maps.contains_key(&key(&config.name))
     {
         return Some((
             Reason::MissingConfigMap,
@@ -101,6 +169,36 @@ fn missing_reference(agent: &Agent, identities: &Identities) -> Option<(Reason, 
         ));
     }
     None
+}
+
+/// An Agent that passed its checks, with what it refers to resolved.
+fn resolved_agent(
+    agent: &Agent,
+    key: &ObjectKey,
+    identities: Option<&Identities>,
+) -> ResolvedAgent {
+    let spec = &agent.spec;
+    let at = |name: &str| ObjectKey::new(key.namespace.clone(), name);
+    let token_digest = identities.and_then(|ids| {
+        let reference = spec.token_secret_ref.as_ref()?;
+        let value = ids.secrets.get(&at(&reference.name))?.get(&reference.key)?;
+        Some(value.digest())
+    });
+    let config = identities
+        .zip(spec.config_map_ref.as_ref())
+        .and_then(|(ids, r)| ids.config_maps.get(&at(&r.name)).cloned())
+        .unwrap_or_default();
+    let secrets = identities
+        .zip(spec.secret_ref.as_ref())
+        .and_then(|(ids, r)| ids.secrets.get(&at(&r.name)).cloned())
+        .unwrap_or_default();
+    ResolvedAgent {
+        key: key.clone(),
+        spec: spec.clone(),
+        token_digest,
+        config,
+        secrets,
+    }
 }
 
 /// One declaration of a resource, before its checks.
@@ -666,6 +764,10 @@ impl<'a> Resolver<'a> {
                         KindStatus::empty(Kind::Agent),
                         vec![("Identity".into(), identity)],
                     );
+                    self.snapshot.agents.insert(
+                        d.id.key.clone(),
+                        Arc::new(resolved_agent(d.object, &d.id.key, self.input.identities)),
+                    );
                     valid.insert(d.id.key.clone(), d.object);
                 }
             }
@@ -706,6 +808,7 @@ impl<'a> Resolver<'a> {
             let ns = d.id.key.namespace.clone();
             if let Err(e) = check_binding(d.object) {
                 self.invalid(&d, e);
+                self.keep_binding(&d, None);
                 continue;
             }
             let mut columns = vec![
@@ -726,24 +829,127 @@ impl<'a> Resolver<'a> {
                 .or_else(|| {
                     (!self.snapshot.tools.contains_key(&ObjectKey::new(ns.clone(), spec.tool.clone())))
                         .then(|| (Reason::UnknownTool, format!("spec.tool: there is no valid Tool {:?} in namespace {ns:?}", spec.tool)))
+                })
+                .or_else(|| {
+                    self.input
+                        .identities
+                        .and_then(|_| missing_binding_key(spec, &ns, &self.snapshot.agents))
                 });
             let resolved = resolve_binding_release(d.object, &self.snapshot.releases);
             let mut status = ToolBindingStatus::default();
+            let mut release = None;
             let ready = match (problem, resolved) {
                 (Some((reason, message)), _) => Desired::not_ready(reason, message),
                 (None, Err((reason, message))) => Desired::not_ready(reason, message),
-                (None, Ok(release)) => {
-                    status.resolved_release = Some(release.name.clone());
-                    columns.push(("Release".into(), release.name.clone()));
-                    Desired::ready(
-                        Reason::Resolved,
-                        format!("calls run release {}", release.name),
-                    )
+                (None, Ok(key)) => {
+                    status.resolved_release = Some(key.name.clone());
+                    columns.push(("Release".into(), key.name.clone()));
+                    release = Some(key.clone());
+                    Desired::ready(Reason::Resolved, format!("calls run release {}", key.name))
                 }
             };
             self.record_declared(&d, ready, KindStatus::ToolBinding(status), columns);
+            self.keep_binding(&d, release);
         }
     }
+
+    /// Each Ready Agent's `status.tools` (and `Tools` column): the tools it may call now.
+    fn agent_tools(&mut self) {
+        let agents: Vec<ObjectKey> = self.snapshot.agents.keys().cloned().collect();
+        for key in agents {
+            let tools: Vec<String> = super::access::explain(&self.snapshot, &key, None)
+                .into_iter()
+                .filter(|a| a.verdict.is_ok())
+                .map(|a| a.tool)
+                .collect();
+            let id = ResourceId {
+                kind: Kind::Agent,
+                key,
+            };
+            if let Some(state) = self.snapshot.resources.get_mut(&id) {
+                let column = if tools.is_empty() {
+                    "<none>".to_string()
+                } else {
+                    tools.join(",")
+                };
+                if !tools.is_empty() {
+                    state.status["tools"] = serde_json::json!(tools);
+                }
+                state.columns.push(("Tools".into(), column));
+            }
+        }
+    }
+
+    /// Keeps a binding, Ready or not, with its condition, for authorization and `why`.
+    fn keep_binding(&mut self, d: &Declared<'_, ToolBinding>, release: Option<ObjectKey>) {
+        let Some(state) = self.snapshot.resources.get(&d.id) else {
+            return;
+        };
+        let binding = ResolvedBinding {
+            key: d.id.key.clone(),
+            spec: d.object.spec.clone(),
+            release: release.filter(|_| state.ready.status),
+            ready: state.ready.clone(),
+        };
+        self.snapshot
+            .bindings
+            .insert(d.id.key.clone(), Arc::new(binding));
+    }
+}
+
+/// The first config or secret key a binding lists that one of its agents does not have:
+/// a binding can only narrow what its agents have.
+fn missing_binding_key(
+    spec: &crate::api::ToolBindingSpec,
+    ns: &str,
+    agents: &BTreeMap<ObjectKey, Arc<ResolvedAgent>>,
+) -> Option<(Reason, String)> {
+    for name in &spec.agents {
+        let agent = agents.get(&ObjectKey::new(ns, name.clone()))?;
+        if let Some(key) = spec
+            .config_keys_readable
+            .iter()
+            .find(|k| !agent.config.contains_key(*k))
+        {
+            let config_map = agent
+                .spec
+                .config_map_ref
+                .as_ref()
+                .map(|r| format!("its ConfigMap {ns}/{}", r.name))
+                .unwrap_or_else(|| "no configMapRef".into());
+            return Some((
+                Reason::MissingConfigKey,
+                format!(
+                    "spec.configKeysReadable: agent {name:?} has no config key {key:?} ({config_map}); a binding can only narrow what the agent has"
+                ),
+            ));
+        }
+        if let Some((field, key)) = spec
+            .secret_keys_readable
+            .iter()
+            .map(|k| ("secretKeysReadable", k))
+            .chain(
+                spec.secret_keys_revealable
+                    .iter()
+                    .map(|k| ("secretKeysRevealable", k)),
+            )
+            .find(|(_, k)| !agent.secrets.contains_key(*k))
+        {
+            let secret = agent
+                .spec
+                .secret_ref
+                .as_ref()
+                .map(|r| format!("its Secret {ns}/{}", r.name))
+                .unwrap_or_else(|| "no secretRef".into());
+            return Some((
+                Reason::MissingSecretKey,
+                format!(
+                    "spec.{field}: agent {name:?} has no secret key {key:?} ({secret}); a binding can only narrow what the agent has"
+                ),
+            ));
+        }
+    }
+    None
 }
 
 /// The release a binding resolves to: the one it names, or the newest Ready release in its
@@ -1073,6 +1279,7 @@ pub fn resolve(input: &ResolveInput<'_>) -> Snapshot {
     let agents = resolver.agents();
     let middleware = resolver.middleware();
     resolver.bindings(&agents, &middleware);
+    resolver.agent_tools();
     resolver.snapshot
 }
 

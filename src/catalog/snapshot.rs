@@ -3,7 +3,10 @@
 
 use super::interface::CommandInterface;
 use crate::api::conditions::Desired;
-use crate::api::{Effect, Kind, NetworkPolicy, ToolSpec, WorkerPoolSpec};
+use crate::api::{
+    AgentSpec, Effect, Kind, NetworkPolicy, ToolBindingSpec, ToolSpec, WorkerPoolSpec,
+};
+use crate::auth::SecretValue;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -94,6 +97,43 @@ pub struct ResolvedPool {
     pub slots_per_worker: u32,
 }
 
+/// A Ready Agent, with what it refers to resolved.
+#[derive(Clone, Debug)]
+pub struct ResolvedAgent {
+    pub key: ObjectKey,
+    pub spec: AgentSpec,
+    /// SHA-256 of the bearer token in its `tokenSecretRef` (the token itself is not kept).
+    pub token_digest: Option<[u8; 32]>,
+    /// Its ConfigMap's data (empty without `configMapRef`).
+    pub config: BTreeMap<String, String>,
+    /// Its Secret's keys and values (empty without `secretRef`); values never print.
+    pub secrets: BTreeMap<String, SecretValue>,
+}
+
+/// A ToolBinding whose spec is valid, Ready or not (`why` explains the ones that are not).
+#[derive(Clone, Debug)]
+pub struct ResolvedBinding {
+    pub key: ObjectKey,
+    pub spec: ToolBindingSpec,
+    /// The release calls through it run; `Some` exactly when it is Ready.
+    pub release: Option<ObjectKey>,
+    /// Its Ready condition as resolved.
+    pub ready: Desired,
+}
+
+impl ResolvedBinding {
+    pub fn is_ready(&self) -> bool {
+        self.ready.status && self.release.is_some()
+    }
+
+    /// Whether it names `agent` (in its own namespace) and `tool`.
+    pub fn binds(&self, agent: &ObjectKey, tool: &str) -> bool {
+        self.key.namespace == agent.namespace
+            && self.spec.tool == tool
+            && self.spec.agents.iter().any(|a| a == &agent.name)
+    }
+}
+
 /// What a user sees of one declared resource.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResourceState {
@@ -115,6 +155,10 @@ pub struct Snapshot {
     pub tools: BTreeMap<ObjectKey, Arc<ResolvedTool>>,
     pub releases: BTreeMap<ObjectKey, Arc<ResolvedRelease>>,
     pub pools: BTreeMap<ObjectKey, ResolvedPool>,
+    /// Ready Agents.
+    pub agents: BTreeMap<ObjectKey, Arc<ResolvedAgent>>,
+    /// Every ToolBinding with a valid spec, Ready or not.
+    pub bindings: BTreeMap<ObjectKey, Arc<ResolvedBinding>>,
     pub resources: BTreeMap<ResourceId, ResourceState>,
     /// Documents that could not be attributed to a resource (bad YAML, unknown kinds).
     pub problems: Vec<String>,
@@ -134,6 +178,27 @@ impl Snapshot {
     /// The release with this digest, for artifact fetches.
     pub fn has_digest(&self, digest: &str) -> bool {
         self.releases.values().any(|r| r.digest == digest)
+    }
+
+    pub fn agent(&self, key: &ObjectKey) -> Option<&Arc<ResolvedAgent>> {
+        self.agents.get(key)
+    }
+
+    /// The values of `keys` in the Secret of agent `namespace/agent` (its `secretRef`):
+    /// what the scheduler hands a worker with a call whose access names these keys. Keys
+    /// the Secret does not have (any more) are left out.
+    pub fn secret_values<'k>(
+        &self,
+        namespace: &str,
+        agent: &str,
+        keys: impl IntoIterator<Item = &'k String>,
+    ) -> BTreeMap<String, SecretValue> {
+        let Some(agent) = self.agents.get(&ObjectKey::new(namespace, agent)) else {
+            return BTreeMap::new();
+        };
+        keys.into_iter()
+            .filter_map(|k| agent.secrets.get(k).map(|v| (k.clone(), v.clone())))
+            .collect()
     }
 
     pub fn resources_of(&self, kind: Kind) -> impl Iterator<Item = &ResourceState> {

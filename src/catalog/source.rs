@@ -79,12 +79,13 @@ impl ManifestSource {
         } else {
             previous_of(&current)
         };
+        let identities = crate::catalog::Identities::of_manifests(&set);
         let snapshot = resolve(&ResolveInput {
             set: &set,
             artifacts: &artifacts,
             previous: &previous,
             now: k8s_openapi::jiff::Timestamp::now(),
-            identities: None,
+            identities: Some(&identities),
         });
         self.store.save_resources(records_of(&snapshot)).await?;
         let published = self.catalog.publish(snapshot);

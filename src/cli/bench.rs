@@ -1,7 +1,7 @@
 //! `toolgrid bench`: measurements against a real platform, next to a baseline measured in
 //! the same run, printed so runs can be compared (see BENCHMARKS.md).
 
-use crate::proto::{self, tools_client::ToolsClient};
+use crate::proto;
 use anyhow::Context;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -119,6 +119,8 @@ fn header() -> String {
 struct Started {
     child: Child,
     grpc: String,
+    /// The admin token of the started platform.
+    token: String,
     _data: tempfile::TempDir,
 }
 
@@ -159,9 +161,11 @@ fn start_platform(manifests: &std::path::Path) -> anyhow::Result<Started> {
         .find_map(|w| w.strip_prefix("grpc="))
         .context("no grpc= in the ready line")?
         .to_string();
+    let token = super::up::admin_token(data.path())?;
     Ok(Started {
         child,
         grpc,
+        token,
         _data: data,
     })
 }
@@ -186,10 +190,17 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
         argv: args.args.clone(),
         ..Default::default()
     };
+    let token = match &started {
+        Some(started) => Some(started.token.clone()),
+        None => std::env::var("TOOLGRID_TOKEN")
+            .ok()
+            .or_else(super::client::default_token),
+    };
+    let credentials = super::client::Credentials::new(token.as_deref(), None)?;
     let mut clients = Vec::new();
     for _ in 0..args.concurrency.max(1) {
         let channel = Channel::from_shared(url.clone())?.connect().await?;
-        clients.push(ToolsClient::new(channel));
+        clients.push(super::client::client_of(channel, credentials.clone()));
     }
     let workers = {
         let mut client = clients[0].clone();
@@ -269,7 +280,7 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
 }
 
 async fn run_clients(
-    clients: &[ToolsClient<Channel>],
+    clients: &[super::client::Client],
     request: &proto::InvokeRequest,
     calls: usize,
 ) -> anyhow::Result<Sample> {

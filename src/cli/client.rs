@@ -1,11 +1,14 @@
-//! The client commands: `call`, `get`, `calls`, `oplog`, `approve`, `deny`.
+//! The client commands: `call`, `get`, `calls`, `oplog`, `why`, `approve`, `deny`.
 
 use super::{exit, table};
 use crate::error::{ApiError, ErrorKind};
 use crate::proto::{self, tools_client::ToolsClient};
 use serde_json::{Value, json};
 use std::io::Read;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 /// The default control plane address.
@@ -21,9 +24,84 @@ pub struct Endpoint {
     /// roots.
     #[arg(long, env = "TOOLGRID_TLS_CA", global = true)]
     tls_ca: Option<std::path::PathBuf>,
+    /// Bearer token; default: the admin token `toolgrid up` wrote to
+    /// `$TOOLGRID_DATA/admin-token` (`.toolgrid/admin-token`).
+    #[arg(long, env = "TOOLGRID_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// Act as this agent (`NAME` or `NAMESPACE/NAME`; operators only).
+    #[arg(long = "as", value_name = "AGENT", global = true)]
+    act_as: Option<String>,
 }
 
-async fn connect(target: &Endpoint) -> Result<ToolsClient<Channel>, ApiError> {
+/// The token the CLI sends when none is given: the admin token of the `toolgrid up` whose
+/// data directory is `$TOOLGRID_DATA` (default `.toolgrid`), if it can be read.
+pub fn default_token() -> Option<String> {
+    let data = std::env::var_os("TOOLGRID_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(".toolgrid"));
+    let text = std::fs::read_to_string(data.join(super::up::ADMIN_TOKEN_FILE)).ok()?;
+    let token = text.trim();
+    (!token.is_empty()).then(|| token.to_string())
+}
+
+/// Adds `authorization: Bearer TOKEN` (and `toolgrid-as`) to every request.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    authorization: Option<MetadataValue<Ascii>>,
+    act_as: Option<MetadataValue<Ascii>>,
+}
+
+impl Credentials {
+    pub fn new(token: Option<&str>, act_as: Option<&str>) -> Result<Self, ApiError> {
+        let value = |text: String, what: &str| {
+            text.parse::<MetadataValue<Ascii>>().map_err(|_| {
+                ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("the {what} is not printable ASCII"),
+                )
+            })
+        };
+        Ok(Credentials {
+            authorization: token
+                .map(|t| value(format!("Bearer {t}"), "token"))
+                .transpose()?,
+            act_as: act_as
+                .map(|a| value(a.to_string(), "--as agent"))
+                .transpose()?,
+        })
+    }
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        if let Some(value) = &self.act_as {
+            request.metadata_mut().insert("toolgrid-as", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A Tools client that sends its credentials with every request.
+pub type Client = ToolsClient<InterceptedService<Channel, Credentials>>;
+
+/// A client over `channel` with `credentials`.
+pub fn client_of(channel: Channel, credentials: Credentials) -> Client {
+    ToolsClient::with_interceptor(channel, credentials)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+}
+
+async fn connect(target: &Endpoint) -> Result<Client, ApiError> {
+    let token = target.token.clone().or_else(default_token);
+    let credentials = Credentials::new(token.as_deref(), target.act_as.as_deref())?;
     let endpoint = &target.endpoint;
     let url = crate::platform::tls::endpoint_url(endpoint);
     let channel = crate::platform::tls::Trust::of(target.tls_ca.as_deref(), None)
@@ -45,14 +123,13 @@ async fn connect(target: &Endpoint) -> Result<ToolsClient<Channel>, ApiError> {
                 ),
             )
         })?;
-    Ok(ToolsClient::new(channel)
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20))
+    Ok(client_of(channel, credentials))
 }
 
 fn exit_code_of(kind: ErrorKind) -> u8 {
     match kind {
         ErrorKind::InvalidArgument | ErrorKind::IdempotencyConflict => exit::USAGE,
+        ErrorKind::Unauthenticated | ErrorKind::PermissionDenied => exit::DENIED,
         ErrorKind::Unavailable => exit::UNAVAILABLE,
         ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => exit::NOT_FOUND,
         ErrorKind::Internal => exit::INTERNAL,
@@ -125,6 +202,8 @@ fn split_call_options(args: &mut CallArgs) -> Result<Vec<String>, ApiError> {
                 | "--namespace"
                 | "--args"
                 | "--output"
+                | "--token"
+                | "--as"
         );
         if name == "--stream" && inline.is_none() {
             args.stream = true;
@@ -145,6 +224,8 @@ fn split_call_options(args: &mut CallArgs) -> Result<Vec<String>, ApiError> {
             "--idempotency-key" => args.idempotency_key = Some(value),
             "--endpoint" => args.endpoint.endpoint = value,
             "--tls-ca" => args.endpoint.tls_ca = Some(value.into()),
+            "--token" => args.endpoint.token = Some(value),
+            "--as" => args.endpoint.act_as = Some(value),
             "--namespace" => args.namespace = value,
             "--args" => args.args = Some(value),
             _ => args.output = value,
@@ -452,7 +533,115 @@ async fn try_get(args: GetArgs) -> Result<(), ApiError> {
         })
         .collect();
     table::print(&headers, &table);
+    if args.output == "wide"
+        && args.endpoint.act_as.is_some()
+        && matches!(args.kind.as_str(), "tools" | "tool" | "tl")
+    {
+        // Acting as an agent: the tools it lacks, and why.
+        let why = client
+            .why(proto::WhyRequest::default())
+            .await
+            .map_err(|s| ApiError::from(&s))?
+            .into_inner();
+        let missing: Vec<&proto::ToolAccess> = why.tools.iter().filter(|t| !t.allowed).collect();
+        if !missing.is_empty() {
+            println!();
+            println!("Tools agent {}/{} cannot call:", why.namespace, why.agent);
+            print_why(&missing);
+        }
+    }
     Ok(())
+}
+
+fn print_why(tools: &[&proto::ToolAccess]) {
+    let rows: Vec<Vec<String>> = tools
+        .iter()
+        .map(|t| {
+            let dash = |s: &str| {
+                if s.is_empty() {
+                    "-".to_string()
+                } else {
+                    s.to_string()
+                }
+            };
+            if t.allowed {
+                vec![
+                    t.tool.clone(),
+                    "yes".into(),
+                    dash(&t.binding),
+                    dash(&t.release),
+                    t.commands.join(","),
+                    String::new(),
+                ]
+            } else {
+                vec![
+                    t.tool.clone(),
+                    format!("no ({})", t.cause),
+                    dash(&t.binding),
+                    "-".into(),
+                    "-".into(),
+                    t.message.clone(),
+                ]
+            }
+        })
+        .collect();
+    table::print(
+        &["TOOL", "ALLOWED", "BINDING", "RELEASE", "COMMANDS", "WHY"],
+        &rows,
+    );
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WhyArgs {
+    /// The agent (`NAME` or `NAMESPACE/NAME`).
+    agent: String,
+    /// One tool; every tool of the agent's namespace when not given.
+    tool: Option<String>,
+    /// `table` or `json`.
+    #[arg(long, short = 'o', default_value = "table")]
+    output: String,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+/// `toolgrid why AGENT [TOOL]`: which tools the agent may call, and why not the others.
+pub async fn why(args: WhyArgs) -> ExitCode {
+    let result = async {
+        let mut client = connect(&args.endpoint).await?;
+        let response = client
+            .why(proto::WhyRequest {
+                agent: args.agent.clone(),
+                tool: args.tool.clone().unwrap_or_default(),
+            })
+            .await
+            .map_err(|s| ApiError::from(&s))?
+            .into_inner();
+        if args.output == "json" {
+            let tools: Vec<Value> = response
+                .tools
+                .iter()
+                .map(|t| {
+                    json!({
+                        "tool": t.tool, "allowed": t.allowed, "binding": t.binding,
+                        "release": t.release, "commands": t.commands, "cause": t.cause,
+                        "reason": t.reason, "message": t.message,
+                    })
+                })
+                .collect();
+            println!(
+                "{}",
+                pretty(&json!({"namespace": response.namespace, "agent": response.agent, "tools": tools}))
+            );
+        } else {
+            print_why(&response.tools.iter().collect::<Vec<_>>());
+        }
+        Ok::<(), ApiError>(())
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
 }
 
 fn duration_of(call: &proto::Call) -> String {
@@ -468,7 +657,7 @@ fn duration_of(call: &proto::Call) -> String {
 }
 
 async fn print_calls(
-    client: &mut ToolsClient<Channel>,
+    client: &mut Client,
     namespace: String,
     id: Option<String>,
     limit: u32,
@@ -644,7 +833,7 @@ pub async fn decide(args: DecisionArgs, approve: bool) -> ExitCode {
 
 /// A call's whole oplog, following `GetOplog`'s pages.
 pub async fn oplog_of(
-    client: &mut crate::proto::tools_client::ToolsClient<tonic::transport::Channel>,
+    client: &mut Client,
     call_id: &str,
 ) -> Result<proto::GetOplogResponse, tonic::Status> {
     let mut all = proto::GetOplogResponse {

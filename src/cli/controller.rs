@@ -65,6 +65,10 @@ pub struct ControllerArgs {
     /// handed to them inline (`TOOLGRID_TLS_CA_PEM`). Default: the system's roots.
     #[arg(long, env = "TOOLGRID_WORKER_TLS_CA")]
     worker_tls_ca: Option<std::path::PathBuf>,
+    /// A static operator token (e.g. from a Secret), besides the subjects Kubernetes RBAC
+    /// lets operate toolgrid. Optional.
+    #[arg(long, env = "TOOLGRID_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
 }
 
 impl ControllerArgs {
@@ -114,6 +118,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         retain: args.retain,
         tls,
         worker_tls_ca,
+        admin_token: args
+            .admin_token
+            .clone()
+            .filter(|t| !t.is_empty())
+            .map(|t| crate::auth::SecretValue::new(t.into_bytes())),
     })
     .await
 }

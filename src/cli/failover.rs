@@ -3,7 +3,7 @@
 //! there (its run, replay included, as the finishing worker reports it).
 
 use super::bench::Sample;
-use crate::proto::{self, tools_client::ToolsClient};
+use crate::proto;
 use anyhow::Context;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -157,7 +157,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         .context("no grpc= in the ready line")?
         .to_string();
     let cache = dir.path().join("cache");
-    let token = dir
+    let join_token = dir
         .path()
         .join("data")
         .join(crate::auth::worker::JOIN_TOKEN_FILE);
@@ -169,12 +169,16 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         let id = format!("bench-{i}");
         processes
             .workers
-            .push((id.clone(), spawn_worker(&grpc, &id, &cache, &token)?));
+            .push((id.clone(), spawn_worker(&grpc, &id, &cache, &join_token)?));
     }
     let channel = Channel::from_shared(format!("http://{grpc}"))?
         .connect()
         .await?;
-    let mut client = ToolsClient::new(channel).max_decoding_message_size(64 << 20);
+    let token = super::up::admin_token(&dir.path().join("data"))?;
+    let mut client = super::client::client_of(
+        channel,
+        super::client::Credentials::new(Some(&token), None)?,
+    );
     let request = |run: &str| proto::InvokeRequest {
         tool: "effects".into(),
         command: "run".into(),
@@ -252,7 +256,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         let killed_ms = crate::store::now_ms();
         processes.workers[index].1.kill()?;
         let _ = processes.workers[index].1.wait();
-        processes.workers[index].1 = spawn_worker(&grpc, &worker, &cache, &token)?;
+        processes.workers[index].1 = spawn_worker(&grpc, &worker, &cache, &join_token)?;
         let call = loop {
             let event = stream.message().await?.context("the stream ended early")?;
             if let Some(proto::invoke_event::Event::Call(call)) = event.event {

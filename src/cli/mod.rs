@@ -44,6 +44,9 @@ enum Commands {
     /// Read an agent's workspace: `ls AGENT [PATH]`, `cat AGENT PATH`, `history AGENT`,
     /// `diff AGENT V1 V2` (`-n NAMESPACE`, `-v V` for an older version).
     Workspace(workspace::WorkspaceArgs),
+    /// Which tools an agent may call and, for each it may not, why: no binding, binding
+    /// not Ready (and its reason), permission, release range.
+    Why(client::WhyArgs),
     /// Approve a call waiting for approval.
     Approve(client::DecisionArgs),
     /// Deny a call waiting for approval.
@@ -70,6 +73,8 @@ pub mod exit {
     pub const UNAVAILABLE: u8 = 3;
     /// No such tool, command or call.
     pub const NOT_FOUND: u8 = 4;
+    /// No valid token, or the caller may not do this.
+    pub const DENIED: u8 = 6;
     /// Anything else.
     pub const INTERNAL: u8 = 5;
 }
@@ -115,6 +120,7 @@ pub fn main() -> ExitCode {
             Commands::Calls(args) => client::calls(args).await,
             Commands::Oplog(args) => client::oplog(args).await,
             Commands::Workspace(args) => workspace::run(args).await,
+            Commands::Why(args) => client::why(args).await,
             Commands::Approve(args) => client::decide(args, true).await,
             Commands::Deny(args) => client::decide(args, false).await,
             Commands::Crds { helm } => match if helm {

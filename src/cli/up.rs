@@ -111,7 +111,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         reattach_grace: (args.lease.get() * 2).max(Duration::from_secs(2)),
         ..SchedulerConfig::default()
     };
-    let control_plane = ControlPlane::start(store.clone(), config).await?;
+    let admin = admin_token(&data)?;
+    let auth = crate::gateway::Authenticator::new().with_admin_token(&admin);
+    let control_plane = ControlPlane::start(store.clone(), config, auth).await?;
     let source = ManifestSource::new(
         manifests.clone(),
         store.clone(),
@@ -196,6 +198,60 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The file under `--data` holding the admin token.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+
+/// The admin token of this data directory: created on first start (32 random bytes as hex,
+/// mode 0600), the same on later starts.
+pub fn admin_token(data: &Path) -> anyhow::Result<String> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let path = data.join(ADMIN_TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let token = text.trim().to_string();
+            if token.is_empty() {
+                anyhow::bail!(
+                    "{} is empty: delete it to make a new admin token",
+                    path.display()
+                );
+            }
+            let mode = std::fs::metadata(&path)?.permissions().mode();
+            if mode & 0o077 != 0 {
+                tracing::warn!(file = %path.display(), "the admin token is readable by others; making it 0600");
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            }
+            return Ok(token);
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot read {}", path.display()));
+        }
+    }
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes);
+    let token = hex::encode(bytes);
+    let mut file = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+    {
+        Ok(file) => file,
+        // Another start made it meanwhile: use that one.
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::thread::sleep(Duration::from_millis(50));
+            return admin_token(data);
+        }
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot create {}", path.display()));
+        }
+    };
+    file.write_all(format!("{token}\n").as_bytes())?;
+    file.sync_all()?;
+    tracing::info!(file = %path.display(), "created the admin token");
+    Ok(token)
+}
+
 /// Waits until every pool that wants workers has one attached.
 async fn wait_for_workers(control_plane: &ControlPlane, limit: Duration) {
     let start = Instant::now();
@@ -217,5 +273,37 @@ async fn wait_for_workers(control_plane: &ControlPlane, limit: Duration) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_admin_token_is_made_once_for_the_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = admin_token(dir.path()).unwrap();
+        assert_eq!(first.len(), 64);
+        assert!(first.chars().all(|c| c.is_ascii_hexdigit()));
+        let path = dir.path().join(ADMIN_TOKEN_FILE);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(
+            admin_token(dir.path()).unwrap(),
+            first,
+            "kept across starts"
+        );
+        // A file others can read is tightened, and still used.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(admin_token(dir.path()).unwrap(), first);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::write(&path, "\n").unwrap();
+        assert!(
+            admin_token(dir.path()).is_err(),
+            "an empty token is refused"
+        );
     }
 }

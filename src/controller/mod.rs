@@ -54,15 +54,14 @@ pub struct Settings {
     pub tls: Option<crate::platform::tls::ServerTls>,
     /// The CA certificate (PEM) worker pods trust for an `https://` control plane.
     pub worker_tls_ca: Option<String>,
+    /// A static operator token accepted besides the cluster's own subjects (never printed).
+    pub admin_token: Option<crate::auth::SecretValue>,
 }
 
-/// Who may attach as a worker.
-///
-/// The cluster's answer is [`crate::auth::ServiceAccountWorkers`] over a kube
-/// `TokenReviewer` (the worker pod's projected token, audience `toolgrid-worker`, for its
-/// pool's ServiceAccount). Until that reviewer is wired here, workers attach with the join
-/// token in `TOOLGRID_JOIN_TOKEN` (set on the controller and the worker pods alike), and
-/// with none set no worker can attach: the link never falls back to trusting anyone.
+/// Who may attach as a worker: a worker pod's projected ServiceAccount token (audience
+/// `toolgrid-worker`), reviewed by the cluster, for the pool whose workers run as that
+/// ServiceAccount ([`crate::auth::ServiceAccountWorkers`]); and, when the controller is given
+/// `TOOLGRID_JOIN_TOKEN`, workers outside the cluster holding that join secret.
 fn worker_authenticator(
     reviewer: Arc<dyn TokenReviewer>,
     catalog: Arc<crate::catalog::Catalog>,
@@ -173,6 +172,13 @@ async fn lead(
             lease: settings.worker_lease,
             reattach_grace: (settings.worker_lease * 2).max(Duration::from_secs(5)),
             ..SchedulerConfig::default()
+        },
+        // Agent tokens and the static admin token; the cluster's TokenReviewer is added
+        // with `Authenticator::with_reviewer`.
+        match &settings.admin_token {
+            Some(token) => crate::gateway::Authenticator::new()
+                .with_admin_token(token.expose_str().unwrap_or_default()),
+            None => crate::gateway::Authenticator::new(),
         },
     )
     .await?;

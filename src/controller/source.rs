@@ -216,6 +216,8 @@ impl ClusterSource {
             agents: sourced(&c.agents),
             pools: sourced(&c.pools),
             config_maps: sourced(&c.config_maps),
+            // Secrets reach the catalog through `identities`, as data.
+            secrets: Vec::new(),
             invalid: Vec::new(),
             ignored: 0,
         }
@@ -224,14 +226,27 @@ impl ClusterSource {
     fn identities(&self) -> Identities {
         let c = &self.caches;
         Identities {
-            service_accounts: c
-                .service_accounts
+            service_accounts: Some(
+                c.service_accounts
+                    .state()
+                    .iter()
+                    .map(|o| key_of(&**o))
+                    .collect(),
+            ),
+            // The watch is metadata-only for now: Secrets are known by name, without their
+            // keys (a full Secret watch fills them with `Identities::secret_data`).
+            secrets: c
+                .secrets
                 .state()
                 .iter()
-                .map(|o| key_of(&**o))
+                .map(|o| (key_of(&**o), Default::default()))
                 .collect(),
-            secrets: c.secrets.state().iter().map(|o| key_of(&**o)).collect(),
-            config_maps: c.config_maps.state().iter().map(|o| key_of(&**o)).collect(),
+            config_maps: c
+                .config_maps
+                .state()
+                .iter()
+                .map(|o| (key_of(&**o), Identities::config_data(o)))
+                .collect(),
         }
     }
 

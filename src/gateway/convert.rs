@@ -41,6 +41,7 @@ pub fn call_to_proto(record: &CallRecord, deduplicated: bool) -> proto::Call {
         epoch: record.epoch,
         worker: record.worker.clone().unwrap_or_default(),
         deduplicated,
+        agent: record.spec.access.agent.clone().unwrap_or_default(),
     }
 }
 
@@ -57,6 +58,7 @@ pub fn call_to_json(record: &CallRecord, deduplicated: bool) -> Value {
         "createdAtMs": record.created_at_ms,
         "epoch": record.epoch,
         "deduplicated": deduplicated,
+        "agent": record.spec.access.agent,
     });
     if let Some(result) = &record.result {
         call["result"] = result.clone();

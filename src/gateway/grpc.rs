@@ -1,14 +1,110 @@
-//! The gRPC `Tools` service.
+//! The gRPC `Tools` service, behind [`AuthenticatedTools`]: every RPC is authenticated
+//! before it reaches the service, which reads the caller from the request's extensions.
 
+use super::authn::{ACT_AS, AUTHORIZATION};
 use super::convert::{call_to_proto, oplog_to_proto};
 use super::{Gateway, Invocation};
+use crate::auth::Principal;
 use crate::error::{ApiError, ErrorKind};
 use crate::proto::{self, tools_server::Tools};
+use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
+
+/// Wraps the `Tools` server: authenticates each request (`authorization`, `toolgrid-as`
+/// metadata) and hands the [`Principal`] to the service in the request's extensions; an
+/// unauthenticated request is answered `UNAUTHENTICATED` without reaching it.
+#[derive(Clone)]
+pub struct AuthenticatedTools<S> {
+    inner: S,
+    gateway: Arc<Gateway>,
+}
+
+impl<S> AuthenticatedTools<S> {
+    pub fn new(inner: S, gateway: Arc<Gateway>) -> Self {
+        AuthenticatedTools { inner, gateway }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for AuthenticatedTools<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type Body = tonic::body::Body;
+
+impl<S> tower::Service<http::Request<Body>> for AuthenticatedTools<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        // The clone that was made ready is the one that serves this request.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let gateway = self.gateway.clone();
+        Box::pin(async move {
+            let header = |headers: &http::HeaderMap, name: &str| {
+                headers.get(name).map(|v| v.to_str().map(str::to_string))
+            };
+            let found = (
+                header(request.headers(), AUTHORIZATION),
+                header(request.headers(), ACT_AS),
+            );
+            let (authorization, act_as) = match found {
+                (Some(Err(_)), _) | (_, Some(Err(_))) => {
+                    let status: Status = ApiError::new(
+                        ErrorKind::Unauthenticated,
+                        "the authorization metadata is not text",
+                    )
+                    .into();
+                    return Ok(status.into_http());
+                }
+                (a, b) => (a.and_then(Result::ok), b.and_then(Result::ok)),
+            };
+            match gateway
+                .authenticate(authorization.as_deref(), act_as.as_deref())
+                .await
+            {
+                Ok(principal) => {
+                    request.extensions_mut().insert(principal);
+                    inner.call(request).await
+                }
+                Err(error) => Ok(Status::from(error).into_http()),
+            }
+        })
+    }
+}
+
+/// The caller [`AuthenticatedTools`] put in the request.
+fn caller<T>(request: &Request<T>) -> Result<Principal, Status> {
+    request
+        .extensions()
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::Unauthenticated,
+                "the request was not authenticated",
+            )
+            .into()
+        })
+}
 
 /// The longest `GetCall` with `wait` blocks.
 const MAX_WAIT: Duration = Duration::from_secs(600);
@@ -55,7 +151,10 @@ impl Tools for ToolsService {
         &self,
         request: Request<proto::ListToolsRequest>,
     ) -> Result<Response<proto::ListToolsResponse>, Status> {
-        let tools = self.gateway.list_tools(&request.into_inner().namespace);
+        let caller = caller(&request)?;
+        let tools = self
+            .gateway
+            .list_tools(&caller, &request.into_inner().namespace);
         Ok(Response::new(proto::ListToolsResponse { tools }))
     }
 
@@ -63,9 +162,10 @@ impl Tools for ToolsService {
         &self,
         request: Request<proto::InvokeRequest>,
     ) -> Result<Response<proto::Call>, Status> {
+        let caller = caller(&request)?;
         let admitted = self
             .gateway
-            .invoke(invocation(request.into_inner())?)
+            .invoke(&caller, invocation(request.into_inner())?)
             .await?;
         Ok(Response::new(call_to_proto(
             &admitted.record,
@@ -77,9 +177,10 @@ impl Tools for ToolsService {
         &self,
         request: Request<proto::InvokeRequest>,
     ) -> Result<Response<InvokeStream>, Status> {
+        let caller = caller(&request)?;
         let admitted = self
             .gateway
-            .admit(invocation(request.into_inner())?)
+            .admit(&caller, invocation(request.into_inner())?)
             .await?;
         let gateway = self.gateway.clone();
         let stream = async_stream(gateway, admitted);
@@ -90,6 +191,7 @@ impl Tools for ToolsService {
         &self,
         request: Request<proto::GetCallRequest>,
     ) -> Result<Response<proto::Call>, Status> {
+        let caller = caller(&request)?;
         let request = request.into_inner();
         let record = if request.id.is_empty() {
             if request.idempotency_key.is_empty() {
@@ -100,10 +202,10 @@ impl Tools for ToolsService {
                 .into());
             }
             self.gateway
-                .find_call(&request.namespace, &request.idempotency_key)
+                .find_call(&caller, &request.namespace, &request.idempotency_key)
                 .await?
         } else {
-            self.gateway.get_call(&request.id).await?
+            self.gateway.get_call(&caller, &request.id).await?
         };
         let record = if request.wait && !record.state.is_terminal() {
             let limit = self.gateway.wait_limit(&record).min(MAX_WAIT);
@@ -118,10 +220,11 @@ impl Tools for ToolsService {
         &self,
         request: Request<proto::ListCallsRequest>,
     ) -> Result<Response<proto::ListCallsResponse>, Status> {
+        let caller = caller(&request)?;
         let request = request.into_inner();
         let calls = self
             .gateway
-            .list_calls(&request.namespace, &request.tool, request.limit)
+            .list_calls(&caller, &request.namespace, &request.tool, request.limit)
             .await?
             .iter()
             .map(|r| call_to_proto(r, false))
@@ -133,9 +236,13 @@ impl Tools for ToolsService {
         &self,
         request: Request<proto::GetOplogRequest>,
     ) -> Result<Response<proto::GetOplogResponse>, Status> {
+        let caller = caller(&request)?;
         let request = request.into_inner();
         let call_id = request.call_id;
-        let (page, next) = self.gateway.oplog_page(&call_id, request.from_seq).await?;
+        let (page, next) = self
+            .gateway
+            .oplog_page(&caller, &call_id, request.from_seq)
+            .await?;
         let entries = page.iter().map(oplog_to_proto).collect();
         Ok(Response::new(proto::GetOplogResponse {
             call_id,
@@ -149,10 +256,11 @@ impl Tools for ToolsService {
         &self,
         request: Request<proto::ListResourcesRequest>,
     ) -> Result<Response<proto::ListResourcesResponse>, Status> {
+        let caller = caller(&request)?;
         let request = request.into_inner();
         let rows = self
             .gateway
-            .list_resources(&request.kind, &request.namespace)?;
+            .list_resources(&caller, &request.kind, &request.namespace)?;
         Ok(Response::new(proto::ListResourcesResponse { rows }))
     }
 
@@ -172,6 +280,48 @@ impl Tools for ToolsService {
         Err(Status::unimplemented(
             "approval middleware is not available yet",
         ))
+    }
+
+    async fn why(
+        &self,
+        request: Request<proto::WhyRequest>,
+    ) -> Result<Response<proto::WhyResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let (agent, access) = self.gateway.why(&caller, &request.agent, &request.tool)?;
+        Ok(Response::new(proto::WhyResponse {
+            namespace: agent.namespace,
+            agent: agent.name,
+            tools: access.into_iter().map(tool_access_to_proto).collect(),
+        }))
+    }
+}
+
+fn tool_access_to_proto(access: super::authz::ToolAccess) -> proto::ToolAccess {
+    match access.verdict {
+        Ok(allowed) => proto::ToolAccess {
+            tool: access.tool,
+            allowed: true,
+            binding: allowed.binding.name,
+            release: allowed.release.name,
+            commands: allowed.commands,
+            ..Default::default()
+        },
+        Err(refusal) => proto::ToolAccess {
+            tool: access.tool,
+            allowed: false,
+            binding: refusal.binding().unwrap_or_default().to_string(),
+            cause: refusal.cause().into(),
+            reason: match &refusal {
+                super::authz::Refusal::BindingNotReady { reason, .. } => reason.to_string(),
+                super::authz::Refusal::ReleaseRange { .. } => {
+                    crate::api::conditions::Reason::NoMatchingRelease.to_string()
+                }
+                _ => String::new(),
+            },
+            message: refusal.to_string(),
+            ..Default::default()
+        },
     }
 }
 
@@ -224,7 +374,7 @@ fn async_stream(
             if let Some(done) = finished {
                 break Ok(done);
             }
-            let current = gateway.get_call(&record.id).await;
+            let current = gateway.record(&record.id).await;
             if let Ok(current) = &current
                 && current.state.is_terminal()
             {
@@ -232,7 +382,7 @@ fn async_stream(
             }
             match tokio::time::timeout_at(deadline, updates.changed()).await {
                 Ok(Ok(())) => {}
-                _ => break gateway.get_call(&record.id).await,
+                _ => break gateway.record(&record.id).await,
             }
         };
         let event = final_record.map(|r| proto::InvokeEvent {

@@ -6,16 +6,22 @@
 //!   failed call comes with the status of its error kind (422 for a tool's own failure).
 //! - `GET /v1/calls/{id}` (`?wait=true` blocks until it ends), `GET /v1/calls/{id}/oplog`
 //!   (in pages: `more`, `nextSeq`, `?fromSeq=`),
-//!   `GET /v1/calls`, `GET /v1/namespaces/{ns}/tools`, `/healthz`, `/readyz`.
+//!   `GET /v1/calls`, `GET /v1/namespaces/{ns}/tools`, `GET /v1/why?agent=&tool=`.
+//! - `/healthz`, `/readyz` (probes) and `/metrics` (aggregate counters, no call data) are
+//!   open; every `/v1` route authenticates first (`Authorization: Bearer TOKEN`, an
+//!   operator may add `Toolgrid-As: AGENT`): 401 without a valid token.
 
+use super::authn::{ACT_AS, AUTHORIZATION};
 use super::convert::call_to_json;
 use super::{Gateway, Invocation};
+use crate::auth::Principal;
 use crate::error::{ApiError, ErrorKind};
-use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -32,12 +38,19 @@ impl IntoResponse for ApiError {
 
 /// The HTTP API over a gateway; `ready` says whether the platform takes calls yet.
 pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>) -> axum::Router {
-    axum::Router::new()
+    let api = axum::Router::new()
         .route("/v1/namespaces/{ns}/tools/{tool}/{command}", post(call))
         .route("/v1/namespaces/{ns}/tools", get(list_tools))
         .route("/v1/calls", get(list_calls))
         .route("/v1/calls/{id}", get(get_call))
         .route("/v1/calls/{id}/oplog", get(get_oplog))
+        .route("/v1/why", get(why))
+        .route_layer(axum::middleware::from_fn_with_state(
+            gateway.clone(),
+            authenticate,
+        ));
+    axum::Router::new()
+        .merge(api)
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/metrics",
@@ -57,6 +70,32 @@ pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>)
             }),
         )
         .with_state(gateway)
+}
+
+/// Authenticates a `/v1` request and hands the [`Principal`] on in its extensions.
+async fn authenticate(
+    State(gateway): State<Arc<Gateway>>,
+    mut request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let header = |headers: &HeaderMap, name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let authorization = header(request.headers(), AUTHORIZATION);
+    let act_as = header(request.headers(), ACT_AS);
+    match gateway
+        .authenticate(authorization.as_deref(), act_as.as_deref())
+        .await
+    {
+        Ok(principal) => {
+            request.extensions_mut().insert(principal);
+            next.run(request).await
+        }
+        Err(error) => error.into_response(),
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -85,6 +124,7 @@ fn failure_status(record: &crate::store::CallRecord) -> StatusCode {
 
 async fn call(
     State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
     Path((ns, tool, command)): Path<(String, String, String)>,
     headers: HeaderMap,
     body: Option<Json<Value>>,
@@ -113,7 +153,7 @@ async fn call(
         stdin: body.stdin.map(String::into_bytes),
         idempotency_key: body.idempotency_key.or(header_key),
     };
-    let admitted = gateway.invoke(invocation).await?;
+    let admitted = gateway.invoke(&caller, invocation).await?;
     let status = failure_status(&admitted.record);
     let mut response = (
         status,
@@ -134,10 +174,11 @@ struct WaitQuery {
 
 async fn get_call(
     State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
     Query(query): Query<WaitQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let mut record = gateway.get_call(&id).await?;
+    let mut record = gateway.get_call(&caller, &id).await?;
     if query.wait && !record.state.is_terminal() {
         let limit = gateway.wait_limit(&record).min(Duration::from_secs(600));
         record = gateway.wait(&id, limit).await?;
@@ -155,10 +196,11 @@ struct OplogQuery {
 /// One page of a call's oplog (`?fromSeq=N` for the next, when `more` says there is one).
 async fn get_oplog(
     State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
     Query(query): Query<OplogQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let (page, next) = gateway.oplog_page(&id, query.from_seq).await?;
+    let (page, next) = gateway.oplog_page(&caller, &id, query.from_seq).await?;
     let entries: Vec<Value> = page
         .iter()
         .map(crate::gateway::convert::oplog_to_json)
@@ -182,19 +224,24 @@ struct ListQuery {
 
 async fn list_calls(
     State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let calls = gateway
-        .list_calls(&query.namespace, &query.tool, query.limit)
+        .list_calls(&caller, &query.namespace, &query.tool, query.limit)
         .await?;
     Ok(Json(
         json!({"calls": calls.iter().map(|c| call_to_json(c, false)).collect::<Vec<_>>()}),
     ))
 }
 
-async fn list_tools(State(gateway): State<Arc<Gateway>>, Path(ns): Path<String>) -> Json<Value> {
+async fn list_tools(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
+    Path(ns): Path<String>,
+) -> Json<Value> {
     let tools: Vec<Value> = gateway
-        .list_tools(&ns)
+        .list_tools(&caller, &ns)
         .into_iter()
         .map(|t| {
             json!({
@@ -215,4 +262,43 @@ async fn list_tools(State(gateway): State<Arc<Gateway>>, Path(ns): Path<String>)
         })
         .collect();
     Json(json!({"tools": tools}))
+}
+
+#[derive(Deserialize)]
+struct WhyQuery {
+    #[serde(default)]
+    agent: String,
+    #[serde(default)]
+    tool: String,
+}
+
+/// Which tools an agent may call, and why not the others.
+async fn why(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
+    Query(query): Query<WhyQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let (agent, access) = gateway.why(&caller, &query.agent, &query.tool)?;
+    let tools: Vec<Value> = access
+        .into_iter()
+        .map(|a| match a.verdict {
+            Ok(allowed) => json!({
+                "tool": a.tool,
+                "allowed": true,
+                "binding": allowed.binding.name,
+                "release": allowed.release.name,
+                "commands": allowed.commands,
+            }),
+            Err(refusal) => json!({
+                "tool": a.tool,
+                "allowed": false,
+                "cause": refusal.cause(),
+                "binding": refusal.binding(),
+                "message": refusal.to_string(),
+            }),
+        })
+        .collect();
+    Ok(Json(
+        json!({"namespace": agent.namespace, "agent": agent.name, "tools": tools}),
+    ))
 }

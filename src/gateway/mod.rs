@@ -2,14 +2,19 @@
 //! pick the release, validate arguments and stdin, record it under its idempotency key),
 //! waiting for its end, and reading calls, oplogs and resources.
 
+pub mod authn;
+pub mod authz;
 pub mod completion;
 pub mod convert;
 mod grpc;
 mod http;
 pub mod workspaces;
 
-pub use grpc::ToolsService;
+pub use authn::Authenticator;
+pub use grpc::{AuthenticatedTools, ToolsService};
 pub use http::router;
+
+use crate::auth::Principal;
 
 use crate::api::Kind;
 use crate::api::WorkerPoolStatus;
@@ -60,28 +65,54 @@ pub struct Gateway {
     store: Arc<dyn Store>,
     scheduler: Arc<Scheduler>,
     calls: Arc<CallWatch>,
+    auth: Authenticator,
 }
 
 impl Gateway {
+    /// A gateway that authenticates callers with `auth` (the admin token of `toolgrid up`,
+    /// Agents' tokens, and a [`crate::auth::TokenReviewer`] in a cluster).
     pub fn new(
         catalog: Arc<Catalog>,
         store: Arc<dyn Store>,
         scheduler: Arc<Scheduler>,
         calls: Arc<CallWatch>,
+        auth: Authenticator,
     ) -> Arc<Self> {
         Arc::new(Gateway {
             catalog,
             store,
             scheduler,
             calls,
+            auth,
         })
     }
 
-    fn namespace(ns: &str) -> String {
-        if ns.is_empty() {
-            crate::api::DEFAULT_NAMESPACE.to_string()
-        } else {
-            ns.to_string()
+    /// The caller behind a request's `authorization` value, acting as `act_as` (the
+    /// `toolgrid-as` header) if given: [`ErrorKind::Unauthenticated`] for no token or an
+    /// unknown one.
+    pub async fn authenticate(
+        &self,
+        authorization: Option<&str>,
+        act_as: Option<&str>,
+    ) -> Result<Principal, ApiError> {
+        let snapshot = self.catalog.current();
+        let result = self
+            .auth
+            .authenticate(authorization, act_as, &snapshot)
+            .await;
+        if let Err(error) = &result {
+            tracing::debug!(kind = %error.kind, "request refused: {}", error.message);
+        }
+        result
+    }
+
+    /// The namespace a request names, or by default the agent's own (`default` for an
+    /// operator).
+    fn namespace(caller: &Principal, ns: &str) -> String {
+        match (ns, caller) {
+            ("", Principal::Agent { agent }) => agent.namespace.clone(),
+            ("", Principal::Operator { .. }) => crate::api::DEFAULT_NAMESPACE.to_string(),
+            (ns, _) => ns.to_string(),
         }
     }
 
@@ -89,6 +120,7 @@ impl Gateway {
     fn tool(
         &self,
         snapshot: &Snapshot,
+        caller: &Principal,
         namespace: &str,
         name: &str,
     ) -> Result<Arc<ResolvedTool>, ApiError> {
@@ -110,9 +142,10 @@ impl Gateway {
         }
         let known: Vec<&str> = snapshot
             .tools
-            .keys()
-            .filter(|k| k.namespace == namespace)
-            .map(|k| k.name.as_str())
+            .values()
+            .filter(|t| t.key.namespace == namespace)
+            .filter(|t| authz::may_see_tool(snapshot, caller, t))
+            .map(|t| t.key.name.as_str())
             .collect();
         Err(ApiError::new(
             ErrorKind::UnknownTool,
@@ -129,10 +162,18 @@ impl Gateway {
 
     /// Validates and records a call, and queues it for a worker. The same idempotency key
     /// returns the earlier call instead.
-    pub async fn admit(&self, invocation: Invocation) -> Result<Admitted, ApiError> {
-        let namespace = Self::namespace(&invocation.namespace);
+    ///
+    /// `caller` must be allowed ([`authz::authorize_call`]): an agent's call runs its
+    /// binding's release with the access the binding grants; its idempotency keys are its
+    /// own.
+    pub async fn admit(
+        &self,
+        caller: &Principal,
+        invocation: Invocation,
+    ) -> Result<Admitted, ApiError> {
+        let namespace = Self::namespace(caller, &invocation.namespace);
         let snapshot = self.catalog.current();
-        let tool = self.tool(&snapshot, &namespace, &invocation.tool)?;
+        let tool = self.tool(&snapshot, caller, &namespace, &invocation.tool)?;
 
         let mut argv = invocation.argv;
         let command_name = match invocation.command.filter(|c| !c.is_empty()) {
@@ -169,6 +210,8 @@ impl Gateway {
             ));
         };
 
+        let grant = authz::authorize_call(&snapshot, caller, &tool, &command.name)?;
+
         let mut args = command.parse_argv(&argv)?;
         match invocation.args {
             None | Some(Value::Null) => {}
@@ -183,7 +226,7 @@ impl Gateway {
         let args = command.validate(args)?;
         command.check_stdin(invocation.stdin.as_deref())?;
 
-        let Some(release_key) = &tool.release else {
+        let Some(release_key) = grant.release.as_ref().or(tool.release.as_ref()) else {
             let why: Vec<String> = snapshot
                 .resources_of(Kind::ToolRelease)
                 .filter(|r| {
@@ -285,7 +328,7 @@ impl Gateway {
                 command: command_def,
                 deadline_ms: created + timeout_ms as i64,
                 egress: release.network.egress.clone(),
-                access: Default::default(),
+                access: grant.access,
             },
             stdin,
             idempotency_key,
@@ -342,9 +385,10 @@ impl Gateway {
     }
 
     /// Waits until the call ends, or `limit` passes; returns the call as it then is.
+    /// (The caller was checked when it read the call.)
     pub async fn wait(&self, call_id: &str, limit: Duration) -> Result<CallRecord, ApiError> {
         let updates = self.calls.subscribe(call_id);
-        let record = self.get_call(call_id).await?;
+        let record = self.record(call_id).await?;
         if record.state.is_terminal() {
             return Ok(record);
         }
@@ -366,7 +410,7 @@ impl Gateway {
             match tokio::time::timeout_at(deadline, updates.changed()).await {
                 Ok(Ok(())) => continue,
                 // The sender went away (finished and pruned) or time ran out: read the store.
-                _ => return self.get_call(call_id).await,
+                _ => return self.record(call_id).await,
             }
         }
     }
@@ -380,8 +424,12 @@ impl Gateway {
     }
 
     /// Admits a call and waits for its end.
-    pub async fn invoke(&self, invocation: Invocation) -> Result<Admitted, ApiError> {
-        let admitted = self.admit(invocation).await?;
+    pub async fn invoke(
+        &self,
+        caller: &Principal,
+        invocation: Invocation,
+    ) -> Result<Admitted, ApiError> {
+        let admitted = self.admit(caller, invocation).await?;
         let limit = self.wait_limit(&admitted.record);
         let record = match admitted.updates {
             _ if admitted.record.state.is_terminal() => admitted.record,
@@ -395,17 +443,39 @@ impl Gateway {
         })
     }
 
-    pub async fn get_call(&self, id: &str) -> Result<CallRecord, ApiError> {
+    /// A call as stored, whoever asks (for the gateway's own follow-ups).
+    pub(crate) async fn record(&self, id: &str) -> Result<CallRecord, ApiError> {
         self.store
             .get_call(id)
             .await?
             .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no call {id:?}")))
     }
 
-    pub async fn find_call(&self, namespace: &str, key: &str) -> Result<CallRecord, ApiError> {
-        let namespace = Self::namespace(namespace);
+    /// A call `caller` may read. Another agent's call is [`ErrorKind::NotFound`] with the
+    /// same message as a call that does not exist: its existence is not revealed.
+    pub async fn get_call(&self, caller: &Principal, id: &str) -> Result<CallRecord, ApiError> {
+        let record = self.record(id).await?;
+        if authz::may_read_call(caller, &record) {
+            Ok(record)
+        } else {
+            Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("no call {id:?}"),
+            ))
+        }
+    }
+
+    /// The call made with idempotency key `key` by `caller` (each agent's keys are its
+    /// own; an operator's own calls share one scope).
+    pub async fn find_call(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+        key: &str,
+    ) -> Result<CallRecord, ApiError> {
+        let namespace = Self::namespace(caller, namespace);
         self.store
-            .find_call_by_key(&namespace, key)
+            .find_call_by_key(&namespace, authz::agent_scope(caller), key)
             .await?
             .ok_or_else(|| {
                 ApiError::new(
@@ -415,22 +485,41 @@ impl Gateway {
             })
     }
 
+    /// Recent calls: every call for an operator, an agent's own for an agent.
     pub async fn list_calls(
         &self,
+        caller: &Principal,
         namespace: &str,
         tool: &str,
         limit: u32,
     ) -> Result<Vec<CallRecord>, ApiError> {
-        let filter = CallFilter {
+        let mut filter = CallFilter {
             namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
             tool: (!tool.is_empty()).then(|| tool.to_string()),
+            agent: None,
             limit,
         };
+        if let Principal::Agent { agent } = caller {
+            if filter
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| ns != &agent.namespace)
+            {
+                return Ok(Vec::new());
+            }
+            filter.namespace = Some(agent.namespace.clone());
+            filter.agent = Some(agent.name.clone());
+        }
         Ok(self.store.list_calls(&filter).await?)
     }
 
-    pub async fn oplog(&self, call_id: &str) -> Result<Vec<OplogRecord>, ApiError> {
-        self.get_call(call_id).await?;
+    /// A call's oplog, when `caller` may read the call.
+    pub async fn oplog(
+        &self,
+        caller: &Principal,
+        call_id: &str,
+    ) -> Result<Vec<OplogRecord>, ApiError> {
+        self.get_call(caller, call_id).await?;
         Ok(self.store.oplog(call_id).await?)
     }
 
@@ -439,12 +528,13 @@ impl Gateway {
     /// starts at, if any.
     pub async fn oplog_page(
         &self,
+        caller: &Principal,
         call_id: &str,
         from_seq: u64,
     ) -> Result<(Vec<OplogRecord>, Option<u64>), ApiError> {
         let mut page = Vec::new();
         let mut bytes = 0;
-        for record in self.oplog(call_id).await? {
+        for record in self.oplog(caller, call_id).await? {
             if record.seq < from_seq {
                 continue;
             }
@@ -458,16 +548,24 @@ impl Gateway {
         Ok((page, None))
     }
 
-    /// The tools of a namespace with their commands' schemas, as agents see them.
-    pub fn list_tools(&self, namespace: &str) -> Vec<proto::ToolInfo> {
-        let namespace = Self::namespace(namespace);
+    /// The tools of a namespace with their commands' schemas: every tool for an operator,
+    /// an agent's callable tools (with the release and commands its binding gives) for an
+    /// agent.
+    pub fn list_tools(&self, caller: &Principal, namespace: &str) -> Vec<proto::ToolInfo> {
+        let namespace = Self::namespace(caller, namespace);
         let snapshot = self.catalog.current();
         snapshot
             .tools
             .values()
             .filter(|t| t.key.namespace == namespace)
-            .map(|t| {
-                let release = t.release.as_ref().and_then(|k| snapshot.release(k));
+            .filter_map(|t| match caller {
+                Principal::Operator { .. } => Some((t, t.release.clone(), None)),
+                Principal::Agent { agent } => authz::decide(&snapshot, agent, t, None)
+                    .ok()
+                    .map(|allowed| (t, Some(allowed.release), Some(allowed.commands))),
+            })
+            .map(|(t, release, allowed)| {
+                let release = release.as_ref().and_then(|k| snapshot.release(k));
                 proto::ToolInfo {
                     namespace: t.key.namespace.clone(),
                     name: t.key.name.clone(),
@@ -478,6 +576,7 @@ impl Gateway {
                     commands: t
                         .commands
                         .iter()
+                        .filter(|c| allowed.as_ref().is_none_or(|a| a.contains(&c.name)))
                         .map(|c| proto::CommandInfo {
                             name: c.name.clone(),
                             description: c.description.clone(),
@@ -498,8 +597,11 @@ impl Gateway {
     }
 
     /// Resources of a kind with their status; pools carry their live workers.
+    ///
+    /// Agents see only the Tools they may call, and no other kind.
     pub fn list_resources(
         &self,
+        caller: &Principal,
         kind: &str,
         namespace: &str,
     ) -> Result<Vec<proto::ResourceRow>, ApiError> {
@@ -515,6 +617,12 @@ impl Gateway {
                 "unknown kind: use tools, releases, bindings, middleware, agents or pools",
             ));
         };
+        if matches!(caller, Principal::Agent { .. }) && kind != Kind::Tool {
+            return Err(ApiError::new(
+                ErrorKind::PermissionDenied,
+                format!("agents may list tools, their calls and oplogs, not {kind} resources"),
+            ));
+        }
         let snapshot = self.catalog.current();
         let workers = self.scheduler.workers();
         let queued = self.scheduler.queued();
@@ -522,6 +630,13 @@ impl Gateway {
         Ok(snapshot
             .resources_of(kind)
             .filter(|r| namespace.is_empty() || r.id.key.namespace == namespace)
+            .filter(|r| match caller {
+                Principal::Operator { .. } => true,
+                Principal::Agent { .. } => snapshot
+                    .tools
+                    .get(&r.id.key)
+                    .is_some_and(|t| authz::may_see_tool(&snapshot, caller, t)),
+            })
             .map(|r| {
                 if kind == Kind::WorkerPool {
                     let pool = r.id.key.to_string();
@@ -539,6 +654,53 @@ impl Gateway {
                 }
             })
             .collect())
+    }
+}
+
+impl Gateway {
+    /// Which tools `agent` may call and why not the others (`toolgrid why`). Operators ask
+    /// about any agent (`NAME` or `NAMESPACE/NAME`); an agent only about itself (`agent`
+    /// empty or its own name).
+    pub fn why(
+        &self,
+        caller: &Principal,
+        agent: &str,
+        tool: &str,
+    ) -> Result<(crate::catalog::ObjectKey, Vec<authz::ToolAccess>), ApiError> {
+        let key = match (caller, agent) {
+            (Principal::Agent { agent }, "") => agent.clone(),
+            (Principal::Agent { agent: me }, asked) => {
+                if asked != me.name && asked != me.to_string() {
+                    return Err(ApiError::new(
+                        ErrorKind::PermissionDenied,
+                        "an agent may ask only about itself",
+                    ));
+                }
+                me.clone()
+            }
+            (Principal::Operator { .. }, "") => {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    "name the agent to explain",
+                ));
+            }
+            (Principal::Operator { .. }, asked) => match asked.split_once('/') {
+                Some((ns, name)) => crate::catalog::ObjectKey::new(ns, name),
+                None => crate::catalog::ObjectKey::new(crate::api::DEFAULT_NAMESPACE, asked),
+            },
+        };
+        let snapshot = self.catalog.current();
+        let tool = (!tool.is_empty()).then_some(tool);
+        let access = authz::explain(&snapshot, &key, tool);
+        if let Some(name) = tool
+            && access.is_empty()
+        {
+            return Err(ApiError::new(
+                ErrorKind::UnknownTool,
+                format!("no tool {name:?} in namespace {:?}", key.namespace),
+            ));
+        }
+        Ok((key, access))
     }
 }
 

@@ -10,7 +10,7 @@ pub use local_pools::LocalPools;
 
 use crate::auth::WorkerAuthenticator;
 use crate::catalog::Catalog;
-use crate::gateway::{Gateway, ToolsService};
+use crate::gateway::{AuthenticatedTools, Authenticator, Gateway, ToolsService};
 use crate::proto::tools_server::ToolsServer;
 use crate::proto::worker_link_server::WorkerLinkServer;
 use crate::scheduler::{CallWatch, Scheduler, SchedulerConfig, WorkerLinkService};
@@ -67,8 +67,13 @@ impl Listeners {
 }
 
 impl ControlPlane {
-    /// Wires the parts together over an open store and recovers unfinished calls.
-    pub async fn start(store: Arc<dyn Store>, config: SchedulerConfig) -> anyhow::Result<Self> {
+    /// Wires the parts together over an open store and recovers unfinished calls; callers
+    /// are authenticated by `auth`.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        config: SchedulerConfig,
+        auth: Authenticator,
+    ) -> anyhow::Result<Self> {
         let catalog = Catalog::new();
         let calls = Arc::new(CallWatch::default());
         let scheduler = Scheduler::new(
@@ -79,7 +84,13 @@ impl ControlPlane {
         );
         scheduler.recover().await?;
         tokio::spawn(scheduler.clone().run());
-        let gateway = Gateway::new(catalog.clone(), store.clone(), scheduler.clone(), calls);
+        let gateway = Gateway::new(
+            catalog.clone(),
+            store.clone(),
+            scheduler.clone(),
+            calls,
+            auth,
+        );
         Ok(ControlPlane {
             store,
             catalog,
@@ -97,9 +108,14 @@ impl ControlPlane {
     ) -> anyhow::Result<(SocketAddr, SocketAddr, JoinHandle<()>)> {
         let grpc_addr = listeners.grpc.local_addr()?;
         let http_addr = listeners.http.local_addr()?;
-        let tools = ToolsServer::new(ToolsService::new(self.gateway.clone()))
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20);
+        // Every Tools RPC is authenticated before it reaches the service. (The worker link
+        // authenticates workers on its own.)
+        let tools = AuthenticatedTools::new(
+            ToolsServer::new(ToolsService::new(self.gateway.clone()))
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20),
+            self.gateway.clone(),
+        );
         let workspaces = crate::proto::workspaces_server::WorkspacesServer::new(
             crate::gateway::workspaces::WorkspacesService::new(self.store.clone()),
         )

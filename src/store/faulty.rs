@@ -313,9 +313,10 @@ impl Store for FaultyStore {
     async fn find_call_by_key(
         &self,
         namespace: &str,
+        agent: &str,
         key: &str,
     ) -> Result<Option<CallRecord>, StoreError> {
-        self.run(Op::Find, self.inner.find_call_by_key(namespace, key))
+        self.run(Op::Find, self.inner.find_call_by_key(namespace, agent, key))
             .await
     }
 

@@ -72,7 +72,8 @@ pub enum StoreError {
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Records a new call with its `call-started` entry; a call with the same idempotency
-    /// key in the namespace is returned instead (or refused if its request differs).
+    /// key in the namespace, by the same agent (`spec.access.agent`), is returned instead
+    /// (or refused if its request differs).
     async fn create_call(&self, call: NewCall) -> Result<Created, StoreError>;
     /// Starts a new assignment of a pending or running call: bumps its epoch, records
     /// `assigned`, and returns the new epoch.
@@ -108,9 +109,12 @@ pub trait Store: Send + Sync + 'static {
     /// Ends a call that never reached a worker (or cannot go on), whatever its epoch.
     async fn fail_call(&self, call_id: &str, error: CallError) -> Result<CallRecord, StoreError>;
     async fn get_call(&self, id: &str) -> Result<Option<CallRecord>, StoreError>;
+    /// The call made with idempotency key `key` in `namespace` by `agent` (`""` for the
+    /// calls of no agent): keys are scoped per agent.
     async fn find_call_by_key(
         &self,
         namespace: &str,
+        agent: &str,
         key: &str,
     ) -> Result<Option<CallRecord>, StoreError>;
     async fn list_calls(&self, filter: &CallFilter) -> Result<Vec<CallRecord>, StoreError>;

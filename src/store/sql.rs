@@ -180,6 +180,22 @@ const MIGRATIONS: &[Migration] = &[
             ]
         },
     },
+    // The agent a call acts for ('' for an operator's own calls): agents list and read
+    // only their own calls, and idempotency keys are scoped per agent.
+    Migration {
+        version: 4,
+        statements: |_| {
+            vec![
+                "ALTER TABLE calls ADD COLUMN agent TEXT NOT NULL DEFAULT ''".into(),
+                "DROP INDEX IF EXISTS calls_by_key".into(),
+                "CREATE UNIQUE INDEX IF NOT EXISTS calls_by_key ON calls (namespace, agent, idempotency_key) \
+                 WHERE idempotency_key IS NOT NULL"
+                    .into(),
+                "CREATE INDEX IF NOT EXISTS calls_by_agent ON calls (namespace, agent, created_at_ms)"
+                    .into(),
+            ]
+        },
+    },
     // Workspaces: blobs by digest, versions by (namespace, agent, version), and the version
     // each call started from (pinned at its first assignment).
     Migration {
@@ -877,11 +893,13 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
         .map(|(l, _)| l.clone())
         .unwrap_or_else(Lifecycle::admitted);
     let next_seq: i64 = if assignment.is_some() { 2 } else { 1 };
+    // The idempotency scope and the listing filter of agents; '' for an operator's call.
+    let agent = call.spec.access.agent.as_deref().unwrap_or("");
     let inserted = sqlx::query(concat!(
         "INSERT INTO calls (id, namespace, tool, command, release, release_digest, state, args_json, \
          spec_json, stdin, idempotency_key, request_hash, epoch, worker, next_seq, result_json, \
-         error_json, created_at_ms, finished_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, $9, $10, $11, $14, $15, $16, NULL, NULL, $12, NULL) \
+         error_json, created_at_ms, finished_at_ms, agent) \
+         VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, $9, $10, $11, $14, $15, $16, NULL, NULL, $12, NULL, $17) \
          ON CONFLICT DO NOTHING RETURNING ",
         call_columns!()
     ))
@@ -901,11 +919,12 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
     .bind(lifecycle.epoch as i64)
     .bind(lifecycle.worker.as_deref())
     .bind(next_seq)
+    .bind(agent)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(inserted) = inserted else {
         let key = call.idempotency_key.clone().unwrap_or_default();
-        let existing = select_by_key(conn, &call.namespace, &key)
+        let existing = select_by_key(conn, &call.namespace, agent, &key)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("call {} exists twice", call.id)))?;
         if existing.request_hash != call.request_hash {
@@ -1399,14 +1418,16 @@ async fn select_call(conn: &mut AnyConnection, id: &str) -> Result<Option<CallRe
 async fn select_by_key(
     conn: &mut AnyConnection,
     namespace: &str,
+    agent: &str,
     key: &str,
 ) -> Result<Option<CallRecord>, StoreError> {
     let row = sqlx::query(concat!(
         "SELECT ",
         call_columns!(),
-        " FROM calls WHERE namespace = $1 AND idempotency_key = $2"
+        " FROM calls WHERE namespace = $1 AND agent = $2 AND idempotency_key = $3"
     ))
     .bind(namespace)
+    .bind(agent)
     .bind(key)
     .fetch_optional(&mut *conn)
     .await?;
@@ -1541,10 +1562,11 @@ impl Store for SqlStore {
     async fn find_call_by_key(
         &self,
         namespace: &str,
+        agent: &str,
         key: &str,
     ) -> Result<Option<CallRecord>, StoreError> {
         let mut conn = self.reads.acquire().await?;
-        select_by_key(&mut conn, namespace, key).await
+        select_by_key(&mut conn, namespace, agent, key).await
     }
 
     async fn list_calls(&self, filter: &CallFilter) -> Result<Vec<CallRecord>, StoreError> {
@@ -1557,11 +1579,13 @@ impl Store for SqlStore {
             "SELECT ",
             call_columns!(),
             " FROM calls WHERE ($1 = '' OR namespace = $1) AND ($2 = '' OR tool = $2) \
+             AND ($4 = '' OR agent = $4) \
              ORDER BY created_at_ms DESC, id DESC LIMIT $3"
         ))
         .bind(filter.namespace.as_deref().unwrap_or(""))
         .bind(filter.tool.as_deref().unwrap_or(""))
         .bind(i64::from(limit))
+        .bind(filter.agent.as_deref().unwrap_or(""))
         .fetch_all(&self.reads)
         .await?;
         rows.iter().map(call_from_row).collect()

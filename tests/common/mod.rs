@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
+use toolgrid::cli::client::{Client, Credentials, client_of};
 use toolgrid::error::ApiError;
-use toolgrid::proto::{self, tools_client::ToolsClient};
+use toolgrid::proto;
 
 pub const TOOLGRID: &str = env!("CARGO_BIN_EXE_toolgrid");
 
@@ -200,11 +201,50 @@ impl Platform {
         self.spawn(&grpc, Some(&http));
     }
 
-    pub async fn client(&self) -> ToolsClient<Channel> {
-        ToolsClient::connect(format!("http://{}", self.grpc))
+    /// The admin token `toolgrid up` wrote under its data directory.
+    pub fn admin_token(&self) -> String {
+        let path = self.data.join("admin-token");
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+            .trim()
+            .to_string()
+    }
+
+    /// `Bearer ADMIN-TOKEN`, for HTTP requests.
+    pub fn bearer(&self) -> String {
+        format!("Bearer {}", self.admin_token())
+    }
+
+    /// An HTTP client that sends the admin token with every request.
+    pub fn http_client(&self) -> reqwest::Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            self.bearer().parse().expect("header value"),
+        );
+        reqwest::Client::builder()
+            .default_headers(headers)
+            .build()
+            .expect("HTTP client")
+    }
+
+    /// A gRPC client with the admin token.
+    pub async fn client(&self) -> Client {
+        let token = self.admin_token();
+        self.client_with(Some(&token), None).await
+    }
+
+    /// A gRPC client with `token` (none: no authorization metadata), acting as `act_as`.
+    pub async fn client_with(&self, token: Option<&str>, act_as: Option<&str>) -> Client {
+        let channel = Channel::from_shared(format!("http://{}", self.grpc))
+            .expect("endpoint")
+            .connect()
             .await
-            .expect("connect gRPC")
-            .max_decoding_message_size(64 << 20)
+            .expect("connect gRPC");
+        client_of(
+            channel,
+            Credentials::new(token, act_as).expect("credentials"),
+        )
     }
 
     /// Calls a tool over gRPC with command-line tokens.
@@ -276,6 +316,9 @@ impl Platform {
         let mut child = Command::new(TOOLGRID)
             .args(args)
             .env("TOOLGRID_ENDPOINT", &self.grpc)
+            // The CLI reads the admin token from here, as on the machine running `up`.
+            .env("TOOLGRID_DATA", &self.data)
+            .env_remove("TOOLGRID_TOKEN")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
