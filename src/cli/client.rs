@@ -100,6 +100,13 @@ pub fn client_of(channel: Channel, credentials: Credentials) -> Client {
 }
 
 async fn connect(target: &Endpoint) -> Result<Client, ApiError> {
+    let (channel, credentials) = dial(target).await?;
+    Ok(client_of(channel, credentials))
+}
+
+/// A channel to the control plane `target` names (TLS when it says `https://`), and the
+/// credentials to send on it.
+pub(super) async fn dial(target: &Endpoint) -> Result<(Channel, Credentials), ApiError> {
     let token = target.token.clone().or_else(default_token);
     let credentials = Credentials::new(token.as_deref(), target.act_as.as_deref())?;
     let endpoint = &target.endpoint;
@@ -123,7 +130,7 @@ async fn connect(target: &Endpoint) -> Result<Client, ApiError> {
                 ),
             )
         })?;
-    Ok(client_of(channel, credentials))
+    Ok((channel, credentials))
 }
 
 fn exit_code_of(kind: ErrorKind) -> u8 {

@@ -52,31 +52,16 @@ enum WorkspaceCommand {
     Diff { agent: String, v1: u64, v2: u64 },
 }
 
-async fn connect(endpoint: &str) -> Result<WorkspacesClient<Channel>, ApiError> {
-    let url = if endpoint.contains("://") {
-        endpoint.to_string()
-    } else {
-        format!("http://{endpoint}")
-    };
-    let channel = Channel::from_shared(url)
-        .map_err(|e| {
-            ApiError::new(
-                ErrorKind::InvalidArgument,
-                format!("bad endpoint {endpoint:?}: {e}"),
-            )
-        })?
-        .connect_timeout(std::time::Duration::from_secs(3))
-        .connect()
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "cannot reach the control plane at {endpoint} ({e}); is `toolgrid up` running?"
-                ),
-            )
-        })?;
-    Ok(WorkspacesClient::new(channel).max_decoding_message_size(64 << 20))
+type Client = WorkspacesClient<
+    tonic::service::interceptor::InterceptedService<Channel, super::client::Credentials>,
+>;
+
+async fn connect(endpoint: &Endpoint) -> Result<Client, ApiError> {
+    let (channel, credentials) = super::client::dial(endpoint).await?;
+    Ok(
+        WorkspacesClient::with_interceptor(channel, credentials)
+            .max_decoding_message_size(64 << 20),
+    )
 }
 
 fn when(ms: i64) -> String {
@@ -97,7 +82,7 @@ pub async fn run(args: WorkspaceArgs) -> ExitCode {
 }
 
 async fn command(args: WorkspaceArgs) -> Result<(), ApiError> {
-    let mut client = connect(&args.endpoint.endpoint).await?;
+    let mut client = connect(&args.endpoint).await?;
     let namespace = args.namespace;
     match args.command {
         WorkspaceCommand::Ls {

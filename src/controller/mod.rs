@@ -173,12 +173,15 @@ async fn lead(
             reattach_grace: (settings.worker_lease * 2).max(Duration::from_secs(5)),
             ..SchedulerConfig::default()
         },
-        // Agent tokens and the static admin token; the cluster's TokenReviewer is added
-        // with `Authenticator::with_reviewer`.
-        match &settings.admin_token {
-            Some(token) => crate::gateway::Authenticator::new()
-                .with_admin_token(token.expose_str().unwrap_or_default()),
-            None => crate::gateway::Authenticator::new(),
+        // Agent tokens, ServiceAccount tokens the cluster reviews, operators by RBAC, and the
+        // optional static admin token.
+        {
+            let auth = crate::gateway::Authenticator::new()
+                .with_reviewer(reviewer.clone(), settings.pod_namespace.clone());
+            match &settings.admin_token {
+                Some(token) => auth.with_admin_token(token.expose_str().unwrap_or_default()),
+                None => auth,
+            }
         },
     )
     .await?;

@@ -223,7 +223,10 @@ impl ClusterSource {
         }
     }
 
-    fn identities(&self) -> Identities {
+    /// What Agents may refer to: every ServiceAccount, Secret and ConfigMap by name, with
+    /// the contents of the Secrets and ConfigMaps Agents name ([`Self::agent_data`]).
+    async fn identities(&self) -> Identities {
+        let data = self.agent_data().await;
         let c = &self.caches;
         Identities {
             service_accounts: Some(
@@ -233,13 +236,25 @@ impl ClusterSource {
                     .map(|o| key_of(&**o))
                     .collect(),
             ),
-            // The watch is metadata-only for now: Secrets are known by name, without their
-            // keys (a full Secret watch fills them with `Identities::secret_data`).
+            // The watch is metadata-only: every Secret is known by name; only those Agents
+            // name were read, by name, for their keys and values.
             secrets: c
                 .secrets
                 .state()
                 .iter()
-                .map(|o| (key_of(&**o), Default::default()))
+                .map(|o| key_of(&**o))
+                .map(|key| {
+                    let values = data
+                        .secrets
+                        .get(&key)
+                        .map(|keys| {
+                            keys.iter()
+                                .map(|(k, v)| (k.clone(), crate::auth::SecretValue::new(v.clone())))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    (key, values)
+                })
                 .collect(),
             config_maps: c
                 .config_maps
@@ -297,7 +312,7 @@ impl ClusterSource {
         previous_of(Kind::Middleware, &c.middleware, &mut previous);
         previous_of(Kind::Agent, &c.agents, &mut previous);
         previous_of(Kind::WorkerPool, &c.pools, &mut previous);
-        let identities = self.identities();
+        let identities = self.identities().await;
         let snapshot = resolve(&ResolveInput {
             set: &set,
             artifacts: &artifacts,

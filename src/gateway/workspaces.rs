@@ -31,11 +31,15 @@ impl WorkspacesService {
 /// not authenticated at all, and then every read is allowed like every other read.
 pub fn authorize_read(principal: Option<&Principal>, key: &WorkspaceKey) -> Result<(), ApiError> {
     match principal {
+        None => Err(ApiError::new(
+            ErrorKind::Unauthenticated,
+            "the request was not authenticated",
+        )),
         Some(principal) if !workspace::may_read(principal, key) => Err(ApiError::new(
             ErrorKind::PermissionDenied,
             format!("the workspace of agent {key} belongs to another agent"),
         )),
-        _ => Ok(()),
+        Some(_) => Ok(()),
     }
 }
 

@@ -66,6 +66,36 @@ impl Listeners {
     }
 }
 
+/// Secret values as the catalog holds them now (from the manifest directory's Secrets, or
+/// the Secrets Agents name in a cluster): what the scheduler puts in an assignment.
+struct CatalogSecrets(Arc<Catalog>);
+
+impl crate::scheduler::SecretSource for CatalogSecrets {
+    fn values(
+        &self,
+        namespace: &str,
+        agent: &str,
+        keys: &[String],
+    ) -> Result<
+        std::collections::BTreeMap<String, crate::call::SecretValue>,
+        crate::scheduler::SecretError,
+    > {
+        let snapshot = self.0.current();
+        let mut values = std::collections::BTreeMap::new();
+        for (key, value) in snapshot.secret_values(namespace, agent, keys) {
+            // Values travel to the worker as text (HTTP headers and URLs are text anyway).
+            let Some(text) = value.expose_str() else {
+                return Err(crate::scheduler::SecretError::Unavailable {
+                    agent: agent.to_string(),
+                    reason: format!("the value of key {key:?} is not UTF-8 text"),
+                });
+            };
+            values.insert(key, crate::call::SecretValue::new(text));
+        }
+        Ok(values)
+    }
+}
+
 impl ControlPlane {
     /// Wires the parts together over an open store and recovers unfinished calls; callers
     /// are authenticated by `auth`.
@@ -82,6 +112,7 @@ impl ControlPlane {
             config,
             crate::gateway::completion::judge,
         );
+        scheduler.set_secret_source(Arc::new(CatalogSecrets(catalog.clone())));
         scheduler.recover().await?;
         tokio::spawn(scheduler.clone().run());
         let gateway = Gateway::new(
@@ -116,10 +147,14 @@ impl ControlPlane {
                 .max_encoding_message_size(64 << 20),
             self.gateway.clone(),
         );
-        let workspaces = crate::proto::workspaces_server::WorkspacesServer::new(
-            crate::gateway::workspaces::WorkspacesService::new(self.store.clone()),
-        )
-        .max_encoding_message_size(64 << 20);
+        // Workspace reads too; the service checks whose workspace it is.
+        let workspaces = AuthenticatedTools::new(
+            crate::proto::workspaces_server::WorkspacesServer::new(
+                crate::gateway::workspaces::WorkspacesService::new(self.store.clone()),
+            )
+            .max_encoding_message_size(64 << 20),
+            self.gateway.clone(),
+        );
         let link = WorkerLinkServer::new(WorkerLinkService::new(
             self.scheduler.clone(),
             self.store.clone(),
