@@ -776,7 +776,6 @@ spec:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs part 1 (caller auth) merged"]
 async fn an_agents_call_from_manifests_uses_its_secrets_only_as_granted_across_a_kill() {
     use common::{Platform, WorkerProcess};
     let root = tempfile::tempdir().unwrap();

@@ -915,7 +915,9 @@ spec: {{agents: [{name}], tool: workspace-ro, filesystemAccess: readOnly}}
 "#
             )
         };
+        let pool = "---\napiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {name: default}\nspec: {replicas: 1, slotsPerWorker: 4}\n".to_string();
         let text = [
+            pool,
             tool("workspace"),
             tool("workspace-ro"),
             agent("alice", ALICE_TOKEN),
@@ -979,7 +981,6 @@ spec: {{agents: [{name}], tool: workspace-ro, filesystemAccess: readOnly}}
     }
 
     #[tokio::test]
-    #[ignore = "needs part 1 (caller auth) merged"]
     async fn two_agents_cannot_see_each_others_files() {
         let root = tempfile::tempdir().unwrap();
         let platform = Platform::start(root.path(), &manifests(root.path()), &[]);
@@ -1009,13 +1010,13 @@ spec: {{agents: [{name}], tool: workspace-ro, filesystemAccess: readOnly}}
             "alice only"
         );
         // Bob's token does not read alice's workspace through the CLI either.
-        let out = platform.cli(&["--token", BOB_TOKEN, "workspace", "ls", "alice"], None);
+        let out = platform.cli(&["workspace", "ls", "alice", "--token", BOB_TOKEN], None);
         assert!(!out.status.success());
-        assert!(String::from_utf8_lossy(&out.stderr).contains("permission-denied"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("permission-denied"), "{stderr}");
     }
 
     #[tokio::test]
-    #[ignore = "needs part 1 (caller auth) merged"]
     async fn a_read_only_call_cannot_write_and_a_failed_call_leaves_no_trace() {
         let root = tempfile::tempdir().unwrap();
         let platform = Platform::start(root.path(), &manifests(root.path()), &[]);
@@ -1068,7 +1069,6 @@ spec: {{agents: [{name}], tool: workspace-ro, filesystemAccess: readOnly}}
     }
 
     #[tokio::test]
-    #[ignore = "needs part 1 (caller auth) merged"]
     async fn a_write_killed_mid_call_and_replayed_commits_what_an_uninterrupted_run_would() {
         let root = tempfile::tempdir().unwrap();
         let platform = Platform::start(
@@ -1128,7 +1128,6 @@ spec: {{agents: [{name}], tool: workspace-ro, filesystemAccess: readOnly}}
     }
 
     #[tokio::test]
-    #[ignore = "needs part 1 (caller auth) merged"]
     async fn a_workspace_over_its_limit_fails_the_call_by_name() {
         let root = tempfile::tempdir().unwrap();
         let platform = Platform::start(root.path(), &manifests(root.path()), &[]);
