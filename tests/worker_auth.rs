@@ -593,6 +593,7 @@ async fn every_port_speaks_tls_with_a_certificate_made_here() {
             "https://{}/v1/namespaces/default/tools/semver/compare:call",
             platform.http
         ))
+        .bearer_auth(platform.admin_token())
         .json(&serde_json::json!({"args": {"a": "2.0.0", "b": "2.0.0-rc.1"}}))
         .send()
         .await
