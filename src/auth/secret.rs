@@ -1,54 +1,8 @@
 //! Secret values held in memory: never printed, compared in constant time.
 
 use sha2::{Digest as _, Sha256};
-use std::fmt;
-use std::sync::Arc;
 
-/// The value of one Secret key. `Debug` and `Display` print `<redacted>`, never the
-/// value; [`SecretValue::expose`] is the one way to read it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SecretValue(Arc<[u8]>);
-
-impl SecretValue {
-    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
-        SecretValue(Arc::from(bytes.into()))
-    }
-
-    /// The plaintext: for the one place that must use it (a worker's request, a digest).
-    pub fn expose(&self) -> &[u8] {
-        &self.0
-    }
-
-    /// The plaintext as UTF-8, when it is.
-    pub fn expose_str(&self) -> Option<&str> {
-        std::str::from_utf8(&self.0).ok()
-    }
-
-    /// SHA-256 of the value, what lookup tables keep instead of the value.
-    pub fn digest(&self) -> [u8; 32] {
-        sha256(&self.0)
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl fmt::Debug for SecretValue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SecretValue(<redacted>)")
-    }
-}
-
-impl fmt::Display for SecretValue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
+pub use crate::call::SecretValue;
 
 /// SHA-256 of `bytes`.
 pub fn sha256(bytes: &[u8]) -> [u8; 32] {

@@ -80,19 +80,7 @@ impl crate::scheduler::SecretSource for CatalogSecrets {
         std::collections::BTreeMap<String, crate::call::SecretValue>,
         crate::scheduler::SecretError,
     > {
-        let snapshot = self.0.current();
-        let mut values = std::collections::BTreeMap::new();
-        for (key, value) in snapshot.secret_values(namespace, agent, keys) {
-            // Values travel to the worker as text (HTTP headers and URLs are text anyway).
-            let Some(text) = value.expose_str() else {
-                return Err(crate::scheduler::SecretError::Unavailable {
-                    agent: agent.to_string(),
-                    reason: format!("the value of key {key:?} is not UTF-8 text"),
-                });
-            };
-            values.insert(key, crate::call::SecretValue::new(text));
-        }
-        Ok(values)
+        Ok(self.0.current().secret_values(namespace, agent, keys))
     }
 }
 

@@ -110,14 +110,25 @@ pub fn delivery(
             keys: missing,
         });
     }
+    // Values travel as text (headers, URLs and environment variables are text).
+    let text = |key: &str, value: &SecretValue| {
+        value
+            .expose_str()
+            .map(str::to_string)
+            .ok_or_else(|| SecretError::Unavailable {
+                agent: agent.to_string(),
+                reason: format!("the value of key {key:?} is not UTF-8 text"),
+            })
+    };
     for key in &access.secrets_revealable {
         if let Some(value) = values.get(key) {
-            delivery.env.insert(key.clone(), value.expose().to_string());
+            delivery.env.insert(key.clone(), text(key, value)?);
         }
     }
     for key in keys {
         if let Some(value) = values.remove(&key) {
-            delivery.secrets.insert(key, value.expose().to_string());
+            let value = text(&key, &value)?;
+            delivery.secrets.insert(key, value);
         }
     }
     Ok(delivery)

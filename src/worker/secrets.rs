@@ -101,7 +101,7 @@ impl CallSecrets {
         let mut redactions: Vec<(Vec<u8>, String)> = values
             .iter()
             .filter(|(_, value)| !value.is_empty())
-            .map(|(name, value)| (value.expose().as_bytes().to_vec(), reference(name)))
+            .map(|(name, value)| (value.expose().to_vec(), reference(name)))
             .collect();
         redactions.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.1.cmp(&b.1)));
         CallSecrets { values, redactions }
@@ -152,7 +152,8 @@ impl CallSecrets {
             *budget = budget
                 .checked_sub(added)
                 .ok_or(ReferenceError::TooLarge(SUBSTITUTION_ALLOWANCE))?;
-            out.push_str(value.expose());
+            // Values reach a worker as text (the `Assign` message's strings).
+            out.push_str(&String::from_utf8_lossy(value.expose()));
             let consumed = at + REFERENCE_OPEN.len() + close + 1;
             offset += consumed;
             rest = &rest[consumed..];
