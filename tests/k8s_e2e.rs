@@ -161,6 +161,52 @@ async fn wait_ready(
     }
 }
 
+/// A token (audience `toolgrid`) of a ServiceAccount that RBAC lets update tools in the
+/// controller's namespace: an operator, who may call every tool.
+async fn operator_token(client: &kube::Client, namespace: &str) -> String {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::PostParams;
+    let params = PatchParams::apply("toolgrid-e2e").force();
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "e2e-operator"}})).unwrap();
+    accounts
+        .patch("e2e-operator", &params, &Patch::Apply(&account))
+        .await
+        .unwrap();
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "e2e-operator"},
+        "rules": [{"apiGroups": ["toolgrid.dev"], "resources": ["tools"], "verbs": ["update"]}]
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(client.clone(), namespace)
+        .patch("e2e-operator", &params, &Patch::Apply(&role))
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "e2e-operator"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "e2e-operator"},
+        "subjects": [{"kind": "ServiceAccount", "name": "e2e-operator", "namespace": namespace}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), namespace)
+        .patch("e2e-operator", &params, &Patch::Apply(&binding))
+        .await
+        .unwrap();
+    let request = serde_json::from_value(serde_json::json!({
+        "spec": {"audiences": [toolgrid::auth::CALLER_AUDIENCE], "expirationSeconds": 3600}
+    }))
+    .unwrap();
+    accounts
+        .create_token_request("e2e-operator", &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.token)
+        .expect("a token")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_runs_tools_and_survives_a_killed_worker_pod() {
     if let Some(reason) = skip_reason() {
@@ -225,9 +271,15 @@ async fn the_chart_runs_tools_and_survives_a_killed_worker_pod() {
         .spawn()
         .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let mut tools = proto::tools_client::ToolsClient::connect("http://127.0.0.1:17070")
+    let token = operator_token(&client, &namespace).await;
+    let channel = tonic::transport::Channel::from_static("http://127.0.0.1:17070")
+        .connect()
         .await
         .unwrap();
+    let mut tools = toolgrid::cli::client::client_of(
+        channel,
+        toolgrid::cli::client::Credentials::new(Some(&token), None).unwrap(),
+    );
 
     // An example tool answers.
     if let Ok(call) = tools
