@@ -230,8 +230,19 @@ impl WorkerLink for WorkerLinkService {
         &self,
         request: Request<proto::FetchWorkspaceRequest>,
     ) -> Result<Response<Self::FetchWorkspaceStream>, Status> {
-        self.authenticate(request.metadata()).await?;
+        let identity = self.authenticate(request.metadata()).await?;
         let request = request.into_inner();
+        // Only a worker that may serve the call's pool gets its workspace (in a cluster, a
+        // pool's ServiceAccount; a join secret serves every pool).
+        let call = self
+            .store
+            .get_call(&request.call_id)
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .ok_or_else(|| Status::not_found(format!("no call {}", request.call_id)))?;
+        self.auth
+            .authorize_pool(&identity, &call.spec.pool)
+            .map_err(refused)?;
         let chunks = workspace_chunks(self.store.as_ref(), &request.call_id, request.epoch).await?;
         Ok(Response::new(Box::pin(tokio_stream::iter(
             chunks.into_iter().map(Ok),
@@ -240,7 +251,8 @@ impl WorkerLink for WorkerLinkService {
 }
 
 /// The chunks of the version a call started from: its tree first, then each blob in pieces
-/// of at most [`CHUNK`] bytes. Only for a call running under `epoch`, and only to an authenticated worker.
+/// of at most [`CHUNK`] bytes. Only for a call running under `epoch`; the link gives them only to an authenticated
+/// worker that may serve the call's pool.
 pub async fn workspace_chunks(
     store: &dyn Store,
     call_id: &str,
@@ -431,5 +443,79 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::NotFound);
+    }
+
+    /// Workers whose token is the name of their ServiceAccount; a pool `NS/NAME` is served
+    /// by ServiceAccount `NAME-worker`.
+    struct NamedAccounts;
+
+    #[async_trait::async_trait]
+    impl WorkerAuthenticator for NamedAccounts {
+        async fn authenticate(
+            &self,
+            token: Option<&str>,
+        ) -> Result<WorkerIdentity, WorkerAuthError> {
+            let token = token.ok_or(WorkerAuthError::Missing)?;
+            Ok(WorkerIdentity::ServiceAccount(
+                crate::catalog::ObjectKey::new("default", token),
+            ))
+        }
+
+        fn authorize_pool(
+            &self,
+            identity: &WorkerIdentity,
+            pool: &str,
+        ) -> Result<(), WorkerAuthError> {
+            let key =
+                crate::catalog::ObjectKey::new("default", pool.rsplit('/').next().unwrap_or(pool));
+            let expected = format!("{}-worker", key.name);
+            crate::auth::worker::may_serve(identity, &key, Some(&expected))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_workspace_goes_only_to_a_worker_that_may_serve_the_calls_pool() {
+        use crate::proto::worker_link_server::WorkerLink as _;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("store.db").display());
+        let store = crate::store::open(&url).await.unwrap();
+        let mut new = call("r", "alice", Filesystem::ReadOnly);
+        new.spec.pool = "default/gpu".into();
+        store.create_call(new).await.unwrap();
+        let epoch = store.assign_call("r", "w1").await.unwrap();
+        let scheduler = crate::scheduler::Scheduler::new(
+            store.clone(),
+            Arc::new(crate::scheduler::CallWatch::default()),
+            crate::scheduler::SchedulerConfig::default(),
+            crate::gateway::completion::judge,
+        );
+        let link = WorkerLinkService::new(scheduler, store, Arc::new(NamedAccounts));
+        let ask = |account: &str| {
+            let mut request = Request::new(proto::FetchWorkspaceRequest {
+                call_id: "r".into(),
+                epoch,
+            });
+            request.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {account}").parse().unwrap(),
+            );
+            request
+        };
+        let refused = link
+            .fetch_workspace(ask("cpu-worker"))
+            .await
+            .err()
+            .expect("another pool's worker is refused");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+        assert!(link.fetch_workspace(ask("gpu-worker")).await.is_ok());
+        let refused = link
+            .fetch_workspace(Request::new(proto::FetchWorkspaceRequest {
+                call_id: "r".into(),
+                epoch,
+            }))
+            .await
+            .err()
+            .expect("no token, no workspace");
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
     }
 }
