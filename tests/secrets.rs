@@ -7,7 +7,7 @@
 //! loopback witness, which echoes what it received. Three levels: the worker runtime
 //! in-process (given the secrets an `Assign` carries), a control plane in-process with real
 //! worker processes (secrets resolved at assignment, a worker killed mid-call), and the
-//! whole `toolgrid up` from manifests (needs the callers' part: ignored until then).
+//! whole `toolgrid up` from manifests, the agent calling with its own token.
 
 mod common;
 

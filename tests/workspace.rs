@@ -6,9 +6,10 @@
 //! the base pinned across re-assignment, limits) is in `tests/store.rs`, the scheduler's
 //! one-writer rule in `src/scheduler/state.rs`.
 //!
-//! The second half drives `toolgrid up` end to end with Agents, agent tokens and
-//! ToolBindings granting filesystem access. Admission fills a call's access from those
-//! (caller authentication, part 1 of issue 9), so these are ignored until it is merged.
+//! The second half runs real control planes and workers: `through_the_platform` writes calls
+//! with a given access straight into the store (to control exactly when a worker dies), and
+//! `end_to_end` drives `toolgrid up` with Agents, agent tokens and ToolBindings granting
+//! filesystem access, through the gateway.
 
 mod common;
 
@@ -445,9 +446,9 @@ async fn the_cli_lists_prints_and_diffs_versions_and_refuses_hostile_paths() {
 
 // ---- Through the platform: real control plane, workers, link and store ----------------------
 //
-// Until admission fills a call's access from bindings (part 1), these tests write calls with
-// the access a binding would grant straight into the store of a `toolgrid up` started with
-// `--no-workers`, restart it so it recovers them, and let real worker processes run them.
+// These tests write calls with the access a binding would grant straight into the store of a
+// `toolgrid up` started with `--no-workers`, restart it so it recovers them, and let real
+// worker processes run them: the test decides when each worker dies.
 
 mod through_the_platform {
     use super::common::{Platform, WorkerProcess};
@@ -830,7 +831,7 @@ spec: {tool: workspace, version: 1.0.0, artifact: {file: workspace.wasm}}
     }
 }
 
-// ---- End to end (needs caller authentication, part 1 of issue 9) -------------------------
+// ---- End to end: agents call through the gateway with their own tokens -------------------
 
 mod end_to_end {
     use super::common::{Platform, WorkerProcess};
