@@ -23,6 +23,14 @@ pub struct CallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// `caller` (the Tools and Workspaces APIs, HTTP) or `worker` (the worker link).
+    pub door: String,
+    /// The error kind (`unauthenticated`, `permission-denied`, `worker-id-in-use`, ...).
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabel {
     pub pool: String,
 }
@@ -37,6 +45,7 @@ pub struct Metrics {
     pub workers: Family<PoolLabel, Gauge>,
     pub busy_slots: Family<PoolLabel, Gauge>,
     pub failovers: Counter,
+    pub refusals: Family<RefusalLabels, Counter>,
 }
 
 fn reconcile_histogram() -> Histogram {
@@ -55,6 +64,7 @@ impl Metrics {
         let workers = Family::<PoolLabel, Gauge>::default();
         let busy_slots = Family::<PoolLabel, Gauge>::default();
         let failovers = Counter::default();
+        let refusals = Family::<RefusalLabels, Counter>::default();
         registry.register(
             "reconcile_duration_seconds",
             "Time spent reconciling one resource",
@@ -86,6 +96,11 @@ impl Metrics {
             "Calls taken from a lost worker to run elsewhere",
             failovers.clone(),
         );
+        registry.register(
+            "refusals",
+            "Requests refused by authentication or authorization, by door and kind",
+            refusals.clone(),
+        );
         Metrics {
             registry,
             reconcile_duration,
@@ -95,6 +110,7 @@ impl Metrics {
             workers,
             busy_slots,
             failovers,
+            refusals,
         }
     }
 
@@ -119,6 +135,17 @@ pub fn call_ended(tool: &str, outcome: &str) {
         .get_or_create(&CallLabels {
             tool: tool.to_string(),
             outcome: outcome.to_string(),
+        })
+        .inc();
+}
+
+/// Counts a refused request: `door` is `caller` or `worker`.
+pub fn refused(door: &str, kind: &str) {
+    global()
+        .refusals
+        .get_or_create(&RefusalLabels {
+            door: door.to_string(),
+            kind: kind.to_string(),
         })
         .inc();
 }

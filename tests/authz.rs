@@ -196,6 +196,25 @@ async fn callers_are_authenticated_and_authorized() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
+    // Refusals are counted for operators to alert on.
+    let metrics = http
+        .get(format!("http://{}/metrics", platform.http))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let counted = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("toolgrid_refusals_total{")
+                && l.contains("door=\"caller\"")
+                && l.contains("kind=\"unauthenticated\"")
+        })
+        .unwrap_or_else(|| panic!("no refusal counter in:\n{metrics}"));
+    let count: f64 = counted.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(count >= 3.0, "{counted}");
     let mut admin = platform.client().await;
     let calls = admin
         .list_calls(proto::ListCallsRequest::default())

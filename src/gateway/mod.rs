@@ -102,6 +102,7 @@ impl Gateway {
             .await;
         if let Err(error) = &result {
             tracing::debug!(kind = %error.kind, "request refused: {}", error.message);
+            crate::metrics::refused("caller", error.kind.as_str());
         }
         result
     }
@@ -210,7 +211,8 @@ impl Gateway {
             ));
         };
 
-        let grant = authz::authorize_call(&snapshot, caller, &tool, &command.name)?;
+        let grant = authz::authorize_call(&snapshot, caller, &tool, &command.name)
+            .inspect_err(|error| crate::metrics::refused("caller", error.kind.as_str()))?;
 
         let mut args = command.parse_argv(&argv)?;
         match invocation.args {

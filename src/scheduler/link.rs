@@ -67,6 +67,7 @@ impl WorkerLinkService {
 
 /// The status a refused worker gets, with its named kind.
 fn refused(error: WorkerAuthError) -> Status {
+    crate::metrics::refused("worker", error.kind().as_str());
     ApiError::new(error.kind(), error.to_string()).into()
 }
 
