@@ -354,7 +354,7 @@ impl Gateway {
         };
         match created {
             Created::New(record) => {
-                tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, "call accepted");
+                tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, agent = record.spec.access.agent.as_deref().unwrap_or(""), "call accepted");
                 let updates = self.calls.subscribe(&record.id);
                 if reserved {
                     self.scheduler.admitted_assigned(record.clone(), command);

@@ -906,6 +906,7 @@ fn assign_of(
         egress_json: serde_json::to_string(&spec.egress).unwrap_or_default(),
         replay_chunks: 0,
         secrets: delivery.secrets,
+        agent: spec.access.agent.clone().unwrap_or_default(),
         filesystem: match crate::workspace::WorkspaceKey::of_call(&record.namespace, &spec.access) {
             Some(_) => spec.access.filesystem.as_str().to_string(),
             None => String::new(),

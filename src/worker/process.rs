@@ -319,7 +319,7 @@ fn start_call(
 ) {
     let call_id = assign.call_id.clone();
     let epoch = assign.epoch;
-    let span = tracing::info_span!("call", call = %call_id, tool = %assign.tool, command = %assign.command, worker = %config.worker_id, epoch);
+    let span = tracing::info_span!("call", call = %call_id, tool = %assign.tool, command = %assign.command, agent = %assign.agent, worker = %config.worker_id, epoch);
     {
         // A newer assignment of a call replaces an older one still held here.
         let mut calls = in_flight.lock();
