@@ -17,6 +17,39 @@ pub const CALLER_AUDIENCE: &str = "toolgrid";
 /// The audience of the projected tokens worker pods present.
 pub const WORKER_AUDIENCE: &str = "toolgrid-worker";
 
+/// The longest bearer token accepted anywhere (Kubernetes tokens are a few KiB); longer ones
+/// are refused unread.
+pub const MAX_TOKEN_BYTES: usize = 16 << 10;
+
+/// Why an `authorization` value is not a usable bearer token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BearerError {
+    /// Not `SCHEME TOKEN`.
+    NoScheme,
+    /// A scheme other than `Bearer`.
+    WrongScheme,
+    Empty,
+    /// Longer than [`MAX_TOKEN_BYTES`].
+    TooLong,
+}
+
+/// The token of an `authorization` value `Bearer TOKEN` (the scheme in any case; the token
+/// trimmed), for callers and workers alike.
+pub fn bearer_token(authorization: &str) -> Result<&str, BearerError> {
+    let (scheme, token) = authorization.split_once(' ').ok_or(BearerError::NoScheme)?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(BearerError::WrongScheme);
+    }
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(BearerError::Empty);
+    }
+    if token.len() > MAX_TOKEN_BYTES {
+        return Err(BearerError::TooLong);
+    }
+    Ok(token)
+}
+
 /// An authenticated caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Principal {

@@ -11,11 +11,13 @@ pub fn sha256(bytes: &[u8]) -> [u8; 32] {
 
 /// Whether two digests are equal, in time that does not depend on where they differ.
 pub fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    let mut difference = 0u8;
-    for (x, y) in a.iter().zip(b.iter()) {
-        difference |= std::hint::black_box(x ^ y);
-    }
-    difference == 0
+    bytes_equal(a, b)
+}
+
+/// Whether two byte strings are equal, in time that depends only on their lengths.
+pub fn bytes_equal(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq as _;
+    a.len() == b.len() && bool::from(a.ct_eq(b))
 }
 
 #[cfg(test)]

@@ -11,11 +11,10 @@
 //!   workers run as that ServiceAccount, in the pool's namespace
 //!   ([`WorkerPoolSpec::service_account_name`](crate::api::WorkerPoolSpec::service_account_name)).
 
-use super::{ReviewError, TokenReviewer, WORKER_AUDIENCE};
+use super::{BearerError, ReviewError, TokenReviewer, WORKER_AUDIENCE};
 use crate::call::ErrorKind;
 use crate::catalog::{Catalog, ObjectKey};
 use std::sync::Arc;
-use subtle::ConstantTimeEq;
 
 /// The environment variable a worker reads its join token from (and `toolgrid up` hands it
 /// to its local workers in): never a command-line argument of the processes `up` starts.
@@ -25,9 +24,7 @@ pub const JOIN_TOKEN_ENV: &str = "TOOLGRID_JOIN_TOKEN";
 /// 0600), for workers on this machine or another one.
 pub const JOIN_TOKEN_FILE: &str = "join-token";
 
-/// The longest bearer token a worker may present (a projected ServiceAccount token is about
-/// 1 KiB); longer ones are refused unread.
-pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+pub use super::MAX_TOKEN_BYTES;
 
 /// An authenticated worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,20 +81,12 @@ impl From<ReviewError> for WorkerAuthError {
 
 /// The token in an `authorization` header value: `Bearer TOKEN` (the scheme in any case).
 pub fn bearer_token(header: &str) -> Result<&str, WorkerAuthError> {
-    let (scheme, token) = header
-        .split_once(' ')
-        .ok_or(WorkerAuthError::Malformed("expected `Bearer TOKEN`"))?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(WorkerAuthError::Malformed("expected the Bearer scheme"));
-    }
-    let token = token.trim();
-    if token.is_empty() {
-        return Err(WorkerAuthError::Missing);
-    }
-    if token.len() > MAX_TOKEN_BYTES {
-        return Err(WorkerAuthError::Malformed("the token is too long"));
-    }
-    Ok(token)
+    super::bearer_token(header).map_err(|error| match error {
+        BearerError::NoScheme => WorkerAuthError::Malformed("expected `Bearer TOKEN`"),
+        BearerError::WrongScheme => WorkerAuthError::Malformed("expected the Bearer scheme"),
+        BearerError::Empty => WorkerAuthError::Missing,
+        BearerError::TooLong => WorkerAuthError::Malformed("the token is too long"),
+    })
 }
 
 /// Decides who a worker is, and which pools it may serve.
@@ -146,7 +135,7 @@ impl std::fmt::Debug for JoinSecret {
 
 /// Whether two secrets are equal, in time that does not depend on where they differ.
 pub fn secrets_match(expected: &str, presented: &str) -> bool {
-    expected.len() == presented.len() && bool::from(expected.as_bytes().ct_eq(presented.as_bytes()))
+    super::secret::bytes_equal(expected.as_bytes(), presented.as_bytes())
 }
 
 #[async_trait::async_trait]

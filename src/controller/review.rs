@@ -29,9 +29,8 @@ pub const OPERATOR_GROUP: &str = "toolgrid.dev";
 pub const OPERATOR_RESOURCE: &str = "tools";
 /// What an operator may do to [`OPERATOR_RESOURCE`].
 pub const OPERATOR_VERB: &str = "update";
-/// The longest token reviewed: a larger one is refused without asking the cluster (the API
-/// server's request limit is far above any real token).
-pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+/// The longest token reviewed: a larger one is refused without asking the cluster.
+pub use crate::auth::MAX_TOKEN_BYTES;
 
 /// The TokenReview asking who holds `token`, for `audience`.
 pub fn token_review(token: &str, audience: &str) -> TokenReview {

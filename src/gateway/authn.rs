@@ -13,7 +13,7 @@
 //! (`toolgrid-as: AGENT` or `NAMESPACE/AGENT`); an agent that asks to is refused.
 
 use crate::auth::secret::{digests_equal, sha256};
-use crate::auth::{CALLER_AUDIENCE, Principal, ReviewedToken, TokenReviewer};
+use crate::auth::{BearerError, CALLER_AUDIENCE, Principal, ReviewedToken, TokenReviewer};
 use crate::catalog::{ObjectKey, Snapshot};
 use crate::error::{ApiError, ErrorKind};
 use std::collections::HashMap;
@@ -24,8 +24,7 @@ use std::time::{Duration, Instant};
 pub const AUTHORIZATION: &str = "authorization";
 /// The header by which an operator acts as an agent (HTTP: `Toolgrid-As`).
 pub const ACT_AS: &str = "toolgrid-as";
-/// The longest token accepted (Kubernetes tokens are a few KiB).
-pub const MAX_TOKEN_BYTES: usize = 16 << 10;
+pub use crate::auth::MAX_TOKEN_BYTES;
 /// How long the cluster's answer about a token is reused before it is asked again (a
 /// revoked token keeps working at most this long).
 pub const REVIEW_TTL: Duration = Duration::from_secs(10);
@@ -199,23 +198,15 @@ pub fn bearer_token(authorization: Option<&str>) -> Result<&str, ApiError> {
             "no bearer token: send `authorization: Bearer TOKEN` (the CLI: --token or TOOLGRID_TOKEN)",
         ));
     };
-    let token = value
-        .split_once(' ')
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim())
-        .ok_or_else(|| {
-            ApiError::new(
-                ErrorKind::Unauthenticated,
-                "the authorization header is not `Bearer TOKEN`",
-            )
-        })?;
-    if token.is_empty() || token.len() > MAX_TOKEN_BYTES {
-        return Err(ApiError::new(
-            ErrorKind::Unauthenticated,
-            "the bearer token is empty or too long",
-        ));
-    }
-    Ok(token)
+    crate::auth::bearer_token(value).map_err(|error| {
+        let message = match error {
+            BearerError::NoScheme | BearerError::WrongScheme => {
+                "the authorization header is not `Bearer TOKEN`"
+            }
+            BearerError::Empty | BearerError::TooLong => "the bearer token is empty or too long",
+        };
+        ApiError::new(ErrorKind::Unauthenticated, message)
+    })
 }
 
 /// The admin or an Agent, when `token` is the admin token or an Agent's token. Compares
