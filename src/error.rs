@@ -14,7 +14,12 @@ pub fn grpc_code(kind: ErrorKind) -> tonic::Code {
         ErrorKind::PermissionDenied
         | ErrorKind::Denied
         | ErrorKind::EgressDenied
-        | ErrorKind::UnknownSecret => Code::PermissionDenied,
+        | ErrorKind::UnknownSecret
+        | ErrorKind::ApprovalTimeout => Code::PermissionDenied,
+        ErrorKind::RateLimited => Code::ResourceExhausted,
+        ErrorKind::RepeatedCall => Code::AlreadyExists,
+        ErrorKind::NotAwaitingApproval => Code::FailedPrecondition,
+        ErrorKind::MiddlewareFailed => Code::Unavailable,
         ErrorKind::SecretUnavailable => Code::FailedPrecondition,
         ErrorKind::Unauthenticated => Code::Unauthenticated,
         ErrorKind::IdempotencyConflict | ErrorKind::WorkerIdInUse => Code::AlreadyExists,
@@ -47,6 +52,9 @@ pub const GRPC_KIND_KEY: &str = "toolgrid-error-kind";
 pub struct ApiError {
     pub kind: ErrorKind,
     pub message: String,
+    /// When to try again ([`ErrorKind::RateLimited`]): HTTP `Retry-After` (seconds, rounded
+    /// up) and gRPC metadata `retry-after-ms`.
+    pub retry_after_ms: Option<u64>,
 }
 
 impl ApiError {
@@ -54,15 +62,29 @@ impl ApiError {
         ApiError {
             kind,
             message: message.into(),
+            retry_after_ms: None,
         }
     }
+
+    pub fn with_retry_after(mut self, ms: u64) -> Self {
+        self.retry_after_ms = Some(ms);
+        self
+    }
 }
+
+/// gRPC metadata key that carries a refusal's retry-after, in milliseconds.
+pub const GRPC_RETRY_AFTER_KEY: &str = "retry-after-ms";
 
 impl From<ApiError> for tonic::Status {
     fn from(error: ApiError) -> Self {
         let mut status = tonic::Status::new(grpc_code(error.kind), error.message);
         if let Ok(value) = error.kind.as_str().parse() {
             status.metadata_mut().insert(GRPC_KIND_KEY, value);
+        }
+        if let Some(ms) = error.retry_after_ms
+            && let Ok(value) = ms.to_string().parse()
+        {
+            status.metadata_mut().insert(GRPC_RETRY_AFTER_KEY, value);
         }
         status
     }
@@ -84,7 +106,13 @@ impl From<&tonic::Status> for ApiError {
                 tonic::Code::DeadlineExceeded => ErrorKind::Timeout,
                 _ => ErrorKind::Internal,
             });
-        ApiError::new(kind, status.message())
+        let mut error = ApiError::new(kind, status.message());
+        error.retry_after_ms = status
+            .metadata()
+            .get(GRPC_RETRY_AFTER_KEY)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        error
     }
 }
 
@@ -94,6 +122,7 @@ impl From<crate::store::StoreError> for ApiError {
         let kind = match &error {
             StoreError::IdempotencyConflict { .. } => ErrorKind::IdempotencyConflict,
             StoreError::NotFound(_) => ErrorKind::NotFound,
+            StoreError::NotAwaiting { .. } => ErrorKind::NotAwaitingApproval,
             _ => ErrorKind::Internal,
         };
         ApiError::new(kind, error.to_string())

@@ -14,6 +14,7 @@ pub mod controller;
 pub mod error;
 pub mod gateway;
 pub mod metrics;
+pub mod middleware;
 pub mod platform;
 pub mod proto;
 pub mod scheduler;

@@ -472,8 +472,12 @@ fn new_call(
             argv,
             stdin_bytes: 0,
             idempotency_key: None,
+            dry_run: false,
+            middleware: Vec::new(),
         },
         assign_to: None,
+        repeat_window_ms: None,
+        dry_run_result: None,
     }
 }
 

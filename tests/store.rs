@@ -97,8 +97,12 @@ fn new_call(id: &str, key: Option<&str>, args: serde_json::Value) -> NewCall {
             argv: vec!["semver".into(), "compare".into()],
             stdin_bytes: 2,
             idempotency_key: key.map(String::from),
+            dry_run: false,
+            middleware: Vec::new(),
         },
         assign_to: None,
+        repeat_window_ms: None,
+        dry_run_result: None,
     }
 }
 

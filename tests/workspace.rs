@@ -328,8 +328,12 @@ async fn commit_through_a_call(
             argv: Vec::new(),
             stdin_bytes: 0,
             idempotency_key: None,
+            dry_run: false,
+            middleware: Vec::new(),
         },
         assign_to: Some("test".into()),
+        repeat_window_ms: None,
+        dry_run_result: None,
     };
     store.create_call(call).await.unwrap();
     let commit = workspace::Commit {
@@ -589,8 +593,12 @@ spec: {tool: workspace, version: 1.0.0, artifact: {file: workspace.wasm}}
                 argv,
                 stdin_bytes: 0,
                 idempotency_key: None,
+                dry_run: false,
+                middleware: Vec::new(),
             },
             assign_to: None,
+            repeat_window_ms: None,
+            dry_run_result: None,
         };
         setup.store.create_call(call).await.unwrap();
         // Recovered oldest first: keep creation times apart.

@@ -29,8 +29,9 @@ pub use binding::{
 };
 pub use crds::{all_crds, crds_helm_yaml, crds_yaml};
 pub use middleware::{
-    ApprovalStep, AuditStep, Middleware, MiddlewareSpec, MiddlewareStatus, OnTimeout, PolicyStep,
-    RateLimitStep, RedactStep, WasmStep,
+    ApprovalStep, AuditStep, Middleware, MiddlewareSpec, MiddlewareStatus, OnTimeout, PolicyAction,
+    PolicyDefault, PolicyRewrite, PolicyRule, PolicyStep, RateKey, RateLimitStep, RedactStep,
+    WasmStep,
 };
 pub use pool::{Autoscale, WorkerPool, WorkerPoolSpec, WorkerPoolStatus};
 pub use release::{

@@ -54,6 +54,10 @@ pub struct ToolSpec {
     /// Retries of failed calls; only read and idempotent tools are retried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// How long an agent's identical call (same command, arguments and stdin) is refused
+    /// as `repeated-call` after the first (default 10s; `0s` turns the check off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat_window: Option<GoDuration>,
     /// What to do with a large result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_policy: Option<ResultPolicy>,
@@ -150,6 +154,16 @@ pub struct Command {
     /// Errors the command declares, by exit code.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<DeclaredError>,
+    /// What a dry run of a `write`, `idempotent` or `external` command answers instead of
+    /// running it (default: the string `"Operation acknowledged."`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::any_value")]
+    pub dry_run_result: Option<Value>,
+    /// An agent may repeat an identical call of this command within the Tool's
+    /// `repeatWindow` (a polling command); otherwise the repeat is refused as
+    /// `repeated-call`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_repeat: bool,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -35,6 +35,8 @@ pub enum OplogEntry {
     HttpError(HttpError),
     /// The egress policy refused the request.
     HttpDenied(HttpDenied),
+    /// A person (or the approval's timeout) decided a call that waited for approval.
+    Approval(super::ApprovalDecision),
     /// How the call ended (always the last entry).
     Outcome(Outcome),
 }
@@ -53,11 +55,12 @@ pub enum EntryKind {
     HttpResponse,
     HttpError,
     HttpDenied,
+    Approval,
     Outcome,
 }
 
 impl EntryKind {
-    pub const ALL: [EntryKind; 12] = [
+    pub const ALL: [EntryKind; 13] = [
         EntryKind::CallStarted,
         EntryKind::Assigned,
         EntryKind::Fenced,
@@ -69,6 +72,7 @@ impl EntryKind {
         EntryKind::HttpResponse,
         EntryKind::HttpError,
         EntryKind::HttpDenied,
+        EntryKind::Approval,
         EntryKind::Outcome,
     ];
 
@@ -85,6 +89,7 @@ impl EntryKind {
             EntryKind::HttpResponse => "http-response",
             EntryKind::HttpError => "http-error",
             EntryKind::HttpDenied => "http-denied",
+            EntryKind::Approval => "approval",
             EntryKind::Outcome => "outcome",
         }
     }
@@ -149,6 +154,12 @@ pub struct CallStarted {
     pub stdin_bytes: u64,
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// A dry run: a `read` command runs for real, any other is answered without running.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+    /// What each middleware step decided, in chain order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub middleware: Vec<super::Decision>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -321,6 +332,7 @@ impl OplogEntry {
             OplogEntry::HttpResponse(_) => EntryKind::HttpResponse,
             OplogEntry::HttpError(_) => EntryKind::HttpError,
             OplogEntry::HttpDenied(_) => EntryKind::HttpDenied,
+            OplogEntry::Approval(_) => EntryKind::Approval,
             OplogEntry::Outcome(_) => EntryKind::Outcome,
         }
     }

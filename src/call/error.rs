@@ -67,12 +67,26 @@ pub enum ErrorKind {
     /// A workspace path or entry is not acceptable (absolute, `..`, not UTF-8, not a
     /// regular file, a digest that does not match its bytes).
     WorkspaceInvalid,
+    /// A rate limit's bucket is empty: try again after the retry-after the refusal carries.
+    RateLimited,
+    /// The agent made the same call (tool, command, arguments, stdin) within the Tool's
+    /// repeat window, without the first call's idempotency key.
+    RepeatedCall,
+    /// No one decided a call that waited for approval before its timeout, and the step's
+    /// `onTimeout` is `deny`.
+    ApprovalTimeout,
+    /// A middleware step could not decide (a wasm middleware trapped, ran out of time or
+    /// answered nonsense; a CEL expression did not evaluate; a Middleware is not Ready): the
+    /// call is refused, never let by.
+    MiddlewareFailed,
+    /// An approval or denial of a call that is not waiting for one (decided already).
+    NotAwaitingApproval,
     Cancelled,
     Internal,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 30] = [
+    pub const ALL: [ErrorKind; 35] = [
         ErrorKind::InvalidArgument,
         ErrorKind::UnknownTool,
         ErrorKind::UnknownCommand,
@@ -101,6 +115,11 @@ impl ErrorKind {
         ErrorKind::WorkspaceLimit,
         ErrorKind::WorkspaceConflict,
         ErrorKind::WorkspaceInvalid,
+        ErrorKind::RateLimited,
+        ErrorKind::RepeatedCall,
+        ErrorKind::ApprovalTimeout,
+        ErrorKind::MiddlewareFailed,
+        ErrorKind::NotAwaitingApproval,
         ErrorKind::Cancelled,
         ErrorKind::Internal,
     ];
@@ -135,6 +154,11 @@ impl ErrorKind {
             ErrorKind::WorkspaceLimit => "workspace-limit",
             ErrorKind::WorkspaceConflict => "workspace-conflict",
             ErrorKind::WorkspaceInvalid => "workspace-invalid",
+            ErrorKind::RateLimited => "rate-limited",
+            ErrorKind::RepeatedCall => "repeated-call",
+            ErrorKind::ApprovalTimeout => "approval-timeout",
+            ErrorKind::MiddlewareFailed => "middleware-failed",
+            ErrorKind::NotAwaitingApproval => "not-awaiting-approval",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::Internal => "internal",
         }
@@ -152,11 +176,16 @@ impl ErrorKind {
             ErrorKind::PermissionDenied
             | ErrorKind::Denied
             | ErrorKind::EgressDenied
-            | ErrorKind::UnknownSecret => 403,
+            | ErrorKind::UnknownSecret
+            | ErrorKind::ApprovalTimeout => 403,
+            ErrorKind::RateLimited => 429,
+            ErrorKind::MiddlewareFailed => 503,
             ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => 404,
             ErrorKind::IdempotencyConflict
             | ErrorKind::WorkerIdInUse
-            | ErrorKind::WorkspaceConflict => 409,
+            | ErrorKind::WorkspaceConflict
+            | ErrorKind::RepeatedCall
+            | ErrorKind::NotAwaitingApproval => 409,
             ErrorKind::Cancelled => 499,
             ErrorKind::Internal => 500,
             ErrorKind::Unavailable => 503,

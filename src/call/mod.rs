@@ -9,9 +9,10 @@
 //!
 //! ```text
 //!  admit ──▶ pending ──assign──▶ running ──complete──▶ succeeded | failed
-//!              ▲                   │  │
-//!              └──────fence────────┘  └──append (same epoch)
-//!  fail / expire: pending | running ──▶ failed
+//!    │         ▲                   │  │
+//!    │         └──────fence────────┘  └──append (same epoch)
+//!    └─▶ awaiting-approval ──approve──▶ pending  (deny or timeout: ──▶ failed)
+//!  fail / expire: awaiting-approval | pending | running ──▶ failed
 //! ```
 //!
 //! Every assignment and every fence bumps the call's **epoch**; an append or a completion
@@ -20,6 +21,7 @@
 //! that records them; the scheduler applies them to its view.
 
 mod access;
+mod chain;
 mod entry;
 mod error;
 mod lifecycle;
@@ -27,6 +29,11 @@ mod record;
 mod secret;
 
 pub use access::{CallAccess, Filesystem};
+pub use chain::{
+    APPROVED_BY_ENV, ApprovalDecision, ApprovalWait, AuditFilter, AuditOptions, AuditOutcome,
+    AuditRecord, ChainRecord, DRY_RUN_ACKNOWLEDGED, Decision, RedactRules, StepKind, TimeoutAction,
+    Verdict,
+};
 pub use entry::{
     Assigned, CallStarted, Ended, EntryError, EntryKind, Fenced, HttpDenied, HttpError,
     HttpRequest, HttpResponse, MonotonicClock, OplogEntry, Outcome, Random, RandomSource,
@@ -47,6 +54,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CallState {
+    /// Recorded, held by an approval step until a person decides (or its timeout); holds no
+    /// worker slot.
+    #[serde(rename = "awaiting-approval")]
+    AwaitingApproval,
     /// Recorded, waiting for a worker slot.
     Pending,
     /// Assigned to a worker under the call's current epoch.
@@ -58,6 +69,7 @@ pub enum CallState {
 impl CallState {
     pub fn as_str(self) -> &'static str {
         match self {
+            CallState::AwaitingApproval => "awaiting-approval",
             CallState::Pending => "pending",
             CallState::Running => "running",
             CallState::Succeeded => "succeeded",
@@ -67,6 +79,7 @@ impl CallState {
 
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
+            "awaiting-approval" => CallState::AwaitingApproval,
             "pending" => CallState::Pending,
             "running" => CallState::Running,
             "succeeded" => CallState::Succeeded,
@@ -131,6 +144,7 @@ mod tests {
             "src/call/lifecycle.rs",
             "src/call/record.rs",
             "src/call/secret.rs",
+            "src/call/chain.rs",
             "src/scheduler/state.rs",
             "src/workspace/mod.rs",
         ];

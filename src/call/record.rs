@@ -95,6 +95,16 @@ pub struct CallSpec {
     /// The agent the call acts for and what its binding grants.
     #[serde(default)]
     pub access: super::CallAccess,
+    /// Who asked: `operator:<subject>` or `agent:<namespace>/<name>`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub caller: String,
+    /// A dry run (`--dry-run`, `dryRun: true`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+    /// What the middleware chain decided, and what it still does (approval, redaction,
+    /// audit).
+    #[serde(default)]
+    pub chain: super::ChainRecord,
 }
 
 /// A call as the gateway admits it.
@@ -117,6 +127,13 @@ pub struct NewCall {
     /// A worker whose slot the scheduler reserved: the call is recorded already assigned
     /// to it (epoch 1), admission and assignment in one commit.
     pub assign_to: Option<String>,
+    /// Refuse the call as [`Created::Repeated`] when the same agent recorded a call with
+    /// the same `request_hash` within this many milliseconds (and no idempotency key
+    /// matched). `None`: no check.
+    pub repeat_window_ms: Option<i64>,
+    /// A dry run of a command that must not run: the call is recorded already succeeded
+    /// with this result (and its `outcome` entry), and never queued.
+    pub dry_run_result: Option<Value>,
 }
 
 /// The answer to [`super::Store::create_call`].
@@ -125,12 +142,15 @@ pub enum Created {
     New(CallRecord),
     /// An earlier call with the same idempotency key and request.
     Existing(CallRecord),
+    /// Nothing recorded: the agent's identical call (this earlier one) is within the repeat
+    /// window.
+    Repeated(CallRecord),
 }
 
 impl Created {
     pub fn record(&self) -> &CallRecord {
         match self {
-            Created::New(r) | Created::Existing(r) => r,
+            Created::New(r) | Created::Existing(r) | Created::Repeated(r) => r,
         }
     }
 }
@@ -188,6 +208,8 @@ pub struct CallFilter {
     pub tool: Option<String>,
     /// Only the calls made by (or, for an operator, as) this agent.
     pub agent: Option<String>,
+    /// Only calls in this state (`toolgrid calls --awaiting-approval`).
+    pub state: Option<CallState>,
     pub limit: u32,
 }
 

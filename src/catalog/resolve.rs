@@ -792,6 +792,18 @@ impl<'a> Resolver<'a> {
                         columns,
                     );
                     valid.insert(d.id.key.clone(), d.object);
+                    // CONTRACT(issue 10, helper A): a step that does not compile makes the
+                    // Middleware Ready=False instead.
+                    if let Some(step) = crate::middleware::compile(&d.object.spec) {
+                        self.snapshot.middleware.insert(
+                            d.id.key.clone(),
+                            Arc::new(crate::middleware::ResolvedMiddleware {
+                                key: d.id.key.clone(),
+                                enforce: d.object.spec.enforce,
+                                step,
+                            }),
+                        );
+                    }
                 }
             }
         }
@@ -1210,12 +1222,12 @@ fn check_middleware(middleware: &Middleware) -> Result<&'static str, FieldError>
         ));
     };
     if let Some(policy) = &spec.policy
-        && policy.allow.is_none()
-        && policy.deny.is_none()
+        && policy.rules.is_empty()
+        && policy.default == crate::api::PolicyDefault::Allow
     {
         return Err(FieldError::new(
-            "spec.policy",
-            "give an allow or a deny expression",
+            "spec.policy.rules",
+            "give at least one rule (or default: deny)",
         ));
     }
     if let Some(rate) = &spec.rate_limit
@@ -1570,7 +1582,7 @@ spec: {{audit: {{}}, rateLimit: {{requests: 1, per: 1s}}}}
 apiVersion: toolgrid.dev/v1alpha1
 kind: Middleware
 metadata: {{name: audit}}
-spec: {{audit: {{includeArgs: true}}}}
+spec: {{audit: {{stdout: true}}}}
 ---
 apiVersion: toolgrid.dev/v1alpha1
 kind: ToolBinding

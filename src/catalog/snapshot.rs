@@ -159,6 +159,8 @@ pub struct Snapshot {
     pub agents: BTreeMap<ObjectKey, Arc<ResolvedAgent>>,
     /// Every ToolBinding with a valid spec, Ready or not.
     pub bindings: BTreeMap<ObjectKey, Arc<ResolvedBinding>>,
+    /// Ready Middleware, compiled.
+    pub middleware: BTreeMap<ObjectKey, Arc<crate::middleware::ResolvedMiddleware>>,
     pub resources: BTreeMap<ResourceId, ResourceState>,
     /// Documents that could not be attributed to a resource (bad YAML, unknown kinds).
     pub problems: Vec<String>,

@@ -173,6 +173,10 @@ pub struct CallArgs {
     /// Show progress on stderr while the call runs.
     #[arg(long)]
     stream: bool,
+    /// A dry run: a `read` command runs for real; a `write`, `idempotent` or `external`
+    /// one is answered from its `dryRunResult` without running.
+    #[arg(long)]
+    dry_run: bool,
     #[command(flatten)]
     endpoint: Endpoint,
     /// TOOL [COMMAND] [ARGS...]. The options above may also follow the tool's arguments;
@@ -284,6 +288,7 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
         args_json: args.args.clone().unwrap_or_default(),
         stdin,
         idempotency_key: args.idempotency_key.clone().unwrap_or_default(),
+        dry_run: args.dry_run,
     };
     let mut client = connect(&args.endpoint).await?;
     let call = if args.stream {
@@ -366,6 +371,7 @@ fn call_json(call: &proto::Call) -> Value {
 
 fn state_name(state: proto::CallState) -> &'static str {
     match state {
+        proto::CallState::AwaitingApproval => "awaiting-approval",
         proto::CallState::Pending => "pending",
         proto::CallState::Running => "running",
         proto::CallState::Succeeded => "succeeded",
@@ -687,6 +693,7 @@ async fn print_calls(
                     namespace,
                     tool: String::new(),
                     limit,
+                    awaiting_approval: false,
                 })
                 .await
                 .map_err(|s| ApiError::from(&s))?

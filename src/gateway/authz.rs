@@ -25,6 +25,8 @@ pub use crate::catalog::access::{Allowed, Refusal, ToolAccess, call_access, deci
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
     pub release: Option<ObjectKey>,
+    /// The binding the call goes through (`None` for an operator's own call).
+    pub binding: Option<ObjectKey>,
     pub access: CallAccess,
 }
 
@@ -40,6 +42,7 @@ pub fn authorize_call(
         Principal::Operator { .. } => {
             return Ok(Grant {
                 release: None,
+                binding: None,
                 access: CallAccess::default(),
             });
         }
@@ -74,6 +77,7 @@ pub fn authorize_call(
     };
     Ok(Grant {
         release: Some(allowed.release),
+        binding: Some(allowed.binding.clone()),
         access: call_access(resolved, binding),
     })
 }

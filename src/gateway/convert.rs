@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 pub fn state_to_proto(state: CallState) -> proto::CallState {
     match state {
+        CallState::AwaitingApproval => proto::CallState::AwaitingApproval,
         CallState::Pending => proto::CallState::Pending,
         CallState::Running => proto::CallState::Running,
         CallState::Succeeded => proto::CallState::Succeeded,
@@ -42,7 +43,23 @@ pub fn call_to_proto(record: &CallRecord, deduplicated: bool) -> proto::Call {
         worker: record.worker.clone().unwrap_or_default(),
         deduplicated,
         agent: record.spec.access.agent.clone().unwrap_or_default(),
+        dry_run: record.spec.dry_run,
+        middleware_json: if record.spec.chain.decisions.is_empty() {
+            String::new()
+        } else {
+            serde_json::to_string(&record.spec.chain.decisions).unwrap_or_default()
+        },
+        approval_json: approval_json(record)
+            .map(|v| v.to_string())
+            .unwrap_or_default(),
     }
+}
+
+/// The approval a call waits for or waited for, and its decision.
+fn approval_json(record: &CallRecord) -> Option<Value> {
+    let chain = &record.spec.chain;
+    let wait = chain.approval.as_ref()?;
+    Some(json!({"wait": wait, "decision": chain.approved}))
 }
 
 pub fn call_to_json(record: &CallRecord, deduplicated: bool) -> Value {
@@ -75,6 +92,15 @@ pub fn call_to_json(record: &CallRecord, deduplicated: bool) -> Value {
     }
     if let Some(worker) = &record.worker {
         call["worker"] = json!(worker);
+    }
+    if record.spec.dry_run {
+        call["dryRun"] = json!(true);
+    }
+    if !record.spec.chain.decisions.is_empty() {
+        call["middleware"] = json!(record.spec.chain.decisions);
+    }
+    if let Some(approval) = approval_json(record) {
+        call["approval"] = approval;
     }
     call
 }

@@ -138,6 +138,7 @@ fn invocation(request: proto::InvokeRequest) -> Result<Invocation, ApiError> {
         args,
         stdin: request.stdin,
         idempotency_key: Some(request.idempotency_key).filter(|k| !k.is_empty()),
+        dry_run: request.dry_run,
     })
 }
 
@@ -280,6 +281,14 @@ impl Tools for ToolsService {
         Err(Status::unimplemented(
             "approval middleware is not available yet",
         ))
+    }
+
+    async fn list_audit(
+        &self,
+        _request: Request<proto::ListAuditRequest>,
+    ) -> Result<Response<proto::ListAuditResponse>, Status> {
+        // CONTRACT(issue 10, helper E).
+        Err(Status::unimplemented("the audit log is not available yet"))
     }
 
     async fn why(

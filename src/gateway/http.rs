@@ -31,8 +31,22 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.kind.http_status())
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = json!({"error": {"kind": self.kind.as_str(), "message": self.message}});
-        (status, Json(body)).into_response()
+        let mut body = json!({"error": {"kind": self.kind.as_str(), "message": self.message}});
+        let mut response = match self.retry_after_ms {
+            Some(ms) => {
+                body["error"]["retryAfterMs"] = json!(ms);
+                let seconds = ms.div_ceil(1000).max(1).to_string();
+                (
+                    status,
+                    [(axum::http::header::RETRY_AFTER, seconds)],
+                    Json(body),
+                )
+                    .into_response()
+            }
+            None => (status, Json(body)).into_response(),
+        };
+        response.extensions_mut().insert(self.kind);
+        response
     }
 }
 
@@ -110,6 +124,9 @@ struct CallBody {
     stdin: Option<String>,
     #[serde(default)]
     idempotency_key: Option<String>,
+    /// A dry run: `read` commands run for real, others are answered without running.
+    #[serde(default)]
+    dry_run: bool,
 }
 
 fn failure_status(record: &crate::store::CallRecord) -> StatusCode {
@@ -152,6 +169,7 @@ async fn call(
         args: body.args,
         stdin: body.stdin.map(String::into_bytes),
         idempotency_key: body.idempotency_key.or(header_key),
+        dry_run: body.dry_run,
     };
     let admitted = gateway.invoke(&caller, invocation).await?;
     let status = failure_status(&admitted.record);

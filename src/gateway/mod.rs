@@ -4,10 +4,12 @@
 
 pub mod authn;
 pub mod authz;
+mod chain;
 pub mod completion;
 pub mod convert;
 mod grpc;
 mod http;
+pub mod wasm_middleware;
 pub mod workspaces;
 
 pub use authn::Authenticator;
@@ -32,6 +34,19 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// How long an agent's identical call is refused as `repeated-call` when the Tool sets no
+/// `repeatWindow`.
+pub const DEFAULT_REPEAT_WINDOW: Duration = Duration::from_secs(10);
+
+/// Who made a call, as audit records and the call's spec name them:
+/// `operator:<subject>` or `agent:<namespace>/<name>`.
+pub fn caller_name(caller: &Principal) -> String {
+    match caller {
+        Principal::Operator { subject } => format!("operator:{subject}"),
+        Principal::Agent { agent } => format!("agent:{agent}"),
+    }
+}
+
 /// A call as a caller asks for it, from any front door.
 #[derive(Clone, Debug, Default)]
 pub struct Invocation {
@@ -45,6 +60,8 @@ pub struct Invocation {
     pub args: Option<Value>,
     pub stdin: Option<Vec<u8>>,
     pub idempotency_key: Option<String>,
+    /// A dry run: `read` commands run for real, others are answered without running.
+    pub dry_run: bool,
 }
 
 /// A recorded call, and whether it is an earlier one returned for the same key.
@@ -66,6 +83,7 @@ pub struct Gateway {
     scheduler: Arc<Scheduler>,
     calls: Arc<CallWatch>,
     auth: Authenticator,
+    wasm: wasm_middleware::WasmRunner,
 }
 
 impl Gateway {
@@ -84,6 +102,7 @@ impl Gateway {
             scheduler,
             calls,
             auth,
+            wasm: wasm_middleware::WasmRunner::new(),
         })
     }
 
@@ -173,6 +192,70 @@ impl Gateway {
         invocation: Invocation,
     ) -> Result<Admitted, ApiError> {
         let namespace = Self::namespace(caller, &invocation.namespace);
+        let tool_name = invocation.tool.clone();
+        let command_hint = invocation.command.clone();
+        let args_hint = invocation.args.clone();
+        let dry_run = invocation.dry_run;
+        match self.admit_checked(caller, &namespace, invocation).await {
+            Ok(admitted) => Ok(admitted),
+            Err(refused) => {
+                crate::metrics::refused("caller", refused.error.kind.as_str());
+                self.audit_refusal(
+                    caller,
+                    &namespace,
+                    &tool_name,
+                    command_hint.as_deref().unwrap_or(""),
+                    args_hint.unwrap_or(Value::Null),
+                    dry_run,
+                    &refused,
+                )
+                .await;
+                Err(refused.error)
+            }
+        }
+    }
+
+    /// Appends the audit record of a refused call (best effort: a store that cannot take
+    /// it is logged, and the refusal stands).
+    #[allow(clippy::too_many_arguments)]
+    async fn audit_refusal(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+        tool: &str,
+        command: &str,
+        args: Value,
+        dry_run: bool,
+        refused: &chain::Refused,
+    ) {
+        let record = crate::call::AuditRecord {
+            call_id: uuid::Uuid::now_v7().to_string(),
+            at_ms: now_ms(),
+            namespace: namespace.to_string(),
+            agent: authz::agent_scope(caller).to_string(),
+            caller: caller_name(caller),
+            tool: tool.to_string(),
+            command: command.to_string(),
+            args,
+            decisions: refused.decisions.clone(),
+            outcome: crate::call::AuditOutcome::Refused,
+            error_kind: Some(refused.error.kind),
+            error_message: refused.error.message.clone(),
+            duration_ms: 0,
+            dry_run,
+        };
+        if let Err(error) = self.store.append_audit(record).await {
+            tracing::error!(%error, "the audit record of a refused call could not be stored");
+        }
+    }
+
+    async fn admit_checked(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+        invocation: Invocation,
+    ) -> Result<Admitted, chain::Refused> {
+        let namespace = namespace.to_string();
         let snapshot = self.catalog.current();
         let tool = self.tool(&snapshot, caller, &namespace, &invocation.tool)?;
 
@@ -195,7 +278,8 @@ impl Gateway {
                             tool.key.name,
                             names.join(", ")
                         ),
-                    ));
+                    )
+                    .into());
                 }
             }
         };
@@ -208,11 +292,11 @@ impl Gateway {
                     tool.key.name,
                     names.join(", ")
                 ),
-            ));
+            )
+            .into());
         };
 
-        let grant = authz::authorize_call(&snapshot, caller, &tool, &command.name)
-            .inspect_err(|error| crate::metrics::refused("caller", error.kind.as_str()))?;
+        let grant = authz::authorize_call(&snapshot, caller, &tool, &command.name)?;
 
         let mut args = command.parse_argv(&argv)?;
         match invocation.args {
@@ -222,48 +306,56 @@ impl Gateway {
                 return Err(ApiError::new(
                     ErrorKind::InvalidArgument,
                     format!("args must be a JSON object of arguments by name, not {other}"),
-                ));
+                )
+                .into());
             }
         }
         let args = command.validate(args)?;
         command.check_stdin(invocation.stdin.as_deref())?;
+        let idempotency_key = invocation.idempotency_key.filter(|k| !k.is_empty());
+        if let Some(key) = &idempotency_key
+            && key.len() > 255
+        {
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                "the idempotency key is longer than 255 bytes",
+            )
+            .into());
+        }
 
-        let Some(release_key) = grant.release.as_ref().or(tool.release.as_ref()) else {
-            let why: Vec<String> = snapshot
-                .resources_of(Kind::ToolRelease)
-                .filter(|r| {
-                    r.id.key.namespace == namespace
-                        && r.columns
-                            .iter()
-                            .any(|(column, value)| column == "Tool" && value == &tool.key.name)
-                })
-                .map(|r| format!("{}: {}: {}", r.id.key.name, r.ready.reason, r.ready.message))
-                .collect();
-            return Err(ApiError::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "tool {:?} has no Ready release{}",
-                    tool.key.name,
-                    if why.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({})", why.join("; "))
-                    }
-                ),
-            ));
+        let release = self.release_for(&snapshot, &tool, &namespace, &grant)?;
+        let mut candidate = chain::Candidate {
+            command,
+            args,
+            grant,
+            release_version: release.version.to_string(),
         };
-        let Some(release) = snapshot.release(release_key).cloned() else {
-            return Err(ApiError::new(
-                ErrorKind::Unavailable,
-                format!("release {release_key} is not ready"),
-            ));
+        let dry_run = invocation.dry_run;
+        let chain = self
+            .run_chain(
+                &snapshot,
+                caller,
+                &tool,
+                &namespace,
+                &mut candidate,
+                dry_run,
+            )
+            .await?;
+        let decisions = chain.decisions.clone();
+        let refused = |error: ApiError| chain::Refused {
+            error,
+            decisions: decisions.clone(),
         };
+        // A rewrite keeps the binding and release (checked), so the release stands.
+        let command = candidate.command;
+        let args = candidate.args;
+        let grant = candidate.grant;
         let pool_key = crate::catalog::ObjectKey::new(namespace.clone(), release.pool.clone());
         if !snapshot.pools.contains_key(&pool_key) {
-            return Err(ApiError::new(
+            return Err(refused(ApiError::new(
                 ErrorKind::Unavailable,
                 format!("worker pool {pool_key} is not ready"),
-            ));
+            )));
         }
 
         let stdin = invocation.stdin.unwrap_or_default();
@@ -279,20 +371,30 @@ impl Gateway {
         let created = now_ms();
         let timeout_ms = tool.timeout.as_millis() as u64;
         let id = uuid::Uuid::now_v7().to_string();
-        let command_def = tool
-            .spec
-            .command(&command.name)
+        let command_spec = tool.spec.command(&command.name);
+        let command_def = command_spec
             .map(|c| serde_json::to_value(c).unwrap_or_default())
             .unwrap_or_default();
-        let idempotency_key = invocation.idempotency_key.filter(|k| !k.is_empty());
-        if let Some(key) = &idempotency_key
-            && key.len() > 255
-        {
-            return Err(ApiError::new(
-                ErrorKind::InvalidArgument,
-                "the idempotency key is longer than 255 bytes",
-            ));
-        }
+        // A dry run of a command that changes the world is answered without running it.
+        let dry_run_result = (dry_run && tool.effect != crate::api::Effect::Read).then(|| {
+            command_spec
+                .and_then(|c| c.dry_run_result.clone())
+                .unwrap_or_else(|| Value::String(crate::call::DRY_RUN_ACKNOWLEDGED.into()))
+        });
+        // Only an agent's calls are checked for repeats, and never a dry run's.
+        let repeat_window_ms = match caller {
+            Principal::Agent { .. }
+                if !dry_run && !command_spec.is_some_and(|c| c.allow_repeat) =>
+            {
+                let window = tool
+                    .spec
+                    .repeat_window
+                    .map(|w| w.get())
+                    .unwrap_or(DEFAULT_REPEAT_WINDOW);
+                (!window.is_zero()).then(|| window.as_millis() as i64)
+            }
+            _ => None,
+        };
         let started = crate::call::CallStarted {
             namespace: namespace.clone(),
             tool: tool.key.name.clone(),
@@ -304,7 +406,10 @@ impl Gateway {
             argv: argv.clone(),
             stdin_bytes: stdin.len() as u64,
             idempotency_key: idempotency_key.clone(),
+            dry_run,
+            middleware: chain.decisions.clone(),
         };
+        let awaiting = chain.approval.is_some();
         let new = NewCall {
             id,
             namespace: namespace.clone(),
@@ -331,17 +436,26 @@ impl Gateway {
                 deadline_ms: created + timeout_ms as i64,
                 egress: release.network.egress.clone(),
                 access: grant.access,
+                caller: caller_name(caller),
+                dry_run,
+                chain,
             },
             stdin,
             idempotency_key,
             request_hash,
             started,
             assign_to: None,
+            repeat_window_ms,
+            dry_run_result,
         };
-        // Admission and assignment in one commit when a slot is free now.
+        // Admission and assignment in one commit when a slot is free now (never for a call
+        // that waits for approval or is answered without running).
         let mut new = new;
         let call_id = new.id.clone();
-        new.assign_to = self.scheduler.reserve(&new);
+        let queued = !awaiting && new.dry_run_result.is_none();
+        if queued {
+            new.assign_to = self.scheduler.reserve(&new);
+        }
         let reserved = new.assign_to.is_some();
         let created = match self.store.create_call(new).await {
             Ok(created) => created,
@@ -349,16 +463,16 @@ impl Gateway {
                 if reserved {
                     self.scheduler.unreserve(&call_id);
                 }
-                return Err(error.into());
+                return Err(refused(error.into()));
             }
         };
         match created {
             Created::New(record) => {
-                tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, agent = record.spec.access.agent.as_deref().unwrap_or(""), "call accepted");
+                tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, agent = record.spec.access.agent.as_deref().unwrap_or(""), state = %record.state, "call accepted");
                 let updates = self.calls.subscribe(&record.id);
                 if reserved {
                     self.scheduler.admitted_assigned(record.clone(), command);
-                } else {
+                } else if queued {
                     self.scheduler.submit(record.clone(), command);
                 }
                 Ok(Admitted {
@@ -378,7 +492,69 @@ impl Gateway {
                     updates: None,
                 })
             }
+            Created::Repeated(earlier) => {
+                if reserved {
+                    self.scheduler.unreserve(&call_id);
+                }
+                let mut decisions = decisions.clone();
+                let message = format!(
+                    "the same call (tool, command, arguments, stdin) was made {} ms ago as call {}; \
+                     pass that call's idempotency key to get its result, or wait",
+                    (now_ms() - earlier.created_at_ms).max(0),
+                    earlier.id
+                );
+                decisions.push(crate::call::Decision {
+                    middleware: String::new(),
+                    kind: crate::call::StepKind::RepeatedCall,
+                    verdict: crate::call::Verdict::Deny,
+                    message: message.clone(),
+                });
+                Err(chain::Refused {
+                    error: ApiError::new(ErrorKind::RepeatedCall, message),
+                    decisions,
+                })
+            }
         }
+    }
+
+    /// The release a call with `grant` runs, or why there is none.
+    fn release_for(
+        &self,
+        snapshot: &Snapshot,
+        tool: &ResolvedTool,
+        namespace: &str,
+        grant: &authz::Grant,
+    ) -> Result<Arc<crate::catalog::ResolvedRelease>, ApiError> {
+        let Some(release_key) = grant.release.as_ref().or(tool.release.as_ref()) else {
+            let why: Vec<String> = snapshot
+                .resources_of(Kind::ToolRelease)
+                .filter(|r| {
+                    r.id.key.namespace == namespace
+                        && r.columns
+                            .iter()
+                            .any(|(column, value)| column == "Tool" && value == &tool.key.name)
+                })
+                .map(|r| format!("{}: {}: {}", r.id.key.name, r.ready.reason, r.ready.message))
+                .collect();
+            return Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "tool {:?} has no Ready release{}",
+                    tool.key.name,
+                    if why.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", why.join("; "))
+                    }
+                ),
+            ));
+        };
+        snapshot.release(release_key).cloned().ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::Unavailable,
+                format!("release {release_key} is not ready"),
+            )
+        })
     }
 
     /// Subscribes to a call's news (progress and end).
@@ -499,6 +675,7 @@ impl Gateway {
             namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
             tool: (!tool.is_empty()).then(|| tool.to_string()),
             agent: None,
+            state: None,
             limit,
         };
         if let Principal::Agent { agent } = caller {

@@ -355,8 +355,12 @@ mod tests {
                 argv: Vec::new(),
                 stdin_bytes: 0,
                 idempotency_key: None,
+                dry_run: false,
+                middleware: Vec::new(),
             },
             assign_to: None,
+            repeat_window_ms: None,
+            dry_run_result: None,
         }
     }
 

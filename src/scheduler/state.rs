@@ -1686,8 +1686,12 @@ mod tests {
                 argv: Vec::new(),
                 stdin_bytes: 0,
                 idempotency_key: None,
+                dry_run: false,
+                middleware: Vec::new(),
             },
             assign_to: None,
+            repeat_window_ms: None,
+            dry_run_result: None,
         };
         assert_eq!(state.reserve(&new).as_deref(), Some("w1"));
         let mut other = new.clone();
@@ -1941,8 +1945,12 @@ mod tests {
                     argv: Vec::new(),
                     stdin_bytes: 0,
                     idempotency_key: None,
+                    dry_run: false,
+                    middleware: Vec::new(),
                 },
                 assign_to: None,
+                repeat_window_ms: None,
+                dry_run_result: None,
             }
         };
         assert!(state.reserve(&new("one", ReadWrite)).is_some());

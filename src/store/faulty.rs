@@ -42,10 +42,13 @@ pub enum Op {
     LoadResources,
     SaveResources,
     Retention,
+    Decide,
+    TakeToken,
+    Audit,
 }
 
 impl Op {
-    pub const ALL: [Op; 16] = [
+    pub const ALL: [Op; 19] = [
         Op::Create,
         Op::Assign,
         Op::Fence,
@@ -62,6 +65,9 @@ impl Op {
         Op::LoadResources,
         Op::SaveResources,
         Op::Retention,
+        Op::Decide,
+        Op::TakeToken,
+        Op::Audit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -82,6 +88,9 @@ impl Op {
             Op::LoadResources => "load-resources",
             Op::SaveResources => "save-resources",
             Op::Retention => "retention",
+            Op::Decide => "decide",
+            Op::TakeToken => "take-token",
+            Op::Audit => "audit",
         }
     }
 
@@ -310,6 +319,44 @@ impl Store for FaultyStore {
         self.run(Op::Get, self.inner.get_call(id)).await
     }
 
+    async fn decide_approval(
+        &self,
+        call_id: &str,
+        decision: crate::call::ApprovalDecision,
+        error: Option<CallError>,
+    ) -> Result<CallRecord, StoreError> {
+        self.run(
+            Op::Decide,
+            self.inner.decide_approval(call_id, decision, error),
+        )
+        .await
+    }
+
+    async fn take_token(
+        &self,
+        key: &str,
+        burst: u32,
+        per_second: f64,
+        now_ms: i64,
+    ) -> Result<Option<u64>, StoreError> {
+        self.run(
+            Op::TakeToken,
+            self.inner.take_token(key, burst, per_second, now_ms),
+        )
+        .await
+    }
+
+    async fn append_audit(&self, record: crate::call::AuditRecord) -> Result<(), StoreError> {
+        self.run(Op::Audit, self.inner.append_audit(record)).await
+    }
+
+    async fn list_audit(
+        &self,
+        filter: &crate::call::AuditFilter,
+    ) -> Result<Vec<crate::call::AuditRecord>, StoreError> {
+        self.run(Op::Audit, self.inner.list_audit(filter)).await
+    }
+
     async fn find_call_by_key(
         &self,
         namespace: &str,
@@ -440,8 +487,12 @@ mod tests {
                 argv: Vec::new(),
                 stdin_bytes: 0,
                 idempotency_key: None,
+                dry_run: false,
+                middleware: Vec::new(),
             },
             assign_to: None,
+            repeat_window_ms: None,
+            dry_run_result: None,
         }
     }
 

@@ -45,6 +45,9 @@ pub enum StoreError {
     },
     #[error("no call {0}")]
     NotFound(String),
+    /// The call is not waiting for approval (decided already, or never asked).
+    #[error("call {call_id} is {state}, not awaiting approval")]
+    NotAwaiting { call_id: String, state: CallState },
     #[error("idempotency key {key:?} was already used for a different call ({existing})")]
     IdempotencyConflict { key: String, existing: String },
     #[error("unsupported store URL {0:?}: use sqlite://PATH or postgres://...")]
@@ -141,6 +144,36 @@ pub trait Store: Send + Sync + 'static {
     fn artifact_purges(&self) -> u64 {
         0
     }
+
+    /// Decides a call in `awaiting-approval` (any other state: [`StoreError::NotAwaiting`]):
+    /// records `decision` in its spec (`chain.approved`) and as an `approval` oplog entry,
+    /// and in the same commit moves it to `pending` with a fresh deadline of
+    /// `now + limits.timeout_ms` (approved), or ends it `failed` with `error` (denied, or
+    /// timed out with `onTimeout: deny`; its audit record is written as for any end).
+    async fn decide_approval(
+        &self,
+        call_id: &str,
+        decision: crate::call::ApprovalDecision,
+        error: Option<CallError>,
+    ) -> Result<CallRecord, StoreError>;
+    /// Takes one token from the bucket `key` (capacity `burst`, refilled at `per_second`),
+    /// created full on first use: `Ok(None)` when taken, `Ok(Some(ms))` when empty (a token
+    /// comes back in `ms`). Atomic across connections, processes and replicas.
+    async fn take_token(
+        &self,
+        key: &str,
+        burst: u32,
+        per_second: f64,
+        now_ms: i64,
+    ) -> Result<Option<u64>, StoreError>;
+    /// Appends an audit record (a refused call's; ended calls get theirs inside the commit
+    /// that ends them).
+    async fn append_audit(&self, record: crate::call::AuditRecord) -> Result<(), StoreError>;
+    /// Audit records matching `filter`, newest first.
+    async fn list_audit(
+        &self,
+        filter: &crate::call::AuditFilter,
+    ) -> Result<Vec<crate::call::AuditRecord>, StoreError>;
 
     /// The workspace a call sees, with the base version pinned at its first assignment
     /// (`None`: no such call, or it sees no workspace).

@@ -1,0 +1,52 @@
+//! A binding's chain: which Middleware, in which order (see the module above).
+//!
+//! CONTRACT(issue 10, helper A).
+
+use super::ResolvedMiddleware;
+use crate::catalog::{ResolvedBinding, Snapshot};
+use std::sync::Arc;
+
+/// The Middleware a call passes through, in order.
+#[derive(Clone, Debug, Default)]
+pub struct Chain {
+    pub links: Vec<Arc<ResolvedMiddleware>>,
+}
+
+/// Why a binding has no usable chain: a Middleware it names (or an enforced one) is not
+/// Ready. Calls are refused ([`crate::call::ErrorKind::MiddlewareFailed`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("middleware {name} is not ready: {message}")]
+pub struct ChainError {
+    pub name: String,
+    pub message: String,
+}
+
+/// The chain of calls through `binding`: enforced Middleware of its namespace by name, then
+/// its own list in order, each once.
+pub fn chain_for(snapshot: &Snapshot, binding: &ResolvedBinding) -> Result<Chain, ChainError> {
+    let ns = &binding.key.namespace;
+    let mut links: Vec<Arc<ResolvedMiddleware>> = snapshot
+        .middleware
+        .values()
+        .filter(|m| m.enforce && &m.key.namespace == ns)
+        .cloned()
+        .collect();
+    for name in &binding.spec.middleware {
+        if links.iter().any(|l| &l.key.name == name) {
+            continue;
+        }
+        match snapshot
+            .middleware
+            .get(&crate::catalog::ObjectKey::new(ns.clone(), name.clone()))
+        {
+            Some(m) => links.push(m.clone()),
+            None => {
+                return Err(ChainError {
+                    name: name.clone(),
+                    message: "it does not exist or is not Ready".into(),
+                });
+            }
+        }
+    }
+    Ok(Chain { links })
+}

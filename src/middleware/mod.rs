@@ -1,0 +1,176 @@
+//! The middleware chain's domain: what each step decides about a call, as pure functions
+//! over the call and the step's resolved spec. No IO: the gateway runs the chain (and does
+//! the IO a step needs: the store's rate buckets, a wasm sandbox), the scheduler applies the
+//! result-side steps, the store keeps what they decided.
+//!
+//! # The chain and its order
+//!
+//! A bound call's chain is every Ready `enforce: true` Middleware of its namespace (by
+//! name), then the binding's `middleware` in the order listed (one named twice, or also
+//! enforced, counts once). Agents cannot see or skip it. Its steps act in four phases:
+//!
+//! 1. **decide**, in chain order: `rateLimit` (takes a token), `policy` (allow, deny,
+//!    rewrite), `wasm` (allow, deny, rewrite). A rewritten call is validated against the
+//!    schema and authorized again, as the rewritten call, before the next step sees it.
+//! 2. **repeated calls** (built in): the agent's identical call within the Tool's
+//!    `repeatWindow` is refused, unless the command sets `allowRepeat` or the same
+//!    idempotency key returns the first call.
+//! 3. **approval**: the first approval step whose `when` holds makes the call wait in
+//!    `awaiting-approval`.
+//! 4. **result**, after the call ends: `redact` (every redact step, before the result is
+//!    stored or returned), then `audit` (every call gets an audit record; audit steps shape
+//!    it and can copy it to stdout).
+//!
+//! A step that cannot decide (a CEL expression that fails, a wasm middleware that traps or
+//! runs out of time, a Middleware that is not Ready) refuses the call: the chain fails
+//! closed.
+
+pub mod approval;
+pub mod audit;
+pub mod bucket;
+pub mod cel;
+pub mod chain;
+pub mod policy;
+pub mod redact;
+
+use crate::api::Effect;
+use crate::call::{AuditOptions, RedactRules, StepKind};
+use crate::catalog::ObjectKey;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+
+pub use chain::{Chain, chain_for};
+
+/// The call as middleware sees it (CEL's `call`, a wasm middleware's input).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallView {
+    /// The agent's name.
+    pub agent: String,
+    pub namespace: String,
+    pub tool: String,
+    pub command: String,
+    /// Validated arguments by name.
+    pub args: Map<String, Value>,
+    pub effect: Effect,
+    /// The version of the release the call runs.
+    pub release: String,
+    pub dry_run: bool,
+}
+
+impl CallView {
+    /// The call as JSON (`{agent, namespace, tool, command, args, effect, release, dryRun}`):
+    /// what a wasm middleware receives.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "agent": self.agent,
+            "namespace": self.namespace,
+            "tool": self.tool,
+            "command": self.command,
+            "args": self.args,
+            "effect": self.effect.as_str(),
+            "release": self.release,
+            "dryRun": self.dry_run,
+        })
+    }
+}
+
+/// A step's change to a call: the command to run, and the complete new arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rewrite {
+    pub command: String,
+    pub args: Map<String, Value>,
+}
+
+/// What a deciding step (policy, wasm) answers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepOutcome {
+    Allow,
+    /// Refused, with the message the caller sees.
+    Deny(String),
+    Rewrite(Rewrite),
+    /// The step could not decide (the reason): the call is refused
+    /// ([`crate::call::ErrorKind::MiddlewareFailed`]).
+    Failed(String),
+}
+
+/// A Ready Middleware, compiled.
+#[derive(Debug)]
+pub struct ResolvedMiddleware {
+    pub key: ObjectKey,
+    pub enforce: bool,
+    pub step: Step,
+}
+
+impl ResolvedMiddleware {
+    pub fn name(&self) -> &str {
+        &self.key.name
+    }
+}
+
+/// One compiled step.
+#[derive(Debug)]
+pub enum Step {
+    Policy(policy::Policy),
+    Approval(approval::ApprovalRule),
+    Redact(RedactRules),
+    Audit(AuditOptions),
+    RateLimit(bucket::RateLimit),
+    Wasm(WasmModule),
+}
+
+impl Step {
+    pub fn kind(&self) -> StepKind {
+        match self {
+            Step::Policy(_) => StepKind::Policy,
+            Step::Approval(_) => StepKind::Approval,
+            Step::Redact(_) => StepKind::Redact,
+            Step::Audit(_) => StepKind::Audit,
+            Step::RateLimit(_) => StepKind::RateLimit,
+            Step::Wasm(_) => StepKind::Wasm,
+        }
+    }
+}
+
+/// A wasm middleware's component, fetched and checked, with its limits.
+#[derive(Clone, Debug)]
+pub struct WasmModule {
+    /// `sha256:<hex>` of the component.
+    pub digest: String,
+    pub bytes: Arc<Vec<u8>>,
+    pub timeout: std::time::Duration,
+    pub memory_bytes: u64,
+}
+
+/// Compiles a Middleware's one step. CONTRACT(issue 10, helper A): return the compiler's
+/// message for a step that does not compile (today: `None`, and the step is left out).
+pub fn compile(spec: &crate::api::MiddlewareSpec) -> Option<Step> {
+    if let Some(policy) = &spec.policy {
+        return policy::Policy::compile(policy).ok().map(Step::Policy);
+    }
+    if let Some(approval) = &spec.approval {
+        return approval::ApprovalRule::compile(approval)
+            .ok()
+            .map(Step::Approval);
+    }
+    if let Some(redact) = &spec.redact {
+        return Some(Step::Redact(RedactRules {
+            paths: redact.paths.clone(),
+            patterns: redact.patterns.clone(),
+            replacement: redact
+                .replacement
+                .clone()
+                .unwrap_or_else(|| redact::DEFAULT_REDACTION.to_string()),
+        }));
+    }
+    if let Some(audit) = &spec.audit {
+        return Some(Step::Audit(AuditOptions {
+            exclude_args: audit.exclude_args.clone(),
+            stdout: audit.stdout,
+        }));
+    }
+    if let Some(rate) = &spec.rate_limit {
+        return Some(Step::RateLimit(bucket::RateLimit::new(rate)));
+    }
+    // CONTRACT(issue 10, helper D): wasm needs its artifact fetched and checked.
+    None
+}
