@@ -557,6 +557,39 @@ impl Gateway {
         })
     }
 
+    /// Approves (`approve`) or denies a call waiting for approval, as `caller`, with
+    /// `reason`. Operators may decide any call, agents named in the asking Middleware's
+    /// `approvers` calls of their namespace; never the calling agent its own call
+    /// ([`ErrorKind::PermissionDenied`]). A call not waiting is
+    /// [`ErrorKind::NotAwaitingApproval`]. An approved call is queued at once.
+    ///
+    /// CONTRACT(issue 10, helper B).
+    pub async fn decide(
+        &self,
+        caller: &Principal,
+        call_id: &str,
+        approve: bool,
+        reason: &str,
+    ) -> Result<CallRecord, ApiError> {
+        let _ = (caller, approve, reason);
+        Err(ApiError::new(
+            ErrorKind::Unavailable,
+            format!("approval of {call_id} is not implemented yet"),
+        ))
+    }
+
+    /// The calls waiting for approval that `caller` may read, oldest first.
+    ///
+    /// CONTRACT(issue 10, helper B).
+    pub async fn awaiting_approval(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+    ) -> Result<Vec<CallRecord>, ApiError> {
+        let _ = (caller, namespace);
+        Ok(Vec::new())
+    }
+
     /// Subscribes to a call's news (progress and end).
     pub fn watch(&self, call_id: &str) -> watch::Receiver<CallUpdate> {
         self.calls.subscribe(call_id)
