@@ -135,9 +135,17 @@ pub(super) async fn dial(target: &Endpoint) -> Result<(Channel, Credentials), Ap
 
 fn exit_code_of(kind: ErrorKind) -> u8 {
     match kind {
-        ErrorKind::InvalidArgument | ErrorKind::IdempotencyConflict => exit::USAGE,
-        ErrorKind::Unauthenticated | ErrorKind::PermissionDenied => exit::DENIED,
-        ErrorKind::Unavailable => exit::UNAVAILABLE,
+        ErrorKind::InvalidArgument
+        | ErrorKind::IdempotencyConflict
+        | ErrorKind::NotAwaitingApproval => exit::USAGE,
+        ErrorKind::Unauthenticated
+        | ErrorKind::PermissionDenied
+        | ErrorKind::Denied
+        | ErrorKind::ApprovalTimeout
+        | ErrorKind::RepeatedCall => exit::DENIED,
+        ErrorKind::Unavailable | ErrorKind::RateLimited | ErrorKind::MiddlewareFailed => {
+            exit::UNAVAILABLE
+        }
         ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => exit::NOT_FOUND,
         ErrorKind::Internal => exit::INTERNAL,
         _ => exit::CALL_FAILED,
