@@ -323,6 +323,35 @@ impl Gateway {
             .into());
         }
 
+        // The same key for the same request returns the earlier call before the chain runs
+        // again: a retry takes no rate-limit token, is no repeated call, and finds a call
+        // that waits for approval. (A rewritten call is stored under its rewritten request;
+        // its retries go through the chain to the same rewrite, and the store matches them.)
+        if let Some(key) = &idempotency_key
+            && let Some(earlier) = self
+                .store
+                .find_call_by_key(&namespace, authz::agent_scope(caller), key)
+                .await
+                .map_err(ApiError::from)?
+        {
+            let stdin = invocation.stdin.as_deref().unwrap_or_default();
+            let asked = request_hash(
+                &namespace,
+                &tool.key.name,
+                &command.name,
+                &Value::Object(args.0.clone()),
+                stdin,
+            );
+            if asked == earlier.request_hash {
+                tracing::info!(call = %earlier.id, "idempotency key matched an earlier call");
+                return Ok(Admitted {
+                    record: earlier,
+                    deduplicated: true,
+                    updates: None,
+                });
+            }
+        }
+
         let release = self.release_for(&snapshot, &tool, &namespace, &grant)?;
         let mut candidate = chain::Candidate {
             command,
