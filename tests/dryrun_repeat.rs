@@ -250,10 +250,18 @@ async fn dry_runs_answer_without_running_and_repeats_are_refused() {
     assert_eq!(calls_of_bot(&platform).await.len(), recorded);
     assert_eq!(requests_of(&witness, "rep-1"), ran, "nothing ran again");
     // Different arguments are a different call.
-    succeeded(&invoke(&platform, request("reader", &base, "rep-2")).await.expect("new"));
+    succeeded(
+        &invoke(&platform, request("reader", &base, "rep-2"))
+            .await
+            .expect("new"),
+    );
     // A command with allowRepeat is called again.
-    let one = invoke(&platform, request("poller", &base, "poll")).await.expect("1st");
-    let two = invoke(&platform, request("poller", &base, "poll")).await.expect("2nd");
+    let one = invoke(&platform, request("poller", &base, "poll"))
+        .await
+        .expect("1st");
+    let two = invoke(&platform, request("poller", &base, "poll"))
+        .await
+        .expect("2nd");
     succeeded(&one);
     succeeded(&two);
     assert_ne!(one.id, two.id);
@@ -277,9 +285,21 @@ async fn dry_runs_answer_without_running_and_repeats_are_refused() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let printed: Value = serde_json::from_str(&stdout).expect("the result as JSON");
     assert_eq!(printed, json!({"run": "dry", "wouldWrite": true}));
-    assert!(stderr.contains("dry run") && stderr.contains("did not run"), "{stderr}");
+    assert!(
+        stderr.contains("dry run") && stderr.contains("did not run"),
+        "{stderr}"
+    );
     let out = platform.cli(
-        &["call", "--dry-run", "--output", "call", "--args", &args, "writer", "run"],
+        &[
+            "call",
+            "--dry-run",
+            "--output",
+            "call",
+            "--args",
+            &args,
+            "writer",
+            "run",
+        ],
         None,
     );
     let shown: Value = serde_json::from_slice(&out.stdout).expect("the call as JSON");

@@ -96,7 +96,7 @@ fn rate_limited(status: &tonic::Status) -> u64 {
     assert_eq!(error.kind, ErrorKind::RateLimited, "{}", error.message);
     let retry = error.retry_after_ms.expect("retry-after-ms metadata");
     assert!(
-        retry > 0 && retry <= 3_600_000 / N as u64,
+        (1..=3_600_000 / N as u64).contains(&retry),
         "retry after {retry} ms"
     );
     retry
@@ -179,7 +179,7 @@ async fn rate_limits_admit_exactly_the_bucket_and_hold_across_a_restart() {
         .unwrap()
         .parse()
         .expect("seconds");
-    assert!(retry_after >= 1 && retry_after <= 1_200, "{retry_after}");
+    assert!((1..=1_200).contains(&retry_after), "{retry_after}");
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(body["error"]["kind"], "rate-limited");
     assert!(body["error"]["retryAfterMs"].as_u64().is_some(), "{body}");
@@ -187,7 +187,9 @@ async fn rate_limits_admit_exactly_the_bucket_and_hold_across_a_restart() {
 
     // `key: agent`: beta has a bucket of its own.
     for i in 0..N {
-        let call = invoke(&platform, BETA, compare(100 + i)).await.expect("beta's own bucket");
+        let call = invoke(&platform, BETA, compare(100 + i))
+            .await
+            .expect("beta's own bucket");
         assert_eq!(call.state, proto::CallState::Succeeded as i32);
     }
     rate_limited(&invoke(&platform, BETA, compare(200)).await.unwrap_err());
@@ -199,7 +201,10 @@ async fn rate_limits_admit_exactly_the_bucket_and_hold_across_a_restart() {
     rate_limited(&invoke(&platform, BETA, count("four")).await.unwrap_err());
     rate_limited(&invoke(&platform, ALPHA, count("five")).await.unwrap_err());
     // The operator is not bound, so no chain: not limited.
-    platform.call("semver", &["compare", "1.0.0", "1.0.1"]).await.expect("operator");
+    platform
+        .call("semver", &["compare", "1.0.0", "1.0.1"])
+        .await
+        .expect("operator");
 
     // The buckets live in the store: a control plane killed and started again still
     // refuses.

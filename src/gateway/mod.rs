@@ -392,7 +392,7 @@ impl Gateway {
                     .repeat_window
                     .map(|w| w.get())
                     .unwrap_or(DEFAULT_REPEAT_WINDOW);
-                (!window.is_zero()).then(|| window.as_millis() as i64)
+                (!window.is_zero()).then_some(window.as_millis() as i64)
             }
             _ => None,
         };
@@ -471,7 +471,10 @@ impl Gateway {
             Created::New(record) => {
                 tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, agent = record.spec.access.agent.as_deref().unwrap_or(""), state = %record.state, "call accepted");
                 let updates = self.calls.subscribe(&record.id);
-                if reserved {
+                if record.state.is_terminal() {
+                    // A dry run answered without running: ended already.
+                    self.calls.finish(record.clone());
+                } else if reserved {
                     self.scheduler.admitted_assigned(record.clone(), command);
                 } else if queued {
                     self.scheduler.submit(record.clone(), command);

@@ -87,8 +87,10 @@ pub fn take(tokens: f64, updated_at_ms: i64, burst: u32, per_second: f64, now_ms
     let retry = if rate == 0.0 {
         MAX_RETRY_AFTER_MS
     } else {
-        // `as` saturates; a tiny rate gives a huge wait, capped.
-        (((1.0 - available) * 1000.0 / rate).ceil() as u64).clamp(1, MAX_RETRY_AFTER_MS)
+        // Rounded up to whole milliseconds, forgiving float noise of up to a microsecond;
+        // `as` saturates, and a tiny rate's huge wait is capped.
+        let wait_ms = (1.0 - available) * 1000.0 / rate;
+        ((wait_ms - 1e-3).ceil() as u64).clamp(1, MAX_RETRY_AFTER_MS)
     };
     Taken {
         tokens: available,
@@ -100,7 +102,7 @@ pub fn take(tokens: f64, updated_at_ms: i64, burst: u32, per_second: f64, now_ms
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::GoDuration;
+    use crate::api::units::GoDuration;
 
     /// Takes `n` times at `now`, returning the bucket and how many were taken.
     fn drain(
