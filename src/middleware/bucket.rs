@@ -1,8 +1,7 @@
 //! Rate limits: token buckets keyed by agent, tool or both. The arithmetic is here (pure,
 //! with fake time); the buckets themselves live in the store, so they hold across
-//! control-plane restarts and replicas.
-//!
-//! CONTRACT(issue 10, helper C).
+//! control-plane restarts and replicas (`Store::take_token` runs [`take`] inside one write
+//! transaction).
 
 use super::CallView;
 use crate::api::{RateKey, RateLimitStep};
