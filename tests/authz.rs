@@ -94,6 +94,15 @@ fn semver_compare() -> proto::InvokeRequest {
     }
 }
 
+/// A comparison of other versions: an agent's identical call within the repeat window is
+/// refused.
+fn semver_compare_of(a: &str, b: &str) -> proto::InvokeRequest {
+    proto::InvokeRequest {
+        argv: vec!["compare".into(), a.into(), b.into()],
+        ..semver_compare()
+    }
+}
+
 async fn invoke(
     platform: &Platform,
     token: Option<&str>,
@@ -386,10 +395,11 @@ async fn callers_are_authenticated_and_authorized() {
     );
     assert_eq!(all.len(), 2, "{all:?}");
 
-    // Idempotency keys are per agent: the same key by two agents is two calls.
+    // Idempotency keys are per agent: the same key by two agents is two calls. (Arguments
+    // not used above: reporter's identical call would be refused as a repeat.)
     let keyed = proto::InvokeRequest {
         idempotency_key: "same-key".into(),
-        ..semver_compare()
+        ..semver_compare_of("3.0.0", "3.0.1")
     };
     let by_reporter = invoke(&platform, Some(REPORTER), None, keyed.clone())
         .await
@@ -448,7 +458,8 @@ async fn callers_are_authenticated_and_authorized() {
         &platform,
         Some(&platform.admin_token()),
         Some("reporter"),
-        semver_compare(),
+        // Not reporter's earlier call, which would be refused as a repeat.
+        semver_compare_of("4.0.0", "4.0.1"),
     )
     .await
     .unwrap();
@@ -578,9 +589,14 @@ async fn callers_are_authenticated_and_authorized() {
     std::fs::write(manifests.join("more-agents.yaml"), more).unwrap();
     platform
         .eventually("the rotated token", Duration::from_secs(30), || async {
-            invoke(&platform, Some("rotated-token"), None, semver_compare())
-                .await
-                .is_ok()
+            invoke(
+                &platform,
+                Some("rotated-token"),
+                None,
+                semver_compare_of("5.0.0", "5.0.1"),
+            )
+            .await
+            .is_ok()
         })
         .await;
     refused(

@@ -1438,3 +1438,286 @@ async fn retention_keeps_every_workspace_version_and_blob() {
         assert_eq!(store.blobs(&[digest]).await.unwrap().len(), 1, "{backend}");
     }
 }
+
+// Middleware: rate-limit buckets, repeated calls, dry runs.
+
+#[tokio::test]
+async fn rate_buckets_start_full_refuse_when_empty_and_refill() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let store = store::open(&url).await.unwrap();
+        // 3 tokens, one back a second; fake time.
+        for _ in 0..3 {
+            assert_eq!(
+                store.take_token("b", 3, 1.0, 1_000).await.unwrap(),
+                None,
+                "{backend}"
+            );
+        }
+        assert_eq!(
+            store.take_token("b", 3, 1.0, 1_000).await.unwrap(),
+            Some(1_000),
+            "{backend}: empty, one token in a second"
+        );
+        assert_eq!(
+            store.take_token("b", 3, 1.0, 1_600).await.unwrap(),
+            Some(400),
+            "{backend}"
+        );
+        assert_eq!(store.take_token("b", 3, 1.0, 2_000).await.unwrap(), None);
+        // Another key is another bucket.
+        assert_eq!(store.take_token("c", 1, 1.0, 2_000).await.unwrap(), None);
+        assert!(
+            store
+                .take_token("c", 1, 1.0, 2_000)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        // An hour later the bucket holds `burst`, not more.
+        let mut taken = 0;
+        for _ in 0..10 {
+            if store
+                .take_token("b", 3, 1.0, 3_602_000)
+                .await
+                .unwrap()
+                .is_none()
+            {
+                taken += 1;
+            }
+        }
+        assert_eq!(taken, 3, "{backend}");
+        // The bucket is held in the store: a reopened store sees it empty.
+        drop(store);
+        let store = store::open(&url).await.unwrap();
+        assert!(
+            store
+                .take_token("b", 3, 1.0, 3_602_000)
+                .await
+                .unwrap()
+                .is_some(),
+            "{backend}: still empty after reopening"
+        );
+    }
+}
+
+#[tokio::test]
+async fn concurrent_takes_across_replicas_take_exactly_burst() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        // Two stores on one database stand for two control-plane replicas.
+        let replicas = [
+            store::open(&url).await.unwrap(),
+            store::open(&url).await.unwrap(),
+        ];
+        let now = store::now_ms();
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let store = replicas[i % 2].clone();
+            tasks.push(tokio::spawn(async move {
+                let mut taken = 0u32;
+                for _ in 0..5 {
+                    // Next to no refill: only the burst can be taken.
+                    if store
+                        .take_token("shared", 12, 1e-9, now)
+                        .await
+                        .unwrap()
+                        .is_none()
+                    {
+                        taken += 1;
+                    }
+                }
+                taken
+            }));
+        }
+        let mut taken = 0;
+        for task in tasks {
+            taken += task.await.unwrap();
+        }
+        assert_eq!(taken, 12, "{backend}: 40 attempts, exactly burst taken");
+    }
+}
+
+/// An agent's call with `args`, refused as a repeat within `window_ms`.
+fn repeatable(
+    id: &str,
+    agent: &str,
+    key: Option<&str>,
+    args: serde_json::Value,
+    window_ms: i64,
+) -> NewCall {
+    let mut call = new_call(id, key, args);
+    call.spec.access = CallAccess {
+        agent: Some(agent.into()),
+        ..CallAccess::default()
+    };
+    call.repeat_window_ms = Some(window_ms);
+    call
+}
+
+#[tokio::test]
+async fn an_agents_identical_call_within_the_window_is_refused_and_nothing_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    const HOUR: i64 = 3_600_000;
+    for (backend, url) in backends(&dir).await {
+        let store = store::open(&url).await.unwrap();
+        let first = store
+            .create_call(repeatable("r1", "alice", Some("k1"), json!({"a": 1}), HOUR))
+            .await
+            .unwrap();
+        assert!(matches!(first, Created::New(_)), "{backend}");
+        // The same request, no key or another key: refused, pointing at the first call.
+        for (id, key) in [("r2", None), ("r3", Some("k2"))] {
+            let again = store
+                .create_call(repeatable(id, "alice", key, json!({"a": 1}), HOUR))
+                .await
+                .unwrap();
+            let Created::Repeated(earlier) = again else {
+                panic!("{backend}: {id} is a repeat: {again:?}")
+            };
+            assert_eq!(earlier.id, "r1");
+            assert!(
+                store.get_call(id).await.unwrap().is_none(),
+                "nothing recorded"
+            );
+        }
+        assert!(
+            store
+                .find_call_by_key("default", "alice", "k2")
+                .await
+                .unwrap()
+                .is_none(),
+            "{backend}: the refused call's key is not taken"
+        );
+        // The first call's key returns the first call.
+        let same_key = store
+            .create_call(repeatable("r4", "alice", Some("k1"), json!({"a": 1}), HOUR))
+            .await
+            .unwrap();
+        assert!(
+            matches!(&same_key, Created::Existing(c) if c.id == "r1"),
+            "{backend}: {same_key:?}"
+        );
+        // ... and refuses a different request under it, as ever.
+        let conflict = store
+            .create_call(repeatable("r5", "alice", Some("k1"), json!({"a": 2}), HOUR))
+            .await;
+        assert!(matches!(
+            conflict,
+            Err(StoreError::IdempotencyConflict { .. })
+        ));
+        // Another request, another agent, another namespace: new calls.
+        let other_args = repeatable("r6", "alice", None, json!({"a": 2}), HOUR);
+        let other_agent = repeatable("r7", "bob", None, json!({"a": 1}), HOUR);
+        let mut other_ns = repeatable("r8", "alice", None, json!({"a": 1}), HOUR);
+        other_ns.namespace = "other".into();
+        for call in [other_args, other_agent, other_ns] {
+            let id = call.id.clone();
+            let created = store.create_call(call).await.unwrap();
+            assert!(matches!(created, Created::New(_)), "{backend}: {id}");
+        }
+        // Without a window there is no check.
+        let mut unchecked = repeatable("r9", "alice", None, json!({"a": 1}), HOUR);
+        unchecked.repeat_window_ms = None;
+        assert!(matches!(
+            store.create_call(unchecked).await.unwrap(),
+            Created::New(_)
+        ));
+        // Once the window has passed, the same call is new again.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let later = store
+            .create_call(repeatable("r10", "alice", None, json!({"a": 1}), 10))
+            .await
+            .unwrap();
+        assert!(matches!(later, Created::New(_)), "{backend}: {later:?}");
+    }
+}
+
+#[tokio::test]
+async fn racing_identical_calls_across_replicas_record_exactly_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let replicas = [
+            store::open(&url).await.unwrap(),
+            store::open(&url).await.unwrap(),
+        ];
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let store = replicas[i % 2].clone();
+            tasks.push(tokio::spawn(async move {
+                let call = repeatable(
+                    &format!("race-{i}"),
+                    "alice",
+                    None,
+                    json!({"x": 1}),
+                    3_600_000,
+                );
+                store.create_call(call).await.unwrap()
+            }));
+        }
+        let mut new = Vec::new();
+        let mut repeated = Vec::new();
+        for task in tasks {
+            match task.await.unwrap() {
+                Created::New(c) => new.push(c.id),
+                Created::Repeated(c) => repeated.push(c.id),
+                other => panic!("{backend}: {other:?}"),
+            }
+        }
+        assert_eq!(new.len(), 1, "{backend}: {new:?}");
+        assert!(repeated.iter().all(|id| id == &new[0]), "{backend}");
+        let listed = replicas[0]
+            .list_calls(&CallFilter {
+                agent: Some("alice".into()),
+                ..CallFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 1, "{backend}");
+    }
+}
+
+#[tokio::test]
+async fn a_dry_run_is_recorded_succeeded_with_its_result_and_never_assigned() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let store = store::open(&url).await.unwrap();
+        let mut call = new_call("dry", None, json!({"a": 1}));
+        call.spec.effect = "write".into();
+        call.spec.dry_run = true;
+        call.started.dry_run = true;
+        call.dry_run_result = Some(json!({"would": "delete 3 rows"}));
+        let Created::New(record) = store.create_call(call).await.unwrap() else {
+            panic!("{backend}: a new call")
+        };
+        assert_eq!(record.state, CallState::Succeeded, "{backend}");
+        assert_eq!(record.result, Some(json!({"would": "delete 3 rows"})));
+        assert_eq!(record.finished_at_ms, Some(record.created_at_ms));
+        assert_eq!((record.epoch, record.worker.as_deref()), (0, None));
+        assert!(record.spec.dry_run);
+        assert_eq!(store.get_call("dry").await.unwrap(), Some(record.clone()));
+        let oplog = store.oplog("dry").await.unwrap();
+        let kinds: Vec<&str> = oplog.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["call-started", "outcome"], "{backend}");
+        assert_eq!(oplog[0].payload_json()["dryRun"], json!(true));
+        assert_eq!(oplog[1].payload_json(), json!({"state": "succeeded"}));
+        for entry in &oplog {
+            entry.entry().expect("entries parse");
+        }
+        assert!(store.unfinished_calls().await.unwrap().is_empty());
+        assert!(
+            store.assign_call("dry", "w").await.is_err(),
+            "{backend}: an ended call is never assigned"
+        );
+        // A dry run that also names a reserved worker is still never assigned.
+        let mut reserved = new_call("dry2", None, json!({"a": 2}));
+        reserved.dry_run_result = Some(json!("Operation acknowledged."));
+        reserved.assign_to = Some("w".into());
+        let Created::New(record) = store.create_call(reserved).await.unwrap() else {
+            panic!("{backend}: a new call")
+        };
+        assert_eq!(record.state, CallState::Succeeded);
+        assert_eq!(record.worker, None);
+        assert_eq!(store.oplog("dry2").await.unwrap().len(), 2);
+    }
+}

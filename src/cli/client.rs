@@ -370,11 +370,30 @@ fn call_json(call: &proto::Call) -> Value {
     if !call.idempotency_key.is_empty() {
         value["idempotencyKey"] = json!(call.idempotency_key);
     }
+    if call.dry_run {
+        value["dryRun"] = json!(true);
+    }
     if call.finished_at_ms > 0 {
         value["finishedAtMs"] = json!(call.finished_at_ms);
         value["durationMs"] = json!(call.finished_at_ms - call.created_at_ms);
     }
     value
+}
+
+/// What a dry run did: answered without running (never assigned to a worker), or ran for
+/// real (a `read` command).
+fn dry_run_note(call: &proto::Call) -> String {
+    if call.worker.is_empty() && call.epoch == 0 {
+        format!(
+            "dry run: call {} did not run; the result is its command's dryRunResult",
+            call.id
+        )
+    } else {
+        format!(
+            "dry run: call {} ran for real (a read command runs in a dry run)",
+            call.id
+        )
+    }
 }
 
 fn state_name(state: proto::CallState) -> &'static str {
@@ -396,6 +415,8 @@ fn print_call(call: &proto::Call, output: &str) -> ExitCode {
     let state = proto::CallState::try_from(call.state).unwrap_or(proto::CallState::Unspecified);
     if output == "call" {
         println!("{}", pretty(&call_json(call)));
+    } else if call.dry_run {
+        eprintln!("toolgrid: {}", dry_run_note(call));
     }
     match state {
         proto::CallState::Succeeded => {

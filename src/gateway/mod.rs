@@ -396,6 +396,7 @@ impl Gateway {
             &command.name,
             &args_value,
             &stdin,
+            dry_run,
         );
         let created = now_ms();
         let timeout_ms = tool.timeout.as_millis() as u64;
@@ -420,7 +421,7 @@ impl Gateway {
                     .repeat_window
                     .map(|w| w.get())
                     .unwrap_or(DEFAULT_REPEAT_WINDOW);
-                (!window.is_zero()).then(|| window.as_millis() as i64)
+                (!window.is_zero()).then_some(window.as_millis() as i64)
             }
             _ => None,
         };
@@ -499,7 +500,10 @@ impl Gateway {
             Created::New(record) => {
                 tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, agent = record.spec.access.agent.as_deref().unwrap_or(""), state = %record.state, "call accepted");
                 let updates = self.calls.subscribe(&record.id);
-                if reserved {
+                if record.state.is_terminal() {
+                    // A dry run answered without running: ended already.
+                    self.calls.finish(record.clone());
+                } else if reserved {
                     self.scheduler.admitted_assigned(record.clone(), command);
                 } else if queued {
                     self.scheduler.submit(record.clone(), command);
@@ -1011,9 +1015,23 @@ fn live_pool_row(state: &ResourceState, snapshot: &Snapshot, live: LivePool) -> 
     )
 }
 
-/// Fingerprint of a request: the same key with a different request is a conflict.
-fn request_hash(namespace: &str, tool: &str, command: &str, args: &Value, stdin: &[u8]) -> String {
+/// Fingerprint of a request: the same key with a different request is a conflict, and an
+/// agent's request with the same fingerprint within the repeat window is a repeat. A dry
+/// run is a different request from the real call (so a dry run never makes the real call
+/// a repeat, and its idempotency key never answers the real call with the dry run's
+/// result); other fingerprints are as before dry runs existed.
+fn request_hash(
+    namespace: &str,
+    tool: &str,
+    command: &str,
+    args: &Value,
+    stdin: &[u8],
+    dry_run: bool,
+) -> String {
     let mut map = Map::new();
+    if dry_run {
+        map.insert("dryRun".into(), json!(true));
+    }
     map.insert("namespace".into(), json!(namespace));
     map.insert("tool".into(), json!(tool));
     map.insert("command".into(), json!(command));

@@ -107,6 +107,13 @@ enum WriteOp {
         bytes: Vec<u8>,
     },
     SaveResources(Vec<ResourceRecord>),
+    /// Takes a token from a rate-limit bucket (see [`Store::take_token`]).
+    TakeToken {
+        key: String,
+        burst: u32,
+        per_second: f64,
+        now_ms: i64,
+    },
     /// Deletes up to `limit` calls that ended before `cutoff_ms`, and their oplogs.
     PurgeCalls {
         cutoff_ms: i64,
@@ -123,8 +130,13 @@ enum Reply {
     Created(Box<Created>),
     Epoch(u64),
     Record(Box<CallRecord>),
-    Purged { calls: u64, entries: u64 },
+    Purged {
+        calls: u64,
+        entries: u64,
+    },
     PurgedArtifacts(Vec<String>),
+    /// A rate-limit answer: `None` taken, `Some(ms)` refused.
+    Token(Option<u64>),
     Done,
 }
 
@@ -774,7 +786,108 @@ async fn execute(conn: &mut AnyConnection, op: &WriteOp, again: bool) -> Result<
         WriteOp::PurgeArtifacts { cutoff_ms, keep } => purge_artifacts(conn, *cutoff_ms, keep)
             .await
             .map(Reply::PurgedArtifacts),
+        // A batch run again may take a second token for one request: the bucket errs on
+        // the side of refusing.
+        WriteOp::TakeToken {
+            key,
+            burst,
+            per_second,
+            now_ms,
+        } => take_token(conn, key, *burst, *per_second, *now_ms)
+            .await
+            .map(Reply::Token),
     }
+}
+
+fn is_postgres(conn: &AnyConnection) -> bool {
+    conn.backend_name() == "PostgreSQL"
+}
+
+/// Takes a token from bucket `key` (created full), atomically: PostgreSQL locks the row
+/// (`FOR UPDATE`) until the transaction ends, so replicas take turns; SQLite's write lock,
+/// taken by the insert, serialises every writer of the database file.
+async fn take_token(
+    conn: &mut AnyConnection,
+    key: &str,
+    burst: u32,
+    per_second: f64,
+    now: i64,
+) -> Result<Option<u64>, StoreError> {
+    sqlx::query(
+        "INSERT INTO rate_buckets (key, tokens, updated_at_ms) VALUES ($1, $2, $3) \
+         ON CONFLICT (key) DO NOTHING",
+    )
+    .bind(key)
+    .bind(f64::from(burst.max(1)))
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    let select = if is_postgres(conn) {
+        "SELECT tokens, updated_at_ms FROM rate_buckets WHERE key = $1 FOR UPDATE"
+    } else {
+        "SELECT tokens, updated_at_ms FROM rate_buckets WHERE key = $1"
+    };
+    let row = sqlx::query(select).bind(key).fetch_one(&mut *conn).await?;
+    let taken = crate::middleware::bucket::take(
+        row.try_get("tokens")?,
+        row.try_get("updated_at_ms")?,
+        burst,
+        per_second,
+        now,
+    );
+    sqlx::query("UPDATE rate_buckets SET tokens = $2, updated_at_ms = $3 WHERE key = $1")
+        .bind(key)
+        .bind(taken.tokens)
+        .bind(taken.updated_at_ms)
+        .execute(&mut *conn)
+        .await?;
+    Ok(taken.retry_after_ms)
+}
+
+/// Serialises, across replicas, the admissions of one agent's identical calls (PostgreSQL;
+/// on SQLite the write transaction already does), so that of two racing identical calls
+/// one sees the other.
+async fn lock_request(
+    conn: &mut AnyConnection,
+    namespace: &str,
+    agent: &str,
+    request_hash: &str,
+) -> Result<(), StoreError> {
+    if !is_postgres(conn) {
+        return Ok(());
+    }
+    use sha2::{Digest as _, Sha256};
+    let digest = Sha256::digest(format!("repeat\0{namespace}\0{agent}\0{request_hash}"));
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    sqlx::query("SELECT 1 FROM (SELECT pg_advisory_xact_lock($1)) AS repeat_lock")
+        .bind(i64::from_be_bytes(first))
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The agent's newest call with `request_hash` created at or after `since_ms`.
+async fn select_repeat(
+    conn: &mut AnyConnection,
+    namespace: &str,
+    agent: &str,
+    request_hash: &str,
+    since_ms: i64,
+) -> Result<Option<CallRecord>, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        call_columns!(),
+        " FROM calls WHERE namespace = $1 AND agent = $2 AND request_hash = $3 AND created_at_ms >= $4 \
+         ORDER BY created_at_ms DESC, id DESC LIMIT 1"
+    ))
+    .bind(namespace)
+    .bind(agent)
+    .bind(request_hash)
+    .bind(since_ms)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(|r| call_from_row(&r)).transpose()
 }
 
 /// Whether an append numbered from `first_wseq` under (call, epoch) is already stored.
@@ -909,28 +1022,58 @@ fn json_text(value: &impl serde::Serialize) -> String {
 
 async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, StoreError> {
     let now = now_ms();
+    // The idempotency scope and the listing filter of agents; '' for an operator's call.
+    let agent = call.spec.access.agent.as_deref().unwrap_or("");
+    if let Some(window) = call.repeat_window_ms {
+        // The same key returns the earlier call before any repeat is looked for.
+        if let Some(key) = &call.idempotency_key
+            && let Some(existing) = select_by_key(conn, &call.namespace, agent, key).await?
+        {
+            return same_key(call, existing);
+        }
+        lock_request(conn, &call.namespace, agent, &call.request_hash).await?;
+        if let Some(earlier) = select_repeat(
+            conn,
+            &call.namespace,
+            agent,
+            &call.request_hash,
+            now.saturating_sub(window.max(0)),
+        )
+        .await?
+        {
+            return Ok(Created::Repeated(earlier));
+        }
+    }
+    // A dry run that does not run is recorded ended: never assigned, no worker, epoch 0.
+    let dry_run = call.dry_run_result.as_ref();
     // Admission and assignment in one commit when the scheduler reserved a slot: the first
     // assignment, as `assign` makes it.
-    let assignment = match &call.assign_to {
-        Some(worker) => Some(
+    let assignment = match (&call.assign_to, dry_run) {
+        (Some(worker), None) => Some(
             Lifecycle::admitted()
                 .assign(worker)
                 .map_err(|refusal| StoreError::Corrupt(refusal.to_string()))?,
         ),
-        None => None,
+        _ => None,
     };
     let lifecycle = assignment
         .as_ref()
         .map(|(l, _)| l.clone())
         .unwrap_or_else(Lifecycle::admitted);
-    let next_seq: i64 = if assignment.is_some() { 2 } else { 1 };
-    // The idempotency scope and the listing filter of agents; '' for an operator's call.
-    let agent = call.spec.access.agent.as_deref().unwrap_or("");
+    let state = match dry_run {
+        Some(_) => CallState::Succeeded,
+        None => lifecycle.state,
+    };
+    let next_seq: i64 = if assignment.is_some() || dry_run.is_some() {
+        2
+    } else {
+        1
+    };
     let inserted = sqlx::query(concat!(
         "INSERT INTO calls (id, namespace, tool, command, release, release_digest, state, args_json, \
          spec_json, stdin, idempotency_key, request_hash, epoch, worker, next_seq, result_json, \
          error_json, created_at_ms, finished_at_ms, agent) \
-         VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, $9, $10, $11, $14, $15, $16, NULL, NULL, $12, NULL, $17) \
+         VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, $9, $10, $11, $14, $15, $16, $18, NULL, $12, $19, $17) \
          ON CONFLICT DO NOTHING RETURNING ",
         call_columns!()
     ))
@@ -946,11 +1089,13 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
     .bind(call.idempotency_key.as_deref())
     .bind(call.request_hash.as_str())
     .bind(now)
-    .bind(lifecycle.state.as_str())
+    .bind(state.as_str())
     .bind(lifecycle.epoch as i64)
     .bind(lifecycle.worker.as_deref())
     .bind(next_seq)
     .bind(agent)
+    .bind(dry_run.map(Value::to_string))
+    .bind(dry_run.map(|_| now))
     .fetch_optional(&mut *conn)
     .await?;
     let Some(inserted) = inserted else {
@@ -958,16 +1103,19 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
         let existing = select_by_key(conn, &call.namespace, agent, &key)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("call {} exists twice", call.id)))?;
-        if existing.request_hash != call.request_hash {
-            return Err(StoreError::IdempotencyConflict {
-                key,
-                existing: existing.id,
-            });
-        }
-        return Ok(Created::Existing(existing));
+        return same_key(call, existing);
     };
     let started = OplogEntry::CallStarted(call.started.clone());
     insert_entry(conn, &call.id, 0, 0, &started, now).await?;
+    if dry_run.is_some() {
+        // Ended by the control plane, so no run summary (as for a call it fails).
+        let outcome = OplogEntry::Outcome(Outcome {
+            state: Ended::Succeeded,
+            error: None,
+            run: None,
+        });
+        insert_entry(conn, &call.id, 1, 0, &outcome, now).await?;
+    }
     if let Some((lifecycle, assigned)) = &assignment {
         let base = pin_workspace_base(conn, &call.id, &call.namespace, &call.spec).await?;
         let mut assigned = assigned.clone();
@@ -977,6 +1125,18 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
         insert_entry(conn, &call.id, 1, lifecycle.epoch as i64, &assigned, now).await?;
     }
     Ok(Created::New(call_from_row(&inserted)?))
+}
+
+/// The answer to a call whose idempotency key `existing` already used: that call, or a
+/// conflict when the requests differ.
+fn same_key(call: &NewCall, existing: CallRecord) -> Result<Created, StoreError> {
+    if existing.request_hash != call.request_hash {
+        return Err(StoreError::IdempotencyConflict {
+            key: call.idempotency_key.clone().unwrap_or_default(),
+            existing: existing.id,
+        });
+    }
+    Ok(Created::Existing(existing))
 }
 
 async fn insert_entry(
@@ -1510,12 +1670,23 @@ impl Store for SqlStore {
 
     async fn take_token(
         &self,
-        _key: &str,
-        _burst: u32,
-        _per_second: f64,
-        _now_ms: i64,
+        key: &str,
+        burst: u32,
+        per_second: f64,
+        now_ms: i64,
     ) -> Result<Option<u64>, StoreError> {
-        Ok(None)
+        match self
+            .write(WriteOp::TakeToken {
+                key: key.into(),
+                burst,
+                per_second,
+                now_ms,
+            })
+            .await?
+        {
+            Reply::Token(answer) => Ok(answer),
+            _ => Err(StoreError::Corrupt("unexpected writer reply".into())),
+        }
     }
 
     async fn append_audit(&self, _record: crate::call::AuditRecord) -> Result<(), StoreError> {
