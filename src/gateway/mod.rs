@@ -341,6 +341,7 @@ impl Gateway {
                 &command.name,
                 &Value::Object(args.0.clone()),
                 stdin,
+                invocation.dry_run,
             );
             if asked == earlier.request_hash {
                 tracing::info!(call = %earlier.id, "idempotency key matched an earlier call");
