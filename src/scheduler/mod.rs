@@ -905,6 +905,8 @@ fn assign_of(
             .clone()
             .into_iter()
             .chain(delivery.env)
+            // Only the approval itself sets it: no config key can pose as an approver.
+            .filter(|(name, _)| name != crate::call::APPROVED_BY_ENV)
             .chain(approved_by(spec))
             .collect(),
         limits: Some(proto::Limits {
