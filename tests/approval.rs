@@ -107,16 +107,21 @@ spec:
 "#,
         wasm = wasm.display()
     );
-    for name in ["caller", "reviewer", "runner", "bystander", "hasty", "lenient"] {
+    for name in [
+        "caller",
+        "reviewer",
+        "runner",
+        "bystander",
+        "hasty",
+        "lenient",
+    ] {
         text += &agent(name);
     }
     text += &binding("caller", "needs-ok");
     text += &binding("hasty", "quick-deny");
     text += &binding("lenient", "quick-allow");
-    text += &format!(
-        "---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {{name: runner-secrets}}\n\
-         spec:\n  agents: [runner]\n  tool: secrets\n  secretKeysReadable: [api-token]\n"
-    );
+    text += "---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {name: runner-secrets}\n\
+             spec:\n  agents: [runner]\n  tool: secrets\n  secretKeysReadable: [api-token]\n";
     std::fs::write(dir.join("approval.yaml"), text).unwrap();
     dir
 }
@@ -174,12 +179,16 @@ async fn wait_for_end(platform: &Platform, token: Option<&str>, id: &str) -> pro
 
 async fn ready(platform: &Platform) {
     platform
-        .eventually("the secrets tool is ready", Duration::from_secs(60), || async {
-            platform
-                .resource("tools", "secrets")
-                .await
-                .is_some_and(|r| r.ready == "True")
-        })
+        .eventually(
+            "the secrets tool is ready",
+            Duration::from_secs(60),
+            || async {
+                platform
+                    .resource("tools", "secrets")
+                    .await
+                    .is_some_and(|r| r.ready == "True")
+            },
+        )
         .await;
 }
 
@@ -333,12 +342,18 @@ async fn a_waiting_call_survives_a_kill_holds_no_slot_and_runs_once_when_approve
     assert_eq!(payload["approved"], true, "{payload}");
     assert_eq!(payload["by"], by.as_str(), "{payload}");
     assert_eq!(payload["reason"], "checked the diff", "{payload}");
-    assert!(payload["atMs"].as_i64().unwrap_or_default() > 0, "{payload}");
+    assert!(
+        payload["atMs"].as_i64().unwrap_or_default() > 0,
+        "{payload}"
+    );
 
     // Denied over HTTP: it fails `denied`, naming who and why, and never ran.
     let response = platform
         .http_client()
-        .post(format!("http://{}/v1/calls/{over_http}/deny", platform.http))
+        .post(format!(
+            "http://{}/v1/calls/{over_http}/deny",
+            platform.http
+        ))
         .json(&json!({"reason": "not today"}))
         .send()
         .await

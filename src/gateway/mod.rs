@@ -85,6 +85,9 @@ pub struct Gateway {
     calls: Arc<CallWatch>,
     auth: Authenticator,
     wasm: wasm_middleware::WasmRunner,
+    /// Unix milliseconds by which the approval timer must look at the store again: the
+    /// earliest approval deadline it knows of (see [`Gateway::apply_approval_timeouts`]).
+    approval_wake_ms: std::sync::atomic::AtomicI64,
 }
 
 impl Gateway {
@@ -104,6 +107,7 @@ impl Gateway {
             calls,
             auth,
             wasm: wasm_middleware::WasmRunner::new(),
+            approval_wake_ms: std::sync::atomic::AtomicI64::new(0),
         })
     }
 
@@ -471,6 +475,12 @@ impl Gateway {
             Created::New(record) => {
                 tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, agent = record.spec.access.agent.as_deref().unwrap_or(""), state = %record.state, "call accepted");
                 let updates = self.calls.subscribe(&record.id);
+                if let Some(wait) = &record.spec.chain.approval
+                    && record.state == crate::call::CallState::AwaitingApproval
+                {
+                    self.approval_wake_ms
+                        .fetch_min(wait.deadline_ms, std::sync::atomic::Ordering::SeqCst);
+                }
                 if reserved {
                     self.scheduler.admitted_assigned(record.clone(), command);
                 } else if queued {
@@ -626,18 +636,43 @@ impl Gateway {
     /// the call `approval-timeout`, `allow` queues it, decided by `timeout`). The waiting
     /// calls are read from the store, so a restarted control plane picks up where the last
     /// one stopped. Returns how many calls were decided.
-    pub async fn apply_approval_timeouts(&self, now_ms: i64) -> Result<usize, ApiError> {
-        let waiting = self
+    ///
+    /// The store is read only when a known deadline has come (the earliest among the calls
+    /// the last read found and those admitted since), on the first call, or when `rescan`
+    /// says so (a periodic safety net for calls admitted elsewhere).
+    pub async fn apply_approval_timeouts(
+        &self,
+        now_ms: i64,
+        rescan: bool,
+    ) -> Result<usize, ApiError> {
+        use std::sync::atomic::Ordering;
+        if !rescan && self.approval_wake_ms.load(Ordering::SeqCst) > now_ms {
+            return Ok(0);
+        }
+        // Calls admitted from now on lower the mark themselves; this read may miss them.
+        let previous = self.approval_wake_ms.swap(i64::MAX, Ordering::SeqCst);
+        let waiting = match self
             .store
             .list_calls(&CallFilter {
                 state: Some(crate::call::CallState::AwaitingApproval),
                 limit: 10_000,
                 ..Default::default()
             })
-            .await?;
+            .await
+        {
+            Ok(waiting) => waiting,
+            Err(error) => {
+                self.approval_wake_ms.fetch_min(previous, Ordering::SeqCst);
+                return Err(error.into());
+            }
+        };
         let mut decided = 0;
+        let mut next = i64::MAX;
         for record in waiting {
             let Some((decision, error)) = approval::lapsed(now_ms, &record) else {
+                if let Some(wait) = &record.spec.chain.approval {
+                    next = next.min(wait.deadline_ms);
+                }
                 continue;
             };
             match self.apply_decision(&record.id, decision, error).await {
@@ -645,10 +680,12 @@ impl Gateway {
                 // Decided by a person meanwhile: that decision stands.
                 Err(e) if e.kind == ErrorKind::NotAwaitingApproval => {}
                 Err(e) => {
-                    tracing::warn!(call = %record.id, error = %e.message, "approval timeout not applied; retrying")
+                    tracing::warn!(call = %record.id, error = %e.message, "approval timeout not applied; retrying");
+                    next = next.min(now_ms);
                 }
             }
         }
+        self.approval_wake_ms.fetch_min(next, Ordering::SeqCst);
         Ok(decided)
     }
 
