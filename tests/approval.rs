@@ -326,6 +326,10 @@ async fn a_waiting_call_survives_a_kill_holds_no_slot_and_runs_once_when_approve
     );
     let approved: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(approved["approval"]["decision"]["approved"], true);
+    // `toolgrid calls ID --wait` returns its outcome.
+    let out = platform.cli(&["calls", &id, "--wait", "-o", "json"], None);
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(printed["calls"][0]["state"], "succeeded", "{printed}");
     let done = wait_for_end(&platform, Some(CALLER), &id).await;
     let result = result_of(&done);
     let by = result["config"].as_str().unwrap_or_default().to_string();
@@ -400,6 +404,21 @@ async fn only_approvers_decide_never_the_caller_and_only_once() {
     assert_eq!(state(&waiting), proto::CallState::AwaitingApproval);
     let id = waiting.id.clone();
 
+    // A stream ends at once with the waiting call.
+    let mut stream = caller
+        .invoke_stream(request(&witness, 12, "streamed"))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = None;
+    while let Some(event) = stream.message().await.unwrap() {
+        if let Some(proto::invoke_event::Event::Call(call)) = event.event {
+            last = Some(call);
+        }
+    }
+    let streamed = last.expect("the stream ends with the call");
+    assert_eq!(state(&streamed), proto::CallState::AwaitingApproval);
+
     // The calling agent may not approve its own call, nor may an operator acting as it.
     assert_eq!(
         refusal(caller.approve(decision(&id, "me")).await),
@@ -449,7 +468,8 @@ async fn only_approvers_decide_never_the_caller_and_only_once() {
         .calls;
     assert_eq!(
         theirs.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
-        [id.as_str()]
+        [id.as_str(), streamed.id.as_str()],
+        "oldest first"
     );
     let approved = reviewer
         .approve(decision(&id, "fine by me"))
