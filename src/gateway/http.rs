@@ -234,12 +234,7 @@ async fn get_call(
         let limit = asked.map_or(limit, |asked| asked.min(limit));
         record = gateway.wait(&id, limit).await?;
     }
-    let status = if record.state.is_terminal() {
-        StatusCode::OK
-    } else {
-        StatusCode::ACCEPTED
-    };
-    Ok((status, Json(call_to_json(&record, false))).into_response())
+    Ok(Json(call_to_json(&record, false)).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]
