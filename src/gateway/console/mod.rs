@@ -164,16 +164,16 @@ impl Session {
         }
     }
 
-    /// Refuses a form whose CSRF token is not this session's.
-    fn check_csrf(&self, given: &str) -> Result<(), Response> {
+    /// The refusal of a form whose CSRF token is not this session's (`None`: it is).
+    fn refuse_forged(&self, given: &str) -> Option<Response> {
         if csrf_matches(&self.csrf, given) {
-            return Ok(());
+            return None;
         }
         let error = ApiError::new(
             ErrorKind::PermissionDenied,
             "the form's CSRF token is missing or wrong: reload the page and try again",
         );
-        Err(self.error_page("Refused", &error))
+        Some(self.error_page("Refused", &error))
     }
 
     /// A page showing `error` with its kind, with the error kind's HTTP status.
@@ -275,7 +275,7 @@ async fn logout(
         Ok(session) => session,
         Err(redirect) => return redirect,
     };
-    if let Err(refused) = session.check_csrf(&form.csrf) {
+    if let Some(refused) = session.refuse_forged(&form.csrf) {
         return refused;
     }
     let secure = extensions.get::<Tls>().is_some();
@@ -423,7 +423,7 @@ async fn decide(
         Ok(session) => session,
         Err(redirect) => return redirect,
     };
-    if let Err(refused) = session.check_csrf(&form.csrf) {
+    if let Some(refused) = session.refuse_forged(&form.csrf) {
         return refused;
     }
     let decided = match approves(&form.decision) {
