@@ -366,6 +366,12 @@ fn call_json(call: &proto::Call) -> Value {
         value["finishedAtMs"] = json!(call.finished_at_ms);
         value["durationMs"] = json!(call.finished_at_ms - call.created_at_ms);
     }
+    if !call.agent.is_empty() {
+        value["agent"] = json!(call.agent);
+    }
+    if !call.approval_json.is_empty() {
+        value["approval"] = serde_json::from_str(&call.approval_json).unwrap_or(Value::Null);
+    }
     value
 }
 
@@ -413,6 +419,23 @@ fn print_call(call: &proto::Call, output: &str) -> ExitCode {
             let kind = ErrorKind::parse(&error.kind).unwrap_or(ErrorKind::Internal);
             ExitCode::from(exit_code_of(kind).max(exit::CALL_FAILED))
         }
+        proto::CallState::AwaitingApproval => {
+            if output != "call" {
+                println!("{}", pretty(&call_json(call)));
+            }
+            let asked_by = serde_json::from_str::<Value>(&call.approval_json)
+                .ok()
+                .and_then(|a| a["wait"]["middleware"].as_str().map(String::from))
+                .map(|m| format!(" (middleware {m})"))
+                .unwrap_or_default();
+            eprintln!(
+                "toolgrid: call {id} waits for approval{asked_by}; an operator or an approver \
+                 decides it with `toolgrid approve {id} --reason ...` or `toolgrid deny {id}`; \
+                 then `toolgrid get calls {id} --wait` returns its outcome",
+                id = call.id
+            );
+            ExitCode::from(exit::AWAITING_APPROVAL)
+        }
         _ => {
             eprintln!(
                 "toolgrid: call {} is still {}; see `toolgrid get calls` or `toolgrid oplog {}`",
@@ -440,6 +463,12 @@ pub struct GetArgs {
     /// With `get calls`: how many, newest first.
     #[arg(long, default_value_t = 50)]
     limit: u32,
+    /// With `get calls`: only the calls waiting for approval that you may read or decide.
+    #[arg(long)]
+    awaiting_approval: bool,
+    /// With `get calls ID`: wait until the call ends.
+    #[arg(long)]
+    wait: bool,
     #[command(flatten)]
     endpoint: Endpoint,
 }
@@ -456,9 +485,13 @@ async fn try_get(args: GetArgs) -> Result<(), ApiError> {
     if matches!(args.kind.as_str(), "calls" | "call") {
         return print_calls(
             &mut client,
-            args.namespace.unwrap_or_default(),
-            args.name,
-            args.limit,
+            CallsQuery {
+                namespace: args.namespace.unwrap_or_default(),
+                id: args.name,
+                limit: args.limit,
+                awaiting_approval: args.awaiting_approval,
+                wait: args.wait,
+            },
             &args.output,
         )
         .await;
@@ -669,18 +702,23 @@ fn duration_of(call: &proto::Call) -> String {
     }
 }
 
-async fn print_calls(
-    client: &mut Client,
+/// Which calls `get calls` / `calls` prints.
+struct CallsQuery {
     namespace: String,
     id: Option<String>,
     limit: u32,
-    output: &str,
-) -> Result<(), ApiError> {
-    let calls = match id {
+    awaiting_approval: bool,
+    /// With `id`: wait until the call ends.
+    wait: bool,
+}
+
+async fn print_calls(client: &mut Client, query: CallsQuery, output: &str) -> Result<(), ApiError> {
+    let calls = match query.id {
         Some(id) => vec![
             client
                 .get_call(proto::GetCallRequest {
                     id,
+                    wait: query.wait,
                     ..Default::default()
                 })
                 .await
@@ -690,10 +728,10 @@ async fn print_calls(
         None => {
             client
                 .list_calls(proto::ListCallsRequest {
-                    namespace,
+                    namespace: query.namespace,
                     tool: String::new(),
-                    limit,
-                    awaiting_approval: false,
+                    limit: query.limit,
+                    awaiting_approval: query.awaiting_approval,
                 })
                 .await
                 .map_err(|s| ApiError::from(&s))?
@@ -735,12 +773,20 @@ async fn print_calls(
 
 #[derive(clap::Args, Debug)]
 pub struct CallsArgs {
+    /// One call (by id) instead of the recent ones.
+    id: Option<String>,
     #[arg(long, short = 'n')]
     namespace: Option<String>,
     #[arg(long, short = 'o', default_value = "table")]
     output: String,
     #[arg(long, default_value_t = 50)]
     limit: u32,
+    /// Only the calls waiting for approval that you may read or decide, oldest first.
+    #[arg(long)]
+    awaiting_approval: bool,
+    /// With an id: wait until the call ends.
+    #[arg(long)]
+    wait: bool,
     #[command(flatten)]
     endpoint: Endpoint,
 }
@@ -750,9 +796,13 @@ pub async fn calls(args: CallsArgs) -> ExitCode {
         let mut client = connect(&args.endpoint).await?;
         print_calls(
             &mut client,
-            args.namespace.unwrap_or_default(),
-            None,
-            args.limit,
+            CallsQuery {
+                namespace: args.namespace.unwrap_or_default(),
+                id: args.id,
+                limit: args.limit,
+                awaiting_approval: args.awaiting_approval,
+                wait: args.wait,
+            },
             &args.output,
         )
         .await
@@ -836,6 +886,17 @@ pub async fn decide(args: DecisionArgs, approve: bool) -> ExitCode {
         .map_err(|s| ApiError::from(&s))?
         .into_inner();
         println!("{}", pretty(&call_json(&call)));
+        let state =
+            proto::CallState::try_from(call.state).unwrap_or(proto::CallState::Unspecified);
+        if approve {
+            eprintln!(
+                "toolgrid: approved call {id}; it is {}; `toolgrid get calls {id} --wait` returns its outcome",
+                state_name(state),
+                id = call.id
+            );
+        } else {
+            eprintln!("toolgrid: denied call {}", call.id);
+        }
         Ok::<(), ApiError>(())
     }
     .await;

@@ -37,7 +37,8 @@ enum Commands {
     Call(client::CallArgs),
     /// List what is live: tools, releases, pools, calls, bindings, agents, middleware.
     Get(client::GetArgs),
-    /// Recent calls (same as `get calls`).
+    /// Recent calls (same as `get calls`); `calls ID [--wait]` for one,
+    /// `--awaiting-approval` for those waiting for a decision.
     Calls(client::CallsArgs),
     /// Print a call's oplog.
     Oplog(client::OplogArgs),
@@ -77,6 +78,8 @@ pub mod exit {
     pub const DENIED: u8 = 6;
     /// Anything else.
     pub const INTERNAL: u8 = 5;
+    /// The call was recorded and waits for approval (`toolgrid approve CALL_ID`).
+    pub const AWAITING_APPROVAL: u8 = 7;
 }
 
 pub fn main() -> ExitCode {

@@ -223,13 +223,23 @@ impl Tools for ToolsService {
     ) -> Result<Response<proto::ListCallsResponse>, Status> {
         let caller = caller(&request)?;
         let request = request.into_inner();
-        let calls = self
-            .gateway
-            .list_calls(&caller, &request.namespace, &request.tool, request.limit)
-            .await?
-            .iter()
-            .map(|r| call_to_proto(r, false))
-            .collect();
+        let records = if request.awaiting_approval {
+            // Also the calls the caller may decide (an approver's), oldest first.
+            let mut waiting = self
+                .gateway
+                .awaiting_approval(&caller, &request.namespace)
+                .await?;
+            waiting.retain(|r| request.tool.is_empty() || r.tool == request.tool);
+            if request.limit > 0 {
+                waiting.truncate(request.limit as usize);
+            }
+            waiting
+        } else {
+            self.gateway
+                .list_calls(&caller, &request.namespace, &request.tool, request.limit)
+                .await?
+        };
+        let calls = records.iter().map(|r| call_to_proto(r, false)).collect();
         Ok(Response::new(proto::ListCallsResponse { calls }))
     }
 
@@ -267,20 +277,28 @@ impl Tools for ToolsService {
 
     async fn approve(
         &self,
-        _request: Request<proto::DecisionRequest>,
+        request: Request<proto::DecisionRequest>,
     ) -> Result<Response<proto::Call>, Status> {
-        Err(Status::unimplemented(
-            "approval middleware is not available yet",
-        ))
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let record = self
+            .gateway
+            .decide(&caller, &request.call_id, true, &request.reason)
+            .await?;
+        Ok(Response::new(call_to_proto(&record, false)))
     }
 
     async fn deny(
         &self,
-        _request: Request<proto::DecisionRequest>,
+        request: Request<proto::DecisionRequest>,
     ) -> Result<Response<proto::Call>, Status> {
-        Err(Status::unimplemented(
-            "approval middleware is not available yet",
-        ))
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let record = self
+            .gateway
+            .decide(&caller, &request.call_id, false, &request.reason)
+            .await?;
+        Ok(Response::new(call_to_proto(&record, false)))
     }
 
     async fn list_audit(
@@ -342,6 +360,17 @@ fn async_stream(
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         let record = admitted.record;
+        // A call that waits for approval comes back at once; the caller asks again later.
+        if record.state == crate::call::CallState::AwaitingApproval {
+            let event = proto::InvokeEvent {
+                event: Some(proto::invoke_event::Event::Call(call_to_proto(
+                    &record,
+                    admitted.deduplicated,
+                ))),
+            };
+            let _ = tx.send(Ok(event)).await;
+            return;
+        }
         let progress =
             |stage: &str, worker: String, epoch: u64, message: String| proto::InvokeEvent {
                 event: Some(proto::invoke_event::Event::Progress(proto::Progress {

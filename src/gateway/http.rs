@@ -4,9 +4,14 @@
 //!   `{"args": {...}, "argv": [...], "stdin": "...", "idempotencyKey": "..."}` (or an
 //!   `Idempotency-Key` header): the call record once it ends. 200 when it succeeded; a
 //!   failed call comes with the status of its error kind (422 for a tool's own failure).
-//! - `GET /v1/calls/{id}` (`?wait=true` blocks until it ends), `GET /v1/calls/{id}/oplog`
-//!   (in pages: `more`, `nextSeq`, `?fromSeq=`),
-//!   `GET /v1/calls`, `GET /v1/namespaces/{ns}/tools`, `GET /v1/why?agent=&tool=`.
+//!   A call that waits for approval is answered at once with 202 and state
+//!   `awaiting-approval`.
+//! - `GET /v1/calls/{id}` (`?wait=true` blocks until it ends, `?wait=SECONDS` at most that
+//!   long), `GET /v1/calls/{id}/oplog` (in pages: `more`, `nextSeq`, `?fromSeq=`),
+//!   `GET /v1/calls` (`?awaitingApproval=true`: the calls waiting that the caller may read
+//!   or decide), `GET /v1/namespaces/{ns}/tools`, `GET /v1/why?agent=&tool=`.
+//! - `POST /v1/calls/{id}/approve`, `POST /v1/calls/{id}/deny` with `{"reason": "..."}`:
+//!   the decided call.
 //! - `/healthz`, `/readyz` (probes) and `/metrics` (aggregate counters, no call data) are
 //!   open; every `/v1` route authenticates first (`Authorization: Bearer TOKEN`, an
 //!   operator may add `Toolgrid-As: AGENT`): 401 without a valid token.
@@ -59,6 +64,8 @@ pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>)
         .route("/v1/calls", get(list_calls))
         .route("/v1/calls/{id}", get(get_call))
         .route("/v1/calls/{id}/oplog", get(get_oplog))
+        .route("/v1/calls/{id}/approve", post(approve))
+        .route("/v1/calls/{id}/deny", post(deny))
         .route("/v1/why", get(why))
         .route_layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
@@ -188,8 +195,31 @@ async fn call(
 
 #[derive(Deserialize)]
 struct WaitQuery {
+    /// `true` (until the call ends), or a number of seconds (a long poll).
     #[serde(default)]
-    wait: bool,
+    wait: Option<String>,
+}
+
+/// The longest a `GET /v1/calls/{id}?wait=...` blocks.
+const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// How long `?wait=` asks to wait (`None`: not at all).
+fn wait_of(value: Option<&str>) -> Result<Option<Option<Duration>>, ApiError> {
+    match value {
+        None | Some("") | Some("false") | Some("0") => Ok(None),
+        Some("true") => Ok(Some(None)),
+        Some(seconds) => seconds
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(|s| Some(Some(Duration::from_secs_f64(s.min(MAX_WAIT.as_secs_f64())))))
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("wait must be true, false or a number of seconds, not {seconds:?}"),
+                )
+            }),
+    }
 }
 
 async fn get_call(
@@ -197,13 +227,64 @@ async fn get_call(
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
     Query(query): Query<WaitQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let mut record = gateway.get_call(&caller, &id).await?;
-    if query.wait && !record.state.is_terminal() {
-        let limit = gateway.wait_limit(&record).min(Duration::from_secs(600));
+    if let Some(asked) = wait_of(query.wait.as_deref())?
+        && !record.state.is_terminal()
+    {
+        let limit = gateway.wait_limit(&record).min(MAX_WAIT);
+        let limit = asked.map_or(limit, |asked| asked.min(limit));
         record = gateway.wait(&id, limit).await?;
     }
+    let status = if record.state.is_terminal() {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(call_to_json(&record, false))).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct DecisionBody {
+    #[serde(default)]
+    reason: String,
+}
+
+async fn decide(
+    gateway: Arc<Gateway>,
+    caller: Principal,
+    id: String,
+    approve: bool,
+    body: Option<Json<Value>>,
+) -> Result<Json<Value>, ApiError> {
+    let body: DecisionBody = match body {
+        None => DecisionBody::default(),
+        Some(Json(value)) => serde_json::from_value(value)
+            .map_err(|e| ApiError::new(ErrorKind::InvalidArgument, format!("request body: {e}")))?,
+    };
+    let record = gateway.decide(&caller, &id, approve, &body.reason).await?;
     Ok(Json(call_to_json(&record, false)))
+}
+
+/// Approves a call waiting for approval.
+async fn approve(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Option<Json<Value>>,
+) -> Result<Json<Value>, ApiError> {
+    decide(gateway, caller, id, true, body).await
+}
+
+/// Denies a call waiting for approval.
+async fn deny(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Option<Json<Value>>,
+) -> Result<Json<Value>, ApiError> {
+    decide(gateway, caller, id, false, body).await
 }
 
 #[derive(Deserialize)]
@@ -240,6 +321,8 @@ struct ListQuery {
     tool: String,
     #[serde(default)]
     limit: u32,
+    #[serde(default, rename = "awaitingApproval")]
+    awaiting_approval: bool,
 }
 
 async fn list_calls(
@@ -247,9 +330,18 @@ async fn list_calls(
     Extension(caller): Extension<Principal>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let calls = gateway
-        .list_calls(&caller, &query.namespace, &query.tool, query.limit)
-        .await?;
+    let calls = if query.awaiting_approval {
+        let mut waiting = gateway.awaiting_approval(&caller, &query.namespace).await?;
+        waiting.retain(|r| query.tool.is_empty() || r.tool == query.tool);
+        if query.limit > 0 {
+            waiting.truncate(query.limit as usize);
+        }
+        waiting
+    } else {
+        gateway
+            .list_calls(&caller, &query.namespace, &query.tool, query.limit)
+            .await?
+    };
     Ok(Json(
         json!({"calls": calls.iter().map(|c| call_to_json(c, false)).collect::<Vec<_>>()}),
     ))

@@ -24,6 +24,7 @@ use crate::api::WorkerPoolStatus;
 use crate::catalog::pool_health::{LivePool, pool_ready};
 use crate::catalog::{Catalog, ResolvedTool, ResourceState, Snapshot};
 use crate::error::{ApiError, ErrorKind};
+use crate::middleware::approval;
 use crate::proto;
 use crate::scheduler::{CallUpdate, CallWatch, Scheduler};
 use crate::store::{
@@ -392,7 +393,7 @@ impl Gateway {
                     .repeat_window
                     .map(|w| w.get())
                     .unwrap_or(DEFAULT_REPEAT_WINDOW);
-                (!window.is_zero()).then(|| window.as_millis() as i64)
+                (!window.is_zero()).then_some(window.as_millis() as i64)
             }
             _ => None,
         };
@@ -572,23 +573,115 @@ impl Gateway {
         approve: bool,
         reason: &str,
     ) -> Result<CallRecord, ApiError> {
-        let _ = (caller, approve, reason);
-        Err(ApiError::new(
-            ErrorKind::Unavailable,
-            format!("approval of {call_id} is not implemented yet"),
-        ))
+        let record = self.record(call_id).await?;
+        if let Err(why) = approval::may_decide(caller, &record) {
+            // A call the caller may neither read nor decide is not revealed.
+            return Err(if authz::may_read_call(caller, &record) {
+                ApiError::new(ErrorKind::PermissionDenied, why)
+            } else {
+                ApiError::new(ErrorKind::NotFound, format!("no call {call_id:?}"))
+            });
+        }
+        let by = caller_name(caller);
+        let decision = crate::call::ApprovalDecision {
+            approved: approve,
+            by: by.clone(),
+            at_ms: now_ms(),
+            reason: reason.to_string(),
+        };
+        let error = (!approve).then(|| approval::denial(&by, reason));
+        let record = self.apply_decision(&record.id, decision, error).await?;
+        tracing::info!(call = %record.id, by = %by, approved = approve, "approval decided");
+        Ok(record)
+    }
+
+    /// Records a decision and acts on it: an approved call is queued at once, a denied one
+    /// has ended (its waiters are told).
+    async fn apply_decision(
+        &self,
+        call_id: &str,
+        decision: crate::call::ApprovalDecision,
+        error: Option<crate::call::CallError>,
+    ) -> Result<CallRecord, ApiError> {
+        let record = self.store.decide_approval(call_id, decision, error).await?;
+        if record.state.is_terminal() {
+            self.calls.finish(record.clone());
+        } else {
+            match crate::scheduler::interface_of(&record) {
+                Ok(interface) => self.scheduler.submit(record.clone(), Arc::new(interface)),
+                Err(why) => {
+                    let error = crate::call::CallError::new(
+                        ErrorKind::Internal,
+                        format!("the approved call cannot be queued: {why}"),
+                    );
+                    let failed = self.store.fail_call(&record.id, error).await?;
+                    self.calls.finish(failed.clone());
+                    return Ok(failed);
+                }
+            }
+        }
+        Ok(record)
+    }
+
+    /// Applies the approval timeouts that have lapsed at `now_ms` (`onTimeout: deny` fails
+    /// the call `approval-timeout`, `allow` queues it, decided by `timeout`). The waiting
+    /// calls are read from the store, so a restarted control plane picks up where the last
+    /// one stopped. Returns how many calls were decided.
+    pub async fn apply_approval_timeouts(&self, now_ms: i64) -> Result<usize, ApiError> {
+        let waiting = self
+            .store
+            .list_calls(&CallFilter {
+                state: Some(crate::call::CallState::AwaitingApproval),
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await?;
+        let mut decided = 0;
+        for record in waiting {
+            let Some((decision, error)) = approval::lapsed(now_ms, &record) else {
+                continue;
+            };
+            match self.apply_decision(&record.id, decision, error).await {
+                Ok(_) => decided += 1,
+                // Decided by a person meanwhile: that decision stands.
+                Err(e) if e.kind == ErrorKind::NotAwaitingApproval => {}
+                Err(e) => {
+                    tracing::warn!(call = %record.id, error = %e.message, "approval timeout not applied; retrying")
+                }
+            }
+        }
+        Ok(decided)
     }
 
     /// The calls waiting for approval that `caller` may read, oldest first.
-    ///
-    /// CONTRACT(issue 10, helper B).
     pub async fn awaiting_approval(
         &self,
         caller: &Principal,
         namespace: &str,
     ) -> Result<Vec<CallRecord>, ApiError> {
-        let _ = (caller, namespace);
-        Ok(Vec::new())
+        let namespace = match caller {
+            Principal::Agent { agent } => {
+                if !namespace.is_empty() && namespace != agent.namespace {
+                    return Ok(Vec::new());
+                }
+                Some(agent.namespace.clone())
+            }
+            Principal::Operator { .. } => (!namespace.is_empty()).then(|| namespace.to_string()),
+        };
+        let mut calls: Vec<CallRecord> = self
+            .store
+            .list_calls(&CallFilter {
+                namespace,
+                state: Some(crate::call::CallState::AwaitingApproval),
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await?
+            .into_iter()
+            .filter(|r| approval::may_see_waiting(caller, r))
+            .collect();
+        calls.reverse();
+        Ok(calls)
     }
 
     /// Subscribes to a call's news (progress and end).
@@ -628,14 +721,24 @@ impl Gateway {
     }
 
     /// The longest a caller waits for a call: its deadline plus the scheduler's grace.
+    ///
+    /// A call waiting for approval may wait until its approval deadline and then run for
+    /// its whole timeout.
     pub fn wait_limit(&self, record: &CallRecord) -> Duration {
-        let remaining = (record.spec.deadline_ms - now_ms()).max(0) as u64;
+        let deadline_ms = match &record.spec.chain.approval {
+            Some(wait) if record.state == crate::call::CallState::AwaitingApproval => wait
+                .deadline_ms
+                .saturating_add(record.spec.limits.timeout_ms as i64),
+            _ => record.spec.deadline_ms,
+        };
+        let remaining = (deadline_ms - now_ms()).max(0) as u64;
         Duration::from_millis(remaining)
             + self.scheduler.config().deadline_grace
             + Duration::from_secs(2)
     }
 
-    /// Admits a call and waits for its end.
+    /// Admits a call and waits for its end; a call that waits for approval is returned at
+    /// once, in `awaiting-approval` (the caller comes back for it by id or key).
     pub async fn invoke(
         &self,
         caller: &Principal,
@@ -644,7 +747,11 @@ impl Gateway {
         let admitted = self.admit(caller, invocation).await?;
         let limit = self.wait_limit(&admitted.record);
         let record = match admitted.updates {
-            _ if admitted.record.state.is_terminal() => admitted.record,
+            _ if admitted.record.state.is_terminal()
+                || admitted.record.state == crate::call::CallState::AwaitingApproval =>
+            {
+                admitted.record
+            }
             Some(updates) => self.wait_for(updates, &admitted.record.id, limit).await?,
             None => self.wait(&admitted.record.id, limit).await?,
         };
@@ -705,11 +812,24 @@ impl Gateway {
         tool: &str,
         limit: u32,
     ) -> Result<Vec<CallRecord>, ApiError> {
+        self.list_calls_in(caller, namespace, tool, None, limit)
+            .await
+    }
+
+    /// [`Gateway::list_calls`], only those in `state` when given.
+    pub async fn list_calls_in(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+        tool: &str,
+        state: Option<crate::call::CallState>,
+        limit: u32,
+    ) -> Result<Vec<CallRecord>, ApiError> {
         let mut filter = CallFilter {
             namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
             tool: (!tool.is_empty()).then(|| tool.to_string()),
             agent: None,
-            state: None,
+            state,
             limit,
         };
         if let Principal::Agent { agent } = caller {

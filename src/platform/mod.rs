@@ -84,6 +84,26 @@ impl crate::scheduler::SecretSource for CatalogSecrets {
     }
 }
 
+/// How often the approval timer looks for lapsed waits.
+pub const APPROVAL_TICK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Applies lapsed approval timeouts every [`APPROVAL_TICK`] (see
+/// [`Gateway::apply_approval_timeouts`]). Its only state is the store's, so it survives a
+/// restart: a wait that lapsed while no control plane ran is applied at the first tick.
+async fn approval_timer(gateway: Arc<Gateway>) {
+    let mut ticks = tokio::time::interval(APPROVAL_TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if let Err(error) = gateway
+            .apply_approval_timeouts(crate::store::now_ms())
+            .await
+        {
+            tracing::warn!(error = %error.message, "approval timeouts not applied; retrying");
+        }
+    }
+}
+
 impl ControlPlane {
     /// Wires the parts together over an open store and recovers unfinished calls; callers
     /// are authenticated by `auth`.
@@ -110,6 +130,7 @@ impl ControlPlane {
             calls,
             auth,
         );
+        tokio::spawn(approval_timer(gateway.clone()));
         Ok(ControlPlane {
             store,
             catalog,

@@ -867,6 +867,16 @@ pub fn interface_of(record: &CallRecord) -> Result<CommandInterface, String> {
     CommandInterface::compile(&command, "command").map_err(|e| e.to_string())
 }
 
+/// `TOOLGRID_APPROVED_BY` for a call that waited for approval and was approved: who
+/// decided it (`operator:...`, `agent:...` or `timeout`).
+fn approved_by(spec: &crate::store::CallSpec) -> Option<(String, String)> {
+    spec.chain
+        .approved
+        .as_ref()
+        .filter(|d| d.approved)
+        .map(|d| (crate::call::APPROVED_BY_ENV.to_string(), d.by.clone()))
+}
+
 fn assign_of(
     record: &CallRecord,
     epoch: u64,
@@ -890,7 +900,13 @@ fn assign_of(
         digest: record.release_digest.clone(),
         argv: spec.argv.clone(),
         stdin: record.stdin.clone(),
-        env: spec.env.clone().into_iter().chain(delivery.env).collect(),
+        env: spec
+            .env
+            .clone()
+            .into_iter()
+            .chain(delivery.env)
+            .chain(approved_by(spec))
+            .collect(),
         limits: Some(proto::Limits {
             memory_bytes: spec.limits.memory_bytes,
             cpu_time_ms: spec.limits.cpu_time_ms,

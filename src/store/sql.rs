@@ -102,6 +102,12 @@ enum WriteOp {
         call_id: String,
         error: CallError,
     },
+    /// Decides a call awaiting approval (see [`Store::decide_approval`]).
+    Decide {
+        call_id: String,
+        decision: ApprovalDecision,
+        error: Option<CallError>,
+    },
     PutArtifact {
         digest: String,
         bytes: Vec<u8>,
@@ -732,6 +738,22 @@ async fn execute(conn: &mut AnyConnection, op: &WriteOp, again: bool) -> Result<
         WriteOp::Fail { call_id, error } => fail(conn, call_id, error)
             .await
             .map(|r| Reply::Record(Box::new(r))),
+        WriteOp::Decide {
+            call_id,
+            decision,
+            error,
+        } => {
+            // Only this decision records itself in the call's spec: a batch run again finds it.
+            if again
+                && let Some(existing) = select_call(conn, call_id).await?
+                && existing.spec.chain.approved.as_ref() == Some(decision)
+            {
+                return Ok(Reply::Record(Box::new(existing)));
+            }
+            decide(conn, call_id, decision, error.as_ref())
+                .await
+                .map(|r| Reply::Record(Box::new(r)))
+        }
         WriteOp::PutArtifact { digest, bytes } => {
             // Storing an artifact again refreshes its time, so retention keeps what the
             // catalog has just stored.
@@ -924,6 +946,20 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
         .map(|(l, _)| l.clone())
         .unwrap_or_else(Lifecycle::admitted);
     let next_seq: i64 = if assignment.is_some() { 2 } else { 1 };
+    // A call held by an approval step waits, unassigned, until it is decided; a dry run
+    // answered without running never waits.
+    let awaiting = call.spec.chain.approval.is_some() && call.dry_run_result.is_none();
+    if awaiting && assignment.is_some() {
+        return Err(StoreError::Corrupt(format!(
+            "call {} awaits approval and cannot be assigned at admission",
+            call.id
+        )));
+    }
+    let state = if awaiting {
+        CallState::AwaitingApproval
+    } else {
+        lifecycle.state
+    };
     // The idempotency scope and the listing filter of agents; '' for an operator's call.
     let agent = call.spec.access.agent.as_deref().unwrap_or("");
     let inserted = sqlx::query(concat!(
@@ -946,7 +982,7 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
     .bind(call.idempotency_key.as_deref())
     .bind(call.request_hash.as_str())
     .bind(now)
-    .bind(lifecycle.state.as_str())
+    .bind(state.as_str())
     .bind(lifecycle.epoch as i64)
     .bind(lifecycle.worker.as_deref())
     .bind(next_seq)
@@ -1390,7 +1426,7 @@ async fn fail(
     let now = now_ms();
     let row = sqlx::query(
         "UPDATE calls SET next_seq = next_seq + 1, state = 'failed', error_json = $2, finished_at_ms = $3 \
-         WHERE id = $1 AND state IN ('pending', 'running') RETURNING next_seq, epoch",
+         WHERE id = $1 AND state IN ('awaiting-approval', 'pending', 'running') RETURNING next_seq, epoch",
     )
     .bind(call_id)
     .bind(json_text(error))
@@ -1406,6 +1442,91 @@ async fn fail(
             run: None,
         });
         insert_entry(conn, call_id, seq, epoch, &entry, now).await?;
+    }
+    select_call(conn, call_id)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(call_id.to_string()))
+}
+
+/// Decides a call awaiting approval, in the writer's transaction: the conditional update
+/// (`state = 'awaiting-approval'`) is what lets only one of two concurrent decisions win,
+/// across connections and replicas alike.
+async fn decide(
+    conn: &mut AnyConnection,
+    call_id: &str,
+    decision: &ApprovalDecision,
+    error: Option<&CallError>,
+) -> Result<CallRecord, StoreError> {
+    let now = now_ms();
+    let row = sqlx::query("SELECT state, spec_json FROM calls WHERE id = $1")
+        .bind(call_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else {
+        return Err(StoreError::NotFound(call_id.to_string()));
+    };
+    let state: String = row.try_get("state")?;
+    let state = CallState::parse(&state)
+        .ok_or_else(|| StoreError::Corrupt(format!("call state {state:?}")))?;
+    if state != CallState::AwaitingApproval {
+        return Err(StoreError::NotAwaiting {
+            call_id: call_id.to_string(),
+            state,
+        });
+    }
+    let mut spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
+    spec.chain.approved = Some(decision.clone());
+    let ended = (!decision.approved).then(|| {
+        error.cloned().unwrap_or_else(|| {
+            CallError::new(
+                ErrorKind::Denied,
+                format!("denied by {}: {}", decision.by, decision.reason),
+            )
+        })
+    });
+    if ended.is_none() {
+        // The call's time to run starts now, not when it was admitted.
+        spec.deadline_ms = now.saturating_add(spec.limits.timeout_ms as i64);
+    }
+    let (new_state, entries, error_json, finished) = match &ended {
+        None => (CallState::Pending, 1_i64, None, None),
+        Some(error) => (CallState::Failed, 2, Some(json_text(error)), Some(now)),
+    };
+    let updated = sqlx::query(
+        "UPDATE calls SET state = $2, spec_json = $3, next_seq = next_seq + $4, error_json = $5, \
+         finished_at_ms = $6 WHERE id = $1 AND state = 'awaiting-approval' RETURNING next_seq, epoch",
+    )
+    .bind(call_id)
+    .bind(new_state.as_str())
+    .bind(json_text(&spec))
+    .bind(entries)
+    .bind(error_json)
+    .bind(finished)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(updated) = updated else {
+        // Decided meanwhile (another connection or replica): the first decision stands.
+        let state = select_call(conn, call_id)
+            .await?
+            .map(|r| r.state)
+            .ok_or_else(|| StoreError::NotFound(call_id.to_string()))?;
+        return Err(StoreError::NotAwaiting {
+            call_id: call_id.to_string(),
+            state,
+        });
+    };
+    let first = updated.try_get::<i64, _>("next_seq")? - entries;
+    let epoch: i64 = updated.try_get("epoch")?;
+    let approval = OplogEntry::Approval(decision.clone());
+    insert_entry(conn, call_id, first, epoch, &approval, now).await?;
+    if let Some(error) = ended {
+        let outcome = OplogEntry::Outcome(Outcome {
+            state: Ended::Failed,
+            error: Some(error),
+            run: None,
+        });
+        insert_entry(conn, call_id, first + 1, epoch, &outcome, now).await?;
+        // AUDIT(issue 10): write the ended call's audit record here
     }
     select_call(conn, call_id)
         .await?
@@ -1502,10 +1623,20 @@ impl Store for SqlStore {
     async fn decide_approval(
         &self,
         call_id: &str,
-        _decision: crate::call::ApprovalDecision,
-        _error: Option<CallError>,
+        decision: ApprovalDecision,
+        error: Option<CallError>,
     ) -> Result<CallRecord, StoreError> {
-        Err(StoreError::NotFound(call_id.to_string()))
+        match self
+            .write(WriteOp::Decide {
+                call_id: call_id.into(),
+                decision,
+                error,
+            })
+            .await?
+        {
+            Reply::Record(record) => Ok(*record),
+            _ => Err(StoreError::Corrupt("unexpected writer reply".into())),
+        }
     }
 
     async fn take_token(
@@ -1641,13 +1772,14 @@ impl Store for SqlStore {
             "SELECT ",
             call_columns!(),
             " FROM calls WHERE ($1 = '' OR namespace = $1) AND ($2 = '' OR tool = $2) \
-             AND ($4 = '' OR agent = $4) \
+             AND ($4 = '' OR agent = $4) AND ($5 = '' OR state = $5) \
              ORDER BY created_at_ms DESC, id DESC LIMIT $3"
         ))
         .bind(filter.namespace.as_deref().unwrap_or(""))
         .bind(filter.tool.as_deref().unwrap_or(""))
         .bind(i64::from(limit))
         .bind(filter.agent.as_deref().unwrap_or(""))
+        .bind(filter.state.map(CallState::as_str).unwrap_or(""))
         .fetch_all(&self.reads)
         .await?;
         rows.iter().map(call_from_row).collect()
