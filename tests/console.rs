@@ -268,6 +268,70 @@ async fn the_console_needs_a_session_escapes_everything_and_refuses_forged_forms
         "awaiting-approval"
     );
 
+    // A refused decision is shown with its error kind: the agent may not decide its own
+    // call.
+    let own = post_form(
+        &http,
+        decide_url(&base, &id),
+        Some(&other_session),
+        &[
+            ("csrf", &others_csrf),
+            ("decision", "approve"),
+            ("reason", "mine"),
+        ],
+    )
+    .await;
+    assert_eq!(own.status(), 403);
+    let own = own.text().await.unwrap();
+    assert!(own.contains("id=\"message\">permission-denied: "), "{own}");
+    assert_eq!(
+        call_json(&platform, &id).await["state"],
+        "awaiting-approval"
+    );
+
+    // The operator denies it with the session's token; deciding it again is refused as
+    // not-awaiting-approval.
+    let csrf = csrf_of(&http, &base, &cookie).await;
+    let denied = post_form(
+        &http,
+        decide_url(&base, &id),
+        Some(&cookie),
+        &[
+            ("csrf", &csrf),
+            ("decision", "deny"),
+            ("reason", "no <b>thanks</b>"),
+        ],
+    )
+    .await;
+    assert_eq!(denied.status(), 303);
+    assert_eq!(
+        denied.headers()["location"].to_str().unwrap(),
+        format!("/ui/calls/{id}")
+    );
+    let call = call_json(&platform, &id).await;
+    assert_eq!(call["state"], "failed", "{call}");
+    let again = post_form(
+        &http,
+        decide_url(&base, &id),
+        Some(&cookie),
+        &[
+            ("csrf", &csrf),
+            ("decision", "approve"),
+            ("reason", "changed my mind"),
+        ],
+    )
+    .await;
+    assert_eq!(again.status(), 409);
+    let again = again.text().await.unwrap();
+    assert!(
+        again.contains("id=\"message\">not-awaiting-approval: "),
+        "{again}"
+    );
+    assert!(
+        again.contains("denied by operator:admin: no &lt;b&gt;thanks&lt;/b&gt;"),
+        "the timeline shows the denial, escaped:\n{again}"
+    );
+
     // The agent sees its own tools and why the others are missing, and not other agents.
     let mine = http
         .get(format!("{base}/ui/agents"))
@@ -299,6 +363,10 @@ async fn the_console_needs_a_session_escapes_everything_and_refuses_forged_forms
         .unwrap();
     assert_eq!(theirs.status(), 403);
     assert!(theirs.text().await.unwrap().contains("permission-denied"));
+}
+
+fn decide_url(base: &str, id: &str) -> String {
+    format!("{base}/ui/calls/{id}/decide")
 }
 
 fn hex_of(text: &str) -> String {
