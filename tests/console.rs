@@ -463,3 +463,42 @@ async fn an_operator_approves_a_waiting_call_in_a_real_browser() {
         "{payload}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_the_session_cookie_is_secure() {
+    let root = tempfile::tempdir().unwrap();
+    let manifests = fixtures::examples(root.path());
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
+        .expect("a certificate");
+    let (cert, key) = (root.path().join("cert.pem"), root.path().join("key.pem"));
+    std::fs::write(&cert, made.cert.pem()).unwrap();
+    std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+    let platform = Platform::start(
+        root.path(),
+        &manifests,
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&cert).unwrap()).unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let response = post_form(
+        &client,
+        format!("https://{}/ui/login", platform.http),
+        None,
+        &[("token", &platform.admin_token())],
+    )
+    .await;
+    assert_eq!(response.status(), 303);
+    let set_cookie = response.headers()["set-cookie"].to_str().unwrap();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/ui", "Secure"] {
+        assert!(set_cookie.contains(attribute), "{set_cookie}");
+    }
+}
