@@ -193,6 +193,24 @@ async fn the_console_needs_a_session_escapes_everything_and_refuses_forged_forms
     assert_eq!(refused.status(), 401);
     assert!(refused.headers().get("set-cookie").is_none());
     assert!(refused.text().await.unwrap().contains("unauthenticated"));
+    // A login posted from another site's page is refused (no login CSRF).
+    let cross_site = http
+        .post(format!("{base}/ui/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("origin", "http://evil.example")
+        .body(form(&[("token", &platform.admin_token())]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross_site.status(), 403);
+    assert!(cross_site.headers().get("set-cookie").is_none());
+    assert!(
+        cross_site
+            .text()
+            .await
+            .unwrap()
+            .contains("permission-denied")
+    );
     let forged = http
         .get(format!("{base}/ui"))
         .header("cookie", format!("toolgrid_console={}", hex_of("wrong")))

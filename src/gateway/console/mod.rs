@@ -10,7 +10,8 @@
 //!   shows no data. `POST /ui/logout` clears it.
 //! - CSRF: besides `SameSite=Strict`, every form carries a token derived from the session's
 //!   token by HMAC-SHA256 under a secret the process draws at start; a POST without the
-//!   right one is refused (403, `permission-denied`). A restart draws a new secret, so an
+//!   right one is refused (403, `permission-denied`), and so is any POST (the login's
+//!   too) whose `Origin` names another site. A restart draws a new secret, so an
 //!   old page's forms need a reload.
 //! - What a caller sees is what the API gives it: operators everything, an agent its own
 //!   calls and its own tools.
@@ -79,9 +80,11 @@ async fn security_headers(mut response: Response) -> Response {
         ),
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    // Not `no-referrer`: under it a browser sends `Origin: null` with the console's own
+    // form POSTs, which `same_origin` refuses.
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
@@ -120,6 +123,43 @@ fn csrf_token(secret: &[u8; 32], token: &str) -> String {
 fn csrf_matches(expected: &str, given: &str) -> bool {
     use subtle::ConstantTimeEq as _;
     expected.len() == given.len() && bool::from(expected.as_bytes().ct_eq(given.as_bytes()))
+}
+
+/// Whether a POST comes from the console's own pages: a browser's `Origin` (sent with
+/// every form POST) must name the host the request was sent to. A request without
+/// `Origin` (not from a browser form) passes; `Origin: null` does not.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let origin = origin
+        .to_str()
+        .ok()
+        .and_then(|o| url::Url::parse(o).ok())
+        .and_then(|url| {
+            let host = url.host_str()?.to_string();
+            Some(match url.port() {
+                Some(port) => format!("{host}:{port}"),
+                None => host,
+            })
+        });
+    matches!((origin, host), (Some(origin), Some(host)) if origin.eq_ignore_ascii_case(host))
+}
+
+/// The refusal of a POST from another site's page.
+fn cross_site(message: &str) -> Response {
+    html(
+        StatusCode::FORBIDDEN,
+        pages::page(
+            "Refused",
+            None,
+            Some(&format!(
+                "permission-denied: {message}: the form was posted from another site"
+            )),
+            "",
+        ),
+    )
 }
 
 /// The token a request's session cookie holds, if any (hex-decoded; a cookie that is not
@@ -164,8 +204,12 @@ impl Session {
         }
     }
 
-    /// The refusal of a form whose CSRF token is not this session's (`None`: it is).
-    fn refuse_forged(&self, given: &str) -> Option<Response> {
+    /// The refusal of a form whose CSRF token is not this session's, or that another
+    /// site's page posted (`None`: neither).
+    fn refuse_forged(&self, headers: &HeaderMap, given: &str) -> Option<Response> {
+        if !same_origin(headers) {
+            return Some(cross_site("refused"));
+        }
         if csrf_matches(&self.csrf, given) {
             return None;
         }
@@ -226,9 +270,13 @@ struct LoginForm {
 
 async fn login(
     State(console): State<Console>,
+    headers: HeaderMap,
     extensions: axum::http::Extensions,
     axum::Form(form): axum::Form<LoginForm>,
 ) -> Response {
+    if !same_origin(&headers) {
+        return cross_site("login refused");
+    }
     let token = form.token.trim();
     let authorization = format!("Bearer {token}");
     match console
@@ -275,7 +323,7 @@ async fn logout(
         Ok(session) => session,
         Err(redirect) => return redirect,
     };
-    if let Some(refused) = session.refuse_forged(&form.csrf) {
+    if let Some(refused) = session.refuse_forged(&headers, &form.csrf) {
         return refused;
     }
     let secure = extensions.get::<Tls>().is_some();
@@ -423,7 +471,7 @@ async fn decide(
         Ok(session) => session,
         Err(redirect) => return redirect,
     };
-    if let Some(refused) = session.refuse_forged(&form.csrf) {
+    if let Some(refused) = session.refuse_forged(&headers, &form.csrf) {
         return refused;
     }
     let decided = match approves(&form.decision) {
@@ -566,6 +614,24 @@ mod tests {
         );
         assert_eq!(cookie_token(&bad), None);
         assert!(session_cookie(None, false).contains("Max-Age=0"));
+    }
+
+    #[test]
+    fn a_post_from_another_origin_is_refused() {
+        let with = |origin: Option<&'static str>, host: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::HOST, HeaderValue::from_static(host));
+            if let Some(origin) = origin {
+                headers.insert(header::ORIGIN, HeaderValue::from_static(origin));
+            }
+            same_origin(&headers)
+        };
+        assert!(with(None, "127.0.0.1:7071"));
+        assert!(with(Some("http://127.0.0.1:7071"), "127.0.0.1:7071"));
+        assert!(with(Some("https://Console.example"), "console.example"));
+        assert!(!with(Some("http://evil.example"), "127.0.0.1:7071"));
+        assert!(!with(Some("http://127.0.0.1:7072"), "127.0.0.1:7071"));
+        assert!(!with(Some("null"), "127.0.0.1:7071"));
     }
 
     #[test]
