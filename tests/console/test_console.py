@@ -99,6 +99,9 @@ def run(driver, By, args):
     # A wrong token is refused, and shows no data.
     driver.find_element(By.ID, "token").send_keys("not-a-token")
     driver.find_element(By.ID, "login").click()
+    # A click does not wait for the next page: wait for what it should show.
+    wait_for(driver, "the login form's message",
+             lambda: driver.find_element(By.ID, "message"), 30)
     message = driver.find_element(By.ID, "message").text
     if "unauthenticated" not in message:
         fail(f"a wrong token was not refused as unauthenticated: {message!r}", driver)
@@ -108,8 +111,9 @@ def run(driver, By, args):
     # Log in with the admin token.
     driver.find_element(By.ID, "token").send_keys(args.token)
     driver.find_element(By.ID, "login").click()
-    if not driver.current_url.endswith("/ui"):
-        fail("logging in did not lead to /ui", driver)
+    wait_for(driver, "logging in to lead to /ui",
+             lambda: driver.current_url.endswith("/ui")
+             and driver.find_elements(By.ID, "who"), 30)
     if "operator:" not in driver.find_element(By.ID, "who").text:
         fail("the header does not name the operator", driver)
     cookies = {c["name"]: c for c in driver.get_cookies()}
@@ -131,8 +135,9 @@ def run(driver, By, args):
     # Approve it with a reason.
     row.find_element(By.ID, f"approve-reason-{call_id}").send_keys(args.reason)
     row.find_element(By.ID, f"approve-{call_id}").click()
-    if not driver.current_url.endswith(f"/ui/calls/{call_id}"):
-        fail("approving did not lead to the call's page", driver)
+    wait_for(driver, "approving to lead to the call's page",
+             lambda: driver.current_url.endswith(f"/ui/calls/{call_id}")
+             and driver.find_elements(By.ID, "timeline"), 30)
     if driver.find_elements(By.ID, "message"):
         fail(f"approving failed: {driver.find_element(By.ID, 'message').text}", driver)
 
@@ -159,8 +164,9 @@ def run(driver, By, args):
     if driver.find_elements(By.ID, row_id):
         fail("a decided call is still listed as awaiting approval", driver)
     driver.find_element(By.ID, "logout").click()
-    if not driver.current_url.endswith("/ui/login"):
-        fail("logging out did not lead to the login form", driver)
+    wait_for(driver, "logging out to lead to the login form",
+             lambda: driver.current_url.endswith("/ui/login")
+             and driver.find_elements(By.ID, "token"), 30)
     driver.get(base + f"/ui/calls/{call_id}")
     if not driver.current_url.endswith("/ui/login"):
         fail("after logging out, a call page was still shown", driver)
