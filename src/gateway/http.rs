@@ -15,6 +15,7 @@
 //! - `/healthz`, `/readyz` (probes) and `/metrics` (aggregate counters, no call data) are
 //!   open; every `/v1` route authenticates first (`Authorization: Bearer TOKEN`, an
 //!   operator may add `Toolgrid-As: AGENT`): 401 without a valid token.
+//! - `/ui`: the console ([`super::console`]), authenticated by a session cookie.
 
 use super::authn::{ACT_AS, AUTHORIZATION};
 use super::convert::call_to_json;
@@ -90,7 +91,8 @@ pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>)
                 }
             }),
         )
-        .with_state(gateway)
+        .with_state(gateway.clone())
+        .merge(super::console::routes(gateway))
 }
 
 /// Authenticates a `/v1` request and hands the [`Principal`] on in its extensions.

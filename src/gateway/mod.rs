@@ -6,6 +6,7 @@ pub mod authn;
 pub mod authz;
 mod chain;
 pub mod completion;
+pub mod console;
 pub mod convert;
 mod grpc;
 mod http;

@@ -203,7 +203,11 @@ impl ControlPlane {
         let router = crate::gateway::router(self.gateway.clone(), ready);
         let http: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> =
             match security.tls {
-                Some(tls) => Box::pin(async move { tls.serve_http(listeners.http, router).await }),
+                Some(tls) => {
+                    // The console marks its session cookie Secure on an HTTPS port.
+                    let router = router.layer(axum::Extension(crate::gateway::console::Tls));
+                    Box::pin(async move { tls.serve_http(listeners.http, router).await })
+                }
                 None => Box::pin(async move { axum::serve(listeners.http, router).await }),
             };
         let handle = tokio::spawn(async move {
