@@ -161,7 +161,13 @@ impl Shape {
                 self.bound.push(c.iter_var.clone());
                 self.bound.extend(c.iter_var2.iter().cloned());
                 self.bound.push(c.accu_var.clone());
-                for part in [&c.iter_range, &c.accu_init, &c.loop_cond, &c.loop_step, &c.result] {
+                for part in [
+                    &c.iter_range,
+                    &c.accu_init,
+                    &c.loop_cond,
+                    &c.loop_step,
+                    &c.result,
+                ] {
                     self.walk(part, next);
                 }
             }
@@ -236,7 +242,9 @@ fn to_json(value: &cel::Value) -> Result<Value, String> {
             .map(Value::Number)
             .ok_or_else(|| format!("{f} is not a JSON number"))?,
         cel::Value::String(s) => Value::String(s.to_string()),
-        cel::Value::List(items) => Value::Array(items.iter().map(to_json).collect::<Result<_, _>>()?),
+        cel::Value::List(items) => {
+            Value::Array(items.iter().map(to_json).collect::<Result<_, _>>()?)
+        }
         cel::Value::Map(map) => {
             let mut out = serde_json::Map::new();
             for (k, v) in map.map.iter() {
@@ -328,7 +336,11 @@ mod tests {
         let e = Expression::compile(&format!("{}true", "!".repeat(2001))).unwrap();
         assert_eq!(e.eval_bool(&call(json!({}))), Ok(false));
         // Up to the limit it evaluates, on this (small) stack.
-        let source = format!("{}true{}", "[".repeat(MAX_DEPTH - 3), "]".repeat(MAX_DEPTH - 3));
+        let source = format!(
+            "{}true{}",
+            "[".repeat(MAX_DEPTH - 3),
+            "]".repeat(MAX_DEPTH - 3)
+        );
         let e = Expression::compile(&format!("size({source}) == 1")).unwrap();
         assert_eq!(e.eval_bool(&call(json!({}))), Ok(true));
         let e = Expression::compile(&format!("1{} == {}", " + 1".repeat(40), 41)).unwrap();
@@ -356,8 +368,14 @@ mod tests {
         assert_eq!(eval("max(call.args.limit, 10)"), Ok(json!(50)));
         assert_eq!(eval(r#""main""#), Ok(json!("main")));
         assert_eq!(eval(r#"call.args.name + "-x""#), Ok(json!("a-x")));
-        assert_eq!(eval("[1, 2.5, true, null]"), Ok(json!([1, 2.5, true, null])));
-        assert_eq!(eval(r#"{"k": [call.agent]}"#), Ok(json!({"k": ["reporter"]})));
+        assert_eq!(
+            eval("[1, 2.5, true, null]"),
+            Ok(json!([1, 2.5, true, null]))
+        );
+        assert_eq!(
+            eval(r#"{"k": [call.agent]}"#),
+            Ok(json!({"k": ["reporter"]}))
+        );
         assert_eq!(eval("call.args"), Ok(json!({"limit": 50, "name": "a"})));
         assert!(eval("{1: 2}").is_err());
         assert!(eval("b'xy'").is_err());
