@@ -25,8 +25,7 @@ metadata: {name: pol}
 spec:
   tokenSecretRef: {name: pol-token, key: token}
   permissions:
-    - {tools: [semver], commands: [compare]}
-    - {tools: [textstats, uuid]}
+    - {tools: [semver, textstats, uuid]}
 ---
 apiVersion: toolgrid.dev/v1alpha1
 kind: Middleware
@@ -78,7 +77,7 @@ spec:
 apiVersion: toolgrid.dev/v1alpha1
 kind: ToolBinding
 metadata: {name: pol-semver}
-spec: {agents: [pol], tool: semver, middleware: [semver-policy]}
+spec: {agents: [pol], tool: semver, commands: [compare], middleware: [semver-policy]}
 ---
 apiVersion: toolgrid.dev/v1alpha1
 kind: ToolBinding
@@ -257,7 +256,8 @@ async fn policies_allow_deny_and_rewrite_calls() {
     let args: Value = serde_json::from_str(&call.args_json).unwrap();
     assert_eq!(args, json!({"a": "1.2.0", "b": "9.9.9"}));
 
-    // A rewrite to a command the agent may not call: refused as the rewritten call.
+    // A rewrite to a command the binding does not allow (the agent's permissions do):
+    // refused as the rewritten call.
     refused(
         invoke(
             &platform,
@@ -267,7 +267,7 @@ async fn policies_allow_deny_and_rewrite_calls() {
         )
         .await,
         ErrorKind::PermissionDenied,
-        "bump",
+        "lists none of the commands bump",
     );
     // A rewrite the schema refuses.
     refused(

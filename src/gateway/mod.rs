@@ -338,6 +338,7 @@ impl Gateway {
                 &tool,
                 &namespace,
                 &mut candidate,
+                invocation.stdin.as_deref(),
                 dry_run,
             )
             .await?;
