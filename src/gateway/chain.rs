@@ -92,6 +92,7 @@ impl Gateway {
 
     /// Runs the chain over `candidate`, which it may rewrite. Returns what the call keeps
     /// of it; an approval that applies is in [`ChainRecord::approval`].
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn run_chain(
         &self,
         snapshot: &Snapshot,
