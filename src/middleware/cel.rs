@@ -26,6 +26,8 @@ static ENV: LazyLock<Arc<cel::Env>> = LazyLock::new(|| Arc::new(cel::Env::stdlib
 pub struct Expression {
     pub source: String,
     program: cel::Program,
+    /// How deeply comprehensions (`all`, `exists`, `map`, ...) nest.
+    loops: u32,
 }
 
 impl Expression {
@@ -42,7 +44,7 @@ impl Expression {
         }
         let program = compile_on_big_stack(source)?;
         let mut shape = Shape::default();
-        shape.walk(program.expression(), 1);
+        shape.walk(program.expression(), 1, 0);
         if shape.depth > MAX_DEPTH {
             return Err(format!(
                 "the expression nests {} levels deep; the limit is {MAX_DEPTH}",
@@ -64,6 +66,7 @@ impl Expression {
         Ok(Expression {
             source: source.to_string(),
             program,
+            loops: shape.loops,
         })
     }
 
@@ -86,7 +89,22 @@ impl Expression {
     }
 
     fn eval(&self, call: &CallView) -> Result<cel::Value, String> {
-        let input = to_cel(&call.to_json());
+        let json = call.to_json();
+        if self.loops > 0 {
+            // Work grows with the input's size to the power of the comprehensions' nesting
+            // (plus one: a step in a loop may scan a string): bound it before starting.
+            let size =
+                serde_json::to_string(&json).map_or(usize::MAX, |t| t.len()) + self.source.len();
+            let limit = MAX_WORK.powf(1.0 / f64::from(self.loops + 1)) as usize;
+            if size > limit {
+                return Err(format!(
+                    "{:?}: the call is {size} bytes; with comprehensions nested {} deep an \
+                     expression evaluates over at most {limit}",
+                    self.source, self.loops
+                ));
+            }
+        }
+        let input = to_cel(&json);
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             let mut context = cel::Context::with_env(ENV.clone());
             context
@@ -106,6 +124,10 @@ impl Expression {
         }
     }
 }
+
+/// Bound of an evaluation's work, in steps over the bytes of the call: with comprehensions
+/// nested `d` deep, a call of `n` bytes is evaluated only when `n^(d+1)` stays below it.
+pub const MAX_WORK: f64 = 1e9;
 
 /// Deepest expression tree accepted: evaluation recurses once per level, on the
 /// caller's stack.
@@ -136,13 +158,16 @@ fn compile_on_big_stack(source: &str) -> Result<cel::Program, String> {
 #[derive(Default)]
 struct Shape {
     depth: usize,
+    /// Deepest nesting of comprehensions.
+    loops: u32,
     bound: Vec<String>,
 }
 
 impl Shape {
-    fn walk(&mut self, e: &cel::IdedExpr, level: usize) {
+    fn walk(&mut self, e: &cel::IdedExpr, level: usize, loops: u32) {
         use cel::common::ast::{EntryExpr, Expr};
         self.depth = self.depth.max(level);
+        self.loops = self.loops.max(loops);
         if level > MAX_DEPTH {
             return;
         }
@@ -151,40 +176,37 @@ impl Shape {
             Expr::Unspecified | Expr::Ident(_) | Expr::Literal(_) => {}
             Expr::Call(c) => {
                 if let Some(t) = &c.target {
-                    self.walk(t, next);
+                    self.walk(t, next, loops);
                 }
                 for a in &c.args {
-                    self.walk(a, next);
+                    self.walk(a, next, loops);
                 }
             }
             Expr::Comprehension(c) => {
                 self.bound.push(c.iter_var.clone());
                 self.bound.extend(c.iter_var2.iter().cloned());
                 self.bound.push(c.accu_var.clone());
-                for part in [
-                    &c.iter_range,
-                    &c.accu_init,
-                    &c.loop_cond,
-                    &c.loop_step,
-                    &c.result,
-                ] {
-                    self.walk(part, next);
+                for once in [&c.iter_range, &c.accu_init, &c.result] {
+                    self.walk(once, next, loops);
+                }
+                for each in [&c.loop_cond, &c.loop_step] {
+                    self.walk(each, next, loops + 1);
                 }
             }
             Expr::List(l) => {
                 for x in &l.elements {
-                    self.walk(x, next);
+                    self.walk(x, next, loops);
                 }
             }
-            Expr::Select(s) => self.walk(&s.operand, next),
+            Expr::Select(s) => self.walk(&s.operand, next, loops),
             Expr::Map(m) => {
                 for entry in &m.entries {
                     match &entry.expr {
                         EntryExpr::MapEntry(me) => {
-                            self.walk(&me.key, next);
-                            self.walk(&me.value, next);
+                            self.walk(&me.key, next, loops);
+                            self.walk(&me.value, next, loops);
                         }
-                        EntryExpr::StructField(f) => self.walk(&f.value, next),
+                        EntryExpr::StructField(f) => self.walk(&f.value, next, loops),
                     }
                 }
             }
@@ -192,10 +214,10 @@ impl Shape {
                 for entry in &st.entries {
                     match &entry.expr {
                         EntryExpr::MapEntry(me) => {
-                            self.walk(&me.key, next);
-                            self.walk(&me.value, next);
+                            self.walk(&me.key, next, loops);
+                            self.walk(&me.value, next, loops);
                         }
-                        EntryExpr::StructField(f) => self.walk(&f.value, next),
+                        EntryExpr::StructField(f) => self.walk(&f.value, next, loops),
                     }
                 }
             }
@@ -345,6 +367,24 @@ mod tests {
         assert_eq!(e.eval_bool(&call(json!({}))), Ok(true));
         let e = Expression::compile(&format!("1{} == {}", " + 1".repeat(40), 41)).unwrap();
         assert_eq!(e.eval_bool(&call(json!({}))), Ok(true));
+    }
+
+    #[test]
+    fn nested_comprehensions_over_a_large_call_are_refused_before_running() {
+        let e = Expression::compile("call.args.l.all(x, call.args.l.exists(y, y == x))").unwrap();
+        assert_eq!(e.loops, 2);
+        assert_eq!(e.eval_bool(&call(json!({"l": [1, 2, 3]}))), Ok(true));
+        let big: Vec<u32> = (0..1000).collect();
+        let err = e.eval_bool(&call(json!({"l": big}))).unwrap_err();
+        assert!(err.contains("at most"), "{err}");
+        // One level handles it; none has no bound but the input's size.
+        let e = Expression::compile("call.args.l.all(x, x >= 0)").unwrap();
+        assert_eq!(e.loops, 1);
+        assert_eq!(e.eval_bool(&call(json!({"l": big}))), Ok(true));
+        assert_eq!(
+            Expression::compile("size(call.args.l) > 1").unwrap().loops,
+            0
+        );
     }
 
     #[test]
