@@ -11,8 +11,10 @@ pub struct Chain {
     pub links: Vec<Arc<ResolvedMiddleware>>,
 }
 
-/// Why a binding has no usable chain: a Middleware it names (or an enforced one) is not
-/// Ready. Calls are refused ([`crate::call::ErrorKind::MiddlewareFailed`]).
+/// Why a binding has no usable chain: a Middleware it names is not Ready. The catalog
+/// already makes such a binding not Ready (and one of a namespace whose enforced
+/// Middleware is not Ready); should a call reach the chain anyway it is refused
+/// ([`crate::call::ErrorKind::MiddlewareFailed`]).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("middleware {name} is not ready: {message}")]
 pub struct ChainError {

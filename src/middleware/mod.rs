@@ -22,8 +22,10 @@
 //!    it and can copy it to stdout).
 //!
 //! A step that cannot decide (a CEL expression that fails, a wasm middleware that traps or
-//! runs out of time, a Middleware that is not Ready) refuses the call: the chain fails
-//! closed.
+//! runs out of time) refuses the call: the chain fails closed. So does a Middleware that is
+//! not Ready: every binding naming it, and every binding of its namespace when it is
+//! enforced, is not Ready either (`MiddlewareNotReady`), so their calls are refused before
+//! the chain runs.
 
 pub mod approval;
 pub mod audit;
