@@ -75,6 +75,9 @@ reasons! {
     UnknownPool: waiting,
     UnknownAgent: waiting,
     UnknownMiddleware: waiting,
+    /// A binding names a Middleware that is not Ready, or an `enforce: true` Middleware of
+    /// its namespace is not Ready (the chain fails closed).
+    MiddlewareNotReady: waiting,
     NoReadyRelease: waiting,
     NoMatchingRelease: waiting,
     MissingServiceAccount: waiting,
@@ -97,6 +100,9 @@ reasons! {
     InvalidDigest: stalled,
     DigestMismatch: stalled,
     UnsupportedSource: stalled,
+    /// A Middleware with a CEL expression that does not compile (the message is the
+    /// compiler's).
+    InvalidExpression: stalled,
 }
 
 impl std::fmt::Display for Reason {

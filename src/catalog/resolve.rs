@@ -785,29 +785,142 @@ impl<'a> Resolver<'a> {
                         ("Step".into(), step.to_string()),
                         ("Enforce".into(), d.object.spec.enforce.to_string()),
                     ];
-                    self.record_declared(
-                        &d,
-                        Desired::ready(Reason::Resolved, format!("{step} step")),
-                        KindStatus::empty(Kind::Middleware),
-                        columns,
-                    );
+                    let compiled = match &d.object.spec.wasm {
+                        Some(wasm) => self.wasm_step(&d, wasm),
+                        None => crate::middleware::compile(&d.object.spec).map_err(|e| {
+                            (
+                                Reason::InvalidExpression,
+                                format!("spec.{step}.{e}{}", d.source.suffix()),
+                            )
+                        }),
+                    };
+                    let ready = match compiled {
+                        Ok(compiled) => {
+                            self.snapshot.middleware.insert(
+                                d.id.key.clone(),
+                                Arc::new(crate::middleware::ResolvedMiddleware {
+                                    key: d.id.key.clone(),
+                                    enforce: d.object.spec.enforce,
+                                    step: compiled,
+                                }),
+                            );
+                            Desired::ready(Reason::Resolved, format!("{step} step"))
+                        }
+                        Err((reason, message)) => {
+                            tracing::warn!(kind = %d.id.kind, resource = %d.id.key, "{message}");
+                            Desired::not_ready(reason, message)
+                        }
+                    };
+                    self.record_declared(&d, ready, KindStatus::empty(Kind::Middleware), columns);
                     valid.insert(d.id.key.clone(), d.object);
-                    // CONTRACT(issue 10, helper A): a step that does not compile makes the
-                    // Middleware Ready=False instead.
-                    if let Some(step) = crate::middleware::compile(&d.object.spec) {
-                        self.snapshot.middleware.insert(
-                            d.id.key.clone(),
-                            Arc::new(crate::middleware::ResolvedMiddleware {
-                                key: d.id.key.clone(),
-                                enforce: d.object.spec.enforce,
-                                step,
-                            }),
-                        );
-                    }
                 }
             }
         }
         valid
+    }
+
+    /// Compiles a `wasm` Middleware's step: its artifact fetched and checked (`Err`: the
+    /// reason and message of its Ready=False condition).
+    ///
+    /// CONTRACT(issue 10, helper D): fetch and check the artifact (as releases do) and
+    /// return `Step::Wasm`. Until then a wasm Middleware is not Ready.
+    fn wasm_step(
+        &mut self,
+        d: &Declared<'_, Middleware>,
+        _wasm: &crate::api::WasmStep,
+    ) -> Result<crate::middleware::Step, (Reason, String)> {
+        Err((
+            Reason::ArtifactPending,
+            format!(
+                "{}{}",
+                crate::middleware::WASM_NEEDS_ARTIFACT,
+                d.source.suffix()
+            ),
+        ))
+    }
+
+    /// Why a binding in `ns` naming `listed` cannot run its chain: a Middleware it names
+    /// is not Ready, or an `enforce: true` one of its namespace is not (fail closed).
+    fn middleware_not_ready(&self, ns: &str, listed: &[String]) -> Option<(Reason, String)> {
+        let not_ready = |name: &str| -> Option<String> {
+            let key = ObjectKey::new(ns.to_string(), name.to_string());
+            if self.snapshot.middleware.contains_key(&key) {
+                return None;
+            }
+            let id = ResourceId {
+                kind: Kind::Middleware,
+                key,
+            };
+            Some(match self.snapshot.resources.get(&id) {
+                Some(state) => {
+                    format!("{} ({}: {})", name, state.ready.reason, state.ready.message)
+                }
+                None => format!("{name} (it is not Ready)"),
+            })
+        };
+        let enforced = self
+            .input
+            .set
+            .middleware
+            .iter()
+            .filter(|m| {
+                m.object.spec.enforce
+                    && m.object.metadata.namespace.as_deref().unwrap_or_default() == ns
+            })
+            .filter_map(|m| m.object.metadata.name.as_deref());
+        for name in enforced {
+            if let Some(why) = not_ready(name) {
+                return Some((
+                    Reason::MiddlewareNotReady,
+                    format!(
+                        "enforced Middleware {why} is not Ready, so no call through a binding of namespace {ns:?} may run"
+                    ),
+                ));
+            }
+        }
+        listed.iter().find_map(|name| {
+            not_ready(name).map(|why| {
+                (
+                    Reason::MiddlewareNotReady,
+                    format!("spec.middleware: Middleware {why} is not Ready"),
+                )
+            })
+        })
+    }
+
+    /// The binding's chain in order (the `Middleware` column): enforced Middleware of `ns`
+    /// by name, then `listed`, each once.
+    fn chain_column(&self, ns: &str, listed: &[String]) -> String {
+        let names = match crate::middleware::chain::chain_in(&self.snapshot, ns, listed) {
+            Ok(chain) => chain.links.iter().map(|l| l.name().to_string()).collect(),
+            // Not Ready: what the chain would be, from the declarations.
+            Err(_) => {
+                let mut names: Vec<String> = self
+                    .input
+                    .set
+                    .middleware
+                    .iter()
+                    .filter(|m| {
+                        m.object.spec.enforce
+                            && m.object.metadata.namespace.as_deref().unwrap_or_default() == ns
+                    })
+                    .filter_map(|m| m.object.metadata.name.clone())
+                    .collect();
+                names.sort();
+                names.dedup();
+                for name in listed {
+                    if !names.contains(name) {
+                        names.push(name.clone());
+                    }
+                }
+                names
+            }
+        };
+        if names.is_empty() {
+            "<none>".to_string()
+        } else {
+            names.join(",")
+        }
     }
 
     fn bindings(
@@ -826,6 +939,10 @@ impl<'a> Resolver<'a> {
             let mut columns = vec![
                 ("Tool".into(), spec.tool.clone()),
                 ("Agents".into(), spec.agents.join(",")),
+                (
+                    "Middleware".into(),
+                    self.chain_column(&ns, &spec.middleware),
+                ),
             ];
             let problem = spec
                 .agents
@@ -838,6 +955,7 @@ impl<'a> Resolver<'a> {
                         .find(|m| !middleware.contains_key(&ObjectKey::new(ns.clone(), (*m).clone())))
                         .map(|m| (Reason::UnknownMiddleware, format!("spec.middleware: there is no valid Middleware {m:?} in namespace {ns:?}")))
                 })
+                .or_else(|| self.middleware_not_ready(&ns, &spec.middleware))
                 .or_else(|| {
                     (!self.snapshot.tools.contains_key(&ObjectKey::new(ns.clone(), spec.tool.clone())))
                         .then(|| (Reason::UnknownTool, format!("spec.tool: there is no valid Tool {:?} in namespace {ns:?}", spec.tool)))
@@ -1625,5 +1743,231 @@ spec: {{agents: [nobody], tool: echo}}
             Reason::NoMatchingRelease
         );
         assert_eq!(reason(Kind::ToolBinding, "stranger"), Reason::UnknownAgent);
+    }
+
+    mod middleware {
+        use super::*;
+
+        const MIDDLEWARE: &str = r#"
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {name: reporter}
+spec: {serviceAccount: reporter, permissions: [{tools: [echo]}]}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {name: limit}
+spec: {rateLimit: {requests: 5, per: 1m}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {name: audit-all}
+spec: {enforce: true, audit: {}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {name: approve-pushes}
+spec: {approval: {when: 'call.command == "push"'}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {name: broken}
+spec: {policy: {rules: [{action: allow}, {when: 'call.tool ==', action: deny}]}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {name: chained}
+spec: {agents: [reporter], tool: echo, middleware: [limit, audit-all, approve-pushes, limit]}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {name: plain}
+spec: {agents: [reporter], tool: echo}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {name: uses-broken}
+spec: {agents: [reporter], tool: echo, middleware: [broken]}
+"#;
+
+        fn resolve_text(text: &str) -> Snapshot {
+            let set = set_of(text);
+            assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+            run(
+                &set,
+                &ready_artifacts(&set, "sha256:a"),
+                &HashMap::new(),
+                T0,
+            )
+        }
+
+        fn column(snapshot: &Snapshot, kind: Kind, name: &str, column: &str) -> String {
+            state(snapshot, kind, name)
+                .columns
+                .iter()
+                .find(|(c, _)| c == column)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        }
+
+        #[test]
+        fn a_middleware_that_does_not_compile_is_not_ready_and_not_in_the_snapshot() {
+            let text = format!(
+                "{BASE}{}{MIDDLEWARE}",
+                release("echo-1.2.0", "echo", "1.2.0")
+            );
+            let snapshot = resolve_text(&text);
+            let broken = state(&snapshot, Kind::Middleware, "broken");
+            assert!(!broken.ready.status);
+            assert_eq!(broken.ready.reason, Reason::InvalidExpression);
+            assert!(
+                broken
+                    .ready
+                    .message
+                    .starts_with("spec.policy.rules[1].when: "),
+                "{}",
+                broken.ready.message
+            );
+            assert!(!snapshot.middleware.keys().any(|k| k.name == "broken"));
+            for name in ["limit", "audit-all", "approve-pushes"] {
+                assert_eq!(
+                    state(&snapshot, Kind::Middleware, name).ready.reason,
+                    Reason::Resolved,
+                    "{name}"
+                );
+                assert!(snapshot.middleware.keys().any(|k| k.name == name), "{name}");
+            }
+            // The binding that names it is not Ready, naming it and why.
+            let uses = state(&snapshot, Kind::ToolBinding, "uses-broken");
+            assert_eq!(uses.ready.reason, Reason::MiddlewareNotReady);
+            assert!(
+                uses.ready.message.contains("broken"),
+                "{}",
+                uses.ready.message
+            );
+            assert!(
+                uses.ready.message.contains("InvalidExpression"),
+                "{}",
+                uses.ready.message
+            );
+            // The others are Ready.
+            assert_eq!(
+                state(&snapshot, Kind::ToolBinding, "chained").ready.reason,
+                Reason::Resolved
+            );
+            assert_eq!(
+                state(&snapshot, Kind::ToolBinding, "plain").ready.reason,
+                Reason::Resolved
+            );
+        }
+
+        #[test]
+        fn an_approval_when_that_does_not_compile_is_not_ready() {
+            let text = format!(
+                "{BASE}{}{}",
+                release("echo-1.2.0", "echo", "1.2.0"),
+                r#"
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {name: approve}
+spec: {approval: {when: 'call.command == '}}
+"#
+            );
+            let snapshot = resolve_text(&text);
+            let approve = state(&snapshot, Kind::Middleware, "approve");
+            assert_eq!(approve.ready.reason, Reason::InvalidExpression);
+            assert!(
+                approve.ready.message.starts_with("spec.approval.when: "),
+                "{}",
+                approve.ready.message
+            );
+        }
+
+        #[test]
+        fn an_enforced_middleware_that_is_not_ready_fails_every_binding_closed() {
+            let text = format!(
+                "{BASE}{}{MIDDLEWARE}{}",
+                release("echo-1.2.0", "echo", "1.2.0"),
+                r#"
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {name: guard}
+spec: {enforce: true, policy: {rules: [{when: 'nope', action: deny}]}}
+"#
+            );
+            let snapshot = resolve_text(&text);
+            assert_eq!(
+                state(&snapshot, Kind::Middleware, "guard").ready.reason,
+                Reason::InvalidExpression
+            );
+            for name in ["chained", "plain", "uses-broken"] {
+                let b = state(&snapshot, Kind::ToolBinding, name);
+                assert_eq!(b.ready.reason, Reason::MiddlewareNotReady, "{name}");
+                assert!(b.ready.message.contains("guard"), "{}", b.ready.message);
+                let binding = snapshot
+                    .bindings
+                    .values()
+                    .find(|b| b.key.name == name)
+                    .unwrap();
+                assert!(!binding.is_ready(), "{name}");
+            }
+        }
+
+        #[test]
+        fn an_enforced_middleware_with_an_invalid_spec_fails_closed_too() {
+            let text = format!(
+                "{BASE}{}{MIDDLEWARE}{}",
+                release("echo-1.2.0", "echo", "1.2.0"),
+                r#"
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {name: guard}
+spec: {enforce: true, audit: {}, rateLimit: {requests: 1, per: 1s}}
+"#
+            );
+            let snapshot = resolve_text(&text);
+            let b = state(&snapshot, Kind::ToolBinding, "plain");
+            assert_eq!(b.ready.reason, Reason::MiddlewareNotReady);
+            assert!(
+                b.ready.message.contains("InvalidSpec"),
+                "{}",
+                b.ready.message
+            );
+        }
+
+        #[test]
+        fn the_middleware_column_is_the_chain_in_order() {
+            let text = format!(
+                "{BASE}{}{MIDDLEWARE}",
+                release("echo-1.2.0", "echo", "1.2.0")
+            );
+            let snapshot = resolve_text(&text);
+            assert_eq!(
+                column(&snapshot, Kind::ToolBinding, "chained", "Middleware"),
+                "audit-all,limit,approve-pushes"
+            );
+            assert_eq!(
+                column(&snapshot, Kind::ToolBinding, "plain", "Middleware"),
+                "audit-all"
+            );
+            // Not Ready: what the chain would be.
+            assert_eq!(
+                column(&snapshot, Kind::ToolBinding, "uses-broken", "Middleware"),
+                "audit-all,broken"
+            );
+            // The same order the gateway runs.
+            let chained = snapshot
+                .bindings
+                .values()
+                .find(|b| b.key.name == "chained")
+                .unwrap();
+            let chain = crate::middleware::chain_for(&snapshot, chained).unwrap();
+            let names: Vec<&str> = chain.links.iter().map(|l| l.name()).collect();
+            assert_eq!(names, ["audit-all", "limit", "approve-pushes"]);
+        }
     }
 }

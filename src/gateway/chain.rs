@@ -92,6 +92,7 @@ impl Gateway {
 
     /// Runs the chain over `candidate`, which it may rewrite. Returns what the call keeps
     /// of it; an approval that applies is in [`ChainRecord::approval`].
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn run_chain(
         &self,
         snapshot: &Snapshot,
@@ -99,6 +100,7 @@ impl Gateway {
         tool: &ResolvedTool,
         namespace: &str,
         candidate: &mut Candidate,
+        stdin: Option<&[u8]>,
         dry_run: bool,
     ) -> Result<ChainRecord, Refused> {
         let chain = Self::chain_of(snapshot, caller, &candidate.grant)?;
@@ -185,7 +187,7 @@ impl Gateway {
                         rewrite.command,
                         serde_json::Value::Object(rewrite.args.clone())
                     );
-                    match self.recheck(snapshot, caller, tool, candidate, rewrite) {
+                    match self.recheck(snapshot, caller, tool, candidate, stdin, rewrite) {
                         Ok(()) => {
                             record
                                 .decisions
@@ -287,14 +289,15 @@ impl Gateway {
     }
 
     /// Checks a rewritten call as if the caller had asked for it: the command exists, the
-    /// agent's binding and permissions allow it, the arguments pass the schema. On success
-    /// `candidate` becomes the rewritten call.
+    /// agent's binding and permissions allow it, the arguments pass the schema, the call's
+    /// stdin suits the (new) command. On success `candidate` becomes the rewritten call.
     fn recheck(
         &self,
         snapshot: &Snapshot,
         caller: &Principal,
         tool: &ResolvedTool,
         candidate: &mut Candidate,
+        stdin: Option<&[u8]>,
         rewrite: crate::middleware::Rewrite,
     ) -> Result<(), ApiError> {
         let Some(command) = tool.command(&rewrite.command).cloned() else {
@@ -314,6 +317,9 @@ impl Gateway {
             ));
         }
         let args = command.validate(rewrite.args)?;
+        if command.name != candidate.command.name {
+            command.check_stdin(stdin)?;
+        }
         candidate.command = command;
         candidate.args = args;
         candidate.grant = grant;

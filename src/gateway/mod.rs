@@ -374,6 +374,7 @@ impl Gateway {
                 &tool,
                 &namespace,
                 &mut candidate,
+                invocation.stdin.as_deref(),
                 dry_run,
             )
             .await?;

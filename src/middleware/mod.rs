@@ -22,8 +22,10 @@
 //!    it and can copy it to stdout).
 //!
 //! A step that cannot decide (a CEL expression that fails, a wasm middleware that traps or
-//! runs out of time, a Middleware that is not Ready) refuses the call: the chain fails
-//! closed.
+//! runs out of time) refuses the call: the chain fails closed. So does a Middleware that is
+//! not Ready: every binding naming it, and every binding of its namespace when it is
+//! enforced, is not Ready either (`MiddlewareNotReady`), so their calls are refused before
+//! the chain runs.
 
 pub mod approval;
 pub mod audit;
@@ -141,19 +143,24 @@ pub struct WasmModule {
     pub memory_bytes: u64,
 }
 
-/// Compiles a Middleware's one step. CONTRACT(issue 10, helper A): return the compiler's
-/// message for a step that does not compile (today: `None`, and the step is left out).
-pub fn compile(spec: &crate::api::MiddlewareSpec) -> Option<Step> {
+/// What [`compile`] answers for a `wasm` step: it needs its artifact fetched and checked,
+/// which the catalog does (see `Resolver::wasm_step` in `crate::catalog::resolve`).
+pub const WASM_NEEDS_ARTIFACT: &str = "wasm middleware needs its artifact";
+
+/// Compiles a Middleware's one step (`Err`: the compiler's message, naming the field
+/// under the step, e.g. `rules[1].when: ...`). A `wasm` step is compiled with its artifact
+/// elsewhere: here it is `Err(`[`WASM_NEEDS_ARTIFACT`]`)`.
+pub fn compile(spec: &crate::api::MiddlewareSpec) -> Result<Step, String> {
     if let Some(policy) = &spec.policy {
-        return policy::Policy::compile(policy).ok().map(Step::Policy);
+        return policy::Policy::compile(policy).map(Step::Policy);
     }
     if let Some(approval) = &spec.approval {
         return approval::ApprovalRule::compile(approval)
-            .ok()
-            .map(Step::Approval);
+            .map(Step::Approval)
+            .map_err(|e| format!("when: {e}"));
     }
     if let Some(redact) = &spec.redact {
-        return Some(Step::Redact(RedactRules {
+        return Ok(Step::Redact(RedactRules {
             paths: redact.paths.clone(),
             patterns: redact.patterns.clone(),
             replacement: redact
@@ -163,14 +170,13 @@ pub fn compile(spec: &crate::api::MiddlewareSpec) -> Option<Step> {
         }));
     }
     if let Some(audit) = &spec.audit {
-        return Some(Step::Audit(AuditOptions {
+        return Ok(Step::Audit(AuditOptions {
             exclude_args: audit.exclude_args.clone(),
             stdout: audit.stdout,
         }));
     }
     if let Some(rate) = &spec.rate_limit {
-        return Some(Step::RateLimit(bucket::RateLimit::new(rate)));
+        return Ok(Step::RateLimit(bucket::RateLimit::new(rate)));
     }
-    // CONTRACT(issue 10, helper D): wasm needs its artifact fetched and checked.
-    None
+    Err(WASM_NEEDS_ARTIFACT.to_string())
 }
