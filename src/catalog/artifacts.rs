@@ -161,71 +161,141 @@ pub fn load_local(
     config_maps: &[Sourced<ConfigMap>],
 ) -> LoadedArtifact {
     let artifact = &release.object.spec.artifact;
-    let source = match source_kind(artifact) {
-        Ok(source) => source,
-        Err(message) => return LoadedArtifact::failed(Reason::InvalidArtifactSource, message),
-    };
+    let namespace = release
+        .object
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or_default();
+    match read_local(artifact, release.source.dir(), namespace, config_maps) {
+        Ok(bytes) => check_bytes(bytes, artifact.digest.as_deref()),
+        Err((reason, message)) => LoadedArtifact::failed(reason, message),
+    }
+}
+
+/// The bytes an artifact names in a manifest directory (`dir`: the manifest's), not yet
+/// checked against its digest, or why there are none.
+pub fn read_local(
+    artifact: &ArtifactSource,
+    dir: &std::path::Path,
+    namespace: &str,
+    config_maps: &[Sourced<ConfigMap>],
+) -> Result<Vec<u8>, (Reason, String)> {
+    let source = source_kind(artifact).map_err(|m| (Reason::InvalidArtifactSource, m))?;
     if let Some(digest) = &artifact.digest
         && !is_valid_digest(digest)
     {
-        return LoadedArtifact::failed(
+        return Err((
             Reason::InvalidDigest,
             format!(
                 "spec.artifact.digest {digest:?} is not of the form sha256:<64 lowercase hex digits>"
             ),
-        );
+        ));
     }
-    let expected = artifact.digest.as_deref();
     match source {
         "file" => {
             let relative = artifact.file.as_deref().unwrap_or_default();
-            let path = release.source.dir().join(relative);
-            match read_artifact_file(&path) {
-                Ok(bytes) => check_bytes(bytes, expected),
-                Err(ArtifactFileError::Unreadable(error)) => LoadedArtifact::failed(
+            let path = dir.join(relative);
+            read_artifact_file(&path).map_err(|error| match error {
+                ArtifactFileError::Unreadable(error) => (
                     Reason::ArtifactNotFound,
                     format!(
                         "spec.artifact.file: cannot read {}: {error}",
                         path.display()
                     ),
                 ),
-                Err(error) => LoadedArtifact::failed(
+                error => (
                     Reason::InvalidArtifactFile,
                     format!("spec.artifact.file: {}: {error}", path.display()),
                 ),
-            }
+            })
         }
         "configMap" => {
             let Some(reference) = &artifact.config_map else {
-                return LoadedArtifact::failed(
+                return Err((
                     Reason::InvalidArtifactSource,
-                    "spec.artifact.configMap is empty",
-                );
+                    "spec.artifact.configMap is empty".into(),
+                ));
             };
-            let namespace = release
-                .object
-                .metadata
-                .namespace
-                .as_deref()
-                .unwrap_or_default();
-            match config_map_key(config_maps, namespace, &reference.name, &reference.key) {
-                Ok(bytes) => check_bytes(bytes, expected),
-                Err(message) => LoadedArtifact::failed(Reason::ArtifactNotFound, message),
-            }
+            config_map_key(config_maps, namespace, &reference.name, &reference.key)
+                .map_err(|m| (Reason::ArtifactNotFound, m))
         }
         _ => {
-            if expected.is_none() {
-                return LoadedArtifact::failed(
+            if artifact.digest.is_none() {
+                return Err((
                     Reason::InvalidArtifactSource,
-                    "spec.artifact.url requires spec.artifact.digest",
-                );
+                    "spec.artifact.url requires spec.artifact.digest".into(),
+                ));
             }
-            LoadedArtifact::failed(
+            Err((
                 Reason::UnsupportedSource,
-                "spec.artifact.url is fetched by the cluster controller; in a manifest directory use file or configMap",
-            )
+                "spec.artifact.url is fetched by the cluster controller; in a manifest directory use file or configMap".into(),
+            ))
         }
     }
+}
+
+/// A wasm Middleware's component: its digest and bytes, or why it cannot be used.
+#[derive(Clone, Debug)]
+pub enum WasmArtifact {
+    Ready {
+        digest: String,
+        bytes: std::sync::Arc<Vec<u8>>,
+    },
+    Failed {
+        reason: Reason,
+        message: String,
+    },
+}
+
+/// Verifies a wasm middleware's bytes against the expected digest (if any) and checks they
+/// are a middleware component ([`super::wasm::validate_middleware`]).
+pub fn check_middleware_bytes(bytes: Vec<u8>, expected: Option<&str>) -> WasmArtifact {
+    let digest = digest_of(&bytes);
+    if let Some(expected) = expected
+        && expected != digest
+    {
+        return WasmArtifact::Failed {
+            reason: Reason::DigestMismatch,
+            message: format!(
+                "spec.wasm.artifact.digest is {expected} but the artifact's digest is {digest}"
+            ),
+        };
+    }
+    match super::wasm::validate_middleware(&bytes) {
+        Ok(()) => WasmArtifact::Ready {
+            digest,
+            bytes: std::sync::Arc::new(bytes),
+        },
+        Err(error) => WasmArtifact::Failed {
+            reason: Reason::InvalidArtifact,
+            message: format!("spec.wasm.artifact: {error}"),
+        },
+    }
+}
+
+/// Loads the component of a wasm Middleware in a manifest directory (`None`: not a wasm
+/// step), like a release's artifact ([`load_local`]).
+pub fn load_local_middleware(
+    middleware: &Sourced<crate::api::Middleware>,
+    config_maps: &[Sourced<ConfigMap>],
+) -> Option<WasmArtifact> {
+    let artifact = &middleware.object.spec.wasm.as_ref()?.artifact;
+    let namespace = middleware
+        .object
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or_default();
+    Some(
+        match read_local(artifact, middleware.source.dir(), namespace, config_maps) {
+            Ok(bytes) => check_middleware_bytes(bytes, artifact.digest.as_deref()),
+            Err((reason, message)) => WasmArtifact::Failed {
+                reason,
+                message: message.replacen("spec.artifact", "spec.wasm.artifact", 1),
+            },
+        },
+    )
 }
 
 /// Why an artifact file is not read.

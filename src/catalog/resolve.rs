@@ -44,6 +44,9 @@ pub struct ResolveInput<'a> {
     pub set: &'a ResourceSet,
     /// The artifact of every release, by release.
     pub artifacts: &'a HashMap<ObjectKey, ArtifactOutcome>,
+    /// The component of every wasm Middleware, by Middleware (loaded and checked like a
+    /// release's artifact; one missing here is still loading).
+    pub wasm: &'a HashMap<ObjectKey, super::artifacts::WasmArtifact>,
     pub previous: &'a HashMap<ResourceId, PreviousState>,
     pub now: Timestamp,
     /// What exists for Agents to refer to (ServiceAccounts, Secrets and ConfigMaps with
@@ -785,6 +788,24 @@ impl<'a> Resolver<'a> {
                         ("Step".into(), step.to_string()),
                         ("Enforce".into(), d.object.spec.enforce.to_string()),
                     ];
+                    // A wasm step needs its component, loaded and checked.
+                    let wasm = d
+                        .object
+                        .spec
+                        .wasm
+                        .as_ref()
+                        .map(|spec| self.wasm_step(&d.id.key, spec));
+                    if let Some(Err((reason, message))) = wasm {
+                        let message = format!("{message}{}", d.source.suffix());
+                        tracing::warn!(resource = %d.id.key, "{message}");
+                        self.record_declared(
+                            &d,
+                            Desired::not_ready(reason, message),
+                            KindStatus::empty(Kind::Middleware),
+                            columns,
+                        );
+                        continue;
+                    }
                     self.record_declared(
                         &d,
                         Desired::ready(Reason::Resolved, format!("{step} step")),
@@ -794,7 +815,11 @@ impl<'a> Resolver<'a> {
                     valid.insert(d.id.key.clone(), d.object);
                     // CONTRACT(issue 10, helper A): a step that does not compile makes the
                     // Middleware Ready=False instead.
-                    if let Some(step) = crate::middleware::compile(&d.object.spec) {
+                    let step = match wasm {
+                        Some(Ok(step)) => Some(step),
+                        _ => crate::middleware::compile(&d.object.spec),
+                    };
+                    if let Some(step) = step {
                         self.snapshot.middleware.insert(
                             d.id.key.clone(),
                             Arc::new(crate::middleware::ResolvedMiddleware {
@@ -808,6 +833,27 @@ impl<'a> Resolver<'a> {
             }
         }
         valid
+    }
+
+    /// The step of a wasm Middleware `key`, or why it has none (a condition reason and
+    /// message): its component is loading, missing, wrong, or its limits are.
+    fn wasm_step(
+        &self,
+        key: &ObjectKey,
+        spec: &crate::api::WasmStep,
+    ) -> Result<crate::middleware::Step, (Reason, String)> {
+        use super::artifacts::WasmArtifact;
+        match self.input.wasm.get(key) {
+            None => Err((
+                Reason::ArtifactPending,
+                "spec.wasm.artifact has not been loaded yet".into(),
+            )),
+            Some(WasmArtifact::Failed { reason, message }) => Err((*reason, message.clone())),
+            Some(WasmArtifact::Ready { digest, bytes }) => {
+                crate::middleware::compile_wasm(spec, digest, bytes.clone())
+                    .map_err(|m| (Reason::InvalidSpec, m))
+            }
+        }
     }
 
     fn bindings(
@@ -1368,6 +1414,7 @@ spec: {effect: read, commands: [{name: default}]}
         resolve(&ResolveInput {
             set,
             artifacts,
+            wasm: &HashMap::new(),
             previous,
             now: at.parse().unwrap(),
             identities: None,

@@ -11,6 +11,15 @@ pub enum InvalidCommand {
     NotACommand(String),
 }
 
+/// Why bytes are not a wasm middleware component.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidMiddleware {
+    #[error("invalid WebAssembly: {0}")]
+    Invalid(String),
+    #[error("not a wasm middleware: {0}")]
+    NotAMiddleware(String),
+}
+
 /// Checks that `bytes` are a valid WASI command (a preview 1 module exporting `_start`,
 /// or a preview 2 component exporting `wasi:cli/run`) without compiling it: the control
 /// plane's check before a release is Ready. Returns `module` or `component`.
@@ -57,4 +66,55 @@ pub fn validate_command(bytes: &[u8]) -> Result<&'static str, InvalidCommand> {
         }));
     }
     Ok(kind)
+}
+
+/// Checks that `bytes` are a valid component that could be a wasm middleware (world
+/// `toolgrid:middleware/middleware`): it exports `toolgrid:middleware/decide@0.1.0` and
+/// imports nothing. Parsed and validated, not compiled: the gateway compiles it and checks
+/// the export's type on first use.
+pub fn validate_middleware(bytes: &[u8]) -> Result<(), InvalidMiddleware> {
+    use wasmparser::{Parser, Payload, Validator, WasmFeatures};
+    if !Parser::is_component(bytes) {
+        return Err(InvalidMiddleware::Invalid(if Parser::is_core_wasm(bytes) {
+            "a core module, not a component: make one with `toolgrid componentize --middleware`"
+                .into()
+        } else {
+            "not a WebAssembly component (bad magic number or version)".into()
+        }));
+    }
+    Validator::new_with_features(WasmFeatures::default())
+        .validate_all(bytes)
+        .map_err(|e| InvalidMiddleware::Invalid(e.to_string()))?;
+    let mut depth = 0usize;
+    let mut exports_decide = false;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(|e| InvalidMiddleware::Invalid(e.to_string()))? {
+            Payload::Version { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            Payload::ComponentExportSection(exports) if depth == 1 => {
+                for export in exports {
+                    let export = export.map_err(|e| InvalidMiddleware::Invalid(e.to_string()))?;
+                    exports_decide |= export.name.name
+                        == crate::gateway::wasm_middleware::DECIDE_INTERFACE;
+                }
+            }
+            Payload::ComponentImportSection(imports) if depth == 1 => {
+                if let Some(import) = imports.into_iter().next() {
+                    let import = import.map_err(|e| InvalidMiddleware::Invalid(e.to_string()))?;
+                    return Err(InvalidMiddleware::NotAMiddleware(format!(
+                        "the component imports {}; a middleware may import nothing",
+                        import.name.name
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+    if !exports_decide {
+        return Err(InvalidMiddleware::NotAMiddleware(format!(
+            "the component does not export {}",
+            crate::gateway::wasm_middleware::DECIDE_INTERFACE
+        )));
+    }
+    Ok(())
 }
