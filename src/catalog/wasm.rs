@@ -76,7 +76,7 @@ pub fn validate_middleware(bytes: &[u8]) -> Result<(), InvalidMiddleware> {
     use wasmparser::{Parser, Payload, Validator, WasmFeatures};
     if !Parser::is_component(bytes) {
         return Err(InvalidMiddleware::Invalid(if Parser::is_core_wasm(bytes) {
-            "a core module, not a component: make one with `toolgrid componentize --middleware`"
+            "a core module, not a component; make one with `toolgrid componentize --middleware`"
                 .into()
         } else {
             "not a WebAssembly component (bad magic number or version)".into()
