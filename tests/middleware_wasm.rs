@@ -178,7 +178,11 @@ fn write_middleware(manifests: &Path) {
     write("spin.wasm", component(0, "", "(loop $l (br $l))"));
     write(
         "hog.wasm",
-        component(0, "", "(loop $l (drop (memory.grow (i32.const 16))) (br $l))"),
+        component(
+            0,
+            "",
+            "(loop $l (drop (memory.grow (i32.const 16))) (br $l))",
+        ),
     );
     write("core.wasm", core_module(0, "", ""));
     std::fs::write(manifests.join("wasm-agents.yaml"), MORE).unwrap();
@@ -216,10 +220,7 @@ fn refused(result: Result<proto::Call, ApiError>, kind: ErrorKind, says: &str) {
 }
 
 fn uuids(call: &proto::Call) -> usize {
-    result_of(call)["uuids"]
-        .as_array()
-        .expect("uuids")
-        .len()
+    result_of(call)["uuids"].as_array().expect("uuids").len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,7 +251,13 @@ async fn wasm_middleware_allows_denies_rewrites_and_fails_closed() {
 
     // A rewrite into a command the agent may not call is refused as that call.
     refused(
-        invoke(&platform, WIDENER, "semver", &["compare", "1.2.0", "1.10.0"]).await,
+        invoke(
+            &platform,
+            WIDENER,
+            "semver",
+            &["compare", "1.2.0", "1.10.0"],
+        )
+        .await,
         ErrorKind::PermissionDenied,
         "to-bump",
     );
@@ -292,13 +299,22 @@ async fn wasm_middleware_allows_denies_rewrites_and_fails_closed() {
         .resource("Middleware", "not-a-component")
         .await
         .expect("listed");
-    assert_eq!((row.ready.as_str(), row.reason.as_str()), ("False", "InvalidArtifact"));
+    assert_eq!(
+        (row.ready.as_str(), row.reason.as_str()),
+        ("False", "InvalidArtifact")
+    );
     assert!(row.message.contains("not a component"), "{}", row.message);
     let row = platform
         .resource("Middleware", "wrong-digest")
         .await
         .expect("listed");
-    assert_eq!((row.ready.as_str(), row.reason.as_str()), ("False", "DigestMismatch"));
-    let row = platform.resource("Middleware", "guard").await.expect("listed");
+    assert_eq!(
+        (row.ready.as_str(), row.reason.as_str()),
+        ("False", "DigestMismatch")
+    );
+    let row = platform
+        .resource("Middleware", "guard")
+        .await
+        .expect("listed");
     assert_eq!(row.ready, "True", "{}", row.message);
 }

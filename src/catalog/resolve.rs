@@ -1673,4 +1673,72 @@ spec: {{agents: [nobody], tool: echo}}
         );
         assert_eq!(reason(Kind::ToolBinding, "stranger"), Reason::UnknownAgent);
     }
+
+    #[test]
+    fn a_wasm_middleware_is_ready_only_with_its_component() {
+        use crate::catalog::artifacts::WasmArtifact;
+        let wasm = |name: &str, extra: &str| {
+            format!(
+                "---\napiVersion: toolgrid.dev/v1alpha1\nkind: Middleware\nmetadata: {{name: {name}}}\nspec: {{wasm: {{artifact: {{file: m.wasm}}{extra}}}}}\n"
+            )
+        };
+        let text = format!(
+            "{BASE}{}{}{}{}{}---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {{name: through-bad}}\nspec: {{agents: [reporter], tool: echo, middleware: [bad]}}\n---\napiVersion: toolgrid.dev/v1alpha1\nkind: Agent\nmetadata: {{name: reporter}}\nspec: {{serviceAccount: reporter, permissions: [{{tools: [echo]}}]}}\n",
+            release("echo-1.2.0", "echo", "1.2.0"),
+            wasm("good", ", timeout: 200ms"),
+            wasm("bad", ""),
+            wasm("pending", ""),
+            wasm("slow", ", timeout: 5m"),
+        );
+        let set = set_of(&text);
+        assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+        let key = |name: &str| ObjectKey::new("default", name);
+        let ready = WasmArtifact::Ready {
+            digest: "sha256:c".into(),
+            bytes: Arc::new(vec![0]),
+        };
+        let components: HashMap<ObjectKey, WasmArtifact> = [
+            (key("good"), ready.clone()),
+            (key("slow"), ready),
+            (
+                key("bad"),
+                WasmArtifact::Failed {
+                    reason: Reason::InvalidArtifact,
+                    message: "spec.wasm.artifact: not a wasm middleware".into(),
+                },
+            ),
+        ]
+        .into();
+        let snapshot = resolve(&ResolveInput {
+            set: &set,
+            artifacts: &ready_artifacts(&set, "sha256:a"),
+            wasm: &components,
+            previous: &HashMap::new(),
+            now: T0.parse().unwrap(),
+            identities: None,
+        });
+        let ready = |name: &str| state(&snapshot, Kind::Middleware, name).ready.clone();
+        assert_eq!(ready("good").reason, Reason::Resolved);
+        let Some(crate::middleware::Step::Wasm(module)) =
+            snapshot.middleware.get(&key("good")).map(|m| &m.step)
+        else {
+            panic!("a wasm step")
+        };
+        assert_eq!(module.digest, "sha256:c");
+        assert_eq!(module.timeout, Duration::from_millis(200));
+        assert_eq!(ready("bad").reason, Reason::InvalidArtifact);
+        assert!(ready("bad").message.contains("not a wasm middleware"));
+        assert_eq!(ready("pending").reason, Reason::ArtifactPending);
+        assert_eq!(ready("slow").reason, Reason::InvalidSpec);
+        assert!(ready("slow").message.contains("spec.wasm.timeout"));
+        for name in ["bad", "pending", "slow"] {
+            assert!(!snapshot.middleware.contains_key(&key(name)), "{name}");
+        }
+        assert_eq!(
+            state(&snapshot, Kind::ToolBinding, "through-bad")
+                .ready
+                .reason,
+            Reason::UnknownMiddleware
+        );
+    }
 }

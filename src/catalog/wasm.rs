@@ -94,8 +94,8 @@ pub fn validate_middleware(bytes: &[u8]) -> Result<(), InvalidMiddleware> {
             Payload::ComponentExportSection(exports) if depth == 1 => {
                 for export in exports {
                     let export = export.map_err(|e| InvalidMiddleware::Invalid(e.to_string()))?;
-                    exports_decide |= export.name.name
-                        == crate::gateway::wasm_middleware::DECIDE_INTERFACE;
+                    exports_decide |=
+                        export.name.name == crate::gateway::wasm_middleware::DECIDE_INTERFACE;
                 }
             }
             Payload::ComponentImportSection(imports) if depth == 1 => {
@@ -117,4 +117,41 @@ pub fn validate_middleware(bytes: &[u8]) -> Result<(), InvalidMiddleware> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::wasm_middleware::middleware_component;
+
+    const CORE: &str = r#"(module
+  (memory (export "memory") 1)
+  (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32) (i32.const 1024))
+  (func (export "toolgrid:middleware/decide@0.1.0#decide") (param i32 i32) (result i32)
+    (i32.const 0)))"#;
+
+    #[test]
+    fn a_middleware_is_a_component_exporting_decide_and_importing_nothing() {
+        let core = wat::parse_str(CORE).unwrap();
+        assert_eq!(
+            validate_middleware(&middleware_component(&core).unwrap()),
+            Ok(())
+        );
+        let error = validate_middleware(&core).unwrap_err();
+        assert!(error.to_string().contains("core module"), "{error}");
+        let error = validate_middleware(b"not wasm").unwrap_err();
+        assert!(matches!(error, InvalidMiddleware::Invalid(_)));
+        let empty = wat::parse_str("(component)").unwrap();
+        assert!(matches!(
+            validate_middleware(&empty),
+            Err(InvalidMiddleware::NotAMiddleware(m)) if m.contains("does not export")
+        ));
+        let importing =
+            wat::parse_str(r#"(component (import "wasi:clocks/wall-clock@0.2.0" (instance)))"#)
+                .unwrap();
+        assert!(matches!(
+            validate_middleware(&importing),
+            Err(InvalidMiddleware::NotAMiddleware(m)) if m.contains("import nothing")
+        ));
+    }
 }

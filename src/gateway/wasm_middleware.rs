@@ -100,7 +100,8 @@ impl WasmRunner {
         }
     }
 
-    /// What Middleware `name`'s component decides about `call`.
+    /// What Middleware `name`'s component decides about `call`. A [`StepOutcome::Failed`]
+    /// message names the cause (the chain adds the Middleware's name).
     pub async fn decide(&self, name: &str, module: &WasmModule, call: &CallView) -> StepOutcome {
         let pre = match self.prepare(module).await {
             Ok(pre) => pre,
@@ -112,12 +113,14 @@ impl WasmRunner {
         let current = call.clone();
         let joined = tokio::task::spawn_blocking(move || run(&engine, &pre, &module, &input)).await;
         match joined {
-            Ok(Ok(verdict)) => outcome(verdict, &current)
-                .unwrap_or_else(|f| StepOutcome::Failed(format!("wasm middleware {name}: {f}"))),
-            Ok(Err(failure)) => StepOutcome::Failed(format!("wasm middleware {name}: {failure}")),
-            Err(error) => StepOutcome::Failed(format!(
-                "wasm middleware {name}: the sandbox did not finish: {error}"
-            )),
+            Ok(Ok(verdict)) => {
+                outcome(verdict, &current).unwrap_or_else(|f| StepOutcome::Failed(f.to_string()))
+            }
+            Ok(Err(failure)) => StepOutcome::Failed(failure.to_string()),
+            Err(error) => {
+                tracing::warn!(middleware = name, %error, "a wasm middleware sandbox did not finish");
+                StepOutcome::Failed(format!("the sandbox did not finish: {error}"))
+            }
         }
     }
 
@@ -138,7 +141,7 @@ impl WasmRunner {
             cache.clear();
         }
         cache.insert(module.digest.clone(), compiled.clone());
-        compiled.map_err(|m| format!("wasm middleware {}: {m}", module.digest))
+        compiled.map_err(|m| format!("component {}: {m}", module.digest))
     }
 
     fn cached(&self, digest: &str) -> Option<Result<MiddlewarePre<Limits>, String>> {
@@ -147,7 +150,7 @@ impl WasmRunner {
             .unwrap_or_else(|e| e.into_inner())
             .get(digest)
             .cloned()
-            .map(|r| r.map_err(|m| format!("wasm middleware {digest}: {m}")))
+            .map(|r| r.map_err(|m| format!("component {digest}: {m}")))
     }
 }
 
@@ -306,7 +309,10 @@ mod tests {
             namespace: "default".into(),
             tool: "uuid".into(),
             command: "generate".into(),
-            args: serde_json::json!({"count": 3}).as_object().cloned().unwrap(),
+            args: serde_json::json!({"count": 3})
+                .as_object()
+                .cloned()
+                .unwrap(),
             effect: Effect::Read,
             release: "1.0.0".into(),
             dry_run: false,
@@ -362,7 +368,10 @@ mod tests {
             panic!("a rewrite")
         };
         assert_eq!(r.command, "generate");
-        assert_eq!(r.args, *serde_json::json!({"count": 1}).as_object().unwrap());
+        assert_eq!(
+            r.args,
+            *serde_json::json!({"count": 1}).as_object().unwrap()
+        );
         let StepOutcome::Rewrite(r) = decide(fixed(2, r#"{"command":"other"}"#, "")).await else {
             panic!("a rewrite")
         };

@@ -224,11 +224,15 @@ mod wasm_tests {
     #[test]
     fn a_wasm_step_gets_default_and_bounded_limits() {
         let bytes = Arc::new(vec![1, 2, 3]);
-        let Ok(Step::Wasm(m)) = compile_wasm(&spec("artifact: {file: m.wasm}"), "sha256:x", bytes.clone())
+        let Ok(Step::Wasm(m)) =
+            compile_wasm(&spec("artifact: {file: m.wasm}"), "sha256:x", bytes.clone())
         else {
             panic!("compiles")
         };
-        assert_eq!((m.timeout, m.memory_bytes), (DEFAULT_WASM_TIMEOUT, DEFAULT_WASM_MEMORY));
+        assert_eq!(
+            (m.timeout, m.memory_bytes),
+            (DEFAULT_WASM_TIMEOUT, DEFAULT_WASM_MEMORY)
+        );
         assert_eq!(m.digest, "sha256:x");
         let Ok(Step::Wasm(m)) = compile_wasm(
             &spec("{artifact: {file: m.wasm}, timeout: 250ms, memory: 8Mi}"),
