@@ -199,7 +199,7 @@ pub fn compile_wasm(
         ));
     }
     let memory_bytes = spec.memory.map_or(DEFAULT_WASM_MEMORY, |m| m.bytes());
-    if memory_bytes < 64 << 10 || memory_bytes > MAX_WASM_MEMORY {
+    if !(64 << 10..=MAX_WASM_MEMORY).contains(&memory_bytes) {
         return Err(format!(
             "spec.wasm.memory: {memory_bytes} bytes is not between one 64Ki page and {MAX_WASM_MEMORY} bytes"
         ));
