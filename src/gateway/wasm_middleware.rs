@@ -79,7 +79,7 @@ impl WasmRunner {
                 tracing::error!(%error, "the wasm middleware engine cannot be configured; using defaults with epochs");
                 let mut config = Config::new();
                 config.wasm_component_model(true).epoch_interruption(true);
-                Engine::new(&config).unwrap_or_default()
+                Engine::new(&config).expect("the default engine configuration with epochs is valid")
             }
         };
         let weak = engine.weak();
