@@ -20,7 +20,7 @@ const HOGGER: &str = "hogger-token-value";
 
 /// Agents, each bound through one wasm Middleware: `guarded` to uuid through the guard
 /// example, `widener` to semver through `to-bump` (rewrites compare into bump, which the
-/// agent may not call), `trapper`, `looper` and `hogger` to uuid through components that
+/// agent may not call) and to uuid through `too-many` (rewrites count beyond the schema), `trapper`, `looper` and `hogger` to uuid through components that
 /// trap, spin and grow their memory.
 const MORE: &str = r#"
 apiVersion: v1
@@ -50,7 +50,7 @@ kind: Agent
 metadata: {name: widener}
 spec:
   tokenSecretRef: {name: wasm-agent-tokens, key: widener}
-  permissions: [{tools: [semver], commands: [compare]}]
+  permissions: [{tools: [semver], commands: [compare]}, {tools: [uuid]}]
 ---
 apiVersion: toolgrid.dev/v1alpha1
 kind: ToolBinding
@@ -114,6 +114,16 @@ metadata: {name: hog}
 spec: {wasm: {artifact: {file: hog.wasm}, memory: 1Mi}}
 ---
 apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {name: widener-uuid}
+spec: {agents: [widener], tool: uuid, middleware: [too-many]}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {name: too-many}
+spec: {wasm: {artifact: {file: too-many.wasm}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
 kind: Middleware
 metadata: {name: not-a-component}
 spec: {wasm: {artifact: {file: core.wasm}}}
@@ -173,6 +183,10 @@ fn write_middleware(manifests: &Path) {
             r#"{"command":"bump","args":{"version":"1.2.0","part":"major"}}"#,
             "",
         ),
+    );
+    write(
+        "too-many.wasm",
+        component(2, r#"{"args":{"count":500}}"#, ""),
     );
     write("trap.wasm", component(0, "", "unreachable"));
     write("spin.wasm", component(0, "", "(loop $l (br $l))"));
@@ -260,6 +274,13 @@ async fn wasm_middleware_allows_denies_rewrites_and_fails_closed() {
         .await,
         ErrorKind::PermissionDenied,
         "to-bump",
+    );
+
+    // ... and a rewrite into arguments the schema rejects, as those arguments.
+    refused(
+        invoke(&platform, WIDENER, "uuid", &["generate"]).await,
+        ErrorKind::InvalidArgument,
+        "too-many",
     );
 
     // A trap, a timeout and running out of memory refuse the call: the chain fails closed.

@@ -383,6 +383,91 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_wasm_middleware_component_is_loaded_from_a_file_or_a_config_map_and_checked() {
+        use super::super::manifest::{ResourceSet, load_text};
+        let core = wat::parse_str(
+            r#"(module (memory (export "memory") 1)
+  (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32) (i32.const 1024))
+  (func (export "toolgrid:middleware/decide@0.1.0#decide") (param i32 i32) (result i32) (i32.const 0)))"#,
+        )
+        .unwrap();
+        let component = crate::gateway::wasm_middleware::middleware_component(&core).unwrap();
+        let digest = digest_of(&component);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("m.wasm"), &component).unwrap();
+        std::fs::write(dir.path().join("core.wasm"), &core).unwrap();
+        let text = format!(
+            r#"apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: file}}
+spec: {{wasm: {{artifact: {{file: m.wasm, digest: "{digest}"}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: core}}
+spec: {{wasm: {{artifact: {{file: core.wasm}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: missing}}
+spec: {{wasm: {{artifact: {{file: nope.wasm}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: pinned-wrong}}
+spec: {{wasm: {{artifact: {{configMap: {{name: mw, key: m.wasm}}, digest: "sha256:{zeros}"}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: from-config-map}}
+spec: {{wasm: {{artifact: {{configMap: {{name: mw, key: m.wasm}}}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: not-wasm}}
+spec: {{audit: {{}}}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: mw}}
+binaryData: {{m.wasm: "{b64}"}}
+"#,
+            zeros = "0".repeat(64),
+            b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &component),
+        );
+        let mut set = ResourceSet::default();
+        load_text(&dir.path().join("m.yaml"), &text, &mut set);
+        assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+        let load = |name: &str| {
+            let m = set
+                .middleware
+                .iter()
+                .find(|m| m.object.metadata.name.as_deref() == Some(name))
+                .unwrap();
+            load_local_middleware(m, &set.config_maps)
+        };
+        let failed = |name: &str| match load(name) {
+            Some(WasmArtifact::Failed { reason, message }) => (reason, message),
+            other => panic!("{name}: {other:?}"),
+        };
+        for name in ["file", "from-config-map"] {
+            let Some(WasmArtifact::Ready { digest: d, bytes }) = load(name) else {
+                panic!("{name} loads")
+            };
+            assert_eq!(
+                (d.as_str(), bytes.as_slice()),
+                (digest.as_str(), &component[..])
+            );
+        }
+        assert_eq!(failed("core").0, Reason::InvalidArtifact);
+        assert!(failed("core").1.contains("core module"));
+        assert_eq!(failed("missing").0, Reason::ArtifactNotFound);
+        assert!(failed("missing").1.starts_with("spec.wasm.artifact.file"));
+        assert_eq!(failed("pinned-wrong").0, Reason::DigestMismatch);
+        assert!(load("not-wasm").is_none());
+    }
+
+    #[test]
     fn an_artifact_file_is_a_regular_file_of_bounded_size() {
         let error = read_artifact_file(std::path::Path::new("/dev/zero")).unwrap_err();
         assert!(matches!(
