@@ -25,8 +25,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
  && rm -rf src target/release/toolgrid target/release/deps/toolgrid-* \
            target/release/deps/libtoolgrid-* target/release/.fingerprint/toolgrid-*
 
-# The crate itself. COPY keeps the files' old mtimes, so touch them: cargo must not take
-# the stub's build for up to date.
+# The crate itself (and the WIT the wasm middleware host is generated from). COPY keeps the
+# files' old mtimes, so touch them: cargo must not take the stub's build for up to date.
+COPY wit ./wit
 COPY src ./src
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \

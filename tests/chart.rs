@@ -198,6 +198,7 @@ fn the_kubernetes_examples_load_and_resolve_with_configmap_artifacts() {
     let snapshot = toolgrid::catalog::resolve::resolve(&toolgrid::catalog::resolve::ResolveInput {
         set: &set,
         artifacts: &artifacts,
+        wasm: &Default::default(),
         previous: &Default::default(),
         now: k8s_openapi::jiff::Timestamp::now(),
         identities: None,

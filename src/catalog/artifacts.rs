@@ -161,71 +161,141 @@ pub fn load_local(
     config_maps: &[Sourced<ConfigMap>],
 ) -> LoadedArtifact {
     let artifact = &release.object.spec.artifact;
-    let source = match source_kind(artifact) {
-        Ok(source) => source,
-        Err(message) => return LoadedArtifact::failed(Reason::InvalidArtifactSource, message),
-    };
+    let namespace = release
+        .object
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or_default();
+    match read_local(artifact, release.source.dir(), namespace, config_maps) {
+        Ok(bytes) => check_bytes(bytes, artifact.digest.as_deref()),
+        Err((reason, message)) => LoadedArtifact::failed(reason, message),
+    }
+}
+
+/// The bytes an artifact names in a manifest directory (`dir`: the manifest's), not yet
+/// checked against its digest, or why there are none.
+pub fn read_local(
+    artifact: &ArtifactSource,
+    dir: &std::path::Path,
+    namespace: &str,
+    config_maps: &[Sourced<ConfigMap>],
+) -> Result<Vec<u8>, (Reason, String)> {
+    let source = source_kind(artifact).map_err(|m| (Reason::InvalidArtifactSource, m))?;
     if let Some(digest) = &artifact.digest
         && !is_valid_digest(digest)
     {
-        return LoadedArtifact::failed(
+        return Err((
             Reason::InvalidDigest,
             format!(
                 "spec.artifact.digest {digest:?} is not of the form sha256:<64 lowercase hex digits>"
             ),
-        );
+        ));
     }
-    let expected = artifact.digest.as_deref();
     match source {
         "file" => {
             let relative = artifact.file.as_deref().unwrap_or_default();
-            let path = release.source.dir().join(relative);
-            match read_artifact_file(&path) {
-                Ok(bytes) => check_bytes(bytes, expected),
-                Err(ArtifactFileError::Unreadable(error)) => LoadedArtifact::failed(
+            let path = dir.join(relative);
+            read_artifact_file(&path).map_err(|error| match error {
+                ArtifactFileError::Unreadable(error) => (
                     Reason::ArtifactNotFound,
                     format!(
                         "spec.artifact.file: cannot read {}: {error}",
                         path.display()
                     ),
                 ),
-                Err(error) => LoadedArtifact::failed(
+                error => (
                     Reason::InvalidArtifactFile,
                     format!("spec.artifact.file: {}: {error}", path.display()),
                 ),
-            }
+            })
         }
         "configMap" => {
             let Some(reference) = &artifact.config_map else {
-                return LoadedArtifact::failed(
+                return Err((
                     Reason::InvalidArtifactSource,
-                    "spec.artifact.configMap is empty",
-                );
+                    "spec.artifact.configMap is empty".into(),
+                ));
             };
-            let namespace = release
-                .object
-                .metadata
-                .namespace
-                .as_deref()
-                .unwrap_or_default();
-            match config_map_key(config_maps, namespace, &reference.name, &reference.key) {
-                Ok(bytes) => check_bytes(bytes, expected),
-                Err(message) => LoadedArtifact::failed(Reason::ArtifactNotFound, message),
-            }
+            config_map_key(config_maps, namespace, &reference.name, &reference.key)
+                .map_err(|m| (Reason::ArtifactNotFound, m))
         }
         _ => {
-            if expected.is_none() {
-                return LoadedArtifact::failed(
+            if artifact.digest.is_none() {
+                return Err((
                     Reason::InvalidArtifactSource,
-                    "spec.artifact.url requires spec.artifact.digest",
-                );
+                    "spec.artifact.url requires spec.artifact.digest".into(),
+                ));
             }
-            LoadedArtifact::failed(
+            Err((
                 Reason::UnsupportedSource,
-                "spec.artifact.url is fetched by the cluster controller; in a manifest directory use file or configMap",
-            )
+                "spec.artifact.url is fetched by the cluster controller; in a manifest directory use file or configMap".into(),
+            ))
         }
     }
+}
+
+/// A wasm Middleware's component: its digest and bytes, or why it cannot be used.
+#[derive(Clone, Debug)]
+pub enum WasmArtifact {
+    Ready {
+        digest: String,
+        bytes: std::sync::Arc<Vec<u8>>,
+    },
+    Failed {
+        reason: Reason,
+        message: String,
+    },
+}
+
+/// Verifies a wasm middleware's bytes against the expected digest (if any) and checks they
+/// are a middleware component ([`super::wasm::validate_middleware`]).
+pub fn check_middleware_bytes(bytes: Vec<u8>, expected: Option<&str>) -> WasmArtifact {
+    let digest = digest_of(&bytes);
+    if let Some(expected) = expected
+        && expected != digest
+    {
+        return WasmArtifact::Failed {
+            reason: Reason::DigestMismatch,
+            message: format!(
+                "spec.wasm.artifact.digest is {expected} but the artifact's digest is {digest}"
+            ),
+        };
+    }
+    match super::wasm::validate_middleware(&bytes) {
+        Ok(()) => WasmArtifact::Ready {
+            digest,
+            bytes: std::sync::Arc::new(bytes),
+        },
+        Err(error) => WasmArtifact::Failed {
+            reason: Reason::InvalidArtifact,
+            message: format!("spec.wasm.artifact: {error}"),
+        },
+    }
+}
+
+/// Loads the component of a wasm Middleware in a manifest directory (`None`: not a wasm
+/// step), like a release's artifact ([`load_local`]).
+pub fn load_local_middleware(
+    middleware: &Sourced<crate::api::Middleware>,
+    config_maps: &[Sourced<ConfigMap>],
+) -> Option<WasmArtifact> {
+    let artifact = &middleware.object.spec.wasm.as_ref()?.artifact;
+    let namespace = middleware
+        .object
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or_default();
+    Some(
+        match read_local(artifact, middleware.source.dir(), namespace, config_maps) {
+            Ok(bytes) => check_middleware_bytes(bytes, artifact.digest.as_deref()),
+            Err((reason, message)) => WasmArtifact::Failed {
+                reason,
+                message: message.replacen("spec.artifact", "spec.wasm.artifact", 1),
+            },
+        },
+    )
 }
 
 /// Why an artifact file is not read.
@@ -311,6 +381,91 @@ pub fn bytes_of(cm: &ConfigMap, key: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wasm_middleware_component_is_loaded_from_a_file_or_a_config_map_and_checked() {
+        use super::super::manifest::{ResourceSet, load_text};
+        let core = wat::parse_str(
+            r#"(module (memory (export "memory") 1)
+  (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32) (i32.const 1024))
+  (func (export "toolgrid:middleware/decide@0.1.0#decide") (param i32 i32) (result i32) (i32.const 0)))"#,
+        )
+        .unwrap();
+        let component = crate::gateway::wasm_middleware::middleware_component(&core).unwrap();
+        let digest = digest_of(&component);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("m.wasm"), &component).unwrap();
+        std::fs::write(dir.path().join("core.wasm"), &core).unwrap();
+        let text = format!(
+            r#"apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: file}}
+spec: {{wasm: {{artifact: {{file: m.wasm, digest: "{digest}"}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: core}}
+spec: {{wasm: {{artifact: {{file: core.wasm}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: missing}}
+spec: {{wasm: {{artifact: {{file: nope.wasm}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: pinned-wrong}}
+spec: {{wasm: {{artifact: {{configMap: {{name: mw, key: m.wasm}}, digest: "sha256:{zeros}"}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: from-config-map}}
+spec: {{wasm: {{artifact: {{configMap: {{name: mw, key: m.wasm}}}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: not-wasm}}
+spec: {{audit: {{}}}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: mw}}
+binaryData: {{m.wasm: "{b64}"}}
+"#,
+            zeros = "0".repeat(64),
+            b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &component),
+        );
+        let mut set = ResourceSet::default();
+        load_text(&dir.path().join("m.yaml"), &text, &mut set);
+        assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+        let load = |name: &str| {
+            let m = set
+                .middleware
+                .iter()
+                .find(|m| m.object.metadata.name.as_deref() == Some(name))
+                .unwrap();
+            load_local_middleware(m, &set.config_maps)
+        };
+        let failed = |name: &str| match load(name) {
+            Some(WasmArtifact::Failed { reason, message }) => (reason, message),
+            other => panic!("{name}: {other:?}"),
+        };
+        for name in ["file", "from-config-map"] {
+            let Some(WasmArtifact::Ready { digest: d, bytes }) = load(name) else {
+                panic!("{name} loads")
+            };
+            assert_eq!(
+                (d.as_str(), bytes.as_slice()),
+                (digest.as_str(), &component[..])
+            );
+        }
+        assert_eq!(failed("core").0, Reason::InvalidArtifact);
+        assert!(failed("core").1.contains("core module"));
+        assert_eq!(failed("missing").0, Reason::ArtifactNotFound);
+        assert!(failed("missing").1.starts_with("spec.wasm.artifact.file"));
+        assert_eq!(failed("pinned-wrong").0, Reason::DigestMismatch);
+        assert!(load("not-wasm").is_none());
+    }
 
     #[test]
     fn an_artifact_file_is_a_regular_file_of_bounded_size() {

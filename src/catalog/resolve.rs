@@ -44,6 +44,9 @@ pub struct ResolveInput<'a> {
     pub set: &'a ResourceSet,
     /// The artifact of every release, by release.
     pub artifacts: &'a HashMap<ObjectKey, ArtifactOutcome>,
+    /// The component of every wasm Middleware, by Middleware (loaded and checked like a
+    /// release's artifact; one missing here is still loading).
+    pub wasm: &'a HashMap<ObjectKey, super::artifacts::WasmArtifact>,
     pub previous: &'a HashMap<ResourceId, PreviousState>,
     pub now: Timestamp,
     /// What exists for Agents to refer to (ServiceAccounts, Secrets and ConfigMaps with
@@ -786,7 +789,9 @@ impl<'a> Resolver<'a> {
                         ("Enforce".into(), d.object.spec.enforce.to_string()),
                     ];
                     let compiled = match &d.object.spec.wasm {
-                        Some(wasm) => self.wasm_step(&d, wasm),
+                        Some(wasm) => self
+                            .wasm_step(&d.id.key, wasm)
+                            .map_err(|(reason, message)| (reason, format!("{message}{}", d.source.suffix()))),
                         None => crate::middleware::compile(&d.object.spec).map_err(|e| {
                             (
                                 Reason::InvalidExpression,
@@ -817,26 +822,6 @@ impl<'a> Resolver<'a> {
             }
         }
         valid
-    }
-
-    /// Compiles a `wasm` Middleware's step: its artifact fetched and checked (`Err`: the
-    /// reason and message of its Ready=False condition).
-    ///
-    /// CONTRACT(issue 10, helper D): fetch and check the artifact (as releases do) and
-    /// return `Step::Wasm`. Until then a wasm Middleware is not Ready.
-    fn wasm_step(
-        &mut self,
-        d: &Declared<'_, Middleware>,
-        _wasm: &crate::api::WasmStep,
-    ) -> Result<crate::middleware::Step, (Reason, String)> {
-        Err((
-            Reason::ArtifactPending,
-            format!(
-                "{}{}",
-                crate::middleware::WASM_NEEDS_ARTIFACT,
-                d.source.suffix()
-            ),
-        ))
     }
 
     /// Why a binding in `ns` naming `listed` cannot run its chain: a Middleware it names
@@ -920,6 +905,27 @@ impl<'a> Resolver<'a> {
             "<none>".to_string()
         } else {
             names.join(",")
+        }
+    }
+
+    /// The step of a wasm Middleware `key`, or why it has none (a condition reason and
+    /// message): its component is loading, missing, wrong, or its limits are.
+    fn wasm_step(
+        &self,
+        key: &ObjectKey,
+        spec: &crate::api::WasmStep,
+    ) -> Result<crate::middleware::Step, (Reason, String)> {
+        use super::artifacts::WasmArtifact;
+        match self.input.wasm.get(key) {
+            None => Err((
+                Reason::ArtifactPending,
+                "spec.wasm.artifact has not been loaded yet".into(),
+            )),
+            Some(WasmArtifact::Failed { reason, message }) => Err((*reason, message.clone())),
+            Some(WasmArtifact::Ready { digest, bytes }) => {
+                crate::middleware::compile_wasm(spec, digest, bytes.clone())
+                    .map_err(|m| (Reason::InvalidSpec, m))
+            }
         }
     }
 
@@ -1486,6 +1492,7 @@ spec: {effect: read, commands: [{name: default}]}
         resolve(&ResolveInput {
             set,
             artifacts,
+            wasm: &HashMap::new(),
             previous,
             now: at.parse().unwrap(),
             identities: None,
@@ -1969,5 +1976,73 @@ spec: {enforce: true, audit: {}, rateLimit: {requests: 1, per: 1s}}
             let names: Vec<&str> = chain.links.iter().map(|l| l.name()).collect();
             assert_eq!(names, ["audit-all", "limit", "approve-pushes"]);
         }
+    }
+
+    #[test]
+    fn a_wasm_middleware_is_ready_only_with_its_component() {
+        use crate::catalog::artifacts::WasmArtifact;
+        let wasm = |name: &str, extra: &str| {
+            format!(
+                "---\napiVersion: toolgrid.dev/v1alpha1\nkind: Middleware\nmetadata: {{name: {name}}}\nspec: {{wasm: {{artifact: {{file: m.wasm}}{extra}}}}}\n"
+            )
+        };
+        let text = format!(
+            "{BASE}{}{}{}{}{}---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {{name: through-bad}}\nspec: {{agents: [reporter], tool: echo, middleware: [bad]}}\n---\napiVersion: toolgrid.dev/v1alpha1\nkind: Agent\nmetadata: {{name: reporter}}\nspec: {{serviceAccount: reporter, permissions: [{{tools: [echo]}}]}}\n",
+            release("echo-1.2.0", "echo", "1.2.0"),
+            wasm("good", ", timeout: 200ms"),
+            wasm("bad", ""),
+            wasm("pending", ""),
+            wasm("slow", ", timeout: 5m"),
+        );
+        let set = set_of(&text);
+        assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+        let key = |name: &str| ObjectKey::new("default", name);
+        let ready = WasmArtifact::Ready {
+            digest: "sha256:c".into(),
+            bytes: Arc::new(vec![0]),
+        };
+        let components: HashMap<ObjectKey, WasmArtifact> = [
+            (key("good"), ready.clone()),
+            (key("slow"), ready),
+            (
+                key("bad"),
+                WasmArtifact::Failed {
+                    reason: Reason::InvalidArtifact,
+                    message: "spec.wasm.artifact: not a wasm middleware".into(),
+                },
+            ),
+        ]
+        .into();
+        let snapshot = resolve(&ResolveInput {
+            set: &set,
+            artifacts: &ready_artifacts(&set, "sha256:a"),
+            wasm: &components,
+            previous: &HashMap::new(),
+            now: T0.parse().unwrap(),
+            identities: None,
+        });
+        let ready = |name: &str| state(&snapshot, Kind::Middleware, name).ready.clone();
+        assert_eq!(ready("good").reason, Reason::Resolved);
+        let Some(crate::middleware::Step::Wasm(module)) =
+            snapshot.middleware.get(&key("good")).map(|m| &m.step)
+        else {
+            panic!("a wasm step")
+        };
+        assert_eq!(module.digest, "sha256:c");
+        assert_eq!(module.timeout, Duration::from_millis(200));
+        assert_eq!(ready("bad").reason, Reason::InvalidArtifact);
+        assert!(ready("bad").message.contains("not a wasm middleware"));
+        assert_eq!(ready("pending").reason, Reason::ArtifactPending);
+        assert_eq!(ready("slow").reason, Reason::InvalidSpec);
+        assert!(ready("slow").message.contains("spec.wasm.timeout"));
+        for name in ["bad", "pending", "slow"] {
+            assert!(!snapshot.middleware.contains_key(&key(name)), "{name}");
+        }
+        assert_eq!(
+            state(&snapshot, Kind::ToolBinding, "through-bad")
+                .ready
+                .reason,
+            Reason::MiddlewareNotReady
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! the directory (and the artifacts it names) so changes apply without a restart.
 
 use super::Catalog;
-use super::artifacts::{StoredArtifacts, load_local};
+use super::artifacts::{StoredArtifacts, load_local, load_local_middleware};
 use super::manifest::{ResourceSet, load_dir};
 use super::resolve::{PreviousState, ResolveInput, previous_of, resolve};
 use super::snapshot::{ObjectKey, ResourceId, Snapshot};
@@ -49,7 +49,7 @@ impl ManifestSource {
     pub async fn reload(&self) -> anyhow::Result<Arc<Snapshot>> {
         let _one_at_a_time = self.reloads.lock().await;
         let dir = self.dir.clone();
-        let (set, loaded) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
+        let (set, loaded, wasm) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
             let set = load_dir(&dir)?;
             let loaded: Vec<_> = set
                 .releases
@@ -62,7 +62,18 @@ impl ManifestSource {
                     (key, load_local(r, &set.config_maps))
                 })
                 .collect();
-            Ok((set, loaded))
+            let wasm: HashMap<_, _> = set
+                .middleware
+                .iter()
+                .filter_map(|m| {
+                    let key = ObjectKey::new(
+                        m.object.metadata.namespace.clone().unwrap_or_default(),
+                        m.object.metadata.name.clone().unwrap_or_default(),
+                    );
+                    Some((key, load_local_middleware(m, &set.config_maps)?))
+                })
+                .collect();
+            Ok((set, loaded, wasm))
         })
         .await??;
 
@@ -83,6 +94,7 @@ impl ManifestSource {
         let snapshot = resolve(&ResolveInput {
             set: &set,
             artifacts: &artifacts,
+            wasm: &wasm,
             previous: &previous,
             now: k8s_openapi::jiff::Timestamp::now(),
             identities: Some(&identities),
@@ -105,12 +117,19 @@ impl ManifestSource {
     }
 
     fn remember_artifact_dirs(&self, set: &ResourceSet) {
-        let dirs: BTreeSet<PathBuf> = set
+        let releases = set
             .releases
             .iter()
-            .filter_map(|r| {
-                let file = r.object.spec.artifact.file.as_ref()?;
-                let path = r.source.dir().join(file);
+            .map(|r| (&r.object.spec.artifact, &r.source));
+        let middleware = set.middleware.iter().filter_map(|m| {
+            let wasm = m.object.spec.wasm.as_ref()?;
+            Some((&wasm.artifact, &m.source))
+        });
+        let dirs: BTreeSet<PathBuf> = releases
+            .chain(middleware)
+            .filter_map(|(artifact, source)| {
+                let file = artifact.file.as_ref()?;
+                let path = source.dir().join(file);
                 path.parent().map(Path::to_path_buf)
             })
             .collect();

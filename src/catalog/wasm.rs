@@ -11,6 +11,15 @@ pub enum InvalidCommand {
     NotACommand(String),
 }
 
+/// Why bytes are not a wasm middleware component.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidMiddleware {
+    #[error("invalid WebAssembly: {0}")]
+    Invalid(String),
+    #[error("not a wasm middleware: {0}")]
+    NotAMiddleware(String),
+}
+
 /// Checks that `bytes` are a valid WASI command (a preview 1 module exporting `_start`,
 /// or a preview 2 component exporting `wasi:cli/run`) without compiling it: the control
 /// plane's check before a release is Ready. Returns `module` or `component`.
@@ -57,4 +66,92 @@ pub fn validate_command(bytes: &[u8]) -> Result<&'static str, InvalidCommand> {
         }));
     }
     Ok(kind)
+}
+
+/// Checks that `bytes` are a valid component that could be a wasm middleware (world
+/// `toolgrid:middleware/middleware`): it exports `toolgrid:middleware/decide@0.1.0` and
+/// imports nothing. Parsed and validated, not compiled: the gateway compiles it and checks
+/// the export's type on first use.
+pub fn validate_middleware(bytes: &[u8]) -> Result<(), InvalidMiddleware> {
+    use wasmparser::{Parser, Payload, Validator, WasmFeatures};
+    if !Parser::is_component(bytes) {
+        return Err(InvalidMiddleware::Invalid(if Parser::is_core_wasm(bytes) {
+            "a core module, not a component; make one with `toolgrid componentize --middleware`"
+                .into()
+        } else {
+            "not a WebAssembly component (bad magic number or version)".into()
+        }));
+    }
+    Validator::new_with_features(WasmFeatures::default())
+        .validate_all(bytes)
+        .map_err(|e| InvalidMiddleware::Invalid(e.to_string()))?;
+    let mut depth = 0usize;
+    let mut exports_decide = false;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(|e| InvalidMiddleware::Invalid(e.to_string()))? {
+            Payload::Version { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            Payload::ComponentExportSection(exports) if depth == 1 => {
+                for export in exports {
+                    let export = export.map_err(|e| InvalidMiddleware::Invalid(e.to_string()))?;
+                    exports_decide |=
+                        export.name.name == crate::gateway::wasm_middleware::DECIDE_INTERFACE;
+                }
+            }
+            Payload::ComponentImportSection(imports) if depth == 1 => {
+                if let Some(import) = imports.into_iter().next() {
+                    let import = import.map_err(|e| InvalidMiddleware::Invalid(e.to_string()))?;
+                    return Err(InvalidMiddleware::NotAMiddleware(format!(
+                        "the component imports {}; a middleware may import nothing",
+                        import.name.name
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+    if !exports_decide {
+        return Err(InvalidMiddleware::NotAMiddleware(format!(
+            "the component does not export {}",
+            crate::gateway::wasm_middleware::DECIDE_INTERFACE
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::wasm_middleware::middleware_component;
+
+    const CORE: &str = r#"(module
+  (memory (export "memory") 1)
+  (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32) (i32.const 1024))
+  (func (export "toolgrid:middleware/decide@0.1.0#decide") (param i32 i32) (result i32)
+    (i32.const 0)))"#;
+
+    #[test]
+    fn a_middleware_is_a_component_exporting_decide_and_importing_nothing() {
+        let core = wat::parse_str(CORE).unwrap();
+        assert_eq!(
+            validate_middleware(&middleware_component(&core).unwrap()),
+            Ok(())
+        );
+        let error = validate_middleware(&core).unwrap_err();
+        assert!(error.to_string().contains("core module"), "{error}");
+        let error = validate_middleware(b"not wasm").unwrap_err();
+        assert!(matches!(error, InvalidMiddleware::Invalid(_)));
+        let empty = wat::parse_str("(component)").unwrap();
+        assert!(matches!(
+            validate_middleware(&empty),
+            Err(InvalidMiddleware::NotAMiddleware(m)) if m.contains("does not export")
+        ));
+        let importing =
+            wat::parse_str(r#"(component (import "wasi:clocks/wall-clock@0.2.0" (instance)))"#)
+                .unwrap();
+        assert!(matches!(
+            validate_middleware(&importing),
+            Err(InvalidMiddleware::NotAMiddleware(m)) if m.contains("import nothing")
+        ));
+    }
 }

@@ -122,6 +122,7 @@ async fn fixture() -> Fixture {
     let snapshot = resolve(&ResolveInput {
         set: &set,
         artifacts: &artifacts,
+        wasm: &HashMap::new(),
         previous: &HashMap::new(),
         now: "2026-01-01T00:00:00Z".parse().unwrap(),
         identities: Some(&Identities::default()),

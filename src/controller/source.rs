@@ -5,8 +5,8 @@
 use crate::api::conditions::Reason;
 use crate::api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
 use crate::catalog::artifacts::{
-    ArtifactOutcome, LoadedArtifact, MAX_ARTIFACT_BYTES, StoredArtifacts, check_bytes,
-    config_map_key, source_kind,
+    ArtifactOutcome, LoadedArtifact, MAX_ARTIFACT_BYTES, StoredArtifacts, WasmArtifact,
+    check_bytes, check_middleware_bytes, config_map_key, is_valid_digest, source_kind,
 };
 use crate::catalog::manifest::{ResourceSet, Source, Sourced};
 use crate::catalog::resolve::{PreviousState, ResolveInput, resolve};
@@ -70,6 +70,9 @@ pub struct ClusterSource {
     /// failure is tried again after [`FETCH_RETRY`]. Never by digest alone: another release
     /// naming the same digest at a wrong URL must not decide this one.
     fetched: Mutex<HashMap<(String, String), (ArtifactOutcome, std::time::Instant)>>,
+    /// The same for wasm Middleware components, kept with their bytes (the gateway runs
+    /// them; they are not put in the store).
+    fetched_wasm: Mutex<HashMap<(String, String), (WasmArtifact, std::time::Instant)>>,
     stored: StoredArtifacts,
 }
 
@@ -175,6 +178,7 @@ impl ClusterSource {
             store,
             changed,
             fetched: Mutex::default(),
+            fetched_wasm: Mutex::default(),
             stored: StoredArtifacts::default(),
         })
     }
@@ -304,6 +308,12 @@ impl ClusterSource {
             let outcome = self.stored.keep(&*self.store, loaded).await?;
             artifacts.insert(key_of(&release.object), outcome);
         }
+        let mut wasm = HashMap::new();
+        for middleware in &set.middleware {
+            if let Some(loaded) = self.load_wasm(middleware, &set).await {
+                wasm.insert(key_of(&middleware.object), loaded);
+            }
+        }
         let c = &self.caches;
         let mut previous = HashMap::new();
         previous_of(Kind::Tool, &c.tools, &mut previous);
@@ -316,11 +326,104 @@ impl ClusterSource {
         let snapshot = resolve(&ResolveInput {
             set: &set,
             artifacts: &artifacts,
+            wasm: &wasm,
             previous: &previous,
             now: k8s_openapi::jiff::Timestamp::now(),
             identities: Some(&identities),
         });
         Ok(self.catalog.publish(snapshot))
+    }
+
+    /// The component of a wasm Middleware (`None`: not a wasm step): from a ConfigMap, or
+    /// fetched from its URL (once per URL and digest; a failure is tried again after
+    /// [`FETCH_RETRY`]), checked like a release's artifact.
+    async fn load_wasm(
+        &self,
+        middleware: &Sourced<Middleware>,
+        set: &ResourceSet,
+    ) -> Option<WasmArtifact> {
+        let artifact = &middleware.object.spec.wasm.as_ref()?.artifact;
+        let failed = |reason: Reason, message: String| WasmArtifact::Failed { reason, message };
+        let source = match source_kind(artifact) {
+            Ok(source) => source,
+            Err(message) => {
+                return Some(failed(
+                    Reason::InvalidArtifactSource,
+                    message.replacen("spec.artifact", "spec.wasm.artifact", 1),
+                ));
+            }
+        };
+        let expected = artifact.digest.as_deref();
+        if let Some(digest) = expected
+            && !is_valid_digest(digest)
+        {
+            return Some(failed(
+                Reason::InvalidDigest,
+                format!(
+                    "spec.wasm.artifact.digest {digest:?} is not of the form sha256:<64 lowercase hex digits>"
+                ),
+            ));
+        }
+        Some(match source {
+            "configMap" => {
+                let reference = artifact.config_map.as_ref()?;
+                let namespace = middleware
+                    .object
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_default();
+                match config_map_key(
+                    &set.config_maps,
+                    &namespace,
+                    &reference.name,
+                    &reference.key,
+                ) {
+                    Ok(bytes) => check_middleware_bytes(bytes, expected),
+                    Err(message) => failed(
+                        Reason::ArtifactNotFound,
+                        message.replacen("spec.artifact", "spec.wasm.artifact", 1),
+                    ),
+                }
+            }
+            "url" => {
+                let Some(digest) = expected else {
+                    return Some(failed(
+                        Reason::InvalidArtifactSource,
+                        "spec.wasm.artifact.url requires spec.wasm.artifact.digest".into(),
+                    ));
+                };
+                let url = artifact.url.clone().unwrap_or_default();
+                let key = (url.clone(), digest.to_string());
+                if let Some((known, at)) = self
+                    .fetched_wasm
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&key)
+                    .cloned()
+                    && (matches!(known, WasmArtifact::Ready { .. }) || at.elapsed() < FETCH_RETRY)
+                {
+                    return Some(known);
+                }
+                let loaded = match fetch(&url).await {
+                    Ok(bytes) => check_middleware_bytes(bytes, Some(digest)),
+                    Err(message) => failed(
+                        Reason::ArtifactNotFound,
+                        format!("spec.wasm.artifact.url: {message}"),
+                    ),
+                };
+                self.fetched_wasm
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, (loaded.clone(), std::time::Instant::now()));
+                loaded
+            }
+            _ => failed(
+                Reason::UnsupportedSource,
+                "spec.wasm.artifact.file is for manifest directories; in a cluster use configMap or url"
+                    .into(),
+            ),
+        })
     }
 
     async fn load_artifact(

@@ -299,6 +299,7 @@ spec: {agents: [ghost], tool: semver}
         resolve(&ResolveInput {
             set: &set,
             artifacts: &artifacts,
+            wasm: &HashMap::new(),
             previous: &HashMap::new(),
             now: "2026-01-01T00:00:00Z".parse().unwrap(),
             identities: Some(&identities),

@@ -180,3 +180,85 @@ pub fn compile(spec: &crate::api::MiddlewareSpec) -> Result<Step, String> {
     }
     Err(WASM_NEEDS_ARTIFACT.to_string())
 }
+
+/// Longest decision a wasm middleware may take when its spec says nothing.
+pub const DEFAULT_WASM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Longest `timeout` a wasm middleware may ask for: it holds up every call it sees.
+pub const MAX_WASM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Largest linear memory of a wasm middleware when its spec says nothing.
+pub const DEFAULT_WASM_MEMORY: u64 = 64 << 20;
+/// Largest `memory` a wasm middleware may ask for.
+pub const MAX_WASM_MEMORY: u64 = 1 << 30;
+
+/// Compiles a wasm step over its component's checked bytes (`digest` is theirs): the
+/// limits, defaulted and bounded. The component itself is compiled by the gateway's
+/// [`crate::gateway::wasm_middleware::WasmRunner`] on first use.
+pub fn compile_wasm(
+    spec: &crate::api::WasmStep,
+    digest: &str,
+    bytes: Arc<Vec<u8>>,
+) -> Result<Step, String> {
+    let timeout = spec.timeout.map_or(DEFAULT_WASM_TIMEOUT, |t| t.get());
+    if timeout.is_zero() || timeout > MAX_WASM_TIMEOUT {
+        return Err(format!(
+            "spec.wasm.timeout: {timeout:?} is not above zero and at most {MAX_WASM_TIMEOUT:?}"
+        ));
+    }
+    let memory_bytes = spec.memory.map_or(DEFAULT_WASM_MEMORY, |m| m.bytes());
+    if !(64 << 10..=MAX_WASM_MEMORY).contains(&memory_bytes) {
+        return Err(format!(
+            "spec.wasm.memory: {memory_bytes} bytes is not between one 64Ki page and {MAX_WASM_MEMORY} bytes"
+        ));
+    }
+    Ok(Step::Wasm(WasmModule {
+        digest: digest.to_string(),
+        bytes,
+        timeout,
+        memory_bytes,
+    }))
+}
+
+#[cfg(test)]
+mod wasm_tests {
+    use super::*;
+    use crate::api::WasmStep;
+
+    fn spec(yaml: &str) -> WasmStep {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn a_wasm_step_gets_default_and_bounded_limits() {
+        let bytes = Arc::new(vec![1, 2, 3]);
+        let Ok(Step::Wasm(m)) =
+            compile_wasm(&spec("artifact: {file: m.wasm}"), "sha256:x", bytes.clone())
+        else {
+            panic!("compiles")
+        };
+        assert_eq!(
+            (m.timeout, m.memory_bytes),
+            (DEFAULT_WASM_TIMEOUT, DEFAULT_WASM_MEMORY)
+        );
+        assert_eq!(m.digest, "sha256:x");
+        let Ok(Step::Wasm(m)) = compile_wasm(
+            &spec("{artifact: {file: m.wasm}, timeout: 250ms, memory: 8Mi}"),
+            "sha256:x",
+            bytes.clone(),
+        ) else {
+            panic!("compiles")
+        };
+        assert_eq!(
+            (m.timeout, m.memory_bytes),
+            (std::time::Duration::from_millis(250), 8 << 20)
+        );
+        for bad in [
+            "{artifact: {file: m.wasm}, timeout: 0s}",
+            "{artifact: {file: m.wasm}, timeout: 1m}",
+            "{artifact: {file: m.wasm}, memory: 1Ki}",
+            "{artifact: {file: m.wasm}, memory: 2Gi}",
+        ] {
+            let error = compile_wasm(&spec(bad), "sha256:x", bytes.clone()).unwrap_err();
+            assert!(error.starts_with("spec.wasm."), "{error}");
+        }
+    }
+}
