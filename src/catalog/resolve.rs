@@ -1247,6 +1247,14 @@ fn check_middleware(middleware: &Middleware) -> Result<&'static str, FieldError>
                 ));
             }
         }
+        for (i, pattern) in redact.patterns.iter().enumerate() {
+            if let Err(error) = crate::middleware::redact::compile_pattern(pattern) {
+                return Err(FieldError::new(
+                    format!("spec.redact.patterns[{i}]"),
+                    format!("{pattern:?} is not a usable regular expression: {error}"),
+                ));
+            }
+        }
     }
     Ok(step)
 }

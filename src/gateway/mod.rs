@@ -236,7 +236,14 @@ impl Gateway {
             caller: caller_name(caller),
             tool: tool.to_string(),
             command: command.to_string(),
-            args,
+            args: crate::middleware::audit::exclude_args(
+                &args,
+                refused
+                    .audit
+                    .as_ref()
+                    .map(|a| a.exclude_args.as_slice())
+                    .unwrap_or(&[]),
+            ),
             decisions: refused.decisions.clone(),
             outcome: crate::call::AuditOutcome::Refused,
             error_kind: Some(refused.error.kind),
@@ -244,8 +251,12 @@ impl Gateway {
             duration_ms: 0,
             dry_run,
         };
+        let line = crate::middleware::audit::stdout_line(refused.audit.as_ref(), &record);
         if let Err(error) = self.store.append_audit(record).await {
             tracing::error!(%error, "the audit record of a refused call could not be stored");
+        }
+        if let Some(line) = line {
+            println!("{line}");
         }
     }
 
@@ -342,9 +353,11 @@ impl Gateway {
             )
             .await?;
         let decisions = chain.decisions.clone();
+        let audit_of_chain = chain.audit.clone();
         let refused = |error: ApiError| chain::Refused {
             error,
             decisions: decisions.clone(),
+            audit: audit_of_chain.clone(),
         };
         // A rewrite keeps the binding and release (checked), so the release stands.
         let command = candidate.command;
@@ -512,6 +525,7 @@ impl Gateway {
                 Err(chain::Refused {
                     error: ApiError::new(ErrorKind::RepeatedCall, message),
                     decisions,
+                    audit: audit_of_chain.clone(),
                 })
             }
         }

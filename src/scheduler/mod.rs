@@ -21,7 +21,7 @@ pub use secrets::{SecretError, SecretSource, StaticSecrets};
 pub use state::{Refusal, WorkerInfo};
 pub use watch::{CallUpdate, CallWatch, Progress};
 
-use crate::call::{EntryKind, OplogEntry};
+use crate::call::{CallError, EntryKind, OplogEntry};
 use crate::catalog::interface::CommandInterface;
 use crate::proto::{self, ControlEvent, control_event};
 use crate::store::{CallRecord, Store, StoreError, now_ms};
@@ -367,9 +367,16 @@ impl Scheduler {
                 tokio::spawn(async move {
                     let id = call.record.id.clone();
                     let kind = error.kind;
+                    let mut error = error;
+                    match redactor(&call.record) {
+                        Ok(Some(redactor)) => redactor.redact_error(&mut error),
+                        Ok(None) => {}
+                        Err(refusal) => error = refusal,
+                    }
                     let event = match this.store.fail_call(&id, error).await {
                         Ok(done) => {
                             crate::metrics::call_ended(&done.tool, kind.as_str());
+                            audit_to_stdout(&done);
                             this.calls.finish(done);
                             Event::Finished { call_id: id }
                         }
@@ -784,7 +791,14 @@ impl Scheduler {
                 return ResultAnswer::Refused;
             }
         };
-        let outcome = (self.judge)(&interface, &call.record, &result, worker);
+        let mut outcome = (self.judge)(&interface, &call.record, &result, worker);
+        // Redaction, before the result or the error is stored (and so before any caller
+        // sees it).
+        match redactor(&call.record) {
+            Ok(Some(redactor)) => redactor.redact_result(&mut outcome.result),
+            Ok(None) => {}
+            Err(refusal) => outcome.result = Err(refusal),
+        }
         match self
             .store
             .complete_call(
@@ -808,6 +822,7 @@ impl Scheduler {
                         .map(|e| e.kind.as_str())
                         .unwrap_or("succeeded"),
                 );
+                audit_to_stdout(&done);
                 self.calls.finish(done);
                 self.on(Event::Finished {
                     call_id: result.call_id.clone(),
@@ -835,6 +850,33 @@ impl Scheduler {
             reason: reason.to_string(),
         });
         self.sessions().remove(&(worker.to_string(), session));
+    }
+}
+
+/// The call's redaction (its redact steps, fixed at admission), if it has any. Rules that
+/// do not compile (admission checked them, so only a spec stored by another version) fail
+/// the call with the reason instead of letting its result through unredacted.
+fn redactor(record: &CallRecord) -> Result<Option<crate::middleware::redact::Redactor>, CallError> {
+    let Some(rules) = record.spec.chain.redact.as_ref().filter(|r| !r.is_empty()) else {
+        return Ok(None);
+    };
+    crate::middleware::redact::Redactor::new(rules)
+        .map(Some)
+        .map_err(|error| {
+            CallError::new(
+                crate::call::ErrorKind::MiddlewareFailed,
+                format!("the call's redaction does not compile, so its result is withheld: {error}"),
+            )
+        })
+}
+
+/// Writes an ended call's audit record to stdout as one JSON line when its audit steps
+/// ask for it (the store has committed the record itself with the end).
+fn audit_to_stdout(done: &CallRecord) {
+    let at = done.finished_at_ms.unwrap_or_else(now_ms);
+    let record = crate::middleware::audit::record_of(done, at);
+    if let Some(line) = crate::middleware::audit::stdout_line(done.spec.chain.audit.as_ref(), &record) {
+        println!("{line}");
     }
 }
 
