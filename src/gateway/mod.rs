@@ -2,6 +2,7 @@
 //! pick the release, validate arguments and stdin, record it under its idempotency key),
 //! waiting for its end, and reading calls, oplogs and resources.
 
+pub mod audit;
 pub mod authn;
 pub mod authz;
 mod chain;

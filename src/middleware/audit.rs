@@ -72,6 +72,35 @@ pub fn stdout_line(options: Option<&AuditOptions>, record: &AuditRecord) -> Opti
         .and_then(|_| serde_json::to_string(record).ok())
 }
 
+/// Reads a `since` bound for listing audit records, relative to `now_ms`: a duration back
+/// from now (`10m`, `2h`, `1h 30m`), an RFC 3339 time (`2026-01-02T03:04:05Z`), or Unix
+/// milliseconds. Empty means no bound.
+pub fn parse_since(text: &str, now_ms: i64) -> Result<Option<i64>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    if let Ok(ms) = text.parse::<i64>() {
+        return Ok(Some(ms));
+    }
+    if let Ok(ago) = humantime::parse_duration(text) {
+        let ago = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
+        return Ok(Some(now_ms.saturating_sub(ago)));
+    }
+    match humantime::parse_rfc3339_weak(text) {
+        Ok(at) => {
+            let ms = at
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+                .unwrap_or(0);
+            Ok(Some(ms))
+        }
+        Err(_) => Err(format!(
+            "since {text:?} is neither a duration (10m), an RFC 3339 time nor Unix milliseconds"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +192,20 @@ mod tests {
         assert_eq!(exclude_args(&args, &["*".into()]), Value::Null);
         assert_eq!(exclude_args(&json!([1]), &["a".into()]), json!([1]));
         assert_eq!(exclude_args(&json!([1]), &["*".into()]), Value::Null);
+    }
+
+    #[test]
+    fn since_bounds() {
+        let now = 1_700_000_000_000;
+        assert_eq!(parse_since("", now), Ok(None));
+        assert_eq!(parse_since("10m", now), Ok(Some(now - 600_000)));
+        assert_eq!(parse_since("1h 30m", now), Ok(Some(now - 5_400_000)));
+        assert_eq!(parse_since("12345", now), Ok(Some(12_345)));
+        assert_eq!(
+            parse_since("2023-11-14T22:13:20Z", now),
+            Ok(Some(1_700_000_000_000))
+        );
+        assert!(parse_since("yesterday", now).unwrap_err().contains("yesterday"));
     }
 
     #[test]
