@@ -71,7 +71,7 @@ spec: {agents: [auditor], tool: textstats, middleware: [hide-words, audit-all]}
 apiVersion: toolgrid.dev/v1alpha1
 kind: ToolBinding
 metadata: {name: auditor-semver}
-spec: {agents: [auditor], tool: semver, middleware: [hide-words, hide-version, audit-all]}
+spec: {agents: [auditor], tool: semver, middleware: [hide-version, hide-words, audit-all]}
 "#;
 
 async fn invoke(
@@ -125,7 +125,10 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
         "{}",
         bad.message
     );
-    let good = platform.resource("middlewares", "hide-words").await.unwrap();
+    let good = platform
+        .resource("middlewares", "hide-words")
+        .await
+        .unwrap();
     assert_eq!(good.ready, "True", "{good:?}");
 
     // By pattern, over gRPC: the folded word is in the result only, redacted.
@@ -174,7 +177,8 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
         .unwrap();
     assert_eq!(again["result"]["top"][0]["word"], "[REDACTED]", "{again}");
 
-    // Error text: the message and the stderr tail.
+    // Error text: the message and the stderr tail. The semver binding's chain has two
+    // redact steps: the first one's replacement stands for both.
     let failed = invoke(
         &platform,
         proto::InvokeRequest {
@@ -189,7 +193,7 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
     let error = failed.error.clone().expect("an error");
     let text = format!("{} {}", error.message, error.stderr_tail);
     assert!(!text.contains("not a semantic version"), "{text}");
-    assert!(text.contains("[REDACTED]"), "{text}");
+    assert!(text.contains("<hidden>"), "{text}");
 
     // A refused call: the agent has no binding to uuid.
     let refused = invoke(
@@ -202,14 +206,21 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
     )
     .await
     .expect_err("refused");
-    assert_eq!(refused.kind, ErrorKind::PermissionDenied, "{}", refused.message);
+    assert_eq!(
+        refused.kind,
+        ErrorKind::PermissionDenied,
+        "{}",
+        refused.message
+    );
 
-    // Nothing of the results reached the store's files.
+    // Nothing of the results reached the store's files (which do hold the calls' input).
+    let mut everything = Vec::new();
     for name in ["toolgrid.db", "toolgrid.db-wal", "toolgrid.db-shm"] {
         let path = platform.data.join(name);
         let Ok(bytes) = std::fs::read(&path) else {
             continue;
         };
+        everything.extend_from_slice(&bytes);
         for secret in [RESULT_WORD, RESULT_VERSION] {
             assert!(
                 !contains(&bytes, secret),
@@ -218,7 +229,14 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
             );
         }
     }
-    assert!(platform.data.join("toolgrid.db").exists());
+    assert!(
+        contains(&everything, "ZEBRACORN"),
+        "the stored stdin is read"
+    );
+    assert!(
+        contains(&everything, "7770777.0.0"),
+        "the stored arguments are read"
+    );
 
     // One audit record per call, the refused one included.
     let records = audit_cli(&platform, &["--agent", "auditor"]);
@@ -354,5 +372,8 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
         })
         .await;
     let logs = platform.logs();
-    assert!(!logs.contains(RESULT_WORD), "a redacted result reached the log");
+    assert!(
+        !logs.contains(RESULT_WORD),
+        "a redacted result reached the log"
+    );
 }

@@ -38,10 +38,12 @@ pub async fn run(args: AuditArgs) -> ExitCode {
 }
 
 async fn list(args: AuditArgs) -> Result<(), ApiError> {
-    let since_ms =
-        crate::middleware::audit::parse_since(args.since.as_deref().unwrap_or(""), crate::call::now_ms())
-            .map_err(|message| ApiError::new(ErrorKind::InvalidArgument, message))?
-            .unwrap_or(0);
+    let since_ms = crate::middleware::audit::parse_since(
+        args.since.as_deref().unwrap_or(""),
+        crate::call::now_ms(),
+    )
+    .map_err(|message| ApiError::new(ErrorKind::InvalidArgument, message))?
+    .unwrap_or(0);
     let mut client = connect(&args.endpoint).await?;
     let response = client
         .list_audit(proto::ListAuditRequest {
@@ -59,7 +61,10 @@ async fn list(args: AuditArgs) -> Result<(), ApiError> {
         .iter()
         .map(|text| {
             serde_json::from_str(text).map_err(|e| {
-                ApiError::new(ErrorKind::Internal, format!("an audit record does not parse: {e}"))
+                ApiError::new(
+                    ErrorKind::Internal,
+                    format!("an audit record does not parse: {e}"),
+                )
             })
         })
         .collect::<Result<_, _>>()?;
@@ -71,7 +76,14 @@ async fn list(args: AuditArgs) -> Result<(), ApiError> {
         let rows: Vec<Vec<String>> = records.iter().map(row).collect();
         super::table::print(
             &[
-                "TIME", "CALL", "AGENT", "TOOL", "COMMAND", "OUTCOME", "KIND", "DURATION",
+                "TIME",
+                "CALL",
+                "AGENT",
+                "TOOL",
+                "COMMAND",
+                "OUTCOME",
+                "KIND",
+                "DURATION",
                 "MIDDLEWARE",
             ],
             &rows,
@@ -81,7 +93,11 @@ async fn list(args: AuditArgs) -> Result<(), ApiError> {
 }
 
 fn dash(s: &str) -> String {
-    if s.is_empty() { "-".into() } else { s.to_string() }
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.to_string()
+    }
 }
 
 /// One table row: the middleware column names each step that did more than allow.
@@ -113,7 +129,9 @@ fn row(r: &AuditRecord) -> Vec<String> {
         r.tool.clone(),
         dash(&r.command),
         r.outcome.as_str().to_string(),
-        r.error_kind.map(|k| k.as_str().to_string()).unwrap_or_else(|| "-".into()),
+        r.error_kind
+            .map(|k| k.as_str().to_string())
+            .unwrap_or_else(|| "-".into()),
         format!("{}ms", r.duration_ms),
         dash(&middleware.join(",")),
     ]

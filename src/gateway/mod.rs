@@ -405,7 +405,7 @@ impl Gateway {
                     .repeat_window
                     .map(|w| w.get())
                     .unwrap_or(DEFAULT_REPEAT_WINDOW);
-                (!window.is_zero()).then(|| window.as_millis() as i64)
+                (!window.is_zero()).then_some(window.as_millis() as i64)
             }
             _ => None,
         };

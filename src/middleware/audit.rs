@@ -205,7 +205,11 @@ mod tests {
             parse_since("2023-11-14T22:13:20Z", now),
             Ok(Some(1_700_000_000_000))
         );
-        assert!(parse_since("yesterday", now).unwrap_err().contains("yesterday"));
+        assert!(
+            parse_since("yesterday", now)
+                .unwrap_err()
+                .contains("yesterday")
+        );
     }
 
     #[test]

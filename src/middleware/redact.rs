@@ -203,7 +203,10 @@ mod tests {
         r.redact_error(&mut e);
         assert_eq!(e.message, "password [REDACTED] rejected");
         assert_eq!(e.stderr_tail, "[REDACTED]\n[REDACTED]");
-        assert_eq!(e.name, "hunter2-name-is-declared", "declared names are kept");
+        assert_eq!(
+            e.name, "hunter2-name-is-declared",
+            "declared names are kept"
+        );
         assert_eq!(r.redact_text("no match"), "no match");
         let mut result = Err(CallError::new(ErrorKind::ToolError, "hunter2"));
         r.redact_result(&mut result);

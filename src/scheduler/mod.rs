@@ -865,7 +865,9 @@ fn redactor(record: &CallRecord) -> Result<Option<crate::middleware::redact::Red
         .map_err(|error| {
             CallError::new(
                 crate::call::ErrorKind::MiddlewareFailed,
-                format!("the call's redaction does not compile, so its result is withheld: {error}"),
+                format!(
+                    "the call's redaction does not compile, so its result is withheld: {error}"
+                ),
             )
         })
 }
@@ -875,7 +877,9 @@ fn redactor(record: &CallRecord) -> Result<Option<crate::middleware::redact::Red
 fn audit_to_stdout(done: &CallRecord) {
     let at = done.finished_at_ms.unwrap_or_else(now_ms);
     let record = crate::middleware::audit::record_of(done, at);
-    if let Some(line) = crate::middleware::audit::stdout_line(done.spec.chain.audit.as_ref(), &record) {
+    if let Some(line) =
+        crate::middleware::audit::stdout_line(done.spec.chain.audit.as_ref(), &record)
+    {
         println!("{line}");
     }
 }
