@@ -64,6 +64,18 @@ spec:
     patterns: ['fine', '(unclosed']
 ---
 apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {name: deny-fetch}
+spec:
+  policy:
+    rules: [{action: deny, message: no fetching}]
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {name: auditor-fetch}
+spec: {agents: [auditor], tool: fetch, middleware: [audit-all, deny-fetch]}
+---
+apiVersion: toolgrid.dev/v1alpha1
 kind: ToolBinding
 metadata: {name: auditor-textstats}
 spec: {agents: [auditor], tool: textstats, middleware: [hide-words, audit-all]}
@@ -213,6 +225,26 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
         refused.message
     );
 
+    // A call refused by a middleware step, after the chain was known. (The policy denies;
+    // a policy step that cannot decide refuses too, as middleware-failed.)
+    let by_policy = invoke(
+        &platform,
+        proto::InvokeRequest {
+            tool: "fetch".into(),
+            argv: vec!["get".into(), "http://127.0.0.1:9/".into()],
+            ..Default::default()
+        },
+    )
+    .await
+    .expect_err("refused by the policy");
+    assert!(
+        matches!(
+            by_policy.kind,
+            ErrorKind::Denied | ErrorKind::MiddlewareFailed
+        ),
+        "{by_policy:?}"
+    );
+
     // Nothing of the results reached the store's files (which do hold the calls' input).
     let mut everything = Vec::new();
     for name in ["toolgrid.db", "toolgrid.db-wal", "toolgrid.db-shm"] {
@@ -240,7 +272,7 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
 
     // One audit record per call, the refused one included.
     let records = audit_cli(&platform, &["--agent", "auditor"]);
-    assert_eq!(records.len(), 4, "{records:#?}");
+    assert_eq!(records.len(), 5, "{records:#?}");
     for id in [&counted.id, &bumped_id, &failed.id] {
         assert_eq!(
             records.iter().filter(|r| &r.call_id == id).count(),
@@ -274,12 +306,25 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
     );
     let refused_record = records
         .iter()
-        .find(|r| r.outcome == AuditOutcome::Refused)
+        .find(|r| r.outcome == AuditOutcome::Refused && r.tool == "uuid")
         .expect("the refusal's record");
     assert_eq!(refused_record.tool, "uuid");
     assert_eq!(refused_record.agent, "auditor");
     assert_eq!(refused_record.error_kind, Some(ErrorKind::PermissionDenied));
     assert_eq!(refused_record.duration_ms, 0);
+    let policy_record = records
+        .iter()
+        .find(|r| r.outcome == AuditOutcome::Refused && r.tool == "fetch")
+        .expect("the policy refusal's record")
+        .clone();
+    assert_eq!(policy_record.error_kind, Some(by_policy.kind));
+    assert!(
+        policy_record
+            .decisions
+            .iter()
+            .any(|d| d.middleware == "deny-fetch"),
+        "{policy_record:?}"
+    );
     // Newest first.
     assert!(records.windows(2).all(|w| w[0].at_ms >= w[1].at_ms));
 
@@ -288,7 +333,7 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
     assert_eq!(semver.len(), 2, "{semver:#?}");
     assert!(semver.iter().all(|r| r.tool == "semver"));
     let recent = audit_cli(&platform, &["--since", "10m", "--agent", "auditor"]);
-    assert_eq!(recent.len(), 4);
+    assert_eq!(recent.len(), 5);
     let future = audit_cli(&platform, &["--since", "2999-01-01T00:00:00Z"]);
     assert!(future.is_empty(), "{future:#?}");
     let nobody = audit_cli(&platform, &["--agent", "nobody"]);
@@ -353,9 +398,14 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
         .into_inner();
     assert_eq!(grpc.records_json.len(), 2);
 
-    // `stdout: true`: each ended call's record is one JSON line on the control plane's
-    // stdout (the refusal came before the chain was known, so it is not copied).
-    let ids = [counted.id.clone(), bumped_id.clone(), failed.id.clone()];
+    // `stdout: true`: each record is one JSON line on the control plane's stdout, the
+    // policy's refusal included (the uuid refusal came before any chain, so it is not).
+    let ids = [
+        counted.id.clone(),
+        bumped_id.clone(),
+        failed.id.clone(),
+        policy_record.call_id.clone(),
+    ];
     platform
         .eventually("audit lines on stdout", Duration::from_secs(20), || {
             let logs = platform.logs();
@@ -375,5 +425,9 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
     assert!(
         !logs.contains(RESULT_WORD),
         "a redacted result reached the log"
+    );
+    assert!(
+        !logs.contains(&format!("\"callId\":\"{}\"", refused_record.call_id)),
+        "a refusal without a chain is not copied to stdout"
     );
 }
