@@ -675,18 +675,29 @@ impl Scheduler {
         session: u64,
         progress: &proto::WorkerProgress,
     ) -> Result<(), Refusal> {
-        if let Err(refusal) =
-            self.lock()
-                .holding(&progress.call_id, worker, session, progress.epoch)
-        {
-            tracing::warn!(call = %progress.call_id, worker, epoch = progress.epoch, %refusal, "progress refused");
-            return Err(refusal);
-        }
+        let holding = self
+            .lock()
+            .holding(&progress.call_id, worker, session, progress.epoch);
+        let call = match holding {
+            Ok(call) => call,
+            Err(refusal) => {
+                tracing::warn!(call = %progress.call_id, worker, epoch = progress.epoch, %refusal, "progress refused");
+                return Err(refusal);
+            }
+        };
+        // Progress text reaches callers too: it gets the call's redaction (withheld when
+        // the redaction does not compile).
+        let message = match redactor(&call.record) {
+            _ if progress.message.is_empty() => String::new(),
+            Ok(Some(redactor)) => redactor.redact_text(&progress.message),
+            Ok(None) => progress.message.clone(),
+            Err(_) => String::new(),
+        };
         self.calls.progress(
             &progress.call_id,
             Progress {
                 stage: progress.stage.clone(),
-                message: progress.message.clone(),
+                message,
                 worker: worker.to_string(),
                 epoch: progress.epoch,
             },
@@ -874,7 +885,7 @@ fn redactor(record: &CallRecord) -> Result<Option<crate::middleware::redact::Red
 
 /// Writes an ended call's audit record to stdout as one JSON line when its audit steps
 /// ask for it (the store has committed the record itself with the end).
-fn audit_to_stdout(done: &CallRecord) {
+pub(crate) fn audit_to_stdout(done: &CallRecord) {
     let at = done.finished_at_ms.unwrap_or_else(now_ms);
     let record = crate::middleware::audit::record_of(done, at);
     if let Some(line) =
