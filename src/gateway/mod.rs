@@ -257,7 +257,7 @@ impl Gateway {
             tracing::error!(%error, "the audit record of a refused call could not be stored");
         }
         if let Some(line) = line {
-            println!("{line}");
+            crate::middleware::audit::print_line(&line);
         }
     }
 

@@ -101,6 +101,15 @@ pub fn parse_since(text: &str, now_ms: i64) -> Result<Option<i64>, String> {
     }
 }
 
+/// Writes one audit line to stdout, whole (the lock keeps concurrent lines apart). A
+/// stdout that is closed or full loses the line rather than failing the call (`println!`
+/// would panic); the store keeps the record either way.
+pub fn print_line(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

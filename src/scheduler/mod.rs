@@ -891,7 +891,7 @@ pub(crate) fn audit_to_stdout(done: &CallRecord) {
     if let Some(line) =
         crate::middleware::audit::stdout_line(done.spec.chain.audit.as_ref(), &record)
     {
-        println!("{line}");
+        crate::middleware::audit::print_line(&line);
     }
 }
 
