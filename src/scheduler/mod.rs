@@ -373,10 +373,15 @@ impl Scheduler {
                         Ok(None) => {}
                         Err(refusal) => error = refusal,
                     }
+                    let sent = error.clone();
                     let event = match this.store.fail_call(&id, error).await {
                         Ok(done) => {
                             crate::metrics::call_ended(&done.tool, kind.as_str());
-                            audit_to_stdout(&done);
+                            // Only when this failure ended it (a call that had ended
+                            // already has had its line).
+                            if done.error.as_ref() == Some(&sent) {
+                                audit_to_stdout(&done);
+                            }
                             this.calls.finish(done);
                             Event::Finished { call_id: id }
                         }
