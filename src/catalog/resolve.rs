@@ -789,9 +789,12 @@ impl<'a> Resolver<'a> {
                         ("Enforce".into(), d.object.spec.enforce.to_string()),
                     ];
                     let compiled = match &d.object.spec.wasm {
-                        Some(wasm) => self
-                            .wasm_step(&d.id.key, wasm)
-                            .map_err(|(reason, message)| (reason, format!("{message}{}", d.source.suffix()))),
+                        Some(wasm) => {
+                            self.wasm_step(&d.id.key, wasm)
+                                .map_err(|(reason, message)| {
+                                    (reason, format!("{message}{}", d.source.suffix()))
+                                })
+                        }
                         None => crate::middleware::compile(&d.object.spec).map_err(|e| {
                             (
                                 Reason::InvalidExpression,
@@ -1368,6 +1371,14 @@ fn check_middleware(middleware: &Middleware) -> Result<&'static str, FieldError>
                 return Err(FieldError::new(
                     format!("spec.redact.paths[{i}]"),
                     format!("{path:?} is not a JSON pointer (it starts with /)"),
+                ));
+            }
+        }
+        for (i, pattern) in redact.patterns.iter().enumerate() {
+            if let Err(error) = crate::middleware::redact::compile_pattern(pattern) {
+                return Err(FieldError::new(
+                    format!("spec.redact.patterns[{i}]"),
+                    format!("{pattern:?} is not a usable regular expression: {error}"),
                 ));
             }
         }

@@ -99,7 +99,7 @@ pub fn client_of(channel: Channel, credentials: Credentials) -> Client {
         .max_encoding_message_size(64 << 20)
 }
 
-async fn connect(target: &Endpoint) -> Result<Client, ApiError> {
+pub(super) async fn connect(target: &Endpoint) -> Result<Client, ApiError> {
     let (channel, credentials) = dial(target).await?;
     Ok(client_of(channel, credentials))
 }

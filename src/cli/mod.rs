@@ -1,5 +1,6 @@
 //! The `toolgrid` command line: the platform (`up`, `worker`) and the client side.
 
+mod audit;
 mod bench;
 pub mod client;
 mod componentize;
@@ -52,6 +53,9 @@ enum Commands {
     Approve(client::DecisionArgs),
     /// Deny a call waiting for approval.
     Deny(client::DecisionArgs),
+    /// The audit log, newest first: one record per call, refused ones included
+    /// (`--agent A`, `--tool T`, `--since 10m|RFC3339`, `-n NS`, `-o json|table`).
+    Audit(audit::AuditArgs),
     /// Print the CustomResourceDefinitions of every kind as one YAML stream.
     Crds {
         /// As the Helm chart's `templates/crds.yaml` (kept on uninstall, optional).
@@ -126,6 +130,7 @@ pub fn main() -> ExitCode {
             Commands::Why(args) => client::why(args).await,
             Commands::Approve(args) => client::decide(args, true).await,
             Commands::Deny(args) => client::decide(args, false).await,
+            Commands::Audit(args) => audit::run(args).await,
             Commands::Crds { helm } => match if helm {
                 crate::api::crds_helm_yaml()
             } else {

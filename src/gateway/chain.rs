@@ -7,7 +7,7 @@
 use super::{Gateway, authz};
 use crate::api::Effect;
 use crate::auth::Principal;
-use crate::call::{ChainRecord, Decision, RedactRules, StepKind, Verdict, now_ms};
+use crate::call::{AuditOptions, ChainRecord, Decision, RedactRules, StepKind, Verdict, now_ms};
 use crate::catalog::interface::{CommandInterface, ValidArgs};
 use crate::catalog::{ResolvedTool, Snapshot};
 use crate::error::{ApiError, ErrorKind};
@@ -29,6 +29,9 @@ pub(crate) struct Candidate {
 pub(crate) struct Refused {
     pub error: ApiError,
     pub decisions: Vec<Decision>,
+    /// The chain's audit steps, when the refusal came after the chain was known: they
+    /// shape the refusal's audit record (excluded arguments, a copy on stdout).
+    pub audit: Option<AuditOptions>,
 }
 
 impl From<ApiError> for Refused {
@@ -36,8 +39,23 @@ impl From<ApiError> for Refused {
         Refused {
             error,
             decisions: Vec::new(),
+            audit: None,
         }
     }
+}
+
+/// The union of a chain's audit steps, if it has any.
+pub(crate) fn audit_options(chain: &Chain) -> Option<AuditOptions> {
+    let mut all: Option<AuditOptions> = None;
+    for link in &chain.links {
+        if let Step::Audit(options) = &link.step {
+            let all = all.get_or_insert_with(Default::default);
+            all.exclude_args
+                .extend(options.exclude_args.iter().cloned());
+            all.stdout |= options.stdout;
+        }
+    }
+    all
 }
 
 fn decision(link: &str, kind: StepKind, verdict: Verdict, message: impl Into<String>) -> Decision {
@@ -105,12 +123,14 @@ impl Gateway {
     ) -> Result<ChainRecord, Refused> {
         let chain = Self::chain_of(snapshot, caller, &candidate.grant)?;
         let mut record = ChainRecord::default();
+        let audit = audit_options(&chain);
         let refuse = |record: &mut ChainRecord, d: Decision, error: ApiError| Refused {
             error,
             decisions: {
                 record.decisions.push(d);
                 std::mem::take(&mut record.decisions)
             },
+            audit: audit.clone(),
         };
 
         // 1. Deciding steps, in chain order.
@@ -270,11 +290,7 @@ impl Gateway {
                         "",
                     ));
                 }
-                Step::Audit(options) => {
-                    let all = record.audit.get_or_insert_with(Default::default);
-                    all.exclude_args
-                        .extend(options.exclude_args.iter().cloned());
-                    all.stdout |= options.stdout;
+                Step::Audit(_) => {
                     record.decisions.push(decision(
                         link.name(),
                         StepKind::Audit,
@@ -285,6 +301,7 @@ impl Gateway {
                 _ => {}
             }
         }
+        record.audit = audit;
         Ok(record)
     }
 

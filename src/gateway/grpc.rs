@@ -303,10 +303,24 @@ impl Tools for ToolsService {
 
     async fn list_audit(
         &self,
-        _request: Request<proto::ListAuditRequest>,
+        request: Request<proto::ListAuditRequest>,
     ) -> Result<Response<proto::ListAuditResponse>, Status> {
-        // CONTRACT(issue 10, helper E).
-        Err(Status::unimplemented("the audit log is not available yet"))
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let filter = super::audit::audit_filter(
+            &request.namespace,
+            &request.agent,
+            &request.tool,
+            (request.since_ms != 0).then_some(request.since_ms),
+            request.limit,
+        );
+        let records = self.gateway.list_audit(&caller, filter).await?;
+        Ok(Response::new(proto::ListAuditResponse {
+            records_json: records
+                .iter()
+                .filter_map(|r| serde_json::to_string(r).ok())
+                .collect(),
+        }))
     }
 
     async fn why(

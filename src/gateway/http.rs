@@ -67,6 +67,7 @@ pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>)
         .route("/v1/calls/{id}/approve", post(approve))
         .route("/v1/calls/{id}/deny", post(deny))
         .route("/v1/why", get(why))
+        .route("/v1/audit", get(list_audit))
         .route_layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
             authenticate,
@@ -318,6 +319,40 @@ struct ListQuery {
     limit: u32,
     #[serde(default, rename = "awaitingApproval")]
     awaiting_approval: bool,
+}
+
+#[derive(Deserialize)]
+struct AuditQuery {
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    agent: String,
+    #[serde(default)]
+    tool: String,
+    /// A duration back from now (`10m`), an RFC 3339 time or Unix milliseconds.
+    #[serde(default)]
+    since: String,
+    #[serde(default)]
+    limit: u32,
+}
+
+/// `GET /v1/audit`: audit records, newest first (operators only).
+async fn list_audit(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
+    Query(query): Query<AuditQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let since = crate::middleware::audit::parse_since(&query.since, crate::call::now_ms())
+        .map_err(|message| ApiError::new(ErrorKind::InvalidArgument, message))?;
+    let filter = super::audit::audit_filter(
+        &query.namespace,
+        &query.agent,
+        &query.tool,
+        since,
+        query.limit,
+    );
+    let records = gateway.list_audit(&caller, filter).await?;
+    Ok(Json(json!({ "records": records })))
 }
 
 async fn list_calls(

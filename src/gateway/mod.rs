@@ -2,6 +2,7 @@
 //! pick the release, validate arguments and stdin, record it under its idempotency key),
 //! waiting for its end, and reading calls, oplogs and resources.
 
+pub mod audit;
 pub mod authn;
 pub mod authz;
 mod chain;
@@ -242,7 +243,14 @@ impl Gateway {
             caller: caller_name(caller),
             tool: tool.to_string(),
             command: command.to_string(),
-            args,
+            args: crate::middleware::audit::exclude_args(
+                &args,
+                refused
+                    .audit
+                    .as_ref()
+                    .map(|a| a.exclude_args.as_slice())
+                    .unwrap_or(&[]),
+            ),
             decisions: refused.decisions.clone(),
             outcome: crate::call::AuditOutcome::Refused,
             error_kind: Some(refused.error.kind),
@@ -250,8 +258,12 @@ impl Gateway {
             duration_ms: 0,
             dry_run,
         };
+        let line = crate::middleware::audit::stdout_line(refused.audit.as_ref(), &record);
         if let Err(error) = self.store.append_audit(record).await {
             tracing::error!(%error, "the audit record of a refused call could not be stored");
+        }
+        if let Some(line) = line {
+            crate::middleware::audit::print_line(&line);
         }
     }
 
@@ -379,9 +391,11 @@ impl Gateway {
             )
             .await?;
         let decisions = chain.decisions.clone();
+        let audit_of_chain = chain.audit.clone();
         let refused = |error: ApiError| chain::Refused {
             error,
             decisions: decisions.clone(),
+            audit: audit_of_chain.clone(),
         };
         // A rewrite keeps the binding and release (checked), so the release stands.
         let command = candidate.command;
@@ -516,6 +530,7 @@ impl Gateway {
                 }
                 if record.state.is_terminal() {
                     // A dry run answered without running: ended already.
+                    crate::scheduler::audit_to_stdout(&record);
                     self.calls.finish(record.clone());
                 } else if reserved {
                     self.scheduler.admitted_assigned(record.clone(), command);
@@ -559,6 +574,7 @@ impl Gateway {
                 Err(chain::Refused {
                     error: ApiError::new(ErrorKind::RepeatedCall, message),
                     decisions,
+                    audit: audit_of_chain.clone(),
                 })
             }
         }
@@ -609,8 +625,6 @@ impl Gateway {
     /// `approvers` calls of their namespace; never the calling agent its own call
     /// ([`ErrorKind::PermissionDenied`]). A call not waiting is
     /// [`ErrorKind::NotAwaitingApproval`]. An approved call is queued at once.
-    ///
-    /// CONTRACT(issue 10, helper B).
     pub async fn decide(
         &self,
         caller: &Principal,
@@ -650,6 +664,7 @@ impl Gateway {
     ) -> Result<CallRecord, ApiError> {
         let record = self.store.decide_approval(call_id, decision, error).await?;
         if record.state.is_terminal() {
+            crate::scheduler::audit_to_stdout(&record);
             self.calls.finish(record.clone());
         } else {
             match crate::scheduler::interface_of(&record) {
@@ -660,6 +675,7 @@ impl Gateway {
                         format!("the approved call cannot be queued: {why}"),
                     );
                     let failed = self.store.fail_call(&record.id, error).await?;
+                    crate::scheduler::audit_to_stdout(&failed);
                     self.calls.finish(failed.clone());
                     return Ok(failed);
                 }

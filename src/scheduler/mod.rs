@@ -21,7 +21,7 @@ pub use secrets::{SecretError, SecretSource, StaticSecrets};
 pub use state::{Refusal, WorkerInfo};
 pub use watch::{CallUpdate, CallWatch, Progress};
 
-use crate::call::{EntryKind, OplogEntry};
+use crate::call::{CallError, EntryKind, OplogEntry};
 use crate::catalog::interface::CommandInterface;
 use crate::proto::{self, ControlEvent, control_event};
 use crate::store::{CallRecord, Store, StoreError, now_ms};
@@ -367,9 +367,21 @@ impl Scheduler {
                 tokio::spawn(async move {
                     let id = call.record.id.clone();
                     let kind = error.kind;
+                    let mut error = error;
+                    match redactor(&call.record) {
+                        Ok(Some(redactor)) => redactor.redact_error(&mut error),
+                        Ok(None) => {}
+                        Err(refusal) => error = refusal,
+                    }
+                    let sent = error.clone();
                     let event = match this.store.fail_call(&id, error).await {
                         Ok(done) => {
                             crate::metrics::call_ended(&done.tool, kind.as_str());
+                            // Only when this failure ended it (a call that had ended
+                            // already has had its line).
+                            if done.error.as_ref() == Some(&sent) {
+                                audit_to_stdout(&done);
+                            }
                             this.calls.finish(done);
                             Event::Finished { call_id: id }
                         }
@@ -668,18 +680,29 @@ impl Scheduler {
         session: u64,
         progress: &proto::WorkerProgress,
     ) -> Result<(), Refusal> {
-        if let Err(refusal) =
-            self.lock()
-                .holding(&progress.call_id, worker, session, progress.epoch)
-        {
-            tracing::warn!(call = %progress.call_id, worker, epoch = progress.epoch, %refusal, "progress refused");
-            return Err(refusal);
-        }
+        let holding = self
+            .lock()
+            .holding(&progress.call_id, worker, session, progress.epoch);
+        let call = match holding {
+            Ok(call) => call,
+            Err(refusal) => {
+                tracing::warn!(call = %progress.call_id, worker, epoch = progress.epoch, %refusal, "progress refused");
+                return Err(refusal);
+            }
+        };
+        // Progress text reaches callers too: it gets the call's redaction (withheld when
+        // the redaction does not compile).
+        let message = match redactor(&call.record) {
+            _ if progress.message.is_empty() => String::new(),
+            Ok(Some(redactor)) => redactor.redact_text(&progress.message),
+            Ok(None) => progress.message.clone(),
+            Err(_) => String::new(),
+        };
         self.calls.progress(
             &progress.call_id,
             Progress {
                 stage: progress.stage.clone(),
-                message: progress.message.clone(),
+                message,
                 worker: worker.to_string(),
                 epoch: progress.epoch,
             },
@@ -784,7 +807,14 @@ impl Scheduler {
                 return ResultAnswer::Refused;
             }
         };
-        let outcome = (self.judge)(&interface, &call.record, &result, worker);
+        let mut outcome = (self.judge)(&interface, &call.record, &result, worker);
+        // Redaction, before the result or the error is stored (and so before any caller
+        // sees it).
+        match redactor(&call.record) {
+            Ok(Some(redactor)) => redactor.redact_result(&mut outcome.result),
+            Ok(None) => {}
+            Err(refusal) => outcome.result = Err(refusal),
+        }
         match self
             .store
             .complete_call(
@@ -808,6 +838,7 @@ impl Scheduler {
                         .map(|e| e.kind.as_str())
                         .unwrap_or("succeeded"),
                 );
+                audit_to_stdout(&done);
                 self.calls.finish(done);
                 self.on(Event::Finished {
                     call_id: result.call_id.clone(),
@@ -835,6 +866,37 @@ impl Scheduler {
             reason: reason.to_string(),
         });
         self.sessions().remove(&(worker.to_string(), session));
+    }
+}
+
+/// The call's redaction (its redact steps, fixed at admission), if it has any. Rules that
+/// do not compile (admission checked them, so only a spec stored by another version) fail
+/// the call with the reason instead of letting its result through unredacted.
+fn redactor(record: &CallRecord) -> Result<Option<crate::middleware::redact::Redactor>, CallError> {
+    let Some(rules) = record.spec.chain.redact.as_ref().filter(|r| !r.is_empty()) else {
+        return Ok(None);
+    };
+    crate::middleware::redact::Redactor::new(rules)
+        .map(Some)
+        .map_err(|error| {
+            CallError::new(
+                crate::call::ErrorKind::MiddlewareFailed,
+                format!(
+                    "the call's redaction does not compile, so its result is withheld: {error}"
+                ),
+            )
+        })
+}
+
+/// Writes an ended call's audit record to stdout as one JSON line when its audit steps
+/// ask for it (the store has committed the record itself with the end).
+pub(crate) fn audit_to_stdout(done: &CallRecord) {
+    let at = done.finished_at_ms.unwrap_or_else(now_ms);
+    let record = crate::middleware::audit::record_of(done, at);
+    if let Some(line) =
+        crate::middleware::audit::stdout_line(done.spec.chain.audit.as_ref(), &record)
+    {
+        crate::middleware::audit::print_line(&line);
     }
 }
 

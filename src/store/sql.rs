@@ -120,6 +120,8 @@ enum WriteOp {
         per_second: f64,
         now_ms: i64,
     },
+    /// Appends a refused call's audit record.
+    AppendAudit(Box<AuditRecord>),
     /// Deletes up to `limit` calls that ended before `cutoff_ms`, and their oplogs.
     PurgeCalls {
         cutoff_ms: i64,
@@ -726,6 +728,7 @@ async fn execute(conn: &mut AnyConnection, op: &WriteOp, again: bool) -> Result<
                     if let Some(commit) = commit {
                         commit_version(conn, call_id, commit).await?;
                     }
+                    insert_audit(conn, &record).await?;
                     Ok(Reply::Record(Box::new(record)))
                 }
                 Err(StoreError::StaleEpoch {
@@ -766,6 +769,9 @@ async fn execute(conn: &mut AnyConnection, op: &WriteOp, again: bool) -> Result<
                 .await
                 .map(|r| Reply::Record(Box::new(r)))
         }
+        WriteOp::AppendAudit(record) => write_audit(conn, &record.call_id, record)
+            .await
+            .map(|()| Reply::Done),
         WriteOp::PutArtifact { digest, bytes } => {
             // Storing an artifact again refreshes its time, so retention keeps what the
             // catalog has just stored.
@@ -1156,7 +1162,12 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
         }
         insert_entry(conn, &call.id, 1, lifecycle.epoch as i64, &assigned, now).await?;
     }
-    Ok(Created::New(call_from_row(&inserted)?))
+    let record = call_from_row(&inserted)?;
+    if record.state.is_terminal() {
+        // A dry run answered without running ends here: its audit record too.
+        insert_audit(conn, &record).await?;
+    }
+    Ok(Created::New(record))
 }
 
 /// The answer to a call whose idempotency key `existing` already used: that call, or a
@@ -1598,6 +1609,11 @@ async fn fail(
             run: None,
         });
         insert_entry(conn, call_id, seq, epoch, &entry, now).await?;
+        let ended = select_call(conn, call_id)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(call_id.to_string()))?;
+        insert_audit(conn, &ended).await?;
+        return Ok(ended);
     }
     select_call(conn, call_id)
         .await?
@@ -1682,11 +1698,48 @@ async fn decide(
             run: None,
         });
         insert_entry(conn, call_id, first + 1, epoch, &outcome, now).await?;
-        // AUDIT(issue 10): write the ended call's audit record here
     }
-    select_call(conn, call_id)
+    let record = select_call(conn, call_id)
         .await?
-        .ok_or_else(|| StoreError::NotFound(call_id.to_string()))
+        .ok_or_else(|| StoreError::NotFound(call_id.to_string()))?;
+    if record.state.is_terminal() {
+        // A denied call ends here: its audit record goes in the same commit.
+        insert_audit(conn, &record).await?;
+    }
+    Ok(record)
+}
+
+/// Writes the audit record of `call`, which has just ended, in the transaction that ends
+/// it ([`crate::middleware::audit::record_of`], keyed by the call's id): a call gets one
+/// record however often its end is written again. Every path that ends a call calls it.
+async fn insert_audit(conn: &mut AnyConnection, call: &CallRecord) -> Result<(), StoreError> {
+    let at = call.finished_at_ms.unwrap_or_else(now_ms);
+    let record = crate::middleware::audit::record_of(call, at);
+    write_audit(conn, &call.id, &record).await
+}
+
+/// Inserts one audit record under `seq_id` (a sortable unique id: the call's id, or a
+/// fresh UUIDv7 for a refusal); an id already written is left as it is (append-only).
+async fn write_audit(
+    conn: &mut AnyConnection,
+    seq_id: &str,
+    record: &AuditRecord,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO audit (seq_id, call_id, at_ms, namespace, agent, tool, outcome, record_json) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (seq_id) DO NOTHING",
+    )
+    .bind(seq_id)
+    .bind(record.call_id.as_str())
+    .bind(record.at_ms)
+    .bind(record.namespace.as_str())
+    .bind(record.agent.as_str())
+    .bind(record.tool.as_str())
+    .bind(record.outcome.as_str())
+    .bind(json_text(record))
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// Explains why a fenced update matched no row.
@@ -1775,7 +1828,6 @@ fn call_from_row(row: &AnyRow) -> Result<CallRecord, StoreError> {
 
 #[async_trait]
 impl Store for SqlStore {
-    // CONTRACT(issue 10): each helper replaces its placeholder below.
     async fn decide_approval(
         &self,
         call_id: &str,
@@ -1816,15 +1868,33 @@ impl Store for SqlStore {
         }
     }
 
-    async fn append_audit(&self, _record: crate::call::AuditRecord) -> Result<(), StoreError> {
-        Ok(())
+    async fn append_audit(&self, record: AuditRecord) -> Result<(), StoreError> {
+        self.write(WriteOp::AppendAudit(Box::new(record)))
+            .await
+            .map(|_| ())
     }
 
-    async fn list_audit(
-        &self,
-        _filter: &crate::call::AuditFilter,
-    ) -> Result<Vec<crate::call::AuditRecord>, StoreError> {
-        Ok(Vec::new())
+    async fn list_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>, StoreError> {
+        let limit = if filter.limit == 0 {
+            100
+        } else {
+            filter.limit.min(10_000)
+        };
+        let rows = sqlx::query(
+            "SELECT record_json FROM audit WHERE ($1 = '' OR namespace = $1) \
+             AND ($2 = '' OR agent = $2) AND ($3 = '' OR tool = $3) AND at_ms >= $4 \
+             ORDER BY at_ms DESC, seq_id DESC LIMIT $5",
+        )
+        .bind(filter.namespace.as_deref().unwrap_or(""))
+        .bind(filter.agent.as_deref().unwrap_or(""))
+        .bind(filter.tool.as_deref().unwrap_or(""))
+        .bind(filter.since_ms.unwrap_or(i64::MIN))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reads)
+        .await?;
+        rows.iter()
+            .map(|row| parse_json(&row.try_get::<String, _>("record_json")?, "audit record"))
+            .collect()
     }
 
     async fn create_call(&self, call: NewCall) -> Result<Created, StoreError> {

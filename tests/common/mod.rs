@@ -139,8 +139,15 @@ impl Platform {
             .expect("start toolgrid up");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
+        // Stdout lines (the ready line, audit records) go to the log too.
+        let mut copy = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
         std::thread::spawn(move || {
+            use std::io::Write as _;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = writeln!(copy, "{line}");
                 if line.starts_with("toolgrid is ready:") {
                     let _ = tx.send(line);
                 }
