@@ -168,10 +168,14 @@ async fn policies_allow_deny_and_rewrite_calls() {
 
     // The chain, in order, per binding (enforced first).
     for (name, chain) in [
-        ("pol-semver", "few-uuids,semver-policy"),
-        ("pol-textstats", "few-uuids,bad-cel"),
-        ("pol-uuid", "few-uuids"),
-        ("reporter-semver", "few-uuids"),
+        // The examples' enforced example-audit comes first too (enforced ones by name).
+        ("pol-semver", "example-audit,few-uuids,semver-policy"),
+        ("pol-textstats", "example-audit,few-uuids,bad-cel"),
+        ("pol-uuid", "example-audit,few-uuids"),
+        (
+            "reporter-semver",
+            "example-audit,few-uuids,reporter-rate,reporter-policy",
+        ),
     ] {
         let row = platform.resource("bindings", name).await.unwrap();
         let column = row
