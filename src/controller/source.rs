@@ -58,6 +58,35 @@ pub struct Caches {
     pub service_accounts: Cache<PartialObjectMeta<ServiceAccount>>,
 }
 
+/// Outcomes of URL fetches by (url, digest): a success (`ready`) is kept, a failure is
+/// answered again only until [`FETCH_RETRY`] has passed since it was found.
+struct FetchCache<T> {
+    entries: Mutex<HashMap<(String, String), (T, std::time::Instant)>>,
+    ready: fn(&T) -> bool,
+}
+
+impl<T: Clone> FetchCache<T> {
+    fn new(ready: fn(&T) -> bool) -> Self {
+        FetchCache {
+            entries: Mutex::default(),
+            ready,
+        }
+    }
+
+    fn get(&self, key: &(String, String)) -> Option<T> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let (known, at) = entries.get(key)?;
+        ((self.ready)(known) || at.elapsed() < FETCH_RETRY).then(|| known.clone())
+    }
+
+    fn put(&self, key: (String, String), outcome: T) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, (outcome, std::time::Instant::now()));
+    }
+}
+
 /// Feeds the catalog from the cluster.
 pub struct ClusterSource {
     pub caches: Caches,
@@ -69,10 +98,10 @@ pub struct ClusterSource {
     /// Outcomes of fetching artifacts from URLs, by (url, digest): a success is kept, a
     /// failure is tried again after [`FETCH_RETRY`]. Never by digest alone: another release
     /// naming the same digest at a wrong URL must not decide this one.
-    fetched: Mutex<HashMap<(String, String), (ArtifactOutcome, std::time::Instant)>>,
+    fetched: FetchCache<ArtifactOutcome>,
     /// The same for wasm Middleware components, kept with their bytes (the gateway runs
     /// them; they are not put in the store).
-    fetched_wasm: Mutex<HashMap<(String, String), (WasmArtifact, std::time::Instant)>>,
+    fetched_wasm: FetchCache<WasmArtifact>,
     stored: StoredArtifacts,
 }
 
@@ -177,8 +206,8 @@ impl ClusterSource {
             catalog,
             store,
             changed,
-            fetched: Mutex::default(),
-            fetched_wasm: Mutex::default(),
+            fetched: FetchCache::new(|o| matches!(o, ArtifactOutcome::Ready { .. })),
+            fetched_wasm: FetchCache::new(|w| matches!(w, WasmArtifact::Ready { .. })),
             stored: StoredArtifacts::default(),
         })
     }
@@ -395,14 +424,7 @@ impl ClusterSource {
                 };
                 let url = artifact.url.clone().unwrap_or_default();
                 let key = (url.clone(), digest.to_string());
-                if let Some((known, at)) = self
-                    .fetched_wasm
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&key)
-                    .cloned()
-                    && (matches!(known, WasmArtifact::Ready { .. }) || at.elapsed() < FETCH_RETRY)
-                {
+                if let Some(known) = self.fetched_wasm.get(&key) {
                     return Some(known);
                 }
                 let loaded = match fetch(&url).await {
@@ -412,10 +434,7 @@ impl ClusterSource {
                         format!("spec.wasm.artifact.url: {message}"),
                     ),
                 };
-                self.fetched_wasm
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, (loaded.clone(), std::time::Instant::now()));
+                self.fetched_wasm.put(key, loaded.clone());
                 loaded
             }
             _ => failed(
@@ -474,15 +493,7 @@ impl ClusterSource {
                 };
                 let url = artifact.url.clone().unwrap_or_default();
                 let key = (url.clone(), digest.to_string());
-                if let Some((outcome, at)) = self
-                    .fetched
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&key)
-                    .cloned()
-                    && (matches!(outcome, ArtifactOutcome::Ready { .. })
-                        || at.elapsed() < FETCH_RETRY)
-                {
+                if let Some(outcome) = self.fetched.get(&key) {
                     return LoadedArtifact {
                         outcome,
                         bytes: None,
@@ -495,10 +506,7 @@ impl ClusterSource {
                         format!("spec.artifact.url: {message}"),
                     ),
                 };
-                self.fetched
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, (loaded.outcome.clone(), std::time::Instant::now()));
+                self.fetched.put(key, loaded.outcome.clone());
                 loaded
             }
             _ => failed(
