@@ -891,6 +891,9 @@ fn redactor(record: &CallRecord) -> Result<Option<crate::middleware::redact::Red
 /// Writes an ended call's audit record to stdout as one JSON line when its audit steps
 /// ask for it (the store has committed the record itself with the end).
 pub(crate) fn audit_to_stdout(done: &CallRecord) {
+    if !done.spec.chain.audit.as_ref().is_some_and(|a| a.stdout) {
+        return;
+    }
     let at = done.finished_at_ms.unwrap_or_else(now_ms);
     let record = crate::middleware::audit::record_of(done, at);
     if let Some(line) =
