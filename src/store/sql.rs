@@ -248,7 +248,10 @@ const MIGRATIONS: &[Migration] = &[
                     updated_at_ms BIGINT NOT NULL
                 )"
                 .into(),
-                "CREATE INDEX IF NOT EXISTS calls_by_request ON calls (namespace, agent, request_hash, created_at_ms)"
+                // Only agents' calls are checked for repeats: operators' calls stay out of
+                // the index, and their admission pays nothing for it.
+                "CREATE INDEX IF NOT EXISTS calls_by_request ON calls (namespace, agent, request_hash, created_at_ms) \
+                 WHERE agent <> ''"
                     .into(),
             ]
         },
@@ -906,8 +909,8 @@ async fn select_repeat(
     let row = sqlx::query(concat!(
         "SELECT ",
         call_columns!(),
-        " FROM calls WHERE namespace = $1 AND agent = $2 AND request_hash = $3 AND created_at_ms >= $4 \
-         ORDER BY created_at_ms DESC, id DESC LIMIT 1"
+        " FROM calls WHERE agent <> '' AND namespace = $1 AND agent = $2 AND request_hash = $3 \
+         AND created_at_ms >= $4 ORDER BY created_at_ms DESC, id DESC LIMIT 1"
     ))
     .bind(namespace)
     .bind(agent)
