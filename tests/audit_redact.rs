@@ -312,6 +312,13 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
         .expect("the policy refusal's record")
         .clone();
     assert_eq!(policy_record.error_kind, Some(by_policy.kind));
+    // The record names the command and arguments as admission read them from argv.
+    assert_eq!(policy_record.command, "get", "{policy_record:?}");
+    assert_eq!(
+        policy_record.args.get("url").and_then(|v| v.as_str()),
+        Some("http://127.0.0.1:9/"),
+        "{policy_record:?}"
+    );
     assert!(
         policy_record
             .decisions

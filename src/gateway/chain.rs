@@ -32,6 +32,9 @@ pub(crate) struct Refused {
     /// The chain's audit steps, when the refusal came after the chain was known: they
     /// shape the refusal's audit record (excluded arguments, a copy on stdout).
     pub audit: Option<AuditOptions>,
+    /// The command and validated arguments, once admission knew them (the audit record
+    /// names them rather than what the caller sent).
+    pub call: Option<(String, serde_json::Value)>,
 }
 
 impl From<ApiError> for Refused {
@@ -40,6 +43,7 @@ impl From<ApiError> for Refused {
             error,
             decisions: Vec::new(),
             audit: None,
+            call: None,
         }
     }
 }
@@ -131,6 +135,7 @@ impl Gateway {
                 std::mem::take(&mut record.decisions)
             },
             audit: audit.clone(),
+            call: None,
         };
 
         // 1. Deciding steps, in chain order.

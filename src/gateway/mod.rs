@@ -207,14 +207,14 @@ impl Gateway {
             Ok(admitted) => Ok(admitted),
             Err(refused) => {
                 crate::metrics::refused("caller", refused.error.kind.as_str());
+                let (command, args) = refused.call.clone().unwrap_or_else(|| {
+                    (
+                        command_hint.unwrap_or_default(),
+                        args_hint.unwrap_or(Value::Null),
+                    )
+                });
                 self.audit_refusal(
-                    caller,
-                    &namespace,
-                    &tool_name,
-                    command_hint.as_deref().unwrap_or(""),
-                    args_hint.unwrap_or(Value::Null),
-                    dry_run,
-                    &refused,
+                    caller, &namespace, &tool_name, &command, args, dry_run, &refused,
                 )
                 .await;
                 Err(refused.error)
@@ -389,13 +389,27 @@ impl Gateway {
                 invocation.stdin.as_deref(),
                 dry_run,
             )
-            .await?;
+            .await
+            .map_err(|mut refused| {
+                refused.call.get_or_insert_with(|| {
+                    (
+                        candidate.command.name.clone(),
+                        Value::Object(candidate.args.0.clone()),
+                    )
+                });
+                refused
+            })?;
         let decisions = chain.decisions.clone();
         let audit_of_chain = chain.audit.clone();
+        let asked = (
+            candidate.command.name.clone(),
+            Value::Object(candidate.args.0.clone()),
+        );
         let refused = |error: ApiError| chain::Refused {
             error,
             decisions: decisions.clone(),
             audit: audit_of_chain.clone(),
+            call: Some(asked.clone()),
         };
         // A rewrite keeps the binding and release (checked), so the release stands.
         let command = candidate.command;
@@ -575,6 +589,7 @@ impl Gateway {
                     error: ApiError::new(ErrorKind::RepeatedCall, message),
                     decisions,
                     audit: audit_of_chain.clone(),
+                    call: Some(asked.clone()),
                 })
             }
         }
