@@ -256,6 +256,33 @@ async fn examples_run_over_grpc_http_and_the_cli() {
         body["error"]["message"].as_str().unwrap().contains("<b>"),
         "{body}"
     );
+    // A body that is not JSON, or not a call: 400 in the same envelope, never a plain-text
+    // rejection; an approval with a malformed body too.
+    let approve_url = format!("http://{}/v1/calls/no-such-call/approve", platform.http);
+    for (target, bad) in [
+        (&url, "{\"args\": "),
+        (&url, "[1, 2]"),
+        (&url, "{\"args\": {}, \"unknown\": true}"),
+        (&approve_url, "{\"reason\": 7}"),
+    ] {
+        let response = http
+            .post(target.as_str())
+            .header("content-type", "application/json")
+            .body(bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{bad}");
+        let body: Value = response.json().await.expect("a JSON error envelope");
+        assert_eq!(body["error"]["kind"], "invalid-argument", "{bad}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("request body:"),
+            "{body}"
+        );
+    }
     // A tool's own failure: 422 with the declared error.
     let response = http
         .post(&url)

@@ -154,18 +154,13 @@ async fn call(
     Extension(caller): Extension<Principal>,
     Path((ns, tool, command)): Path<(String, String, String)>,
     headers: HeaderMap,
-    body: Option<Json<Value>>,
+    JsonBody(body): JsonBody<CallBody>,
 ) -> Result<Response, ApiError> {
     let Some(command) = command.strip_suffix(":call") else {
         return Err(ApiError::new(
             ErrorKind::NotFound,
             format!("no route: use POST /v1/namespaces/{ns}/tools/{tool}/{command}:call"),
         ));
-    };
-    let body: CallBody = match body {
-        None => CallBody::default(),
-        Some(Json(value)) => serde_json::from_value(value)
-            .map_err(|e| ApiError::new(ErrorKind::InvalidArgument, format!("request body: {e}")))?,
     };
     let header_key = headers
         .get("idempotency-key")
@@ -252,13 +247,8 @@ async fn decide(
     caller: Principal,
     id: String,
     approve: bool,
-    body: Option<Json<Value>>,
+    body: DecisionBody,
 ) -> Result<Json<Value>, ApiError> {
-    let body: DecisionBody = match body {
-        None => DecisionBody::default(),
-        Some(Json(value)) => serde_json::from_value(value)
-            .map_err(|e| ApiError::new(ErrorKind::InvalidArgument, format!("request body: {e}")))?,
-    };
     let record = gateway.decide(&caller, &id, approve, &body.reason).await?;
     Ok(Json(call_to_json(&record, false)))
 }
@@ -268,7 +258,7 @@ async fn approve(
     State(gateway): State<Arc<Gateway>>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-    body: Option<Json<Value>>,
+    JsonBody(body): JsonBody<DecisionBody>,
 ) -> Result<Json<Value>, ApiError> {
     decide(gateway, caller, id, true, body).await
 }
@@ -278,9 +268,37 @@ async fn deny(
     State(gateway): State<Arc<Gateway>>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-    body: Option<Json<Value>>,
+    JsonBody(body): JsonBody<DecisionBody>,
 ) -> Result<Json<Value>, ApiError> {
     decide(gateway, caller, id, false, body).await
+}
+
+/// An optional JSON request body read as `T` (`T::default()` when there is none). A body
+/// that is not JSON, or not a `T`, is refused as `invalid-argument` in the error envelope,
+/// never with the framework's plain-text rejection.
+struct JsonBody<T>(T);
+
+impl<S, T> axum::extract::FromRequest<S> for JsonBody<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned + Default,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let invalid =
+            |why: String| ApiError::new(ErrorKind::InvalidArgument, format!("request body: {why}"));
+        let body =
+            <Json<Value> as axum::extract::OptionalFromRequest<S>>::from_request(request, state)
+                .await
+                .map_err(|rejection| invalid(rejection.body_text()))?;
+        match body {
+            None => Ok(JsonBody(T::default())),
+            Some(Json(value)) => serde_json::from_value(value)
+                .map(JsonBody)
+                .map_err(|e| invalid(e.to_string())),
+        }
+    }
 }
 
 #[derive(Deserialize)]
