@@ -75,7 +75,7 @@ pub struct Decision {
 
 /// The redaction a call's result and error text get before they are stored or returned:
 /// the union of every redact step of its chain.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RedactRules {
     /// JSON pointers into the result.

@@ -21,8 +21,9 @@ pub use secrets::{SecretError, SecretSource, StaticSecrets};
 pub use state::{Refusal, WorkerInfo};
 pub use watch::{CallUpdate, CallWatch, Progress};
 
-use crate::call::{CallError, EntryKind, OplogEntry};
+use crate::call::{CallError, EntryKind, OplogEntry, RedactRules};
 use crate::catalog::interface::CommandInterface;
+use crate::middleware::redact::Redactor;
 use crate::proto::{self, ControlEvent, control_event};
 use crate::store::{CallRecord, Store, StoreError, now_ms};
 use state::{Call, Command, Event, Reported, State, Timing};
@@ -113,7 +114,13 @@ pub struct Scheduler {
     wake: Notify,
     /// Where the values of the secrets a call is granted are read at each assignment.
     secrets: std::sync::RwLock<Option<Arc<dyn SecretSource>>>,
+    /// Compiled redactions by their rules: a call's progress messages and its end reuse
+    /// one compilation (at most [`MAX_REDACTORS`] kept).
+    redactors: std::sync::Mutex<HashMap<RedactRules, Arc<Redactor>>>,
 }
+
+/// Compiled redactions the scheduler keeps at most (all are dropped when it is full).
+const MAX_REDACTORS: usize = 256;
 
 impl Scheduler {
     pub fn new(
@@ -137,7 +144,35 @@ impl Scheduler {
             sessions: Mutex::default(),
             wake: Notify::new(),
             secrets: std::sync::RwLock::new(None),
+            redactors: std::sync::Mutex::default(),
         })
+    }
+
+    /// The call's redaction (its redact steps, fixed at admission), if it has any, compiled
+    /// once per set of rules. Rules that do not compile (admission checked them, so only a
+    /// spec stored by another version) fail the call with the reason instead of letting its
+    /// result through unredacted.
+    fn redactor(&self, record: &CallRecord) -> Result<Option<Arc<Redactor>>, CallError> {
+        let Some(rules) = record.spec.chain.redact.as_ref().filter(|r| !r.is_empty()) else {
+            return Ok(None);
+        };
+        let mut cache = self.redactors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = cache.get(rules) {
+            return Ok(Some(known.clone()));
+        }
+        let compiled = Arc::new(Redactor::new(rules).map_err(|error| {
+            CallError::new(
+                crate::call::ErrorKind::MiddlewareFailed,
+                format!(
+                    "the call's redaction does not compile, so its result is withheld: {error}"
+                ),
+            )
+        })?);
+        if cache.len() >= MAX_REDACTORS {
+            cache.clear();
+        }
+        cache.insert(rules.clone(), compiled.clone());
+        Ok(Some(compiled))
     }
 
     /// Sets where secret values are read when a call is assigned. Without one, a call
@@ -368,7 +403,7 @@ impl Scheduler {
                     let id = call.record.id.clone();
                     let kind = error.kind;
                     let mut error = error;
-                    match redactor(&call.record) {
+                    match this.redactor(&call.record) {
                         Ok(Some(redactor)) => redactor.redact_error(&mut error),
                         Ok(None) => {}
                         Err(refusal) => error = refusal,
@@ -692,7 +727,7 @@ impl Scheduler {
         };
         // Progress text reaches callers too: it gets the call's redaction (withheld when
         // the redaction does not compile).
-        let message = match redactor(&call.record) {
+        let message = match self.redactor(&call.record) {
             _ if progress.message.is_empty() => String::new(),
             Ok(Some(redactor)) => redactor.redact_text(&progress.message),
             Ok(None) => progress.message.clone(),
@@ -810,7 +845,7 @@ impl Scheduler {
         let mut outcome = (self.judge)(&interface, &call.record, &result, worker);
         // Redaction, before the result or the error is stored (and so before any caller
         // sees it).
-        match redactor(&call.record) {
+        match self.redactor(&call.record) {
             Ok(Some(redactor)) => redactor.redact_result(&mut outcome.result),
             Ok(None) => {}
             Err(refusal) => outcome.result = Err(refusal),
@@ -867,25 +902,6 @@ impl Scheduler {
         });
         self.sessions().remove(&(worker.to_string(), session));
     }
-}
-
-/// The call's redaction (its redact steps, fixed at admission), if it has any. Rules that
-/// do not compile (admission checked them, so only a spec stored by another version) fail
-/// the call with the reason instead of letting its result through unredacted.
-fn redactor(record: &CallRecord) -> Result<Option<crate::middleware::redact::Redactor>, CallError> {
-    let Some(rules) = record.spec.chain.redact.as_ref().filter(|r| !r.is_empty()) else {
-        return Ok(None);
-    };
-    crate::middleware::redact::Redactor::new(rules)
-        .map(Some)
-        .map_err(|error| {
-            CallError::new(
-                crate::call::ErrorKind::MiddlewareFailed,
-                format!(
-                    "the call's redaction does not compile, so its result is withheld: {error}"
-                ),
-            )
-        })
 }
 
 /// Writes an ended call's audit record to stdout as one JSON line when its audit steps
