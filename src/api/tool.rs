@@ -124,6 +124,9 @@ pub enum Overflow {
     Inline,
     /// Store it and return it in pages.
     Page,
+    /// Write it to the agent's workspace as `tool-results/<call>.json` and return a short
+    /// summary naming the file.
+    File,
     /// Cut it at the limit.
     Truncate,
 }
@@ -239,6 +242,10 @@ pub struct DeclaredError {
     pub exit_code: i32,
     #[serde(default)]
     pub description: String,
+    /// A transient failure: a `read` or `idempotent` call that ends with it is run again
+    /// per the Tool's `retry`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retryable: bool,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

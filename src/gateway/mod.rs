@@ -12,6 +12,7 @@ pub mod console;
 pub mod convert;
 mod grpc;
 mod http;
+pub mod results;
 pub mod wasm_middleware;
 pub mod workspaces;
 
@@ -878,6 +879,71 @@ impl Gateway {
                 }
             })
             .collect()
+    }
+
+    /// The commands `caller` may call in `namespace`, as models and MCP see them: an
+    /// operator sees every command of every tool, an agent its bound ones.
+    pub fn model_tools(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+    ) -> Vec<crate::catalog::model_tools::ModelTool> {
+        let namespace = Self::namespace(caller, namespace);
+        let snapshot = self.catalog.current();
+        let mut tools: Vec<_> = snapshot
+            .tools
+            .values()
+            .filter(|t| t.key.namespace == namespace)
+            .flat_map(|t| match caller {
+                Principal::Operator { .. } => crate::catalog::model_tools::model_tools_of(t, None),
+                Principal::Agent { agent } => match authz::decide(&snapshot, agent, t, None) {
+                    Ok(allowed) => crate::catalog::model_tools::model_tools_of(
+                        t,
+                        Some(allowed.commands.as_slice()),
+                    ),
+                    Err(_) => Vec::new(),
+                },
+            })
+            .collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        tools
+    }
+
+    /// Cancels a call `caller` may read (its own, or any for an operator).
+    ///
+    /// CONTRACT(issue 11, helper progress): stub; the progress helper implements it
+    /// (a queued or waiting call ends `cancelled` at once; a running one is stopped and
+    /// ends `cancelled`, or `outcome-unknown` when a write of it may have been applied).
+    pub async fn cancel(&self, caller: &Principal, id: &str) -> Result<CallRecord, ApiError> {
+        let _ = self.get_call(caller, id).await?;
+        Err(ApiError::new(
+            ErrorKind::Unavailable,
+            "cancellation is not implemented yet",
+        ))
+    }
+
+    /// What a model-facing front door returns for an ended call `caller` may read.
+    ///
+    /// CONTRACT(issue 11, helper results): stub (inline); the results helper applies the
+    /// Tool's `resultPolicy` (paging, the workspace file, truncation).
+    pub async fn model_result(
+        &self,
+        _caller: &Principal,
+        record: &CallRecord,
+    ) -> Result<results::ModelResult, ApiError> {
+        let policy = self
+            .catalog
+            .current()
+            .tools
+            .values()
+            .find(|t| t.key.namespace == record.namespace && t.key.name == record.tool)
+            .and_then(|t| t.spec.result_policy.clone())
+            .unwrap_or(crate::api::ResultPolicy {
+                max_inline_bytes: None,
+                overflow: Default::default(),
+            });
+        let result = record.result.clone().unwrap_or(Value::Null);
+        Ok(results::shape(&policy, &record.id, &result))
     }
 
     /// Resources of a kind with their status; pools carry their live workers.

