@@ -946,6 +946,29 @@ impl Gateway {
         Ok(results::shape(&policy, &record.id, &result))
     }
 
+    /// Page `page` (from 0) of a paged result of a call `caller` may read
+    /// (`GET /v1/calls/{id}/result?page=N`, the MCP result resource).
+    ///
+    /// CONTRACT(issue 11, helper results): stub; the results helper implements it.
+    pub async fn result_page(
+        &self,
+        caller: &Principal,
+        id: &str,
+        page: u32,
+    ) -> Result<results::ResultPage, ApiError> {
+        let record = self.get_call(caller, id).await?;
+        let text = record.result.map(|r| r.to_string()).unwrap_or_default();
+        if page > 0 {
+            return Err(ApiError::new(ErrorKind::NotFound, format!("no page {page}")));
+        }
+        Ok(results::ResultPage {
+            call_id: record.id,
+            page,
+            pages: 1,
+            text,
+        })
+    }
+
     /// Resources of a kind with their status; pools carry their live workers.
     ///
     /// Agents see only the Tools they may call, and no other kind.
