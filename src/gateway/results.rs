@@ -55,3 +55,35 @@ pub fn shape(_policy: &ResultPolicy, _call_id: &str, result: &Value) -> ModelRes
         truncated: false,
     }
 }
+
+/// The URI naming page `page` of call `call_id`'s result: the `next` of a [`PageInfo`], and
+/// the MCP resource a client reads for that page (`GET /v1/calls/{id}/result?page=N` serves
+/// the same page).
+pub fn page_uri(call_id: &str, page: u32) -> String {
+    format!("toolgrid://calls/{call_id}/result?page={page}")
+}
+
+/// The call and page a [`page_uri`] names; `None` for any other URI.
+pub fn parse_page_uri(uri: &str) -> Option<(&str, u32)> {
+    let rest = uri.strip_prefix("toolgrid://calls/")?;
+    let (call_id, query) = rest.split_once("/result?page=")?;
+    if call_id.is_empty() || call_id.contains('/') {
+        return None;
+    }
+    Some((call_id, query.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_uris_round_trip_and_refuse_others() {
+        let uri = page_uri("01abc", 3);
+        assert_eq!(parse_page_uri(&uri), Some(("01abc", 3)));
+        assert_eq!(parse_page_uri("toolgrid://calls//result?page=1"), None);
+        assert_eq!(parse_page_uri("toolgrid://calls/a/b/result?page=1"), None);
+        assert_eq!(parse_page_uri("toolgrid://calls/a/result?page=x"), None);
+        assert_eq!(parse_page_uri("file:///etc/passwd"), None);
+    }
+}
