@@ -190,14 +190,28 @@ async fn model_schemas_follow_each_apis_rules_for_every_example_tool() {
     assert_eq!(compare["input_schema"]["required"], json!(["a", "b"]));
 
     // json-schema: output schema and annotations from the effect.
-    let (_, plain) = get(&platform, Some(&admin), "?format=json-schema&tool=uuid,fetch").await;
+    let (_, plain) = get(
+        &platform,
+        Some(&admin),
+        &format!("?format=json-schema&tool=uuid,{HOSTILE_TOOL}"),
+    )
+    .await;
     let tools = plain["tools"].as_array().unwrap();
     let uuid = tools.iter().find(|t| t["name"] == "uuid").unwrap();
     assert_eq!(uuid["annotations"]["readOnlyHint"], json!(true));
     assert!(uuid["outputSchema"]["properties"]["uuids"].is_object());
-    let fetch = tools.iter().find(|t| t["name"] == "fetch").unwrap();
-    assert_eq!(fetch["effect"], json!("external"));
-    assert_eq!(fetch["annotations"]["openWorldHint"], json!(true));
+    let hostile = tools
+        .iter()
+        .find(|t| t["command"] == "command-with-a-long-name-too")
+        .unwrap();
+    assert_eq!(hostile["effect"], json!("write"));
+    assert_eq!(
+        hostile["annotations"],
+        json!({"title": format!("{HOSTILE_TOOL} command-with-a-long-name-too"),
+               "readOnlyHint": false, "destructiveHint": true,
+               "idempotentHint": false, "openWorldHint": false})
+    );
+    assert_eq!(hostile["errors"][0]["name"], json!("toolgrid"));
 
     // An agent sees only its bound commands, in every format.
     for format in ["openai", "anthropic", "json-schema"] {
@@ -337,11 +351,14 @@ async fn call_help_is_generated_from_the_definition() {
     assert!(textstats.contains("--top VALUE  integer, >= 0, <= 100, default: 5"), "{textstats}");
     assert!(textstats.contains("Stdin (text, optional)"), "{textstats}");
     let fetch = text(&["call", "fetch", "--help"]);
-    assert!(fetch.contains("Effect: external"), "{fetch}");
+    assert!(fetch.contains("--max-bytes VALUE  integer, >= 1, <= 10485760, default: 20000"), "{fetch}");
+    let hostile = text(&["call", HOSTILE_TOOL, "--help"]);
+    assert!(hostile.contains("Effect: write (changes the world"), "{hostile}");
+    assert!(hostile.contains("free-form [--anything ANYTHING]"), "{hostile}");
 
     // The agent's help shows only what it may call.
     let mine = text(&["call", "semver", "--help", "--token", AGENT_TOKEN]);
-    assert!(mine.contains("compare <a> <b>") && !mine.contains("bump"), "{mine}");
+    assert!(mine.contains("compare] <a> <b>") && !mine.contains("bump"), "{mine}");
 
     // Unknown tool or command: their error kinds.
     let out = platform.cli(&["call", "no-such-tool", "--help"], None);
