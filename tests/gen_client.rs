@@ -83,13 +83,11 @@ async fn generated_python_clients_call_the_example_tools() {
 
     // Every module compiles (the hostile one included) before any is imported.
     let Some(compiled) = common::run_python_check(
-        Command::new("python3")
-            .args(["-m", "py_compile"])
-            .args(
-                std::fs::read_dir(&admin_dir)
-                    .unwrap()
-                    .map(|e| e.unwrap().path()),
-            ),
+        Command::new("python3").args(["-m", "py_compile"]).args(
+            std::fs::read_dir(&admin_dir)
+                .unwrap()
+                .map(|e| e.unwrap().path()),
+        ),
     ) else {
         return;
     };
@@ -128,14 +126,23 @@ async fn generated_typescript_clients_type_check_and_call_the_example_tools() {
     let platform = start(root.path()).await;
     let src = root.path().join("ts");
     generate(&platform, "typescript", &src, &[]);
-    generate(&platform, "typescript", &src.join("agent"), &["--as", "reporter"]);
+    generate(
+        &platform,
+        "typescript",
+        &src.join("agent"),
+        &["--as", "reporter"],
+    );
     let agent_files: Vec<String> = std::fs::read_dir(src.join("agent"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     let mut sorted = agent_files.clone();
     sorted.sort();
-    assert_eq!(sorted, ["semver.ts", "textstats.ts"], "the agent's tools only");
+    assert_eq!(
+        sorted,
+        ["semver.ts", "textstats.ts"],
+        "the agent's tools only"
+    );
     std::fs::copy(
         repo().join("tests/clients/ts_client_test.ts"),
         src.join("main.ts"),
@@ -147,11 +154,7 @@ async fn generated_typescript_clients_type_check_and_call_the_example_tools() {
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "ts"))
         .collect();
-    files.extend(
-        agent_files
-            .iter()
-            .map(|f| src.join("agent").join(f)),
-    );
+    files.extend(agent_files.iter().map(|f| src.join("agent").join(f)));
     let compiled = tsc
         .args([
             "--strict",
@@ -188,8 +191,14 @@ async fn generated_typescript_clients_type_check_and_call_the_example_tools() {
         .output()
         .expect("run node");
     let text = output_text(&run);
-    assert!(run.status.success(), "typescript client checks failed:\n{text}");
-    assert!(text.contains("all typescript client checks passed"), "{text}");
+    assert!(
+        run.status.success(),
+        "typescript client checks failed:\n{text}"
+    );
+    assert!(
+        text.contains("all typescript client checks passed"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,14 +207,28 @@ async fn gen_client_refusals_name_their_kind() {
     let platform = start(root.path()).await;
     let dir = root.path().join("out");
     let out = platform.cli(
-        &["gen", "client", "--lang", "cobol", "-o", dir.to_str().unwrap()],
+        &[
+            "gen",
+            "client",
+            "--lang",
+            "cobol",
+            "-o",
+            dir.to_str().unwrap(),
+        ],
         None,
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(output_text(&out).contains("invalid-argument"));
     let out = platform.cli(
         &[
-            "gen", "client", "--lang", "python", "-o", dir.to_str().unwrap(), "uuid", "--as",
+            "gen",
+            "client",
+            "--lang",
+            "python",
+            "-o",
+            dir.to_str().unwrap(),
+            "uuid",
+            "--as",
             "reporter",
         ],
         None,
@@ -214,7 +237,14 @@ async fn gen_client_refusals_name_their_kind() {
     assert!(output_text(&out).contains("unknown-tool"));
     let out = platform.cli(
         &[
-            "gen", "client", "--lang", "python", "-o", dir.to_str().unwrap(), "--token", "bad",
+            "gen",
+            "client",
+            "--lang",
+            "python",
+            "-o",
+            dir.to_str().unwrap(),
+            "--token",
+            "bad",
         ],
         None,
     );

@@ -49,7 +49,8 @@ async fn tool_names(platform: &Platform, token: Option<&str>) -> Vec<String> {
 }
 
 async fn get(platform: &Platform, token: Option<&str>, query: &str) -> (u16, Value) {
-    let mut request = reqwest::Client::new().get(format!("http://{}/v1/tools{query}", platform.http));
+    let mut request =
+        reqwest::Client::new().get(format!("http://{}/v1/tools{query}", platform.http));
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
@@ -110,8 +111,17 @@ async fn model_schemas_follow_each_apis_rules_for_every_example_tool() {
         }
         // Every command of every tool: the operator sees them all.
         let names = names(&answer);
-        for name in ["semver__compare", "semver__bump", "textstats", "uuid", "fetch"] {
-            assert!(names.contains(&name.to_string()), "{format}: {name} in {names:?}");
+        for name in [
+            "semver__compare",
+            "semver__bump",
+            "textstats",
+            "uuid",
+            "fetch",
+        ] {
+            assert!(
+                names.contains(&name.to_string()),
+                "{format}: {name} in {names:?}"
+            );
         }
         // The long hostile name is shortened, deterministically, and maps back.
         let long = format!("{HOSTILE_TOOL}__command-with-a-long-name-too");
@@ -120,7 +130,10 @@ async fn model_schemas_follow_each_apis_rules_for_every_example_tool() {
         } else {
             toolgrid::catalog::model_formats::fit_name(&long)
         };
-        assert!(names.contains(&expected), "{format}: {expected} in {names:?}");
+        assert!(
+            names.contains(&expected),
+            "{format}: {expected} in {names:?}"
+        );
         assert_eq!(
             answer["names"][&expected],
             json!({"tool": HOSTILE_TOOL, "command": "command-with-a-long-name-too"})
@@ -148,25 +161,54 @@ async fn model_schemas_follow_each_apis_rules_for_every_example_tool() {
             .unwrap_or_else(|| panic!("{name} in {openai}"))["function"]
             .clone()
     };
-    for name in ["semver__compare", "semver__bump", "textstats", "uuid", "fetch"] {
+    for name in [
+        "semver__compare",
+        "semver__bump",
+        "textstats",
+        "uuid",
+        "fetch",
+    ] {
         assert_eq!(function(name)["strict"], json!(true), "{name}: {openai}");
     }
     let bump = function("semver__bump");
     let part = &bump["parameters"]["properties"]["part"];
     assert_eq!(bump["parameters"]["required"], json!(["part", "version"]));
-    assert!(part["anyOf"].as_array().unwrap().contains(&json!({"type": "null"})), "{part}");
-    assert!(part["description"].as_str().unwrap().contains("Default: \"patch\""), "{part}");
+    assert!(
+        part["anyOf"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"type": "null"})),
+        "{part}"
+    );
+    assert!(
+        part["description"]
+            .as_str()
+            .unwrap()
+            .contains("Default: \"patch\""),
+        "{part}"
+    );
     let hostile = function(&toolgrid::catalog::model_formats::fit_name(&format!(
         "{HOSTILE_TOOL}__command-with-a-long-name-too"
     )));
     assert_eq!(hostile["strict"], json!(true), "{hostile}");
     let props = &hostile["parameters"]["properties"];
     assert_eq!(props["max-bytes"]["type"], json!(["integer", "null"]));
-    assert!(props["max-bytes"]["description"].as_str().unwrap().contains("Default: 1024"));
+    assert!(
+        props["max-bytes"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("Default: 1024")
+    );
     let nested = &props["nested"]["anyOf"][0];
     assert_eq!(nested["required"], json!(["depth", "label"]));
-    assert_eq!(nested["properties"]["label"]["type"], json!(["string", "null"]));
-    assert!(props["stdin"]["anyOf"][0]["properties"]["items"].is_object(), "{props}");
+    assert_eq!(
+        nested["properties"]["label"]["type"],
+        json!(["string", "null"])
+    );
+    assert!(
+        props["stdin"]["anyOf"][0]["properties"]["items"].is_object(),
+        "{props}"
+    );
     // The free-form option has no strict form: strict false, and the note says why.
     let free = function(&format!("{HOSTILE_TOOL}__free-form"));
     assert_eq!(free["strict"], json!(false));
@@ -225,7 +267,11 @@ async fn model_schemas_follow_each_apis_rules_for_every_example_tool() {
     }
     // ...and a tool it is not bound to is unknown to it.
     let (status, answer) = get(&platform, Some(AGENT_TOKEN), "?format=openai&tool=uuid").await;
-    assert_eq!((status, envelope_kind(&answer)), (404, "unknown-tool"), "{answer}");
+    assert_eq!(
+        (status, envelope_kind(&answer)),
+        (404, "unknown-tool"),
+        "{answer}"
+    );
 
     // gRPC answers the same document.
     let mut client = platform.client().await;
@@ -237,7 +283,10 @@ async fn model_schemas_follow_each_apis_rules_for_every_example_tool() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(serde_json::from_str::<Value>(&grpc.model_tools_json).unwrap(), openai);
+    assert_eq!(
+        serde_json::from_str::<Value>(&grpc.model_tools_json).unwrap(),
+        openai
+    );
     let refused = client
         .list_tools(proto::ListToolsRequest {
             format: "gemini".into(),
@@ -269,27 +318,66 @@ async fn refusals_on_the_schema_front_doors_use_the_envelope() {
     let admin = platform.admin_token();
 
     let (status, body) = get(&platform, Some(&admin), "?format=gemini").await;
-    assert_eq!((status, envelope_kind(&body)), (400, "invalid-argument"), "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("gemini"));
+    assert_eq!(
+        (status, envelope_kind(&body)),
+        (400, "invalid-argument"),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("gemini")
+    );
     let (status, body) = get(&platform, Some(&admin), "?format=openai&fromat=x").await;
-    assert_eq!((status, envelope_kind(&body)), (400, "invalid-argument"), "{body}");
+    assert_eq!(
+        (status, envelope_kind(&body)),
+        (400, "invalid-argument"),
+        "{body}"
+    );
     let (status, body) = get(&platform, Some(&admin), "?tool=no-such-tool").await;
-    assert_eq!((status, envelope_kind(&body)), (404, "unknown-tool"), "{body}");
+    assert_eq!(
+        (status, envelope_kind(&body)),
+        (404, "unknown-tool"),
+        "{body}"
+    );
     let (status, body) = get(&platform, None, "?format=openai").await;
-    assert_eq!((status, envelope_kind(&body)), (401, "unauthenticated"), "{body}");
+    assert_eq!(
+        (status, envelope_kind(&body)),
+        (401, "unauthenticated"),
+        "{body}"
+    );
     let (status, body) = get(&platform, Some("not-a-token"), "?format=openai").await;
-    assert_eq!((status, envelope_kind(&body)), (401, "unauthenticated"), "{body}");
+    assert_eq!(
+        (status, envelope_kind(&body)),
+        (401, "unauthenticated"),
+        "{body}"
+    );
     // No format: the plain JSON Schema view.
     let (status, body) = get(&platform, Some(&admin), "").await;
-    assert_eq!((status, body["format"].as_str()), (200, Some("json-schema")));
+    assert_eq!(
+        (status, body["format"].as_str()),
+        (200, Some("json-schema"))
+    );
 
     // The CLI: `toolgrid schema`.
-    let out = platform.cli(&["schema", "--format", "anthropic", "--as", "reporter"], None);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = platform.cli(
+        &["schema", "--format", "anthropic", "--as", "reporter"],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(names(&answer), ["semver__compare", "textstats"]);
     let out = platform.cli(&["schema", "-f", "openai", "--tools-only", "semver"], None);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let tools: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(tools.as_array().unwrap().len(), 2, "{tools}");
     let out = platform.cli(&["schema", "--format", "gemini"], None);
@@ -347,30 +435,61 @@ async fn call_help_is_generated_from_the_definition() {
     );
     // Options may come before --help, and toolgrid's own options too.
     let textstats = text(&["call", "textstats", "--help", "-n", "default"]);
-    assert!(textstats.contains("Usage: toolgrid call textstats [count] [--top TOP] [--ignore-case] [--stdin FILE|-]"), "{textstats}");
-    assert!(textstats.contains("--top VALUE  integer, >= 0, <= 100, default: 5"), "{textstats}");
+    assert!(
+        textstats.contains(
+            "Usage: toolgrid call textstats [count] [--top TOP] [--ignore-case] [--stdin FILE|-]"
+        ),
+        "{textstats}"
+    );
+    assert!(
+        textstats.contains("--top VALUE  integer, >= 0, <= 100, default: 5"),
+        "{textstats}"
+    );
     assert!(textstats.contains("Stdin (text, optional)"), "{textstats}");
     let fetch = text(&["call", "fetch", "--help"]);
-    assert!(fetch.contains("--max-bytes VALUE  integer, >= 1, <= 10485760, default: 20000"), "{fetch}");
+    assert!(
+        fetch.contains("--max-bytes VALUE  integer, >= 1, <= 10485760, default: 20000"),
+        "{fetch}"
+    );
     let hostile = text(&["call", HOSTILE_TOOL, "--help"]);
-    assert!(hostile.contains("Effect: write (changes the world"), "{hostile}");
-    assert!(hostile.contains("free-form [--anything ANYTHING]"), "{hostile}");
+    assert!(
+        hostile.contains("Effect: write (changes the world"),
+        "{hostile}"
+    );
+    assert!(
+        hostile.contains("free-form [--anything ANYTHING]"),
+        "{hostile}"
+    );
 
     // The agent's help shows only what it may call.
     let mine = text(&["call", "semver", "--help", "--token", AGENT_TOKEN]);
-    assert!(mine.contains("compare] <a> <b>") && !mine.contains("bump"), "{mine}");
+    assert!(
+        mine.contains("compare] <a> <b>") && !mine.contains("bump"),
+        "{mine}"
+    );
 
     // Unknown tool or command: their error kinds.
     let out = platform.cli(&["call", "no-such-tool", "--help"], None);
     assert_eq!(out.status.code(), Some(4));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown-tool"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown-tool"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = platform.cli(&["call", "semver", "nope", "--help"], None);
     assert_eq!(out.status.code(), Some(4));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown-command"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown-command"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = platform.cli(&["call", "uuid", "--help", "--token", AGENT_TOKEN], None);
     assert_eq!(out.status.code(), Some(4));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown-tool"));
     // After `--`, --help is the tool's argument: the call runs (and semver refuses it).
-    let out = platform.cli(&["call", "semver", "compare", "--", "--help", "1.0.0"], None);
+    let out = platform.cli(
+        &["call", "semver", "compare", "--", "--help", "1.0.0"],
+        None,
+    );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("Usage:"));
 }

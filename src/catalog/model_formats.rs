@@ -239,7 +239,15 @@ const STRICT_CONSTRAINTS: &[&str] = &[
 ];
 /// The string formats strict mode supports.
 pub const STRICT_FORMATS: &[&str] = &[
-    "date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid",
+    "date-time",
+    "time",
+    "date",
+    "duration",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "uuid",
 ];
 /// Keywords that change what is valid in a way strict mode cannot say.
 const STRICT_IMPOSSIBLE: &[&str] = &[
@@ -375,7 +383,10 @@ fn strictify(
         ));
     }
     let Some(input) = schema.as_object() else {
-        return Err(not_strict(at, "any value (a boolean schema) has no strict form"));
+        return Err(not_strict(
+            at,
+            "any value (a boolean schema) has no strict form",
+        ));
     };
     for keyword in STRICT_IMPOSSIBLE {
         if input.contains_key(*keyword) {
@@ -386,7 +397,12 @@ fn strictify(
     let mut moved: Vec<String> = Vec::new();
     for (key, value) in input {
         match key.as_str() {
-            "$defs" | "properties" | "required" | "additionalProperties" | "items" | "anyOf"
+            "$defs"
+            | "properties"
+            | "required"
+            | "additionalProperties"
+            | "items"
+            | "anyOf"
             | "oneOf" => {}
             "enum" => {
                 let n = value.as_array().map_or(0, Vec::len);
@@ -666,7 +682,12 @@ mod tests {
         assert_eq!(nested["required"], json!(["x"]));
         assert_eq!(nested["additionalProperties"], json!(false));
         assert_eq!(nested["properties"]["x"]["type"], json!(["number", "null"]));
-        assert!(props["list"]["description"].as_str().unwrap().contains("uniqueItems"));
+        assert!(
+            props["list"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("uniqueItems")
+        );
     }
 
     #[test]
@@ -721,7 +742,8 @@ mod tests {
 
     #[test]
     fn anthropic_and_json_schema_shapes() {
-        let input = json!({"type": "object", "properties": {"a": {"type": "string", "default": "x"}}});
+        let input =
+            json!({"type": "object", "properties": {"a": {"type": "string", "default": "x"}}});
         let tools = [tool("t__c", input.clone())];
         let a = render(&tools, ModelFormat::Anthropic);
         assert_eq!(
@@ -743,6 +765,8 @@ mod tests {
         assert!(admits_null(&json!({})));
         assert!(!admits_null(&json!({"type": "string"})));
         assert!(!admits_null(&json!({"enum": ["a"]})));
-        assert!(admits_null(&json!({"anyOf": [{"type": "string"}, {"type": "null"}]})));
+        assert!(admits_null(
+            &json!({"anyOf": [{"type": "string"}, {"type": "null"}]})
+        ));
     }
 }

@@ -231,10 +231,12 @@ mod tests {
             "c": {"type": ["integer", "null"]},
         }});
         let mut input: Map<String, Value> =
-            serde_json::from_value(json!({"a": null, "b": null, "c": null, "d": null}))
-                .unwrap();
+            serde_json::from_value(json!({"a": null, "b": null, "c": null, "d": null})).unwrap();
         drop_absent_nulls(&schema, &mut input);
-        assert_eq!(Value::Object(input), json!({"a": null, "c": null, "d": null}));
+        assert_eq!(
+            Value::Object(input),
+            json!({"a": null, "c": null, "d": null})
+        );
     }
 
     #[test]

@@ -279,15 +279,13 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
     }
     let tool = words.remove(0);
     if args.help {
-        let defs = super::schema::tool_defs(
-            &args.endpoint,
-            &args.namespace,
-            std::slice::from_ref(&tool),
-        )
-        .await?;
-        let def = defs.into_iter().next().ok_or_else(|| {
-            ApiError::new(ErrorKind::UnknownTool, format!("no tool {tool:?}"))
-        })?;
+        let defs =
+            super::schema::tool_defs(&args.endpoint, &args.namespace, std::slice::from_ref(&tool))
+                .await?;
+        let def = defs
+            .into_iter()
+            .next()
+            .ok_or_else(|| ApiError::new(ErrorKind::UnknownTool, format!("no tool {tool:?}")))?;
         if let Some(text) = help_text(&def, &words)? {
             print!("{text}");
             return Ok(ExitCode::SUCCESS);
@@ -373,35 +371,37 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
 /// The usage `toolgrid call TOOL [COMMAND] --help` prints: the command's when the word
 /// after TOOL names one (or the tool has only one), else the tool's; `None` when that
 /// command declares an option or flag named `help` of its own.
-fn help_text(
-    tool: &super::codegen::ToolDef,
-    words: &[String],
-) -> Result<Option<String>, ApiError> {
+fn help_text(tool: &super::codegen::ToolDef, words: &[String]) -> Result<Option<String>, ApiError> {
     let first = words.iter().find(|w| *w != "--help");
     let command = match first {
-        Some(word) if !word.starts_with('-') => match tool.commands.iter().find(|c| &c.name == word) {
-            Some(command) => Some(command),
-            None if tool.commands.len() == 1 => tool.commands.first(),
-            None => {
-                return Err(ApiError::new(
-                    ErrorKind::UnknownCommand,
-                    format!(
-                        "tool {:?} has no command {word:?}; its commands: {}",
-                        tool.name,
-                        tool.commands
-                            .iter()
-                            .map(|c| c.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                ));
+        Some(word) if !word.starts_with('-') => {
+            match tool.commands.iter().find(|c| &c.name == word) {
+                Some(command) => Some(command),
+                None if tool.commands.len() == 1 => tool.commands.first(),
+                None => {
+                    return Err(ApiError::new(
+                        ErrorKind::UnknownCommand,
+                        format!(
+                            "tool {:?} has no command {word:?}; its commands: {}",
+                            tool.name,
+                            tool.commands
+                                .iter()
+                                .map(|c| c.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ));
+                }
             }
-        },
+        }
         _ if tool.commands.len() == 1 => tool.commands.first(),
         _ => None,
     };
     match command {
-        Some(c) if c.options.iter().any(|o| o.name == "help") || c.flags.iter().any(|f| f.name == "help") => {
+        Some(c)
+            if c.options.iter().any(|o| o.name == "help")
+                || c.flags.iter().any(|f| f.name == "help") =>
+        {
             Ok(None)
         }
         Some(c) => Ok(Some(super::help::command_help(tool, c))),

@@ -128,7 +128,13 @@ pub fn usage_line(command: &Command) -> String {
 pub fn command_help(tool: &ToolDef, command: &Command) -> String {
     let one = tool.commands.len() == 1;
     let mut out = String::new();
-    let _ = writeln!(out, "{} {}: {}", tool.name, command.name, description_of(tool, command));
+    let _ = writeln!(
+        out,
+        "{} {}: {}",
+        tool.name,
+        command.name,
+        description_of(tool, command)
+    );
     let _ = writeln!(out);
     let args = usage_line(command)
         .strip_prefix(command.name.as_str())
@@ -144,7 +150,10 @@ pub fn command_help(tool: &ToolDef, command: &Command) -> String {
     if !command.positional.is_empty() {
         let _ = writeln!(out, "\nArguments:");
         for p in &command.positional {
-            let schema = p.schema.clone().unwrap_or(serde_json::json!({"type": "string"}));
+            let schema = p
+                .schema
+                .clone()
+                .unwrap_or(serde_json::json!({"type": "string"}));
             let mut kind = type_summary(&schema);
             if p.variadic {
                 kind = format!("{kind}, one or more");
@@ -153,7 +162,11 @@ pub fn command_help(tool: &ToolDef, command: &Command) -> String {
                 out,
                 "  <{}>  {kind}{}{}",
                 p.name,
-                if p.required { ", required" } else { ", optional" },
+                if p.required {
+                    ", required"
+                } else {
+                    ", optional"
+                },
                 sentence(&p.description)
             );
         }
@@ -161,8 +174,15 @@ pub fn command_help(tool: &ToolDef, command: &Command) -> String {
     if !command.options.is_empty() {
         let _ = writeln!(out, "\nOptions:");
         for o in &command.options {
-            let schema = o.schema.clone().unwrap_or(serde_json::json!({"type": "string"}));
-            let short = o.short.as_ref().map(|s| format!("-{s}, ")).unwrap_or_default();
+            let schema = o
+                .schema
+                .clone()
+                .unwrap_or(serde_json::json!({"type": "string"}));
+            let short = o
+                .short
+                .as_ref()
+                .map(|s| format!("-{s}, "))
+                .unwrap_or_default();
             let default = o
                 .default
                 .as_ref()
@@ -185,12 +205,19 @@ pub fn command_help(tool: &ToolDef, command: &Command) -> String {
     if !command.flags.is_empty() {
         let _ = writeln!(out, "\nFlags:");
         for f in &command.flags {
-            let short = f.short.as_ref().map(|s| format!("-{s}, ")).unwrap_or_default();
+            let short = f
+                .short
+                .as_ref()
+                .map(|s| format!("-{s}, "))
+                .unwrap_or_default();
             let _ = writeln!(out, "  {short}--{}{}", f.name, sentence(&f.description));
         }
     }
     if let Some(stdin) = &command.stdin {
-        let schema = stdin.schema.clone().unwrap_or(serde_json::json!({"type": "string"}));
+        let schema = stdin
+            .schema
+            .clone()
+            .unwrap_or(serde_json::json!({"type": "string"}));
         let text = schema.get("type") == Some(&Value::String("string".into()));
         let _ = writeln!(
             out,
@@ -200,7 +227,11 @@ pub fn command_help(tool: &ToolDef, command: &Command) -> String {
             } else {
                 format!("a JSON document: {}", type_summary(&schema))
             },
-            if stdin.required { ", required" } else { ", optional" },
+            if stdin.required {
+                ", required"
+            } else {
+                ", optional"
+            },
             sentence(&stdin.description)
         );
     }
@@ -241,7 +272,11 @@ pub fn tool_help(tool: &ToolDef) -> String {
     }
     let mut out = String::new();
     let _ = writeln!(out, "{}: {}", tool.name, tool.description);
-    let _ = writeln!(out, "\nUsage: toolgrid call {} COMMAND [ARGS...]", tool.name);
+    let _ = writeln!(
+        out,
+        "\nUsage: toolgrid call {} COMMAND [ARGS...]",
+        tool.name
+    );
     let _ = writeln!(out, "\nCommands:");
     for c in &tool.commands {
         let first = description_of(tool, c)
@@ -288,13 +323,22 @@ mod tests {
     fn command_help_names_everything() {
         let tool = semver();
         let text = command_help(&tool, &tool.commands[1]);
-        assert!(text.contains("Usage: toolgrid call semver bump <version> [--part PART] [--dry]"), "{text}");
-        assert!(text.contains("--part VALUE  one of: major, patch, default: \"patch\"  Which part."), "{text}");
+        assert!(
+            text.contains("Usage: toolgrid call semver bump <version> [--part PART] [--dry]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("--part VALUE  one of: major, patch, default: \"patch\"  Which part."),
+            "{text}"
+        );
         assert!(text.contains("-d, --dry"), "{text}");
         assert!(text.contains("Effect: read (no effect"), "{text}");
         let text = command_help(&tool, &tool.commands[0]);
         assert!(text.contains("<a>  string, required  First."), "{text}");
-        assert!(text.contains("invalid-version (exit code 3)  Bad."), "{text}");
+        assert!(
+            text.contains("invalid-version (exit code 3)  Bad."),
+            "{text}"
+        );
         assert!(text.contains("Result: object {order}"), "{text}");
     }
 
@@ -302,6 +346,9 @@ mod tests {
     fn tool_help_lists_commands() {
         let text = tool_help(&semver());
         assert!(text.contains("compare <a> <b>"), "{text}");
-        assert!(text.contains("bump <version> [--part PART] [--dry]"), "{text}");
+        assert!(
+            text.contains("bump <version> [--part PART] [--dry]"),
+            "{text}"
+        );
     }
 }

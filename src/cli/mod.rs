@@ -3,10 +3,10 @@
 mod audit;
 mod bench;
 pub mod client;
+pub mod codegen;
 mod componentize;
 mod controller;
 mod failover;
-pub mod codegen;
 mod help;
 mod schema;
 mod table;

@@ -9,7 +9,11 @@ import type { CompareResult, BumpOptions } from "./semver.js";
 import { TextstatsClient } from "./textstats.js";
 import { UuidClient } from "./uuid.js";
 import * as hostile from "./hostile-edge-case-tool-with-a-rather-long-name.js";
-import { SemverClient as AgentSemverClient, InvalidVersionError as AgentInvalidVersion } from "./agent/semver.js";
+import {
+  SemverClient as AgentSemverClient,
+  InvalidVersionError as AgentInvalidVersion,
+  ToolgridError as AgentToolgridError,
+} from "./agent/semver.js";
 
 const env = (globalThis as { process?: { env?: Record<string, string | undefined> } }).process?.env ?? {};
 const url = env["TOOLGRID_URL"]!;
@@ -56,7 +60,7 @@ const stats = await new TextstatsClient({ baseUrl: url, token: admin }).count({
   stdin: "The cat saw the dog.\nthe end\n",
 });
 assert(stats.lines === 2 && stats.words === 7, JSON.stringify(stats));
-assert(JSON.stringify(stats.top) === JSON.stringify([{ word: "the", count: 3 }]), JSON.stringify(stats.top));
+assert(stats.top.length === 1 && stats.top[0]?.word === "the" && stats.top[0]?.count === 3, JSON.stringify(stats.top));
 console.log("ok: textstats.count with stdin, an option and a flag");
 
 const ids = await new UuidClient({ baseUrl: url, token: admin }).generate({ count: 2 });
@@ -71,7 +75,8 @@ const mine = new AgentSemverClient({ baseUrl: url, token: agent });
 assert((await mine.compare("1.2.0", "1.10.0")).order === -1, "agent compare");
 await rejects(AgentInvalidVersion, () => mine.compare("1.2", "1.0.0"));
 assert(!("bump" in mine), "the agent's client has no bump");
-const denied = await rejects(ToolgridError, () => mine.compare("1.0.0", "1.0.0"));
+// Each generated module has its own error classes.
+const denied = await rejects(AgentToolgridError, () => mine.compare("1.0.0", "1.0.0"));
 assert(denied.kind === "denied", denied.message);
 const unbound = await rejects(ToolgridError, () => new SemverClient({ baseUrl: url, token: agent }).bump("1.0.0"));
 assert(["permission-denied", "unknown-command", "unknown-tool"].includes(unbound.kind), unbound.message);

@@ -123,7 +123,9 @@ pub fn snake(name: &str) -> String {
 fn capitalized(word: &str) -> String {
     let mut chars = word.chars();
     match chars.next() {
-        Some(first) => first.to_ascii_uppercase().to_string() + &chars.as_str().to_ascii_lowercase(),
+        Some(first) => {
+            first.to_ascii_uppercase().to_string() + &chars.as_str().to_ascii_lowercase()
+        }
         None => String::new(),
     }
 }
@@ -183,7 +185,10 @@ pub fn write_clients(
     lang: &str,
 ) -> Result<Vec<std::path::PathBuf>, ApiError> {
     let io = |e: std::io::Error| {
-        ApiError::new(ErrorKind::InvalidArgument, format!("cannot write to {}: {e}", dir.display()))
+        ApiError::new(
+            ErrorKind::InvalidArgument,
+            format!("cannot write to {}: {e}", dir.display()),
+        )
     };
     std::fs::create_dir_all(dir).map_err(io)?;
     let mut written = Vec::new();

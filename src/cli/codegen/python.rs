@@ -11,11 +11,56 @@ use std::fmt::Write as _;
 /// Python's keywords, soft keywords, and the names the generated code itself uses.
 pub static PYTHON: Lang = Lang {
     keywords: &[
-        "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
-        "continue", "def", "del", "elif", "else", "except", "finally", "for", "from", "global",
-        "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise",
-        "return", "try", "while", "with", "yield", "match", "case", "type", "_", "json", "os",
-        "urllib", "self", "Any", "Dict", "List", "Literal", "Optional", "TypedDict", "Union",
+        "False",
+        "None",
+        "True",
+        "and",
+        "as",
+        "assert",
+        "async",
+        "await",
+        "break",
+        "class",
+        "continue",
+        "def",
+        "del",
+        "elif",
+        "else",
+        "except",
+        "finally",
+        "for",
+        "from",
+        "global",
+        "if",
+        "import",
+        "in",
+        "is",
+        "lambda",
+        "nonlocal",
+        "not",
+        "or",
+        "pass",
+        "raise",
+        "return",
+        "try",
+        "while",
+        "with",
+        "yield",
+        "match",
+        "case",
+        "type",
+        "_",
+        "json",
+        "os",
+        "urllib",
+        "self",
+        "Any",
+        "Dict",
+        "List",
+        "Literal",
+        "Optional",
+        "TypedDict",
+        "Union",
     ],
 };
 
@@ -78,7 +123,8 @@ pub fn py_type(schema: &Value, depth: usize) -> String {
             "null" => "None".into(),
             "array" => format!(
                 "List[{}]",
-                obj.get("items").map_or("Any".into(), |i| py_type(i, depth + 1))
+                obj.get("items")
+                    .map_or("Any".into(), |i| py_type(i, depth + 1))
             ),
             "object" => "Dict[str, Any]".into(),
             _ => "Any".into(),
@@ -296,13 +342,7 @@ fn result_type(out: &mut String, classes: &mut Idents, command: &Command) -> Str
     }
 }
 
-fn method(
-    out: &mut String,
-    methods: &mut Idents,
-    tool: &ToolDef,
-    command: &Command,
-    result: &str,
-) {
+fn method(out: &mut String, methods: &mut Idents, tool: &ToolDef, command: &Command, result: &str) {
     let name = methods.claim(&snake(&command.name));
     let mut params = Idents::new(&PYTHON, &["idempotency_key", "_args", "_stdin"]);
     let mut signature = vec!["self".to_string()];
@@ -349,7 +389,10 @@ fn method(
             .as_ref()
             .map(|d| format!(" (default: {d})"))
             .unwrap_or_default();
-        doc.push(format!("{ident} (--{}): {}{default}", o.name, o.description));
+        doc.push(format!(
+            "{ident} (--{}): {}{default}",
+            o.name, o.description
+        ));
     }
     for f in &command.flags {
         let ident = params.claim(&snake(&f.name));

@@ -11,15 +11,82 @@ use std::fmt::Write as _;
 /// TypeScript's reserved and strict-mode words, and the names the generated code uses.
 pub static TYPESCRIPT: Lang = Lang {
     keywords: &[
-        "break", "case", "catch", "class", "const", "continue", "debugger", "default", "delete",
-        "do", "else", "enum", "export", "extends", "false", "finally", "for", "function", "if",
-        "import", "in", "instanceof", "new", "null", "return", "super", "switch", "this",
-        "throw", "true", "try", "typeof", "var", "void", "while", "with", "as", "implements",
-        "interface", "let", "package", "private", "protected", "public", "static", "yield",
-        "await", "async", "any", "boolean", "number", "string", "symbol", "type", "from", "of",
-        "arguments", "eval", "undefined", "unknown", "never", "object", "declare", "module",
-        "namespace", "require", "get", "set", "constructor", "fetch", "globalThis", "Error",
-        "Promise", "JSON", "Record", "Array",
+        "break",
+        "case",
+        "catch",
+        "class",
+        "const",
+        "continue",
+        "debugger",
+        "default",
+        "delete",
+        "do",
+        "else",
+        "enum",
+        "export",
+        "extends",
+        "false",
+        "finally",
+        "for",
+        "function",
+        "if",
+        "import",
+        "in",
+        "instanceof",
+        "new",
+        "null",
+        "return",
+        "super",
+        "switch",
+        "this",
+        "throw",
+        "true",
+        "try",
+        "typeof",
+        "var",
+        "void",
+        "while",
+        "with",
+        "as",
+        "implements",
+        "interface",
+        "let",
+        "package",
+        "private",
+        "protected",
+        "public",
+        "static",
+        "yield",
+        "await",
+        "async",
+        "any",
+        "boolean",
+        "number",
+        "string",
+        "symbol",
+        "type",
+        "from",
+        "of",
+        "arguments",
+        "eval",
+        "undefined",
+        "unknown",
+        "never",
+        "object",
+        "declare",
+        "module",
+        "namespace",
+        "require",
+        "get",
+        "set",
+        "constructor",
+        "fetch",
+        "globalThis",
+        "Error",
+        "Promise",
+        "JSON",
+        "Record",
+        "Array",
     ],
 };
 
@@ -107,7 +174,11 @@ fn object_type(obj: &serde_json::Map<String, Value>, depth: usize) -> String {
     let mut fields: Vec<String> = properties
         .iter()
         .map(|(k, v)| {
-            let optional = if required.contains(&k.as_str()) { "" } else { "?" };
+            let optional = if required.contains(&k.as_str()) {
+                ""
+            } else {
+                "?"
+            };
             format!("{}{optional}: {}", ts_str(k), ts_type(v, depth + 1))
         })
         .collect();
@@ -320,7 +391,10 @@ fn command_types(out: &mut String, types: &mut Idents, command: &Command) -> Com
         out,
         "/** The result of {}. */\nexport type {result} = {};\n",
         comment_text(&command.name),
-        command.result.as_ref().map_or("unknown".into(), |s| ts_type(s, 0))
+        command
+            .result
+            .as_ref()
+            .map_or("unknown".into(), |s| ts_type(s, 0))
     );
     let mut keys_taken = Idents::new(&NO_KEYWORDS, &[]);
     let mut fields = Vec::new();
@@ -377,7 +451,11 @@ fn command_types(out: &mut String, types: &mut Idents, command: &Command) -> Com
         keys.push((
             String::new(),
             key,
-            if text { Kind::StdinText } else { Kind::StdinJson },
+            if text {
+                Kind::StdinText
+            } else {
+                Kind::StdinJson
+            },
         ));
     }
     let options = if fields.is_empty() {
@@ -490,7 +568,10 @@ mod tests {
     #[test]
     fn types_follow_schemas() {
         assert_eq!(ts_type(&json!({"type": "integer"}), 0), "number");
-        assert_eq!(ts_type(&json!({"enum": [-1, 0, "x"]}), 0), r#"(-1 | 0 | "x")"#);
+        assert_eq!(
+            ts_type(&json!({"enum": [-1, 0, "x"]}), 0),
+            r#"(-1 | 0 | "x")"#
+        );
         assert_eq!(
             ts_type(
                 &json!({"type": "object", "properties": {"a-b": {"type": "string"}},
