@@ -5,6 +5,7 @@ pub mod access;
 pub mod artifacts;
 pub mod interface;
 pub mod manifest;
+pub mod model_formats;
 pub mod model_tools;
 pub mod pool_health;
 pub mod resolve;

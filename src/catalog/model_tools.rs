@@ -166,11 +166,32 @@ fn input_schema(command: &CommandInterface, stdin: Option<&crate::api::StdinSpec
     schema
 }
 
-/// A model's input object split into the command's arguments and its stdin bytes.
+/// Drops each `null` a model gave for an optional property whose own schema does not
+/// admit `null`: OpenAI's strict mode makes optional properties nullable, and its `null`
+/// means "absent" (see [`super::model_formats`]).
+pub fn drop_absent_nulls(schema: &Value, input: &mut Map<String, Value>) {
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    input.retain(|name, value| {
+        !value.is_null()
+            || required.contains(&name.as_str())
+            || schema["properties"]
+                .get(name)
+                .is_none_or(super::model_formats::admits_null)
+    });
+}
+
+/// A model's input object split into the command's arguments and its stdin bytes; a `null`
+/// for an optional property is taken as absent ([`drop_absent_nulls`]).
 pub fn split_input(
     tool: &ModelTool,
     mut input: Map<String, Value>,
 ) -> (Map<String, Value>, Option<Vec<u8>>) {
+    drop_absent_nulls(&tool.input_schema, &mut input);
     let has_stdin = tool.input_schema["properties"]
         .get(STDIN_PROPERTY)
         .is_some();
@@ -200,6 +221,22 @@ mod tests {
             ("github", Some("create-issue"))
         );
         assert_eq!(split_model_name("echo"), ("echo", None));
+    }
+
+    #[test]
+    fn nulls_for_optional_properties_are_absent() {
+        let schema = json!({"type": "object", "required": ["a"], "properties": {
+            "a": {"type": ["string", "null"]},
+            "b": {"type": "string"},
+            "c": {"type": ["integer", "null"]},
+        }});
+        let mut input: Map<String, Value> =
+            serde_json::from_value(json!({"a": null, "b": null, "c": null, "d": null})).unwrap();
+        drop_absent_nulls(&schema, &mut input);
+        assert_eq!(
+            Value::Object(input),
+            json!({"a": null, "c": null, "d": null})
+        );
     }
 
     #[test]

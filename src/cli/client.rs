@@ -187,8 +187,12 @@ pub struct CallArgs {
     dry_run: bool,
     #[command(flatten)]
     endpoint: Endpoint,
+    /// `--help` after TOOL (or TOOL COMMAND) prints the usage generated from the Tool.
+    #[arg(skip)]
+    help: bool,
     /// TOOL [COMMAND] [ARGS...]. The options above may also follow the tool's arguments;
-    /// arguments after `--` all go to the tool.
+    /// arguments after `--` all go to the tool. `TOOL [COMMAND] --help` prints the usage
+    /// generated from the Tool's definition.
     #[arg(
         required = true,
         trailing_var_arg = true,
@@ -226,6 +230,11 @@ fn split_call_options(args: &mut CallArgs) -> Result<Vec<String>, ApiError> {
         );
         if name == "--stream" && inline.is_none() {
             args.stream = true;
+            continue;
+        }
+        if name == "--help" && inline.is_none() {
+            args.help = true;
+            tool_words.push(word);
             continue;
         }
         if !takes_value {
@@ -269,6 +278,20 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
         ));
     }
     let tool = words.remove(0);
+    if args.help {
+        let defs =
+            super::schema::tool_defs(&args.endpoint, &args.namespace, std::slice::from_ref(&tool))
+                .await?;
+        let def = defs
+            .into_iter()
+            .next()
+            .ok_or_else(|| ApiError::new(ErrorKind::UnknownTool, format!("no tool {tool:?}")))?;
+        if let Some(text) = help_text(&def, &words)? {
+            print!("{text}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        // The command declares its own `--help`: the word goes to the tool.
+    }
     let stdin = match args.stdin.as_deref() {
         None => None,
         Some("-") => {
@@ -343,6 +366,47 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
             .into_inner()
     };
     Ok(print_call(&call, &args.output))
+}
+
+/// The usage `toolgrid call TOOL [COMMAND] --help` prints: the command's when the word
+/// after TOOL names one (or the tool has only one), else the tool's; `None` when that
+/// command declares an option or flag named `help` of its own.
+fn help_text(tool: &super::codegen::ToolDef, words: &[String]) -> Result<Option<String>, ApiError> {
+    let first = words.iter().find(|w| *w != "--help");
+    let command = match first {
+        Some(word) if !word.starts_with('-') => {
+            match tool.commands.iter().find(|c| &c.name == word) {
+                Some(command) => Some(command),
+                None if tool.commands.len() == 1 => tool.commands.first(),
+                None => {
+                    return Err(ApiError::new(
+                        ErrorKind::UnknownCommand,
+                        format!(
+                            "tool {:?} has no command {word:?}; its commands: {}",
+                            tool.name,
+                            tool.commands
+                                .iter()
+                                .map(|c| c.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        _ if tool.commands.len() == 1 => tool.commands.first(),
+        _ => None,
+    };
+    match command {
+        Some(c)
+            if c.options.iter().any(|o| o.name == "help")
+                || c.flags.iter().any(|f| f.name == "help") =>
+        {
+            Ok(None)
+        }
+        Some(c) => Ok(Some(super::help::command_help(tool, c))),
+        None => Ok(Some(super::help::tool_help(tool))),
+    }
 }
 
 fn call_json(call: &proto::Call) -> Value {

@@ -3,9 +3,12 @@
 mod audit;
 mod bench;
 pub mod client;
+pub mod codegen;
 mod componentize;
 mod controller;
 mod failover;
+mod help;
+mod schema;
 mod table;
 mod up;
 mod worker;
@@ -62,6 +65,12 @@ enum Commands {
         #[arg(long)]
         helm: bool,
     },
+    /// The tools the caller may call as a model API's tool definitions:
+    /// `--format openai|anthropic|json-schema [--as AGENT] [TOOL...]` (docs/clients.md).
+    Schema(schema::SchemaArgs),
+    /// Generate code from tool definitions: `gen client --lang python|typescript
+    /// [TOOL...] -o DIR` writes a typed client per tool (docs/clients.md).
+    Gen(schema::GenArgs),
     /// Measure the platform (see BENCHMARKS.md).
     Bench(bench::BenchArgs),
     /// Wrap a WASI preview 1 module into a preview 2 component (`wasi:cli/run`).
@@ -142,6 +151,8 @@ pub fn main() -> ExitCode {
                 }
                 Err(error) => report(Err(error.into())),
             },
+            Commands::Schema(args) => schema::schema(args).await,
+            Commands::Gen(args) => schema::generate(args).await,
             Commands::Bench(args) => report(bench::run(args).await),
             Commands::Componentize(args) => report(componentize::run(args)),
         }

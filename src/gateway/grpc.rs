@@ -153,10 +153,36 @@ impl Tools for ToolsService {
         request: Request<proto::ListToolsRequest>,
     ) -> Result<Response<proto::ListToolsResponse>, Status> {
         let caller = caller(&request)?;
-        let tools = self
-            .gateway
-            .list_tools(&caller, &request.into_inner().namespace);
-        Ok(Response::new(proto::ListToolsResponse { tools }))
+        let request = request.into_inner();
+        if !request.format.is_empty() {
+            let rendered = self.gateway.model_schemas(
+                &caller,
+                &request.namespace,
+                &request.format,
+                &request.tools,
+            )?;
+            return Ok(Response::new(proto::ListToolsResponse {
+                tools: Vec::new(),
+                model_tools_json: rendered.to_string(),
+            }));
+        }
+        let mut tools = self.gateway.list_tools(&caller, &request.namespace);
+        if !request.tools.is_empty() {
+            for name in &request.tools {
+                if !tools.iter().any(|t| &t.name == name) {
+                    return Err(ApiError::new(
+                        ErrorKind::UnknownTool,
+                        format!("no tool {name:?} that you may call in this namespace"),
+                    )
+                    .into());
+                }
+            }
+            tools.retain(|t| request.tools.contains(&t.name));
+        }
+        Ok(Response::new(proto::ListToolsResponse {
+            tools,
+            model_tools_json: String::new(),
+        }))
     }
 
     async fn invoke(

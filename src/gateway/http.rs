@@ -10,6 +10,11 @@
 //!   long), `GET /v1/calls/{id}/oplog` (in pages: `more`, `nextSeq`, `?fromSeq=`),
 //!   `GET /v1/calls` (`?awaitingApproval=true`: the calls waiting that the caller may read
 //!   or decide), `GET /v1/namespaces/{ns}/tools`, `GET /v1/why?agent=&tool=`.
+//! - `GET /v1/tools?format=openai|anthropic|json-schema` (default `json-schema`;
+//!   `&namespace=`, `&tool=A&tool=B` or `&tool=A,B`): the caller's callable commands as
+//!   that model API's tool definitions (`{format, tools, names, notes}`, see
+//!   [`crate::catalog::model_formats`]); an unknown format or query parameter is
+//!   `invalid-argument`, a tool the caller cannot see `unknown-tool`.
 //! - `POST /v1/calls/{id}/approve`, `POST /v1/calls/{id}/deny` with `{"reason": "..."}`:
 //!   the decided call.
 //! - `/healthz`, `/readyz` (probes) and `/metrics` (aggregate counters, no call data) are
@@ -22,7 +27,7 @@ use super::convert::call_to_json;
 use super::{Gateway, Invocation};
 use crate::auth::Principal;
 use crate::error::{ApiError, ErrorKind};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -61,6 +66,7 @@ pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>)
     let api = axum::Router::new()
         .route("/v1/namespaces/{ns}/tools/{tool}/{command}", post(call))
         .route("/v1/namespaces/{ns}/tools", get(list_tools))
+        .route("/v1/tools", get(model_tools))
         .route("/v1/calls", get(list_calls))
         .route("/v1/calls/{id}", get(get_call))
         .route("/v1/calls/{id}/oplog", get(get_oplog))
@@ -422,6 +428,39 @@ async fn list_tools(
         })
         .collect();
     Json(json!({"tools": tools}))
+}
+
+/// `GET /v1/tools?format=`: the caller's commands as model tool definitions. The query is
+/// read by hand so that every refusal is in the error envelope.
+async fn model_tools(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let mut format = String::from("json-schema");
+    let mut namespace = String::new();
+    let mut tools = Vec::new();
+    for (key, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match key.as_ref() {
+            "format" => format = value.into_owned(),
+            "namespace" => namespace = value.into_owned(),
+            "tool" => tools.extend(
+                value
+                    .split(',')
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string),
+            ),
+            other => {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("unknown query parameter {other:?}: use format, namespace or tool"),
+                ));
+            }
+        }
+    }
+    gateway
+        .model_schemas(&caller, &namespace, &format, &tools)
+        .map(Json)
 }
 
 #[derive(Deserialize)]

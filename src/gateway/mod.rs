@@ -12,6 +12,7 @@ pub mod console;
 pub mod convert;
 mod grpc;
 mod http;
+mod model_schemas;
 pub mod results;
 pub mod wasm_middleware;
 pub mod workspaces;
@@ -873,6 +874,11 @@ impl Gateway {
                             result_schema_json: c
                                 .result_schema()
                                 .map(Value::to_string)
+                                .unwrap_or_default(),
+                            definition_json: t
+                                .spec
+                                .command(&c.name)
+                                .and_then(|d| serde_json::to_string(d).ok())
                                 .unwrap_or_default(),
                         })
                         .collect(),
