@@ -322,6 +322,19 @@ async fn a_paged_result_reads_back_whole_and_only_by_its_caller() {
     .await;
     assert_eq!((status, error_kind(&body)), (404, "not-found"), "{body}");
 
+    // A view that is neither `model` nor `call` is refused by name.
+    let (status, body) = get(
+        &platform,
+        Some(ALICE_TOKEN),
+        &format!("/v1/calls/{id}?view=bogus"),
+    )
+    .await;
+    assert_eq!(
+        (status, error_kind(&body)),
+        (400, "invalid-argument"),
+        "{body}"
+    );
+
     // The record keeps the whole result, over HTTP and gRPC.
     assert_eq!(recorded(&platform, ALICE_TOKEN, &id).await, result);
     let mut client = platform.client().await;
