@@ -2067,4 +2067,51 @@ mod tests {
         let out = state.on(Event::Tick, t0 + Duration::from_secs(1));
         assert_eq!(assigns(&out), [("a".to_string(), "w1".to_string())]);
     }
+
+    #[test]
+    fn a_call_waiting_out_its_backoff_keeps_its_deadline() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let (s1, _) = attach(&mut state, "w1", 1, t0);
+        let mut late = record("a", CallState::Pending, 0, None);
+        // Its deadline passes while it waits (wall-clock deadlines, past the grace).
+        late.spec.deadline_ms = crate::call::now_ms() + 60_000;
+        let out = state.on(Event::Submitted(Call::new(late, None)), t0);
+        assert_eq!(assigns(&out), [("a".to_string(), "w1".to_string())]);
+        state.on(
+            Event::Assigned {
+                call_id: "a".into(),
+                epoch: 1,
+            },
+            t0,
+        );
+        let out = state.on(
+            Event::Retrying {
+                worker: "w1".into(),
+                session: s1,
+                call_id: "a".into(),
+                epoch: 1,
+                backoff: Duration::from_secs(30),
+                reason: "attempt 1 failed".into(),
+            },
+            t0,
+        );
+        assert_eq!(fences(&out), [("a".to_string(), 1)]);
+        state.on(
+            Event::Fenced {
+                call_id: "a".into(),
+            },
+            t0,
+        );
+        assert!(state.next_deadline_ms().is_some());
+        // The queued call's deadline moves into the past: the next look fails it.
+        if let Some(q) = state.queue.iter_mut().find(|q| q.call.record.id == "a") {
+            let mut record = (*q.call.record).clone();
+            record.spec.deadline_ms = crate::call::now_ms() - 60_000;
+            q.call = Call::new(record, None);
+        }
+        let out = state.on(Event::Tick, t0 + Duration::from_millis(1));
+        assert_eq!(fails(&out), [("a".to_string(), ErrorKind::Timeout)]);
+        assert!(assigns(&out).is_empty());
+    }
 }
