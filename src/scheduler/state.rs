@@ -2074,7 +2074,7 @@ mod tests {
         let mut state = State::new(timing());
         let (s1, _) = attach(&mut state, "w1", 1, t0);
         let mut late = record("a", CallState::Pending, 0, None);
-        // Its deadline passes while it waits (wall-clock deadlines, past the grace).
+        // Far at first; it passes while the call waits out its backoff (below).
         late.spec.deadline_ms = crate::call::now_ms() + 60_000;
         let out = state.on(Event::Submitted(Call::new(late, None)), t0);
         assert_eq!(assigns(&out), [("a".to_string(), "w1".to_string())]);
