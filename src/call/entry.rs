@@ -37,6 +37,10 @@ pub enum OplogEntry {
     HttpDenied(HttpDenied),
     /// A person (or the approval's timeout) decided a call that waited for approval.
     Approval(super::ApprovalDecision),
+    /// An attempt of a `read` or `idempotent` call failed for a transient reason and the
+    /// call runs again after `backoffMs`: the entries before it belong to earlier attempts
+    /// and are never replayed.
+    Retry(Retry),
     /// How the call ended (always the last entry).
     Outcome(Outcome),
 }
@@ -56,11 +60,12 @@ pub enum EntryKind {
     HttpError,
     HttpDenied,
     Approval,
+    Retry,
     Outcome,
 }
 
 impl EntryKind {
-    pub const ALL: [EntryKind; 13] = [
+    pub const ALL: [EntryKind; 14] = [
         EntryKind::CallStarted,
         EntryKind::Assigned,
         EntryKind::Fenced,
@@ -73,6 +78,7 @@ impl EntryKind {
         EntryKind::HttpError,
         EntryKind::HttpDenied,
         EntryKind::Approval,
+        EntryKind::Retry,
         EntryKind::Outcome,
     ];
 
@@ -90,6 +96,7 @@ impl EntryKind {
             EntryKind::HttpError => "http-error",
             EntryKind::HttpDenied => "http-denied",
             EntryKind::Approval => "approval",
+            EntryKind::Retry => "retry",
             EntryKind::Outcome => "outcome",
         }
     }
@@ -285,6 +292,18 @@ pub struct HttpDenied {
     pub kind: Option<super::ErrorKind>,
 }
 
+/// A failed attempt that is followed by another (see [`super::retry`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Retry {
+    /// The attempt that failed, from 1.
+    pub attempt: u32,
+    /// Why it failed (the error the call would have ended with).
+    pub error: CallError,
+    /// How long the call waits before its next attempt is queued.
+    pub backoff_ms: u64,
+}
+
 /// The state a call ended in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -333,6 +352,7 @@ impl OplogEntry {
             OplogEntry::HttpError(_) => EntryKind::HttpError,
             OplogEntry::HttpDenied(_) => EntryKind::HttpDenied,
             OplogEntry::Approval(_) => EntryKind::Approval,
+            OplogEntry::Retry(_) => EntryKind::Retry,
             OplogEntry::Outcome(_) => EntryKind::Outcome,
         }
     }
@@ -441,6 +461,11 @@ mod tests {
                 message: "x".into(),
                 unresolved: true,
                 limit: None,
+            }),
+            OplogEntry::Retry(Retry {
+                attempt: 2,
+                error: CallError::new(super::super::ErrorKind::Unavailable, "busy"),
+                backoff_ms: 400,
             }),
         ];
         for entry in entries {

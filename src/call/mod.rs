@@ -26,6 +26,7 @@ mod entry;
 mod error;
 mod lifecycle;
 mod record;
+pub mod retry;
 mod secret;
 
 pub use access::{CallAccess, Filesystem};
@@ -37,7 +38,7 @@ pub use chain::{
 pub use entry::{
     Assigned, CallStarted, Ended, EntryError, EntryKind, Fenced, HttpDenied, HttpError,
     HttpRequest, HttpResponse, MonotonicClock, OplogEntry, Outcome, Random, RandomSource,
-    ReplayStarted, RunSummary, WallClock,
+    ReplayStarted, Retry, RunSummary, WallClock,
 };
 pub use error::ErrorKind;
 pub use lifecycle::{Lifecycle, Refusal};
@@ -145,6 +146,7 @@ mod tests {
             "src/call/record.rs",
             "src/call/secret.rs",
             "src/call/chain.rs",
+            "src/call/retry.rs",
             "src/scheduler/state.rs",
             "src/workspace/mod.rs",
         ];

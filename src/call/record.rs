@@ -105,6 +105,14 @@ pub struct CallSpec {
     /// audit).
     #[serde(default)]
     pub chain: super::ChainRecord,
+    /// Attempts and backoff of the call (absent: it runs once, as calls admitted before
+    /// retries existed did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<super::retry::RetrySpec>,
+    /// The Tool's `resultPolicy` when the call was admitted: what model-facing front doors
+    /// return for a large result (absent: inline up to the default size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_policy: Option<crate::api::ResultPolicy>,
 }
 
 /// A call as the gateway admits it.

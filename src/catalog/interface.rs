@@ -725,6 +725,11 @@ impl CommandInterface {
         check(&rule.validator, &value, "stdin")
     }
 
+    /// The declared error with exit code `exit_code`, if the command declares one.
+    pub fn declared_error(&self, exit_code: i32) -> Option<&DeclaredError> {
+        self.errors.get(&exit_code)
+    }
+
     /// Judges a finished run: a zero exit must print JSON that fits the result schema; a
     /// non-zero exit is the declared error with that code, or a generic tool error.
     pub fn judge(

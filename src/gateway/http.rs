@@ -15,6 +15,12 @@
 //!   that model API's tool definitions (`{format, tools, names, notes}`, see
 //!   [`crate::catalog::model_formats`]); an unknown format or query parameter is
 //!   `invalid-argument`, a tool the caller cannot see `unknown-tool`.
+//! - `GET /v1/calls/{id}/result?page=N` (N from 0, default 0): page N of the call's
+//!   result as `{"callId", "page", "pages", "text", "next"}` (see `docs/results.md`);
+//!   `not-found` past the last page, for a call without a result or one the caller may not
+//!   read; `invalid-argument` for a page that is not a number. `?view=model` on
+//!   `POST ...:call` and `GET /v1/calls/{id}` adds `modelResult`: what a model-facing front
+//!   door returns under the Tool's `resultPolicy`.
 //! - `POST /v1/calls/{id}/approve`, `POST /v1/calls/{id}/deny` with `{"reason": "..."}`:
 //!   the decided call.
 //! - `/healthz`, `/readyz` (probes) and `/metrics` (aggregate counters, no call data) are
@@ -70,6 +76,7 @@ pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>)
         .route("/v1/calls", get(list_calls))
         .route("/v1/calls/{id}", get(get_call))
         .route("/v1/calls/{id}/oplog", get(get_oplog))
+        .route("/v1/calls/{id}/result", get(get_result_page))
         .route("/v1/calls/{id}/approve", post(approve))
         .route("/v1/calls/{id}/deny", post(deny))
         .route("/v1/why", get(why))
@@ -159,6 +166,7 @@ async fn call(
     State(gateway): State<Arc<Gateway>>,
     Extension(caller): Extension<Principal>,
     Path((ns, tool, command)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     JsonBody(body): JsonBody<CallBody>,
 ) -> Result<Response, ApiError> {
@@ -182,13 +190,14 @@ async fn call(
         idempotency_key: body.idempotency_key.or(header_key),
         dry_run: body.dry_run,
     };
+    let model_view = wants_model_view(query.as_deref())?;
     let admitted = gateway.invoke(&caller, invocation).await?;
     let status = failure_status(&admitted.record);
-    let mut response = (
-        status,
-        Json(call_to_json(&admitted.record, admitted.deduplicated)),
-    )
-        .into_response();
+    let mut body = call_to_json(&admitted.record, admitted.deduplicated);
+    if model_view {
+        add_model_result(&gateway, &caller, &admitted.record, &mut body).await?;
+    }
+    let mut response = (status, Json(body)).into_response();
     if let Ok(id) = admitted.record.id.parse() {
         response.headers_mut().insert("toolgrid-call-id", id);
     }
@@ -200,6 +209,86 @@ struct WaitQuery {
     /// `true` (until the call ends), or a number of seconds (a long poll).
     #[serde(default)]
     wait: Option<String>,
+    /// `model`: add the model-facing result (`modelResult`).
+    #[serde(default)]
+    view: Option<String>,
+}
+
+/// The value of query parameter `name` in `query` (the last one, decoded).
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .filter(|(key, _)| key == name)
+        .map(|(_, value)| value.into_owned())
+        .last()
+}
+
+/// Whether `?view=` asks for the model-facing result.
+fn wants_model_view(query: Option<&str>) -> Result<bool, ApiError> {
+    view_is_model(query_param(query, "view").as_deref())
+}
+
+fn view_is_model(view: Option<&str>) -> Result<bool, ApiError> {
+    match view {
+        None | Some("") | Some("call") => Ok(false),
+        Some("model") => Ok(true),
+        Some(other) => Err(ApiError::new(
+            ErrorKind::InvalidArgument,
+            format!("view must be model or call, not {other:?}"),
+        )),
+    }
+}
+
+/// Adds `modelResult` (what a model-facing front door returns) to an ended call's JSON.
+async fn add_model_result(
+    gateway: &Gateway,
+    caller: &Principal,
+    record: &crate::store::CallRecord,
+    body: &mut Value,
+) -> Result<(), ApiError> {
+    if record.state != crate::call::CallState::Succeeded {
+        return Ok(());
+    }
+    let model = gateway.model_result(caller, record).await?;
+    let mut out = json!({"text": model.text, "truncated": model.truncated});
+    if let Some(structured) = model.structured {
+        out["structured"] = structured;
+    }
+    if let Some(page) = model.page {
+        out["page"] = json!({"page": page.page, "pages": page.pages, "next": page.next});
+    }
+    if let Some(file) = model.file {
+        out["file"] = json!(file);
+    }
+    body["modelResult"] = out;
+    Ok(())
+}
+
+/// `GET /v1/calls/{id}/result?page=N`: one page of a call's result.
+async fn get_result_page(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let page = match query_param(query.as_deref(), "page") {
+        None => 0,
+        Some(text) => text.parse::<u32>().map_err(|_| {
+            ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!("page must be a page number from 0, not {text:?}"),
+            )
+        })?,
+    };
+    let page = gateway.result_page(&caller, &id, page).await?;
+    let next = (page.page + 1 < page.pages)
+        .then(|| super::results::page_uri(&page.call_id, page.page + 1));
+    Ok(Json(json!({
+        "callId": page.call_id,
+        "page": page.page,
+        "pages": page.pages,
+        "text": page.text,
+        "next": next,
+    })))
 }
 
 /// The longest a `GET /v1/calls/{id}?wait=...` blocks.
@@ -238,7 +327,11 @@ async fn get_call(
         let limit = asked.map_or(limit, |asked| asked.min(limit));
         record = gateway.wait(&id, limit).await?;
     }
-    Ok(Json(call_to_json(&record, false)).into_response())
+    let mut body = call_to_json(&record, false);
+    if view_is_model(query.view.as_deref())? {
+        add_model_result(&gateway, &caller, &record, &mut body).await?;
+    }
+    Ok(Json(body).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -507,6 +507,11 @@ impl Gateway {
                 caller: caller_name(caller),
                 dry_run,
                 chain,
+                retry: Some(crate::call::retry::RetrySpec::of(
+                    tool.effect,
+                    tool.spec.retry.as_ref(),
+                )),
+                result_policy: tool.spec.result_policy.clone(),
             },
             stdin,
             idempotency_key,
@@ -928,34 +933,149 @@ impl Gateway {
         ))
     }
 
-    /// What a model-facing front door returns for an ended call `caller` may read.
-    ///
-    /// CONTRACT(issue 11, helper results): stub (inline); the results helper applies the
-    /// Tool's `resultPolicy` (paging, the workspace file, truncation).
+    /// What a model-facing front door returns for an ended call `caller` may read, per
+    /// the `resultPolicy` the call was admitted with (see [`results`]). A `file` overflow
+    /// writes the whole result to the agent's workspace as `tool-results/<call>.json`
+    /// first; an operator's call (no agent, so no workspace), a workspace that another
+    /// call is writing or that the file would take past its limits, or a store that
+    /// cannot take it, falls back to `page`. The call record keeps the full result.
     pub async fn model_result(
         &self,
-        _caller: &Principal,
+        caller: &Principal,
         record: &CallRecord,
     ) -> Result<results::ModelResult, ApiError> {
-        let policy = self
-            .catalog
-            .current()
-            .tools
-            .values()
-            .find(|t| t.key.namespace == record.namespace && t.key.name == record.tool)
-            .and_then(|t| t.spec.result_policy.clone())
-            .unwrap_or(crate::api::ResultPolicy {
-                max_inline_bytes: None,
-                overflow: Default::default(),
-            });
+        if !authz::may_read_call(caller, record) {
+            return Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("no call {:?}", record.id),
+            ));
+        }
+        let policy = self.result_policy(record);
         let result = record.result.clone().unwrap_or(Value::Null);
+        let text = result.to_string();
+        if policy.overflow == crate::api::Overflow::File
+            && text.len() > results::max_inline_bytes(&policy)
+        {
+            match self.write_result_file(record, text.as_bytes()).await {
+                Ok(()) => return Ok(results::shape(&policy, &record.id, &result)),
+                Err(why) => {
+                    tracing::info!(call = %record.id, "the result is paged instead of written to the workspace: {why}");
+                    let paged = crate::api::ResultPolicy {
+                        overflow: crate::api::Overflow::Page,
+                        ..policy
+                    };
+                    return Ok(results::shape(&paged, &record.id, &result));
+                }
+            }
+        }
         Ok(results::shape(&policy, &record.id, &result))
     }
 
-    /// Page `page` (from 0) of a paged result of a call `caller` may read
-    /// (`GET /v1/calls/{id}/result?page=N`, the MCP result resource).
-    ///
-    /// CONTRACT(issue 11, helper results): stub; the results helper implements it.
+    /// The result policy of a call: the one it was admitted with, or (a call admitted
+    /// before policies were kept with calls) its Tool's now, or the default.
+    fn result_policy(&self, record: &CallRecord) -> crate::api::ResultPolicy {
+        record
+            .spec
+            .result_policy
+            .clone()
+            .or_else(|| {
+                self.catalog
+                    .current()
+                    .tools
+                    .values()
+                    .find(|t| t.key.namespace == record.namespace && t.key.name == record.tool)
+                    .and_then(|t| t.spec.result_policy.clone())
+            })
+            .unwrap_or(crate::api::ResultPolicy {
+                max_inline_bytes: None,
+                overflow: Default::default(),
+            })
+    }
+
+    /// Writes `text` (a call's result) to its agent's workspace as
+    /// [`results::file_path`], as a new version on the head, holding the workspace's write
+    /// lock meanwhile (so no read-write call of the agent commits on a base it moves). A
+    /// head that has the file already (the result asked for again) is left alone.
+    async fn write_result_file(&self, record: &CallRecord, text: &[u8]) -> Result<(), String> {
+        use crate::workspace::{WorkspaceKey, WorkspacePath};
+        let agent = record
+            .spec
+            .access
+            .agent
+            .as_ref()
+            .ok_or("the call is an operator's: no agent, so no workspace")?;
+        let key = WorkspaceKey::new(record.namespace.clone(), agent.clone());
+        let path = WorkspacePath::parse(&results::file_path(&record.id))
+            .map_err(|e| format!("the file's path: {e}"))?;
+        let holder = format!("result-file:{}", record.id);
+        if !self.scheduler.hold_workspace(&key, &holder) {
+            return Err(format!("a call is writing workspace {key}"));
+        }
+        let written = self.commit_result_file(&key, path, text, &record.id).await;
+        self.scheduler.release_workspace(&holder);
+        written
+    }
+
+    /// Commits `text` at `path` on the head of workspace `key` (see
+    /// [`Gateway::write_result_file`], which holds its write lock).
+    async fn commit_result_file(
+        &self,
+        key: &crate::workspace::WorkspaceKey,
+        path: crate::workspace::WorkspacePath,
+        text: &[u8],
+        call_id: &str,
+    ) -> Result<(), String> {
+        use crate::workspace::{self, FileEntry};
+        let digest = workspace::blob_digest(text);
+        let head = self
+            .store
+            .workspace_head(key)
+            .await
+            .map_err(|e| e.to_string())?;
+        if head
+            .tree
+            .files
+            .get(&path)
+            .is_some_and(|f| f.digest == digest)
+        {
+            return Ok(());
+        }
+        let mut tree = head.tree.clone();
+        tree.files.insert(
+            path,
+            FileEntry {
+                digest: digest.clone(),
+                size: text.len() as u64,
+            },
+        );
+        workspace::Limits::default()
+            .check(&tree)
+            .map_err(|e| e.to_string())?;
+        let commit = workspace::Commit {
+            tree,
+            blobs: vec![(digest, text.to_vec())],
+        };
+        match self
+            .store
+            .commit_workspace(key, head.version, commit, call_id)
+            .await
+        {
+            Ok(Some(version)) => {
+                tracing::info!(call = %call_id, workspace = %key, version, "the call's result was written to its agent's workspace");
+                Ok(())
+            }
+            Ok(None) => Err(format!(
+                "workspace {key} moved past version {}",
+                head.version
+            )),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
+    /// Page `page` (from 0) of the result of a call `caller` may read, in pages of its
+    /// `maxInlineBytes` (`GET /v1/calls/{id}/result?page=N`, the MCP result resource):
+    /// `not-found` for a call it may not read, a call without a result (not ended, or
+    /// failed), or a page past the last.
     pub async fn result_page(
         &self,
         caller: &Principal,
@@ -963,15 +1083,18 @@ impl Gateway {
         page: u32,
     ) -> Result<results::ResultPage, ApiError> {
         let record = self.get_call(caller, id).await?;
-        let text = record.result.map(|r| r.to_string()).unwrap_or_default();
-        if page > 0 {
-            return Err(ApiError::new(ErrorKind::NotFound, format!("no page {page}")));
-        }
-        Ok(results::ResultPage {
-            call_id: record.id,
-            page,
-            pages: 1,
-            text,
+        let Some(result) = record.result.as_ref() else {
+            return Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("call {id:?} has no result ({})", record.state),
+            ));
+        };
+        let policy = self.result_policy(&record);
+        results::page_of(&policy, &record.id, result, page).ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::NotFound,
+                format!("the result of call {id:?} has no page {page}"),
+            )
         })
     }
 

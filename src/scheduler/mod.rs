@@ -265,6 +265,19 @@ impl Scheduler {
         self.on(Event::AdmittedAssigned { call, epoch });
     }
 
+    /// Holds workspace `key` for `holder`, a writer that is no call (see
+    /// [`State::hold_workspace`]): false while a call (or another holder) writes it.
+    pub fn hold_workspace(&self, key: &crate::workspace::WorkspaceKey, holder: &str) -> bool {
+        self.lock().hold_workspace(key, holder)
+    }
+
+    /// Gives back what [`Scheduler::hold_workspace`] held; calls waiting for the workspace
+    /// may be assigned now.
+    pub fn release_workspace(self: &Arc<Self>, holder: &str) {
+        self.lock().release_workspace(holder);
+        self.on(Event::Tick);
+    }
+
     /// Workers attached now.
     pub fn workers(&self) -> Vec<WorkerInfo> {
         self.lock().workers()
@@ -850,6 +863,14 @@ impl Scheduler {
             Ok(None) => {}
             Err(refusal) => outcome.result = Err(refusal),
         }
+        // A transient failure of a read or idempotent call is an attempt, not the end.
+        if let Err(error) = &outcome.result
+            && let Some(answer) = self
+                .retry(&call, &interface, worker, session, &result, &entries, error)
+                .await
+        {
+            return answer;
+        }
         match self
             .store
             .complete_call(
@@ -892,6 +913,117 @@ impl Scheduler {
         }
     }
 
+    /// Runs a failed attempt's call again when its retry policy says so (see
+    /// [`crate::call::retry`]): commits the attempt's last entries and a `retry` entry under
+    /// its epoch, then the state machine takes the call back and queues it after the
+    /// backoff. `None`: the call ends with `error` (not transient, attempts used, or the
+    /// deadline too near).
+    #[allow(clippy::too_many_arguments)]
+    async fn retry(
+        self: &Arc<Self>,
+        call: &Call,
+        interface: &CommandInterface,
+        worker: &str,
+        session: u64,
+        result: &proto::CallResult,
+        entries: &[OplogEntry],
+        error: &CallError,
+    ) -> Option<ResultAnswer> {
+        use crate::call::retry::{self, Decision};
+        let spec = call.record.spec.retry.filter(|s| s.attempts > 1)?;
+        let declared = interface.declared_error(error.exit_code);
+        retry::transient(error, declared)?;
+        let id = &call.record.id;
+        let records = match self.store.oplog(id).await {
+            Ok(records) => records,
+            Err(error) => {
+                tracing::error!(call = %id, %error, "cannot read the oplog to count attempts; the worker keeps the result");
+                return Some(ResultAnswer::Retry);
+            }
+        };
+        let retries: Vec<(u64, crate::call::Retry)> = records
+            .iter()
+            .filter(|r| r.kind == EntryKind::Retry.as_str())
+            .filter_map(|r| match r.entry() {
+                Ok(OplogEntry::Retry(retry)) => Some((r.epoch, retry)),
+                _ => None,
+            })
+            .collect();
+        let (failed, backoff) = match retries.last() {
+            // This attempt's retry is committed already (the worker sent its result again).
+            Some((epoch, committed)) if *epoch == result.epoch => (
+                committed.attempt,
+                Duration::from_millis(committed.backoff_ms),
+            ),
+            _ => {
+                let failed = retries.len() as u32 + 1;
+                let decision = retry::decide(
+                    &spec,
+                    failed,
+                    error,
+                    declared,
+                    now_ms(),
+                    call.record.spec.deadline_ms,
+                );
+                let Decision::Retry { backoff, .. } = decision else {
+                    tracing::info!(call = %id, attempt = failed, kind = %error.kind, ?decision, "the attempt failed; the call ends");
+                    return None;
+                };
+                let mut entries = entries.to_vec();
+                entries.push(OplogEntry::Retry(crate::call::Retry {
+                    attempt: failed,
+                    error: error.clone(),
+                    backoff_ms: backoff.as_millis() as u64,
+                }));
+                match self
+                    .store
+                    .append_oplog(id, result.epoch, result.first_wseq, entries)
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(StoreError::StaleEpoch { .. }) | Err(StoreError::NotFound(_)) => {
+                        return Some(ResultAnswer::Refused);
+                    }
+                    Err(error) => {
+                        tracing::error!(call = %id, %error, "cannot record the retry; the worker keeps the result");
+                        return Some(ResultAnswer::Retry);
+                    }
+                }
+                (failed, backoff)
+            }
+        };
+        let reason = format!(
+            "attempt {failed} failed ({}{}): attempt {} in {} ms",
+            error.kind,
+            if error.name.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", error.name)
+            },
+            failed + 1,
+            backoff.as_millis()
+        );
+        tracing::info!(call = %id, worker, epoch = result.epoch, "{reason}");
+        self.calls.progress(
+            id,
+            Progress {
+                stage: "retrying".into(),
+                message: reason.clone(),
+                worker: worker.to_string(),
+                epoch: result.epoch,
+            },
+        );
+        self.on(Event::Retrying {
+            worker: worker.to_string(),
+            session,
+            call_id: id.clone(),
+            epoch: result.epoch,
+            backoff,
+            reason,
+        });
+        Some(ResultAnswer::Stored)
+    }
+
     /// A worker's session ended (stream closed or lease lapsed): its calls move on.
     pub(crate) fn worker_lost(self: &Arc<Self>, worker: &str, session: u64, reason: &str) {
         tracing::warn!(worker, session, "worker session ended: {reason}");
@@ -921,9 +1053,16 @@ pub(crate) fn audit_to_stdout(done: &CallRecord) {
 
 /// The host-call entries of a call's oplog, for a worker to replay; a stored entry that does
 /// not parse is named in the error (the call ends as a replay divergence).
+///
+/// Only the current attempt's entries (those after the last `retry` entry) are replayed:
+/// an earlier attempt failed and ended, and a new attempt starts afresh.
 pub fn replay_of(records: &[crate::store::OplogRecord]) -> Result<Vec<proto::OplogEntry>, String> {
     let mut replay = Vec::new();
-    for record in records {
+    let current = records
+        .iter()
+        .rposition(|r| r.kind == EntryKind::Retry.as_str())
+        .map_or(0, |last| last + 1);
+    for record in &records[current..] {
         let entry: OplogEntry = record.entry().map_err(|error| {
             format!(
                 "oplog entry {} ({}) cannot be replayed: {error}",
@@ -1010,5 +1149,62 @@ fn assign_of(
             Some(_) => spec.access.filesystem.as_str().to_string(),
             None => String::new(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{ErrorKind, Retry, WallClock};
+
+    fn record(seq: u64, entry: &OplogEntry) -> crate::store::OplogRecord {
+        crate::store::OplogRecord {
+            seq,
+            epoch: 1,
+            kind: entry.kind().as_str().to_string(),
+            payload: entry.payload_text(),
+            recorded_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_replay_holds_only_the_current_attempts_host_calls() {
+        let clock = |secs| OplogEntry::WallClock(WallClock { secs, nanos: 0 });
+        let retry = |attempt| {
+            OplogEntry::Retry(Retry {
+                attempt,
+                error: CallError::new(ErrorKind::Unavailable, "busy"),
+                backoff_ms: 10,
+            })
+        };
+        let entries = [
+            clock(1),
+            clock(2),
+            retry(1),
+            clock(3),
+            retry(2),
+            clock(4),
+            clock(5),
+        ];
+        let records: Vec<_> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| record(i as u64, e))
+            .collect();
+        let replay = replay_of(&records).unwrap();
+        let secs: Vec<u64> = replay
+            .iter()
+            .map(
+                |e| match OplogEntry::from_text(&e.kind, &e.payload).unwrap() {
+                    OplogEntry::WallClock(c) => c.secs,
+                    other => panic!("{other:?}"),
+                },
+            )
+            .collect();
+        assert_eq!(secs, [4, 5]);
+        // Right after a retry, nothing is replayed: the next attempt starts afresh.
+        assert!(replay_of(&records[..5]).unwrap().is_empty());
+        // Without retries, every host call is.
+        assert_eq!(replay_of(&records[..2]).unwrap().len(), 2);
     }
 }

@@ -179,6 +179,16 @@ pub enum Event {
         epoch: u64,
         reason: String,
     },
+    /// A failed attempt of the call is to run again (its `retry` entry is committed under
+    /// `epoch`): take it back now and queue it once `backoff` has passed.
+    Retrying {
+        worker: String,
+        session: u64,
+        call_id: String,
+        epoch: u64,
+        backoff: Duration,
+        reason: String,
+    },
     /// Time passed.
     Tick,
 }
@@ -384,6 +394,8 @@ pub struct State {
     assign_failures: HashMap<String, u32>,
     /// Which call writes each workspace (from its first assignment until it ends).
     writers: WriteLocks,
+    /// Calls being taken back for another attempt, and how long each waits once it is.
+    retry_waits: HashMap<String, Duration>,
 }
 
 impl State {
@@ -401,6 +413,7 @@ impl State {
             listening_since: None,
             assign_failures: HashMap::new(),
             writers: WriteLocks::default(),
+            retry_waits: HashMap::new(),
         }
     }
 
@@ -542,14 +555,17 @@ impl State {
                 }
             }
             Event::Fenced { call_id } => {
+                // A call taken back for another attempt waits out its backoff first.
+                let not_before = self.retry_waits.remove(&call_id).map(|wait| now + wait);
                 if let Some(fencing) = self.fencing.remove(&call_id) {
                     self.queue.push_front(Queued {
                         call: fencing.call,
-                        not_before: None,
+                        not_before,
                     });
                 }
             }
             Event::FenceRefused { call_id } => {
+                self.retry_waits.remove(&call_id);
                 self.fencing.remove(&call_id);
                 self.writers.release(&call_id);
             }
@@ -561,6 +577,7 @@ impl State {
                 }
             }
             Event::Finished { call_id } => {
+                self.retry_waits.remove(&call_id);
                 self.assign_failures.remove(&call_id);
                 self.release(&call_id);
                 self.failing.remove(&call_id);
@@ -586,6 +603,20 @@ impl State {
                 let holds = self.holding(&call_id, &worker, session, epoch).is_ok();
                 if holds && let Some(running) = self.release(&call_id) {
                     let reason = format!("worker {worker} gave it up: {reason}");
+                    self.fence(running.call, epoch, reason, &mut out);
+                }
+            }
+            Event::Retrying {
+                worker,
+                session,
+                call_id,
+                epoch,
+                backoff,
+                reason,
+            } => {
+                let holds = self.holding(&call_id, &worker, session, epoch).is_ok();
+                if holds && let Some(running) = self.release(&call_id) {
+                    self.retry_waits.insert(call_id, backoff);
                     self.fence(running.call, epoch, reason, &mut out);
                 }
             }
@@ -1001,6 +1032,18 @@ impl State {
         self.reserved
             .insert(call.id.clone(), (worker.clone(), session));
         Some(worker)
+    }
+
+    /// Holds workspace `key` for `holder` (a writer that is no call, such as a result file
+    /// written for a call that has ended), as a read-write call holds it: false while
+    /// another holds it. Calls that would write it wait until [`State::release_workspace`].
+    pub fn hold_workspace(&mut self, key: &WorkspaceKey, holder: &str) -> bool {
+        self.writers.take(Some(key), holder)
+    }
+
+    /// Gives back what [`State::hold_workspace`] held.
+    pub fn release_workspace(&mut self, holder: &str) {
+        self.writers.release(holder);
     }
 
     /// Gives back a reservation that was not used (the call was a duplicate, or the write
@@ -1972,5 +2015,103 @@ mod tests {
         state.on(Event::Recovered(vec![fresh, fenced]), t0);
         let (_, out) = attach(&mut state, "w1", 4, t0);
         assert_eq!(assigns(&out), [("fenced".to_string(), "w1".to_string())]);
+    }
+
+    #[test]
+    fn a_call_to_retry_is_taken_back_and_queued_again_after_its_backoff() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let (s1, _) = attach(&mut state, "w1", 1, t0);
+        running_on(&mut state, "a", "w1", t0);
+        let retrying = |session: u64, epoch: u64| Event::Retrying {
+            worker: "w1".into(),
+            session,
+            call_id: "a".into(),
+            epoch,
+            backoff: Duration::from_secs(1),
+            reason: "attempt 1 failed".into(),
+        };
+        // Only the session holding the call under that epoch may send it back.
+        assert!(fences(&state.on(retrying(s1 + 7, 1), t0)).is_empty());
+        assert!(fences(&state.on(retrying(s1, 2), t0)).is_empty());
+        let out = state.on(retrying(s1, 1), t0);
+        assert_eq!(fences(&out), [("a".to_string(), 1)]);
+        assert!(assigns(&out).is_empty());
+        // Fenced: it waits out its backoff, though its worker's slot is free.
+        let out = state.on(
+            Event::Fenced {
+                call_id: "a".into(),
+            },
+            t0,
+        );
+        assert!(assigns(&out).is_empty(), "not before the backoff");
+        assert_eq!(state.queued().values().sum::<usize>(), 1);
+        assert_eq!(state.next_wake(), Some(t0 + Duration::from_secs(1)));
+        let other = state.on(
+            Event::Submitted(pending("b")),
+            t0 + Duration::from_millis(10),
+        );
+        assert_eq!(
+            assigns(&other),
+            [("b".to_string(), "w1".to_string())],
+            "the waiting call does not hold the slot"
+        );
+        state.on(
+            Event::Finished {
+                call_id: "b".into(),
+            },
+            t0 + Duration::from_millis(20),
+        );
+        let out = state.on(Event::Tick, t0 + Duration::from_millis(999));
+        assert!(assigns(&out).is_empty());
+        let out = state.on(Event::Tick, t0 + Duration::from_secs(1));
+        assert_eq!(assigns(&out), [("a".to_string(), "w1".to_string())]);
+    }
+
+    #[test]
+    fn a_call_waiting_out_its_backoff_keeps_its_deadline() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let (s1, _) = attach(&mut state, "w1", 1, t0);
+        let mut late = record("a", CallState::Pending, 0, None);
+        // Far at first; it passes while the call waits out its backoff (below).
+        late.spec.deadline_ms = crate::call::now_ms() + 60_000;
+        let out = state.on(Event::Submitted(Call::new(late, None)), t0);
+        assert_eq!(assigns(&out), [("a".to_string(), "w1".to_string())]);
+        state.on(
+            Event::Assigned {
+                call_id: "a".into(),
+                epoch: 1,
+            },
+            t0,
+        );
+        let out = state.on(
+            Event::Retrying {
+                worker: "w1".into(),
+                session: s1,
+                call_id: "a".into(),
+                epoch: 1,
+                backoff: Duration::from_secs(30),
+                reason: "attempt 1 failed".into(),
+            },
+            t0,
+        );
+        assert_eq!(fences(&out), [("a".to_string(), 1)]);
+        state.on(
+            Event::Fenced {
+                call_id: "a".into(),
+            },
+            t0,
+        );
+        assert!(state.next_deadline_ms().is_some());
+        // The queued call's deadline moves into the past: the next look fails it.
+        if let Some(q) = state.queue.iter_mut().find(|q| q.call.record.id == "a") {
+            let mut record = (*q.call.record).clone();
+            record.spec.deadline_ms = crate::call::now_ms() - 60_000;
+            q.call = Call::new(record, None);
+        }
+        let out = state.on(Event::Tick, t0 + Duration::from_millis(1));
+        assert_eq!(fails(&out), [("a".to_string(), ErrorKind::Timeout)]);
+        assert!(assigns(&out).is_empty());
     }
 }

@@ -445,6 +445,18 @@ impl Store for FaultyStore {
         self.inner.blobs(digests).await
     }
 
+    async fn commit_workspace(
+        &self,
+        key: &crate::workspace::WorkspaceKey,
+        base: u64,
+        commit: crate::workspace::Commit,
+        call_id: &str,
+    ) -> Result<Option<u64>, StoreError> {
+        self.inner
+            .commit_workspace(key, base, commit, call_id)
+            .await
+    }
+
     fn artifact_purges(&self) -> u64 {
         self.inner.artifact_purges()
     }

@@ -191,6 +191,18 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: &WorkspaceKey,
     ) -> Result<Vec<workspace::Version>, StoreError>;
+    /// Commits `commit` as version `base + 1` of workspace `key`, for a writer that is no
+    /// call's run (a call's result written to its agent's workspace; `call_id` names the
+    /// call in the version), if the head is still `base`: `Ok(None)` when it moved. The
+    /// caller checks the tree against the workspace limits and holds the workspace's write
+    /// lock (the scheduler's) meanwhile.
+    async fn commit_workspace(
+        &self,
+        key: &WorkspaceKey,
+        base: u64,
+        commit: workspace::Commit,
+        call_id: &str,
+    ) -> Result<Option<u64>, StoreError>;
     /// The blobs among `digests` the store has, as `(digest, bytes)`.
     async fn blobs(&self, digests: &[String]) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
 }

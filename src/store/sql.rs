@@ -127,6 +127,14 @@ enum WriteOp {
         cutoff_ms: i64,
         limit: i64,
     },
+    /// Commits a workspace version on `base` written by no call's run (see
+    /// [`Store::commit_workspace`]).
+    CommitWorkspace {
+        key: WorkspaceKey,
+        base: u64,
+        commit: workspace::Commit,
+        call_id: String,
+    },
     /// Deletes artifacts stored before `cutoff_ms` that no call uses, except `keep`.
     PurgeArtifacts {
         cutoff_ms: i64,
@@ -752,6 +760,36 @@ async fn execute(conn: &mut AnyConnection, op: &WriteOp, again: bool) -> Result<
                 },
                 Err(error) => Err(error),
             }
+        }
+        WriteOp::CommitWorkspace {
+            key,
+            base,
+            commit,
+            call_id,
+        } => {
+            let head = head_version(conn, key).await?;
+            if head != *base {
+                // Run again, this very commit may be the head already.
+                if again && head == base + 1 {
+                    let row = sqlx::query(
+                        "SELECT tree_digest, call_id FROM workspace_versions \
+                         WHERE namespace = $1 AND agent = $2 AND version = $3",
+                    )
+                    .bind(key.namespace.as_str())
+                    .bind(key.agent.as_str())
+                    .bind(head as i64)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                    if row.try_get::<String, _>("tree_digest")? == commit.tree.digest()
+                        && row.try_get::<String, _>("call_id")? == *call_id
+                    {
+                        return Ok(Reply::Epoch(head));
+                    }
+                }
+                return Ok(Reply::Done);
+            }
+            insert_version(conn, key, base + 1, commit, call_id).await?;
+            Ok(Reply::Epoch(base + 1))
         }
         WriteOp::Fail { call_id, error } => fail(conn, call_id, error)
             .await
@@ -1390,6 +1428,17 @@ async fn commit_version(
     let base = row
         .try_get::<Option<i64>, _>("workspace_base")?
         .ok_or_else(|| StoreError::Corrupt(format!("call {call_id} has no base version")))?;
+    insert_version(conn, &key, base as u64 + 1, commit, call_id).await
+}
+
+/// Inserts version `version` of workspace `key` with the blobs it brings.
+async fn insert_version(
+    conn: &mut AnyConnection,
+    key: &WorkspaceKey,
+    version: u64,
+    commit: &workspace::Commit,
+    call_id: &str,
+) -> Result<(), StoreError> {
     let now = now_ms();
     for (digest, bytes) in &commit.blobs {
         sqlx::query(
@@ -1409,7 +1458,7 @@ async fn commit_version(
     )
     .bind(key.namespace.as_str())
     .bind(key.agent.as_str())
-    .bind(base + 1)
+    .bind(version as i64)
     .bind(commit.tree.to_json())
     .bind(commit.tree.digest())
     .bind(now)
@@ -1970,6 +2019,28 @@ impl Store for SqlStore {
             .await?
         {
             Reply::Record(record) => Ok(*record),
+            _ => Err(StoreError::Corrupt("unexpected writer reply".into())),
+        }
+    }
+
+    async fn commit_workspace(
+        &self,
+        key: &WorkspaceKey,
+        base: u64,
+        commit: workspace::Commit,
+        call_id: &str,
+    ) -> Result<Option<u64>, StoreError> {
+        match self
+            .write(WriteOp::CommitWorkspace {
+                key: key.clone(),
+                base,
+                commit,
+                call_id: call_id.into(),
+            })
+            .await?
+        {
+            Reply::Epoch(version) => Ok(Some(version)),
+            Reply::Done => Ok(None),
             _ => Err(StoreError::Corrupt("unexpected writer reply".into())),
         }
     }

@@ -7,10 +7,14 @@
 //! A request to `/echo` is answered with what the witness saw of it, as JSON
 //! (`authorization`, `query`, `revealed` from `X-Revealed`, `body`): a destination that
 //! echoes credentials back, for the secret-redaction tests.
+//!
+//! A request to `/flaky/N/...` is answered 503 while the witness has seen fewer than N
+//! earlier requests to the same path with the same `Idempotency-Key` (then as any other):
+//! a destination that is briefly unavailable, for the retry tests.
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, Method, Uri};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -135,7 +139,7 @@ async fn record(
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
-) -> String {
+) -> (StatusCode, String) {
     let header = |name: &str| {
         headers
             .get(name)
@@ -162,28 +166,44 @@ async fn record(
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    let total = {
+    let (total, earlier) = {
         let mut seen_all = inner.seen.lock().unwrap();
+        let earlier = seen_all
+            .iter()
+            .filter(|s| s.path == seen.path && s.key == seen.key)
+            .count();
         seen_all.push(seen.clone());
         let prefix = seen.path.clone();
-        seen_all
+        let total = seen_all
             .iter()
             .filter(|s| {
                 s.method == "POST"
                     && prefix.starts_with("/effects/")
                     && s.body.contains(&prefix["/effects/".len()..])
             })
-            .count()
+            .count();
+        (total, earlier)
     };
     inner.count.send_modify(|c| *c += 1);
     if seen.path == "/echo" {
-        return serde_json::json!({
+        let echo = serde_json::json!({
             "authorization": seen.authorization,
             "query": seen.query,
             "revealed": seen.revealed,
             "body": seen.body,
-        })
-        .to_string();
+        });
+        return (StatusCode::OK, echo.to_string());
     }
-    format!("{{\"ok\": true, \"posted\": {total}}}")
+    let failures = seen
+        .path
+        .strip_prefix("/flaky/")
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|n| n.parse::<usize>().ok());
+    if failures.is_some_and(|n| earlier < n) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "{\"busy\": true}".into());
+    }
+    (
+        StatusCode::OK,
+        format!("{{\"ok\": true, \"posted\": {total}}}"),
+    )
 }

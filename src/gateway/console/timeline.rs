@@ -131,6 +131,10 @@ fn summarize(entry: &OplogEntry, requests: &HashMap<u64, (String, String)>) -> S
                 format!("approval: {verb} by {}: {}", decision.by, decision.reason)
             }
         }
+        OplogEntry::Retry(retry) => format!(
+            "attempt {} failed {}: {}; retrying in {} ms",
+            retry.attempt, retry.error.kind, retry.error.message, retry.backoff_ms
+        ),
         OplogEntry::Outcome(outcome) => match (outcome.state, &outcome.error) {
             (Ended::Succeeded, _) => "outcome: succeeded".to_string(),
             (Ended::Failed, Some(error)) => {
