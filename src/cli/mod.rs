@@ -7,7 +7,7 @@ mod componentize;
 mod controller;
 mod failover;
 mod table;
-mod up;
+pub(crate) mod up;
 mod worker;
 mod workspace;
 

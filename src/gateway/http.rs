@@ -15,6 +15,8 @@
 //! - `/healthz`, `/readyz` (probes) and `/metrics` (aggregate counters, no call data) are
 //!   open; every `/v1` route authenticates first (`Authorization: Bearer TOKEN`, an
 //!   operator may add `Toolgrid-As: AGENT`): 401 without a valid token.
+//! - `/mcp`: the MCP server ([`super::mcp`]), with its protected-resource metadata at
+//!   `/.well-known/oauth-protected-resource[/mcp]`.
 //! - `/ui`: the console ([`super::console`]), authenticated by a session cookie.
 
 use super::authn::{ACT_AS, AUTHORIZATION};
@@ -58,6 +60,15 @@ impl IntoResponse for ApiError {
 
 /// The HTTP API over a gateway; `ready` says whether the platform takes calls yet.
 pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>) -> axum::Router {
+    router_with(gateway, ready, super::mcp::McpConfig::default())
+}
+
+/// [`router`], with `/mcp` configured by `mcp`.
+pub fn router_with(
+    gateway: Arc<Gateway>,
+    ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    mcp: super::mcp::McpConfig,
+) -> axum::Router {
     let api = axum::Router::new()
         .route("/v1/namespaces/{ns}/tools/{tool}/{command}", post(call))
         .route("/v1/namespaces/{ns}/tools", get(list_tools))
@@ -93,6 +104,7 @@ pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>)
             }),
         )
         .with_state(gateway.clone())
+        .merge(super::mcp::routes(gateway.clone(), mcp))
         .merge(super::console::routes(gateway))
 }
 

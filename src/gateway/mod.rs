@@ -12,13 +12,14 @@ pub mod console;
 pub mod convert;
 mod grpc;
 mod http;
+pub mod mcp;
 pub mod results;
 pub mod wasm_middleware;
 pub mod workspaces;
 
 pub use authn::Authenticator;
 pub use grpc::{AuthenticatedTools, ToolsService};
-pub use http::router;
+pub use http::{router, router_with};
 
 use crate::auth::Principal;
 
