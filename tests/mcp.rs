@@ -62,12 +62,14 @@ fn plan(platform: &Platform) -> Value {
         "unbound": "uuid",
         "call": {
             "name": "semver__compare",
-            "arguments": {"a": "1.2.0", "b": "1.10.0"},
-            "structured": {"order": -1, "a": "1.2.0", "b": "1.10.0"},
+            // `{tag}`: each client run's own (build metadata, ignored by the comparison), so
+            // no run repeats another's call (the agent would be refused `repeated-call`).
+            "arguments": {"a": "1.2.0", "b": "1.10.0+{tag}"},
+            "structured": {"order": -1, "a": "1.2.0", "b": "1.10.0+{tag}"},
         },
         "declared_error": {
             "name": "semver__compare",
-            "arguments": {"a": "not-a-version", "b": "1.0.0"},
+            "arguments": {"a": "not-a-version", "b": "1.0.0+{tag}"},
             "error": "invalid-version",
         },
         "invalid": {"name": "semver__compare", "arguments": {"a": 5}},

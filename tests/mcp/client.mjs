@@ -14,7 +14,9 @@ import { join } from 'node:path';
 const { values: opts } = parseArgs({
   options: { sdk: { type: 'string' }, mode: { type: 'string' }, plan: { type: 'string' } },
 });
-const plan = JSON.parse(readFileSync(opts.plan, 'utf8'));
+// Each `{tag}` in the plan's strings becomes this run's own, so no run repeats another's
+// call (the agent would be refused `repeated-call`).
+const plan = JSON.parse(readFileSync(opts.plan, 'utf8').replaceAll('{tag}', `js-${opts.sdk}-${opts.mode}`.replace(/[^0-9A-Za-z-]/g, '-')));
 const results = [];
 const check = (name, ok, detail) => {
   results.push({ check: name, ok: !!ok, detail });

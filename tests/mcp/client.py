@@ -35,6 +35,17 @@ HINTS = {
 }
 
 
+def tagged(value, tag):
+    """`value` with each `{tag}` in its strings replaced (each run's calls are its own)."""
+    if isinstance(value, str):
+        return value.replace("{tag}", tag)
+    if isinstance(value, dict):
+        return {k: tagged(v, tag) for k, v in value.items()}
+    if isinstance(value, list):
+        return [tagged(v, tag) for v in value]
+    return value
+
+
 def check(name, ok, detail=None):
     RESULTS.append({"check": name, "ok": bool(ok), "detail": detail})
     print(json.dumps(RESULTS[-1], default=str), flush=True)
@@ -81,6 +92,7 @@ async def unauthenticated(plan, mode):
 
 
 async def run(plan, mode):
+    plan = tagged(plan, "py-" + mode)
     await unauthenticated(plan, mode)
     async with client(plan, mode) as c:
         check("era", True, c.protocol_version)
