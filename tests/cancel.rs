@@ -173,8 +173,8 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     let platform = Platform::start(root.path(), &manifests(root.path(), &witness), &[]);
     platform
         .eventually("the releases to be ready", Duration::from_secs(60), || async {
-            platform.resource("ToolRelease", "slow-read-1.0.0").await.is_some_and(|r| r.ready)
-                && platform.resource("ToolRelease", "slow-write-1.0.0").await.is_some_and(|r| r.ready)
+            platform.resource("ToolRelease", "slow-read-1.0.0").await.is_some_and(|r| r.ready == "True")
+                && platform.resource("ToolRelease", "slow-write-1.0.0").await.is_some_and(|r| r.ready == "True")
         })
         .await;
 

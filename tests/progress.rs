@@ -341,7 +341,7 @@ async fn progress_extends_the_deadline_up_to_max_timeout_and_reaches_every_calle
     let platform = Platform::start(root.path(), &manifests(root.path(), &witness), &[]);
     platform
         .eventually("the releases to be ready", Duration::from_secs(60), || async {
-            platform.resource("ToolRelease", "slow-capped-1.0.0").await.is_some_and(|r| r.ready)
+            platform.resource("ToolRelease", "slow-capped-1.0.0").await.is_some_and(|r| r.ready == "True")
         })
         .await;
 
