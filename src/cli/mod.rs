@@ -53,6 +53,9 @@ enum Commands {
     Approve(client::DecisionArgs),
     /// Deny a call waiting for approval.
     Deny(client::DecisionArgs),
+    /// Cancel a call not yet ended: it stops at once and ends `cancelled` (or
+    /// `outcome-unknown` when a write of it may have been applied). Not rollback.
+    Cancel(client::CancelArgs),
     /// The audit log, newest first: one record per call, refused ones included
     /// (`--agent A`, `--tool T`, `--since 10m|RFC3339`, `-n NS`, `-o json|table`).
     Audit(audit::AuditArgs),
@@ -130,6 +133,7 @@ pub fn main() -> ExitCode {
             Commands::Why(args) => client::why(args).await,
             Commands::Approve(args) => client::decide(args, true).await,
             Commands::Deny(args) => client::decide(args, false).await,
+            Commands::Cancel(args) => client::cancel(args).await,
             Commands::Audit(args) => audit::run(args).await,
             Commands::Crds { helm } => match if helm {
                 crate::api::crds_helm_yaml()

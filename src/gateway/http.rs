@@ -11,7 +11,10 @@
 //!   `GET /v1/calls` (`?awaitingApproval=true`: the calls waiting that the caller may read
 //!   or decide), `GET /v1/namespaces/{ns}/tools`, `GET /v1/why?agent=&tool=`.
 //! - `POST /v1/calls/{id}/approve`, `POST /v1/calls/{id}/deny` with `{"reason": "..."}`:
-//!   the decided call.
+//!   the decided call. `POST /v1/calls/{id}/cancel`: the cancelled call (409
+//!   `not-cancellable` when it has ended).
+//! - The `:call` route with `Accept: text/event-stream` answers a stream of server-sent
+//!   events (progress, then the call record; see [`super::sse`]).
 //! - `/healthz`, `/readyz` (probes) and `/metrics` (aggregate counters, no call data) are
 //!   open; every `/v1` route authenticates first (`Authorization: Bearer TOKEN`, an
 //!   operator may add `Toolgrid-As: AGENT`): 401 without a valid token.
@@ -77,6 +80,7 @@ pub fn router_with(
         .route("/v1/calls/{id}/oplog", get(get_oplog))
         .route("/v1/calls/{id}/approve", post(approve))
         .route("/v1/calls/{id}/deny", post(deny))
+        .route("/v1/calls/{id}/cancel", post(cancel))
         .route("/v1/why", get(why))
         .route("/v1/audit", get(list_audit))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -188,6 +192,10 @@ async fn call(
         idempotency_key: body.idempotency_key.or(header_key),
         dry_run: body.dry_run,
     };
+    if super::sse::wants_events(&headers) {
+        let admitted = gateway.admit(&caller, invocation).await;
+        return Ok(super::sse::call_events(gateway, admitted));
+    }
     let admitted = gateway.invoke(&caller, invocation).await?;
     let status = failure_status(&admitted.record);
     let mut response = (
@@ -283,6 +291,16 @@ async fn deny(
     JsonBody(body): JsonBody<DecisionBody>,
 ) -> Result<Json<Value>, ApiError> {
     decide(gateway, caller, id, false, body).await
+}
+
+/// Cancels a call (`POST /v1/calls/{id}/cancel`): the ended call, once its end is durable.
+async fn cancel(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let record = gateway.cancel(&caller, &id).await?;
+    Ok(Json(call_to_json(&record, false)))
 }
 
 /// An optional JSON request body read as `T` (`T::default()` when there is none). A body
