@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::witness::Witness;
 use common::{Platform, fixtures};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -26,14 +27,62 @@ fn repo() -> PathBuf {
 }
 
 /// A platform with the example tools and the MCP fixtures.
-fn start(root: &Path) -> Platform {
+fn start(root: &Path, witness_port: u16) -> Platform {
+    let manifests = manifests(root, witness_port);
+    Platform::start(root, &manifests, &[])
+}
+
+/// The example manifests, tests/mcp/fixtures.yaml, and `slow` (the progress fixture, its
+/// requests allowed to the witness on `witness_port`) bound to `mcp-agent`.
+fn manifests(root: &Path, witness_port: u16) -> PathBuf {
     let manifests = fixtures::examples(root);
     std::fs::copy(
         repo().join("tests/mcp/fixtures.yaml"),
         manifests.join("mcp-fixtures.yaml"),
     )
     .unwrap();
-    Platform::start(root, &manifests, &[])
+    let wasm = repo().join("tests/fixtures/tools/slow/slow.wasm");
+    std::fs::write(
+        manifests.join("mcp-slow.yaml"),
+        format!(
+            r#"apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {{name: slow}}
+spec:
+  description: Steps with progress reports, a request to the witness per step.
+  effect: read
+  timeout: 120s
+  repeatWindow: 0s
+  commands:
+    - name: run
+      options:
+        - {{name: base, schema: {{type: string}}, required: true}}
+        - {{name: run, schema: {{type: string}}, required: true}}
+        - {{name: steps, schema: {{type: integer, minimum: 1}}, default: 5}}
+        - {{name: sleep-ms, schema: {{type: integer, minimum: 0}}, default: 200}}
+      flags:
+        - {{name: progress}}
+      result: {{type: object}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolRelease
+metadata: {{name: slow-1.0.0}}
+spec:
+  tool: slow
+  version: 1.0.0
+  artifact: {{file: {wasm}}}
+  network: {{egress: [{{host: 127.0.0.1, ports: [{witness_port}], allowPrivate: true}}]}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: mcp-agent-slow}}
+spec: {{agents: [mcp-agent], tool: slow}}
+"#,
+            wasm = wasm.display()
+        ),
+    )
+    .unwrap();
+    manifests
 }
 
 fn mcp_url(platform: &Platform) -> String {
@@ -49,12 +98,25 @@ fn bound_tools() -> Value {
         "compare-idempotent": "idempotent",
         "compare-write": "write",
         "compare-external": "external",
+        "slow": "read",
     })
 }
 
 /// What the client scripts do (see tests/mcp/client.py).
-fn plan(platform: &Platform) -> Value {
+fn plan(platform: &Platform, witness: &Witness) -> Value {
     json!({
+        "progress": {
+            "name": "slow",
+            "arguments": {"base": witness.base(), "run": "progress-{tag}", "steps": 3,
+                "sleep-ms": 50, "progress": true},
+            "min": 3,
+        },
+        "cancel": {
+            "name": "slow",
+            "tool": "slow",
+            "arguments": {"base": witness.base(), "run": "cancel-{tag}", "steps": 60,
+                "sleep-ms": 300, "progress": true},
+        },
         "url": mcp_url(platform),
         "api": format!("http://{}", platform.http),
         "token": AGENT_TOKEN,
@@ -83,8 +145,11 @@ fn write_plan(root: &Path, plan: &Value) -> PathBuf {
 }
 
 /// Runs a client script; its checks (JSON lines) must all pass.
-fn run_client(what: &str, command: &mut Command, platform: &Platform) -> Vec<Value> {
-    let output = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+async fn run_client(what: &str, mut command: Command, platform: &Platform) -> Vec<Value> {
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let lines: Vec<Value> = stdout
         .lines()
@@ -113,6 +178,8 @@ fn run_client(what: &str, command: &mut Command, platform: &Platform) -> Vec<Val
         "declared-error",
         "invalid-arguments",
         "unbound-tool",
+        "progress-notifications",
+        "cancelled",
     ] {
         assert!(checks.contains(&required), "{what}: no check {required}:\n{stdout}");
     }
@@ -131,23 +198,23 @@ fn python_sdk_present() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-#[test]
-fn the_python_sdk_in_each_era() {
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_sdk_in_each_era() {
     if !common::require("python3 with mcp 2.x and jsonschema", python_sdk_present()) {
         return;
     }
     let root = tempfile::tempdir().unwrap();
-    let platform = start(root.path());
-    let plan = write_plan(root.path(), &plan(&platform));
+    let witness = Witness::start().await;
+    let platform = start(root.path(), witness.addr.port());
+    let plan = write_plan(root.path(), &plan(&platform, &witness));
     for mode in ["legacy", MODERN, "auto"] {
-        let lines = run_client(
-            &format!("python mcp --mode {mode}"),
-            Command::new("python3")
-                .arg(repo().join("tests/mcp/client.py"))
-                .args(["--mode", mode, "--plan"])
-                .arg(&plan),
-            &platform,
-        );
+        let mut command = Command::new("python3");
+        command
+            .arg(repo().join("tests/mcp/client.py"))
+            .args(["--mode", mode, "--plan"])
+            .arg(&plan);
+        let lines = run_client(&format!("python mcp --mode {mode}"), command, &platform).await;
+        nothing_after_the_cancel(&lines, &witness).await;
         if mode == MODERN || mode == "auto" {
             // auto probes server/discover and stays modern.
             let era = lines.iter().find(|l| l["check"] == "era").unwrap();
@@ -156,25 +223,57 @@ fn the_python_sdk_in_each_era() {
     }
 }
 
-#[test]
-fn the_typescript_clients() {
+#[tokio::test(flavor = "multi_thread")]
+async fn the_typescript_clients() {
     let Some(node) = common::node() else {
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    let platform = start(root.path());
-    let plan = write_plan(root.path(), &plan(&platform));
+    let witness = Witness::start().await;
+    let platform = start(root.path(), witness.addr.port());
+    let plan = write_plan(root.path(), &plan(&platform, &witness));
     for (sdk, mode) in [("v1", "legacy"), ("v2", "legacy"), ("v2", "auto")] {
-        run_client(
-            &format!("node client.mjs --sdk {sdk} --mode {mode}"),
-            Command::new(&node)
-                .arg(repo().join("tests/mcp/client.mjs"))
-                .args(["--sdk", sdk, "--mode", mode, "--plan"])
-                .arg(&plan)
-                .env("TOOLGRID_JS_DIR", common::js_dir()),
-            &platform,
-        );
+        let mut command = Command::new(&node);
+        command
+            .arg(repo().join("tests/mcp/client.mjs"))
+            .args(["--sdk", sdk, "--mode", mode, "--plan"])
+            .arg(&plan)
+            .env("TOOLGRID_JS_DIR", common::js_dir());
+        let what = format!("node client.mjs --sdk {sdk} --mode {mode}");
+        let lines = run_client(&what, command, &platform).await;
+        let era = lines.iter().find(|l| l["check"] == "era").unwrap();
+        if mode == "auto" {
+            assert_eq!(era["detail"], MODERN, "{what}: {era}");
+        } else {
+            assert_ne!(era["detail"], MODERN, "{what}: {era}");
+        }
+        nothing_after_the_cancel(&lines, &witness).await;
     }
+}
+
+/// The witness saw no step of the cancelled run after its call ended: the count when the
+/// client saw the call end stays (the steps are 300 ms apart, 60 of them).
+async fn nothing_after_the_cancel(lines: &[Value], witness: &Witness) {
+    let line = lines
+        .iter()
+        .find(|l| l.get("cancelled_run").is_some())
+        .expect("the client reports the cancelled run");
+    let run = line["cancelled_run"].as_str().unwrap().to_string();
+    let steps = |w: &Witness| {
+        w.seen()
+            .iter()
+            .filter(|s| {
+                s.query
+                    .as_deref()
+                    .is_some_and(|q| q.contains(&format!("run={run}&")))
+            })
+            .count()
+    };
+    let at_end = steps(witness);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let later = steps(witness);
+    assert_eq!(at_end, later, "run {run}: steps arrived after the cancel");
+    assert!(later < 60, "run {run}: the cancelled call ran all its steps");
 }
 
 /// The conformance suite's server scenarios, through a proxy that adds the agent's token
@@ -190,7 +289,7 @@ fn the_conformance_suite_against_its_baseline() {
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    let platform = start(root.path());
+    let platform = start(root.path(), 9);
     let mut proxy = Command::new(&node)
         .arg(repo().join("tests/mcp/auth-proxy.mjs"))
         .args([platform.http.as_str(), AGENT_TOKEN])
@@ -315,7 +414,7 @@ async fn message_of(response: reqwest::Response) -> Value {
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_requests_are_refused_exactly() {
     let root = tempfile::tempdir().unwrap();
-    let platform = start(root.path());
+    let platform = start(root.path(), 9);
     let raw = Raw::new(&platform);
 
     // No token: 401 naming the metadata, which names this resource.
@@ -606,7 +705,7 @@ async fn hostile_requests_are_refused_exactly() {
 #[tokio::test(flavor = "multi_thread")]
 async fn list_changed_reaches_the_session_stream() {
     let root = tempfile::tempdir().unwrap();
-    let platform = start(root.path());
+    let platform = start(root.path(), 9);
     let raw = Raw::new(&platform);
     let session = raw.initialize(OTHER_TOKEN).await;
     let mut stream = raw
@@ -715,12 +814,7 @@ async fn oauth_access_tokens_for_this_resource_only() {
     let port = free_port();
     let http = format!("127.0.0.1:{port}");
     let resource = format!("http://{http}/mcp");
-    let manifests = fixtures::examples(root.path());
-    std::fs::copy(
-        repo().join("tests/mcp/fixtures.yaml"),
-        manifests.join("mcp-fixtures.yaml"),
-    )
-    .unwrap();
+    let manifests = manifests(root.path(), 9);
     let jwks_arg = jwks.to_string_lossy().to_string();
     let platform = Platform::start(
         root.path(),
