@@ -181,7 +181,10 @@ async fn run_client(what: &str, mut command: Command, platform: &Platform) -> Ve
         "progress-notifications",
         "cancelled",
     ] {
-        assert!(checks.contains(&required), "{what}: no check {required}:\n{stdout}");
+        assert!(
+            checks.contains(&required),
+            "{what}: no check {required}:\n{stdout}"
+        );
     }
     lines
 }
@@ -273,7 +276,10 @@ async fn nothing_after_the_cancel(lines: &[Value], witness: &Witness) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let later = steps(witness);
     assert_eq!(at_end, later, "run {run}: steps arrived after the cancel");
-    assert!(later < 60, "run {run}: the cancelled call ran all its steps");
+    assert!(
+        later < 60,
+        "run {run}: the cancelled call ran all its steps"
+    );
 }
 
 /// The conformance suite's server scenarios, through a proxy that adds the agent's token
@@ -375,9 +381,11 @@ impl Raw {
     async fn initialize(&self, token: &str) -> String {
         let response = self
             .post(Some(token))
-            .json(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
                 "protocolVersion": "2025-06-18", "capabilities": {},
-                "clientInfo": {"name": "raw", "version": "0"}}}))
+                "clientInfo": {"name": "raw", "version": "0"}}}),
+            )
             .send()
             .await
             .unwrap();
@@ -482,15 +490,18 @@ async fn hostile_requests_are_refused_exactly() {
     // Malformed JSON, a batch, no session and no _meta.
     for (body, status, code) in [
         ("{not json", 400, -32700),
-        (r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#, 400, -32600),
-        (r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#, 400, -32600),
+        (
+            r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#,
+            400,
+            -32600,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+            400,
+            -32600,
+        ),
     ] {
-        let response = raw
-            .post(Some(AGENT_TOKEN))
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let response = raw.post(Some(AGENT_TOKEN)).body(body).send().await.unwrap();
         assert_eq!(response.status().as_u16(), status, "{body}");
         let answer: Value = response.json().await.unwrap();
         assert_eq!(answer["error"]["code"], code, "{body}: {answer}");
@@ -501,12 +512,7 @@ async fn hostile_requests_are_refused_exactly() {
         r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{"x":"{}"}}}}"#,
         "a".repeat((1 << 20) + 1024)
     );
-    let response = raw
-        .post(Some(AGENT_TOKEN))
-        .body(huge)
-        .send()
-        .await
-        .unwrap();
+    let response = raw.post(Some(AGENT_TOKEN)).body(huge).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let answer: Value = response.json().await.unwrap();
     assert_eq!(answer["error"]["code"], -32600);
@@ -588,7 +594,11 @@ async fn hostile_requests_are_refused_exactly() {
     // An unbound tool: invalid params, as an unknown one.
     for name in ["uuid", "no-such-tool", "semver__no-such-command"] {
         let response = raw
-            .modern(AGENT_TOKEN, "tools/call", json!({"name": name, "arguments": {}}))
+            .modern(
+                AGENT_TOKEN,
+                "tools/call",
+                json!({"name": name, "arguments": {}}),
+            )
             .send()
             .await
             .unwrap();
@@ -630,7 +640,10 @@ async fn hostile_requests_are_refused_exactly() {
 
     // Legacy: another agent's session id is not found (404, -32001), as an unknown one.
     let session = raw.initialize(AGENT_TOKEN).await;
-    for (token, id) in [(OTHER_TOKEN, session.as_str()), (AGENT_TOKEN, "0123456789abcdef")] {
+    for (token, id) in [
+        (OTHER_TOKEN, session.as_str()),
+        (AGENT_TOKEN, "0123456789abcdef"),
+    ] {
         let response = raw
             .post(Some(token))
             .header("mcp-session-id", id)
@@ -669,8 +682,10 @@ async fn hostile_requests_are_refused_exactly() {
     let response = raw
         .post(Some(OTHER_TOKEN))
         .header("mcp-session-id", &other_session)
-        .json(&json!({"jsonrpc": "2.0", "id": 4, "method": "resources/read",
-            "params": {"uri": format!("toolgrid://calls/{call_id}/result?page=0")}}))
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 4, "method": "resources/read",
+            "params": {"uri": format!("toolgrid://calls/{call_id}/result?page=0")}}),
+        )
         .send()
         .await
         .unwrap();
@@ -680,8 +695,10 @@ async fn hostile_requests_are_refused_exactly() {
     let response = raw
         .post(Some(AGENT_TOKEN))
         .header("mcp-session-id", &session)
-        .json(&json!({"jsonrpc": "2.0", "id": 5, "method": "resources/read",
-            "params": {"uri": format!("toolgrid://calls/{call_id}/result?page=0")}}))
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 5, "method": "resources/read",
+            "params": {"uri": format!("toolgrid://calls/{call_id}/result?page=0")}}),
+        )
         .send()
         .await
         .unwrap();
@@ -849,9 +866,7 @@ async fn oauth_access_tokens_for_this_resource_only() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let claims = |aud: &str, sub: &str, exp: u64| {
-        json!({"iss": ISSUER, "aud": aud, "sub": sub, "exp": exp, "iat": now, "client_id": "c"})
-    };
+    let claims = |aud: &str, sub: &str, exp: u64| json!({"iss": ISSUER, "aud": aud, "sub": sub, "exp": exp, "iat": now, "client_id": "c"});
     // A token for this resource and a mapped subject: the agent, with its bound tools.
     let good = issuer.token(&claims(&resource, "mcp-user", now + 600));
     let response = raw
@@ -867,14 +882,21 @@ async fn oauth_access_tokens_for_this_resource_only() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert!(names.contains(&"semver__compare") && !names.contains(&"uuid"), "{names:?}");
+    assert!(
+        names.contains(&"semver__compare") && !names.contains(&"uuid"),
+        "{names:?}"
+    );
     // The wrong audience, an expired token, an unmapped subject, another issuer's key: all
     // unauthenticated, with the challenge.
     let other = jwt::Issuer::new();
     for (what, token) in [
         (
             "wrong audience",
-            issuer.token(&claims("https://other.example.com/mcp", "mcp-user", now + 600)),
+            issuer.token(&claims(
+                "https://other.example.com/mcp",
+                "mcp-user",
+                now + 600,
+            )),
         ),
         (
             "expired",
@@ -900,7 +922,8 @@ async fn oauth_access_tokens_for_this_resource_only() {
             .unwrap()
             .to_string();
         assert!(
-            challenge.starts_with("Bearer resource_metadata=") && challenge.contains("invalid_token"),
+            challenge.starts_with("Bearer resource_metadata=")
+                && challenge.contains("invalid_token"),
             "{what}: {challenge}"
         );
         let body: Value = response.json().await.unwrap();

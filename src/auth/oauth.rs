@@ -136,7 +136,8 @@ impl OAuthIssuer {
     /// The subject of a valid access token at `now_s` (Unix seconds).
     pub fn verify(&self, token: &str, now_s: i64) -> Result<Subject, TokenError> {
         let mut parts = token.split('.');
-        let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        let (Some(h), Some(p), Some(s), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err(TokenError::Malformed);
         };
@@ -152,18 +153,19 @@ impl OAuthIssuer {
             .iter()
             .filter(|k| kid.is_none() || k.kid().is_none() || k.kid() == kid);
         let verified = match alg.as_str() {
-            "ES256" => candidates.filter_map(|k| match k {
-                Key::Es256 { point, .. } => Some(point),
-                _ => None,
-            })
-            .any(|point| {
-                ring::signature::UnparsedPublicKey::new(
-                    &ring::signature::ECDSA_P256_SHA256_FIXED,
-                    point,
-                )
-                .verify(signed, &signature)
-                .is_ok()
-            }),
+            "ES256" => candidates
+                .filter_map(|k| match k {
+                    Key::Es256 { point, .. } => Some(point),
+                    _ => None,
+                })
+                .any(|point| {
+                    ring::signature::UnparsedPublicKey::new(
+                        &ring::signature::ECDSA_P256_SHA256_FIXED,
+                        point,
+                    )
+                    .verify(signed, &signature)
+                    .is_ok()
+                }),
             "RS256" => candidates
                 .filter_map(|k| match k {
                     Key::Rs256 { n, e, .. } => Some((n, e)),
@@ -212,7 +214,10 @@ fn check_claims(
     }
     let audiences: Vec<String> = match &claims["aud"] {
         Value::String(a) => vec![a.clone()],
-        Value::Array(a) => a.iter().filter_map(|v| v.as_str().map(String::from)).collect(),
+        Value::Array(a) => a
+            .iter()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect(),
         _ => Vec::new(),
     };
     let same = |a: &str| a.trim_end_matches('/') == audience.trim_end_matches('/');
@@ -268,16 +273,35 @@ mod tests {
         assert!(OAuthIssuer::looks_like_jwt(&token));
         assert_eq!(issuer.verify(&token, 1000), Ok(Subject("user-1".into())));
         assert_eq!(issuer.verify(&token, 2000), Err(TokenError::Expired));
-        let wrong_aud = sign(&key, &json!({"iss": ISS, "aud": ["http://other/mcp"], "sub": "u", "exp": 2000}));
-        assert!(matches!(issuer.verify(&wrong_aud, 1000), Err(TokenError::Audience(_))));
-        let wrong_iss = sign(&key, &json!({"iss": "https://evil", "aud": AUD, "sub": "u", "exp": 2000}));
-        assert!(matches!(issuer.verify(&wrong_iss, 1000), Err(TokenError::Issuer(_))));
+        let wrong_aud = sign(
+            &key,
+            &json!({"iss": ISS, "aud": ["http://other/mcp"], "sub": "u", "exp": 2000}),
+        );
+        assert!(matches!(
+            issuer.verify(&wrong_aud, 1000),
+            Err(TokenError::Audience(_))
+        ));
+        let wrong_iss = sign(
+            &key,
+            &json!({"iss": "https://evil", "aud": AUD, "sub": "u", "exp": 2000}),
+        );
+        assert!(matches!(
+            issuer.verify(&wrong_iss, 1000),
+            Err(TokenError::Issuer(_))
+        ));
         let other = OAuthIssuer::new(ISS, AUD, &jwks(&keypair())).unwrap();
         assert_eq!(other.verify(&token, 1000), Err(TokenError::Signature));
         let mut tampered = token.clone();
         tampered.insert(tampered.len() - 3, 'A');
         assert!(issuer.verify(&tampered, 1000).is_err());
-        let none = format!("{}.{}.", enc(br#"{"alg":"none"}"#), enc(good.to_string().as_bytes()));
-        assert_eq!(issuer.verify(&none, 1000), Err(TokenError::Algorithm("none".into())));
+        let none = format!(
+            "{}.{}.",
+            enc(br#"{"alg":"none"}"#),
+            enc(good.to_string().as_bytes())
+        );
+        assert_eq!(
+            issuer.verify(&none, 1000),
+            Err(TokenError::Algorithm("none".into()))
+        );
     }
 }

@@ -256,10 +256,19 @@ pub fn match_token(
 }
 
 /// The Agent an OAuth access token is: its subject listed in one Agent's `oauthSubjects`.
-fn oauth_agent(issuer: &OAuthIssuer, token: &str, snapshot: &Snapshot) -> Result<Principal, ApiError> {
+fn oauth_agent(
+    issuer: &OAuthIssuer,
+    token: &str,
+    snapshot: &Snapshot,
+) -> Result<Principal, ApiError> {
     let subject = issuer
         .verify(token, crate::call::now_ms() / 1000)
-        .map_err(|e| ApiError::new(ErrorKind::Unauthenticated, format!("access token refused: {e}")))?;
+        .map_err(|e| {
+            ApiError::new(
+                ErrorKind::Unauthenticated,
+                format!("access token refused: {e}"),
+            )
+        })?;
     let mut agents = snapshot
         .agents
         .values()
@@ -270,11 +279,17 @@ fn oauth_agent(issuer: &OAuthIssuer, token: &str, snapshot: &Snapshot) -> Result
         }),
         (None, _) => Err(ApiError::new(
             ErrorKind::Unauthenticated,
-            format!("access token refused: no Agent lists subject {:?} in oauthSubjects", subject.0),
+            format!(
+                "access token refused: no Agent lists subject {:?} in oauthSubjects",
+                subject.0
+            ),
         )),
         (Some(_), Some(_)) => Err(ApiError::new(
             ErrorKind::Unauthenticated,
-            format!("access token refused: several Agents list subject {:?}", subject.0),
+            format!(
+                "access token refused: several Agents list subject {:?}",
+                subject.0
+            ),
         )),
     }
 }

@@ -114,7 +114,9 @@ pub fn classify(message: &Incoming, headers: &Headers) -> Result<Era, Refusal> {
         Some(MODERN) => Err(Refusal::new(
             400,
             jsonrpc::HEADER_MISMATCH,
-            format!("Header mismatch: MCP-Protocol-Version is {MODERN} but _meta has no {META_PROTOCOL_VERSION}"),
+            format!(
+                "Header mismatch: MCP-Protocol-Version is {MODERN} but _meta has no {META_PROTOCOL_VERSION}"
+            ),
         )),
         _ => Err(Refusal::new(
             400,

@@ -102,7 +102,10 @@ pub fn routes(gateway: Arc<Gateway>, config: McpConfig) -> axum::Router {
             get(get_stream).post(post).delete(delete_session),
         )
         .route(auth::METADATA_PATH, get(metadata))
-        .route(&format!("{}{}", auth::METADATA_PATH, auth::MCP_PATH), get(metadata))
+        .route(
+            &format!("{}{}", auth::METADATA_PATH, auth::MCP_PATH),
+            get(metadata),
+        )
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(mcp)
 }
@@ -112,9 +115,7 @@ pub fn routes(gateway: Arc<Gateway>, config: McpConfig) -> axum::Router {
 async fn announce_changes(mcp: Arc<Mcp>) {
     let mut snapshots = mcp.gateway.catalog.subscribe();
     while snapshots.changed().await.is_ok() {
-        let streams = mcp
-            .sessions
-            .changed(|owner| mcp.fingerprint(owner, ""));
+        let streams = mcp.sessions.changed(|owner| mcp.fingerprint(owner, ""));
         for stream in streams {
             let _ = stream.try_send(jsonrpc::notification(
                 "notifications/tools/list_changed",
@@ -411,7 +412,10 @@ fn list_tools(ctx: &Ctx, params: &Map<String, Value>) -> Result<Value, RpcError>
 }
 
 async fn read_resource(ctx: &Ctx, params: &Map<String, Value>) -> Result<Value, RpcError> {
-    let uri = params.get("uri").and_then(Value::as_str).unwrap_or_default();
+    let uri = params
+        .get("uri")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let not_found = || {
         let code = if ctx.modern() {
             jsonrpc::INVALID_PARAMS
@@ -460,7 +464,11 @@ fn resolve_call(ctx: &Ctx, params: &Map<String, Value>) -> Result<Resolved, RpcE
     let arguments = match params.get("arguments") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(args)) => args.clone(),
-        Some(_) => return Err(invalid("Invalid params: arguments must be an object".into())),
+        Some(_) => {
+            return Err(invalid(
+                "Invalid params: arguments must be an object".into(),
+            ));
+        }
     };
     let meta = params.get("_meta");
     let idempotency_key = meta
@@ -587,9 +595,7 @@ async fn drive_call(
         )));
     }
     if !record.state.is_terminal() {
-        let mut updates = admitted
-            .updates
-            .unwrap_or_else(|| gateway.watch(&call_id));
+        let mut updates = admitted.updates.unwrap_or_else(|| gateway.watch(&call_id));
         let deadline = tokio::time::Instant::now() + gateway.wait_limit(&record);
         let mut sent = 0usize;
         loop {
@@ -649,7 +655,11 @@ async fn drive_call(
         )));
     }
     match gateway.model_result(&ctx.caller, &record).await {
-        Ok(shaped) => Some(Ok(mcp_tools::success_result(&resolved.tool, shaped, &call_id))),
+        Ok(shaped) => Some(Ok(mcp_tools::success_result(
+            &resolved.tool,
+            shaped,
+            &call_id,
+        ))),
         Err(error) => Some(refusal(error)),
     }
 }
@@ -658,10 +668,11 @@ async fn drive_call(
 /// of the call (permissions, middleware, limits) is an `isError` result.
 fn refusal(error: ApiError) -> Result<Value, RpcError> {
     if is_request_error(error.kind) {
-        Err(
-            RpcError::new(jsonrpc::INVALID_PARAMS, format!("Invalid params: {}", error.message))
-                .with_data(json!({"kind": error.kind.as_str()})),
+        Err(RpcError::new(
+            jsonrpc::INVALID_PARAMS,
+            format!("Invalid params: {}", error.message),
         )
+        .with_data(json!({"kind": error.kind.as_str()})))
     } else {
         Ok(mcp_tools::error_result(
             error.kind.as_str(),

@@ -175,8 +175,7 @@ mod tests {
         let request = parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).unwrap();
         assert_eq!(request.method(), Some("tools/list"));
         assert!(matches!(request, Incoming::Request { .. }));
-        let note =
-            parse(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap();
+        let note = parse(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap();
         assert!(matches!(note, Incoming::Notification { .. }));
         let response = parse(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).unwrap();
         assert_eq!(response, Incoming::Response);

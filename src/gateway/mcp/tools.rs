@@ -162,7 +162,8 @@ pub fn error_result(kind: &str, name: &str, message: &str, call_id: Option<&str>
 pub fn success_result(tool: &ModelTool, shaped: ModelResult, call_id: &str) -> Value {
     let mut meta = json!({META_CALL_ID: call_id});
     if let Some(page) = &shaped.page {
-        meta["toolgrid.dev/page"] = json!({"page": page.page, "pages": page.pages, "next": page.next});
+        meta["toolgrid.dev/page"] =
+            json!({"page": page.page, "pages": page.pages, "next": page.next});
     }
     if let Some(file) = &shaped.file {
         meta["toolgrid.dev/file"] = json!(file);
@@ -202,8 +203,14 @@ mod tests {
         assert_eq!(wrapped["type"], "object");
         assert_eq!(wrapped["properties"]["result"]["type"], "string");
         assert_eq!(wrapped["$schema"], SCHEMA_DIALECT);
-        assert_eq!(structured(Some(&string), json!("x")), Some(json!({"result": "x"})));
-        assert_eq!(structured(Some(&object), json!({"a": "x"})), Some(json!({"a": "x"})));
+        assert_eq!(
+            structured(Some(&string), json!("x")),
+            Some(json!({"result": "x"}))
+        );
+        assert_eq!(
+            structured(Some(&object), json!({"a": "x"})),
+            Some(json!({"a": "x"}))
+        );
         assert_eq!(structured(None, json!([1])), None);
     }
 
@@ -240,10 +247,7 @@ mod tests {
     /// The shapes parse as the Rust SDK's (rmcp) model types.
     #[test]
     fn shapes_are_the_sdks_types() {
-        let tool = sample(
-            crate::api::Effect::Write,
-            Some(json!({"type": "integer"})),
-        );
+        let tool = sample(crate::api::Effect::Write, Some(json!({"type": "integer"})));
         let parsed: rmcp::model::Tool = serde_json::from_value(tool_json(&tool)).unwrap();
         let annotations = parsed.annotations.unwrap();
         assert_eq!(annotations.destructive_hint, Some(true));
@@ -270,6 +274,11 @@ mod tests {
         assert_eq!(r["isError"], true);
         assert_eq!(r["_meta"][META_ERROR]["name"], "invalid-version");
         assert_eq!(r["_meta"][META_ERROR]["callId"], "c1");
-        assert!(r["content"][0]["text"].as_str().unwrap().contains("invalid-version"));
+        assert!(
+            r["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("invalid-version")
+        );
     }
 }
