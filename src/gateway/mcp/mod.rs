@@ -8,11 +8,14 @@
 //! [`crate::gateway::Gateway::model_result`]. Pages of a paged result are resources
 //! (`resources/read` of [`crate::gateway::results::page_uri`]).
 //!
-//! The wire format is JSON-RPC over axum ([`handler`]) rather than rmcp's
+//! The transport is an axum handler ([`handler`]) rather than rmcp's
 //! `StreamableHttpService`: that service runs one rmcp session per `Mcp-Session-Id` and
 //! speaks one era per service, while this endpoint authenticates every request on its own
 //! (a session is bound to the caller that opened it), serves stateless 2026-07-28 requests
-//! beside legacy sessions, and cancels a call when its SSE stream closes.
+//! beside legacy sessions on one path, and cancels a call when its SSE stream closes. The
+//! error codes and protocol versions are rmcp's (`rmcp::model::ErrorCode`,
+//! `ProtocolVersion`), and the unit tests parse the tool and result shapes as rmcp's model
+//! types.
 //!
 //! Bounds: a request body is at most [`MAX_BODY_BYTES`]; a caller holds at most
 //! [`MAX_STREAMS_PER_CALLER`] open SSE streams and [`sessions::MAX_SESSIONS_PER_CALLER`]
