@@ -638,6 +638,59 @@ async fn hostile_requests_are_refused_exactly() {
     assert_eq!(call["idempotencyKey"], "mcp-hostile-1");
     assert_eq!(call["agent"], "mcp-agent");
 
+    // A refusal by middleware (the example agent's policy denies comparing a version with
+    // itself) is a tool result with isError, its kind and message; a command its
+    // permissions leave out is not listed and is unknown.
+    const REPORTER: &str = "reporter-example-token";
+    let response = raw
+        .modern(
+            REPORTER,
+            "tools/call",
+            json!({"name": "semver__compare", "arguments": {"a": "1.0.0", "b": "1.0.0"}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let answer = message_of(response).await;
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let error = &answer["result"]["_meta"]["toolgrid.dev/error"];
+    assert_eq!(error["kind"], "denied", "{answer}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("comparing a version with itself"),
+        "{answer}"
+    );
+    assert!(answer["result"].get("structuredContent").is_none());
+    let response = raw
+        .modern(REPORTER, "tools/list", json!({}))
+        .send()
+        .await
+        .unwrap();
+    let answer: Value = response.json().await.unwrap();
+    let names: Vec<&str> = answer["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"semver__compare") && !names.contains(&"semver__bump"),
+        "{names:?}"
+    );
+    let response = raw
+        .modern(
+            REPORTER,
+            "tools/call",
+            json!({"name": "semver__bump", "arguments": {"version": "1.0.0"}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let answer = message_of(response).await;
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+
     // Legacy: another agent's session id is not found (404, -32001), as an unknown one.
     let session = raw.initialize(AGENT_TOKEN).await;
     for (token, id) in [
