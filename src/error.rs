@@ -18,7 +18,7 @@ pub fn grpc_code(kind: ErrorKind) -> tonic::Code {
         | ErrorKind::ApprovalTimeout => Code::PermissionDenied,
         ErrorKind::RateLimited => Code::ResourceExhausted,
         ErrorKind::RepeatedCall => Code::AlreadyExists,
-        ErrorKind::NotAwaitingApproval => Code::FailedPrecondition,
+        ErrorKind::NotAwaitingApproval | ErrorKind::NotCancellable => Code::FailedPrecondition,
         ErrorKind::MiddlewareFailed => Code::Unavailable,
         ErrorKind::SecretUnavailable => Code::FailedPrecondition,
         ErrorKind::Unauthenticated => Code::Unauthenticated,
@@ -123,6 +123,7 @@ impl From<crate::store::StoreError> for ApiError {
             StoreError::IdempotencyConflict { .. } => ErrorKind::IdempotencyConflict,
             StoreError::NotFound(_) => ErrorKind::NotFound,
             StoreError::NotAwaiting { .. } => ErrorKind::NotAwaitingApproval,
+            StoreError::Ended { .. } => ErrorKind::NotCancellable,
             _ => ErrorKind::Internal,
         };
         ApiError::new(kind, error.to_string())

@@ -240,6 +240,7 @@ fn limits() -> RunLimits {
         instances: 0,
         request_bytes: 0,
         response_bytes: 0,
+        max_timeout_ms: 0,
     }
 }
 

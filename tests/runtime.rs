@@ -30,6 +30,7 @@ fn limits() -> RunLimits {
         instances: 0,
         request_bytes: 0,
         response_bytes: 0,
+        max_timeout_ms: 0,
     }
 }
 
@@ -48,6 +49,7 @@ fn request(call_id: &str, argv: &[&str], replay: Vec<OplogEntry>) -> RunRequest 
         prelude: Vec::new(),
         secrets: Default::default(),
         workspace: None,
+        idle_timeout_ms: 0,
     }
 }
 

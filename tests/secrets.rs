@@ -542,6 +542,7 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
     let security = toolgrid::platform::Security {
         workers: Arc::new(toolgrid::auth::JoinSecret::new(JOIN_TOKEN)),
         tls: None,
+        mcp: Default::default(),
     };
     let (grpc, _http, _serving) = plane.serve(listeners, security).unwrap();
     let (digest, bytes) = fixture();

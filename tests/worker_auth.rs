@@ -687,6 +687,7 @@ async fn cluster_workers_attach_only_for_the_pool_of_their_service_account() {
             accounts,
         )),
         tls: None,
+        mcp: Default::default(),
     };
     let listeners = Listeners::bind("127.0.0.1:0".parse().unwrap(), None)
         .await

@@ -40,6 +40,10 @@ pub struct AgentSpec {
     /// Or: a bearer token kept in a Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_secret_ref: Option<SecretKeyRef>,
+    /// Or: the subjects (`sub`) of OAuth access tokens from the configured authorization
+    /// server (`toolgrid up --oauth-issuer`) that are this agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub oauth_subjects: Vec<String>,
     /// What the agent may call; bindings can only narrow this.
     #[serde(default)]
     pub permissions: Vec<Permission>,

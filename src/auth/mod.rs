@@ -2,6 +2,7 @@
 //! them. The gateway authenticates callers (`Principal`), the worker link authenticates
 //! workers; both ask a [`TokenReviewer`] about ServiceAccount tokens in a cluster.
 
+pub mod oauth;
 pub mod secret;
 pub mod worker;
 

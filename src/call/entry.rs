@@ -35,6 +35,8 @@ pub enum OplogEntry {
     HttpError(HttpError),
     /// The egress policy refused the request.
     HttpDenied(HttpDenied),
+    /// The tool reported progress (`toolgrid.progress`, `toolgrid:tool/progress.report`).
+    Progress(ProgressReport),
     /// A person (or the approval's timeout) decided a call that waited for approval.
     Approval(super::ApprovalDecision),
     /// An attempt of a `read` or `idempotent` call failed for a transient reason and the
@@ -59,6 +61,7 @@ pub enum EntryKind {
     HttpResponse,
     HttpError,
     HttpDenied,
+    Progress,
     Approval,
     Retry,
     Outcome,
@@ -77,6 +80,7 @@ impl EntryKind {
         EntryKind::HttpResponse,
         EntryKind::HttpError,
         EntryKind::HttpDenied,
+        EntryKind::Progress,
         EntryKind::Approval,
         EntryKind::Retry,
         EntryKind::Outcome,
@@ -95,6 +99,7 @@ impl EntryKind {
             EntryKind::HttpResponse => "http-response",
             EntryKind::HttpError => "http-error",
             EntryKind::HttpDenied => "http-denied",
+            EntryKind::Progress => "progress",
             EntryKind::Approval => "approval",
             EntryKind::Retry => "retry",
             EntryKind::Outcome => "outcome",
@@ -116,6 +121,7 @@ impl EntryKind {
                 | EntryKind::HttpResponse
                 | EntryKind::HttpError
                 | EntryKind::HttpDenied
+                | EntryKind::Progress
         )
     }
 
@@ -304,6 +310,35 @@ pub struct Retry {
     pub backoff_ms: u64,
 }
 
+/// A progress event a tool reported, as recorded (and streamed to callers with stage
+/// `progress`). Replayed in order: a replay that reports a different message diverges.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgressReport {
+    /// The tool's text: valid UTF-8, at most 1 KiB (longer reports are cut at a character
+    /// boundary), secret values redacted.
+    pub message: String,
+}
+
+impl ProgressReport {
+    /// Longest message kept, in bytes.
+    pub const MAX_BYTES: usize = 1024;
+
+    /// `bytes` as a message: at most [`ProgressReport::MAX_BYTES`], cut at a character
+    /// boundary; bytes that are not UTF-8 become U+FFFD.
+    pub fn bounded(bytes: &[u8]) -> String {
+        let text = String::from_utf8_lossy(&bytes[..bytes.len().min(Self::MAX_BYTES * 4)]);
+        if text.len() <= Self::MAX_BYTES {
+            return text.into_owned();
+        }
+        let mut end = Self::MAX_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text[..end].to_string()
+    }
+}
+
 /// The state a call ended in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -351,6 +386,7 @@ impl OplogEntry {
             OplogEntry::HttpResponse(_) => EntryKind::HttpResponse,
             OplogEntry::HttpError(_) => EntryKind::HttpError,
             OplogEntry::HttpDenied(_) => EntryKind::HttpDenied,
+            OplogEntry::Progress(_) => EntryKind::Progress,
             OplogEntry::Approval(_) => EntryKind::Approval,
             OplogEntry::Retry(_) => EntryKind::Retry,
             OplogEntry::Outcome(_) => EntryKind::Outcome,
@@ -583,7 +619,8 @@ mod tests {
                 "http-request",
                 "http-response",
                 "http-error",
-                "http-denied"
+                "http-denied",
+                "progress"
             ]
         );
         for kind in EntryKind::ALL {

@@ -82,11 +82,13 @@ pub enum ErrorKind {
     /// An approval or denial of a call that is not waiting for one (decided already).
     NotAwaitingApproval,
     Cancelled,
+    /// A cancel of a call that has ended already (cancellation is not rollback).
+    NotCancellable,
     Internal,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 35] = [
+    pub const ALL: [ErrorKind; 36] = [
         ErrorKind::InvalidArgument,
         ErrorKind::UnknownTool,
         ErrorKind::UnknownCommand,
@@ -121,6 +123,7 @@ impl ErrorKind {
         ErrorKind::MiddlewareFailed,
         ErrorKind::NotAwaitingApproval,
         ErrorKind::Cancelled,
+        ErrorKind::NotCancellable,
         ErrorKind::Internal,
     ];
 
@@ -160,6 +163,7 @@ impl ErrorKind {
             ErrorKind::MiddlewareFailed => "middleware-failed",
             ErrorKind::NotAwaitingApproval => "not-awaiting-approval",
             ErrorKind::Cancelled => "cancelled",
+            ErrorKind::NotCancellable => "not-cancellable",
             ErrorKind::Internal => "internal",
         }
     }
@@ -185,7 +189,8 @@ impl ErrorKind {
             | ErrorKind::WorkerIdInUse
             | ErrorKind::WorkspaceConflict
             | ErrorKind::RepeatedCall
-            | ErrorKind::NotAwaitingApproval => 409,
+            | ErrorKind::NotAwaitingApproval
+            | ErrorKind::NotCancellable => 409,
             ErrorKind::Cancelled => 499,
             ErrorKind::Internal => 500,
             ErrorKind::Unavailable => 503,

@@ -22,12 +22,14 @@
 
 mod access;
 mod chain;
+mod deadline;
 mod entry;
 mod error;
 mod lifecycle;
 mod record;
 pub mod retry;
 mod secret;
+mod stop;
 
 pub use access::{CallAccess, Filesystem};
 pub use chain::{
@@ -35,10 +37,11 @@ pub use chain::{
     AuditRecord, ChainRecord, DRY_RUN_ACKNOWLEDGED, Decision, RedactRules, StepKind, TimeoutAction,
     Verdict,
 };
+pub use deadline::IdleDeadline;
 pub use entry::{
     Assigned, CallStarted, Ended, EntryError, EntryKind, Fenced, HttpDenied, HttpError,
-    HttpRequest, HttpResponse, MonotonicClock, OplogEntry, Outcome, Random, RandomSource,
-    ReplayStarted, Retry, RunSummary, WallClock,
+    HttpRequest, HttpResponse, MonotonicClock, OplogEntry, Outcome, ProgressReport, Random,
+    RandomSource, ReplayStarted, Retry, RunSummary, WallClock,
 };
 pub use error::ErrorKind;
 pub use lifecycle::{Lifecycle, Refusal};
@@ -48,6 +51,7 @@ pub use record::{
     RunLimits, now_ms,
 };
 pub use secret::SecretValue;
+pub use stop::stopped_error;
 
 use serde::{Deserialize, Serialize};
 

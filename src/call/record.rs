@@ -21,7 +21,12 @@ pub struct RunLimits {
     pub memory_bytes: u64,
     pub cpu_time_ms: u64,
     pub output_bytes: u64,
+    /// The idle timeout: how long the call may run without reporting progress.
     pub timeout_ms: u64,
+    /// The cap on the whole run that progress cannot extend past (the Tool's `maxTimeout`);
+    /// 0: the timeout (calls admitted before progress existed).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_timeout_ms: u64,
     /// Calls of the release running at once across the pool; 0 for no limit.
     #[serde(default)]
     pub instances: u32,
@@ -65,6 +70,10 @@ impl RunLimits {
             MAX_RESPONSE_BYTES,
         )
     }
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 fn effective(value: u64, default: u64, max: u64) -> u64 {

@@ -137,7 +137,8 @@ fn exit_code_of(kind: ErrorKind) -> u8 {
     match kind {
         ErrorKind::InvalidArgument
         | ErrorKind::IdempotencyConflict
-        | ErrorKind::NotAwaitingApproval => exit::USAGE,
+        | ErrorKind::NotAwaitingApproval
+        | ErrorKind::NotCancellable => exit::USAGE,
         ErrorKind::Unauthenticated
         | ErrorKind::PermissionDenied
         | ErrorKind::Denied
@@ -181,6 +182,10 @@ pub struct CallArgs {
     /// Show progress on stderr while the call runs.
     #[arg(long)]
     stream: bool,
+    /// Print the tool's own progress reports on stderr while the call runs (one line
+    /// each: `toolgrid: progress: MESSAGE`).
+    #[arg(long)]
+    progress: bool,
     /// A dry run: a `read` command runs for real; a `write`, `idempotent` or `external`
     /// one is answered from its `dryRunResult` without running.
     #[arg(long)]
@@ -235,6 +240,10 @@ fn split_call_options(args: &mut CallArgs) -> Result<Vec<String>, ApiError> {
         if name == "--help" && inline.is_none() {
             args.help = true;
             tool_words.push(word);
+            continue;
+        }
+        if name == "--progress" && inline.is_none() {
+            args.progress = true;
             continue;
         }
         if !takes_value {
@@ -322,7 +331,7 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
         dry_run: args.dry_run,
     };
     let mut client = connect(&args.endpoint).await?;
-    let call = if args.stream {
+    let call = if args.stream || args.progress {
         let mut stream = client
             .invoke_stream(request)
             .await
@@ -331,6 +340,11 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
         let mut last = None;
         while let Some(event) = stream.message().await.map_err(|s| ApiError::from(&s))? {
             match event.event {
+                Some(proto::invoke_event::Event::Progress(p)) if !args.stream => {
+                    if p.stage == crate::scheduler::TOOL_PROGRESS {
+                        eprintln!("toolgrid: progress: {}", p.message.replace('\n', " "));
+                    }
+                }
                 Some(proto::invoke_event::Event::Progress(p)) => {
                     let at = if p.worker.is_empty() {
                         String::new()
@@ -946,6 +960,39 @@ pub async fn oplog(args: OplogArgs) -> ExitCode {
                 .collect();
             table::print(&["SEQ", "EPOCH", "KIND", "PAYLOAD"], &rows);
         }
+        Ok::<(), ApiError>(())
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CancelArgs {
+    call_id: String,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+/// `toolgrid cancel CALL_ID`: cancels a call and prints it as it ended (`cancelled`, or
+/// `outcome-unknown` when a write may have been applied). Exit 0 once the cancel is
+/// durable; an ended call is refused (`not-cancellable`, exit 2).
+pub async fn cancel(args: CancelArgs) -> ExitCode {
+    let result = async {
+        let mut client = connect(&args.endpoint).await?;
+        let request = proto::CancelRequest {
+            call_id: args.call_id.clone(),
+        };
+        let call = client
+            .cancel(request)
+            .await
+            .map_err(|s| ApiError::from(&s))?
+            .into_inner();
+        println!("{}", pretty(&call_json(&call)));
+        let kind = call.error.as_ref().map(|e| e.kind.as_str()).unwrap_or("");
+        eprintln!("toolgrid: cancelled call {} ({kind})", call.id);
         Ok::<(), ApiError>(())
     }
     .await;

@@ -69,6 +69,8 @@ pub struct ControllerArgs {
     /// lets operate toolgrid. Optional.
     #[arg(long, env = "TOOLGRID_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    #[command(flatten)]
+    mcp: crate::cli::up::McpArgs,
 }
 
 impl ControllerArgs {
@@ -123,6 +125,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             .clone()
             .filter(|t| !t.is_empty())
             .map(|t| crate::auth::SecretValue::new(t.into_bytes())),
+        mcp: args.mcp.config(),
+        oauth: args.mcp.oauth()?,
     })
     .await
 }

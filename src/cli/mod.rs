@@ -10,7 +10,7 @@ mod failover;
 mod help;
 mod schema;
 mod table;
-mod up;
+pub(crate) mod up;
 mod worker;
 mod workspace;
 
@@ -56,6 +56,9 @@ enum Commands {
     Approve(client::DecisionArgs),
     /// Deny a call waiting for approval.
     Deny(client::DecisionArgs),
+    /// Cancel a call not yet ended: it stops at once and ends `cancelled` (or
+    /// `outcome-unknown` when a write of it may have been applied). Not rollback.
+    Cancel(client::CancelArgs),
     /// The audit log, newest first: one record per call, refused ones included
     /// (`--agent A`, `--tool T`, `--since 10m|RFC3339`, `-n NS`, `-o json|table`).
     Audit(audit::AuditArgs),
@@ -139,6 +142,7 @@ pub fn main() -> ExitCode {
             Commands::Why(args) => client::why(args).await,
             Commands::Approve(args) => client::decide(args, true).await,
             Commands::Deny(args) => client::decide(args, false).await,
+            Commands::Cancel(args) => client::cancel(args).await,
             Commands::Audit(args) => audit::run(args).await,
             Commands::Crds { helm } => match if helm {
                 crate::api::crds_helm_yaml()

@@ -58,6 +58,62 @@ pub struct UpArgs {
     /// certificate chain itself, for a self-signed certificate).
     #[arg(long, env = "TOOLGRID_TLS_CA")]
     tls_ca: Option<PathBuf>,
+    #[command(flatten)]
+    mcp: McpArgs,
+}
+
+/// How `/mcp` presents itself, and the OAuth authorization server it trusts.
+#[derive(clap::Args, Debug, Default)]
+pub struct McpArgs {
+    /// The URL clients reach this server at (e.g. `https://tools.example.com`), named by the
+    /// MCP protected-resource metadata; by default the request's Host over HTTP.
+    #[arg(long, env = "TOOLGRID_MCP_PUBLIC_URL")]
+    mcp_public_url: Option<String>,
+    /// A browser origin allowed to reach `/mcp` besides loopback ones (repeatable).
+    #[arg(long = "mcp-allowed-origin")]
+    mcp_allowed_origins: Vec<String>,
+    /// An OAuth authorization server (its issuer URL) whose access tokens are accepted;
+    /// needs --oauth-jwks.
+    #[arg(long, env = "TOOLGRID_OAUTH_ISSUER", requires = "oauth_jwks")]
+    oauth_issuer: Option<String>,
+    /// The issuer's signing keys, a JWKS document (JSON file).
+    #[arg(long, env = "TOOLGRID_OAUTH_JWKS", requires = "oauth_issuer")]
+    oauth_jwks: Option<PathBuf>,
+    /// The audience access tokens must name: this resource's identifier (default: the
+    /// --mcp-public-url followed by /mcp).
+    #[arg(long, env = "TOOLGRID_OAUTH_AUDIENCE")]
+    oauth_audience: Option<String>,
+}
+
+impl McpArgs {
+    pub fn config(&self) -> crate::gateway::mcp::McpConfig {
+        crate::gateway::mcp::McpConfig {
+            public_url: self.mcp_public_url.clone(),
+            authorization_servers: self.oauth_issuer.iter().cloned().collect(),
+            allowed_origins: self.mcp_allowed_origins.clone(),
+        }
+    }
+
+    /// The OAuth issuer to trust, if one is configured.
+    pub fn oauth(&self) -> anyhow::Result<Option<crate::auth::oauth::OAuthIssuer>> {
+        let (Some(issuer), Some(jwks)) = (&self.oauth_issuer, &self.oauth_jwks) else {
+            return Ok(None);
+        };
+        let audience = match (&self.oauth_audience, &self.mcp_public_url) {
+            (Some(audience), _) => audience.clone(),
+            (None, Some(url)) => format!("{}/mcp", url.trim_end_matches('/')),
+            (None, None) => anyhow::bail!(
+                "--oauth-issuer needs the resource's identifier: --oauth-audience or --mcp-public-url"
+            ),
+        };
+        let text = std::fs::read_to_string(jwks)
+            .with_context(|| format!("cannot read the JWKS {}", jwks.display()))?;
+        let document: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("the JWKS {} is not JSON", jwks.display()))?;
+        let issuer = crate::auth::oauth::OAuthIssuer::new(issuer, &audience, &document)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", jwks.display()))?;
+        Ok(Some(issuer))
+    }
 }
 
 /// Writes the join token to `DATA/join-token`, readable by its owner only.
@@ -112,7 +168,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         ..SchedulerConfig::default()
     };
     let admin = admin_token(&data)?;
-    let auth = crate::gateway::Authenticator::new().with_admin_token(&admin);
+    let mut auth = crate::gateway::Authenticator::new().with_admin_token(&admin);
+    if let Some(issuer) = args.mcp.oauth()? {
+        auth = auth.with_oauth(issuer);
+    }
     let control_plane = ControlPlane::start(store.clone(), config, auth).await?;
     let source = ManifestSource::new(
         manifests.clone(),
@@ -142,6 +201,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let security = Security {
         workers: Arc::new(join),
         tls,
+        mcp: args.mcp.config(),
     };
 
     let listeners = Listeners::bind(args.listen, args.http_listen).await?;

@@ -56,6 +56,10 @@ pub struct Settings {
     pub worker_tls_ca: Option<String>,
     /// A static operator token accepted besides the cluster's own subjects (never printed).
     pub admin_token: Option<crate::auth::SecretValue>,
+    /// How `/mcp` presents itself.
+    pub mcp: crate::gateway::mcp::McpConfig,
+    /// The OAuth authorization server whose access tokens are accepted.
+    pub oauth: Option<crate::auth::oauth::OAuthIssuer>,
 }
 
 /// Who may attach as a worker: a worker pod's projected ServiceAccount token (audience
@@ -176,8 +180,11 @@ async fn lead(
         // Agent tokens, ServiceAccount tokens the cluster reviews, operators by RBAC, and the
         // optional static admin token.
         {
-            let auth = crate::gateway::Authenticator::new()
+            let mut auth = crate::gateway::Authenticator::new()
                 .with_reviewer(reviewer.clone(), settings.pod_namespace.clone());
+            if let Some(issuer) = settings.oauth.clone() {
+                auth = auth.with_oauth(issuer);
+            }
             match &settings.admin_token {
                 Some(token) => auth.with_admin_token(token.expose_str().unwrap_or_default()),
                 None => auth,
@@ -209,6 +216,7 @@ async fn lead(
     let security = Security {
         workers: worker_authenticator(reviewer.clone(), control_plane.catalog.clone()),
         tls: settings.tls.clone(),
+        mcp: settings.mcp.clone(),
     };
     let (grpc, http, server) = control_plane.serve(listeners, security)?;
     tracing::info!(%grpc, %http, metrics = %settings.metrics_listen, "serving");

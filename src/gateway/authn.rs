@@ -9,9 +9,14 @@
 //!    [`CALLER_AUDIENCE`]: a ServiceAccount that an Agent names in `spec.serviceAccount`
 //!    is that Agent; otherwise a subject RBAC lets operate toolgrid is an Operator.
 //!
+//! 4. with an [`OAuthIssuer`]: an OAuth access token (a JWT) it signed for this resource,
+//!    whose subject an Agent lists in `spec.oauthSubjects` (a valid token of no Agent, a
+//!    wrong audience, an expired one: unauthenticated).
+//!
 //! Anything else is [`ErrorKind::Unauthenticated`]. An operator may then act as an agent
 //! (`toolgrid-as: AGENT` or `NAMESPACE/AGENT`); an agent that asks to is refused.
 
+use crate::auth::oauth::OAuthIssuer;
 use crate::auth::secret::{digests_equal, sha256};
 use crate::auth::{BearerError, CALLER_AUDIENCE, Principal, ReviewedToken, TokenReviewer};
 use crate::catalog::{ObjectKey, Snapshot};
@@ -78,6 +83,7 @@ pub struct Authenticator {
     /// Where `is_operator` asks RBAC about reviewed subjects (the controller's namespace).
     operator_namespace: String,
     reviews: Arc<ReviewCache>,
+    oauth: Option<Arc<OAuthIssuer>>,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -115,6 +121,12 @@ impl Authenticator {
         self
     }
 
+    /// Accepts OAuth access tokens `issuer` signed (see [`crate::auth::oauth`]).
+    pub fn with_oauth(mut self, issuer: OAuthIssuer) -> Self {
+        self.oauth = Some(Arc::new(issuer));
+        self
+    }
+
     /// The caller behind `authorization` (the header's value), acting as `act_as` if given.
     pub async fn authenticate(
         &self,
@@ -125,7 +137,12 @@ impl Authenticator {
         let token = bearer_token(authorization)?;
         let principal = match match_token(token, self.admin.as_ref(), snapshot) {
             Some(principal) => principal,
-            None => self.review(token, snapshot).await?,
+            None => match &self.oauth {
+                Some(issuer) if OAuthIssuer::looks_like_jwt(token) => {
+                    oauth_agent(issuer, token, snapshot)?
+                }
+                _ => self.review(token, snapshot).await?,
+            },
         };
         apply_act_as(principal, act_as)
     }
@@ -238,6 +255,45 @@ pub fn match_token(
     found
 }
 
+/// The Agent an OAuth access token is: its subject listed in one Agent's `oauthSubjects`.
+fn oauth_agent(
+    issuer: &OAuthIssuer,
+    token: &str,
+    snapshot: &Snapshot,
+) -> Result<Principal, ApiError> {
+    let subject = issuer
+        .verify(token, crate::call::now_ms() / 1000)
+        .map_err(|e| {
+            ApiError::new(
+                ErrorKind::Unauthenticated,
+                format!("access token refused: {e}"),
+            )
+        })?;
+    let mut agents = snapshot
+        .agents
+        .values()
+        .filter(|a| a.spec.oauth_subjects.contains(&subject.0));
+    match (agents.next(), agents.next()) {
+        (Some(agent), None) => Ok(Principal::Agent {
+            agent: agent.key.clone(),
+        }),
+        (None, _) => Err(ApiError::new(
+            ErrorKind::Unauthenticated,
+            format!(
+                "access token refused: no Agent lists subject {:?} in oauthSubjects",
+                subject.0
+            ),
+        )),
+        (Some(_), Some(_)) => Err(ApiError::new(
+            ErrorKind::Unauthenticated,
+            format!(
+                "access token refused: several Agents list subject {:?}",
+                subject.0
+            ),
+        )),
+    }
+}
+
 /// The Agent whose `spec.serviceAccount` is the reviewed ServiceAccount (same namespace).
 pub fn agent_of_service_account(
     reviewed: &ReviewedToken,
@@ -295,6 +351,7 @@ mod tests {
             spec: crate::api::AgentSpec {
                 service_account: service_account.map(String::from),
                 token_secret_ref: None,
+                oauth_subjects: vec![],
                 permissions: vec![],
                 config_map_ref: None,
                 secret_ref: None,

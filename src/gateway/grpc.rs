@@ -301,6 +301,18 @@ impl Tools for ToolsService {
         Ok(Response::new(proto::ListResourcesResponse { rows }))
     }
 
+    async fn cancel(
+        &self,
+        request: Request<proto::CancelRequest>,
+    ) -> Result<Response<proto::Call>, Status> {
+        let caller = caller(&request)?;
+        let record = self
+            .gateway
+            .cancel(&caller, &request.into_inner().call_id)
+            .await?;
+        Ok(Response::new(call_to_proto(&record, false)))
+    }
+
     async fn approve(
         &self,
         request: Request<proto::DecisionRequest>,

@@ -22,10 +22,15 @@
 //!   `POST ...:call` and `GET /v1/calls/{id}` adds `modelResult`: what a model-facing front
 //!   door returns under the Tool's `resultPolicy`.
 //! - `POST /v1/calls/{id}/approve`, `POST /v1/calls/{id}/deny` with `{"reason": "..."}`:
-//!   the decided call.
+//!   the decided call. `POST /v1/calls/{id}/cancel`: the cancelled call (409
+//!   `not-cancellable` when it has ended).
+//! - The `:call` route with `Accept: text/event-stream` answers a stream of server-sent
+//!   events (progress, then the call record; see [`super::sse`]).
 //! - `/healthz`, `/readyz` (probes) and `/metrics` (aggregate counters, no call data) are
 //!   open; every `/v1` route authenticates first (`Authorization: Bearer TOKEN`, an
 //!   operator may add `Toolgrid-As: AGENT`): 401 without a valid token.
+//! - `/mcp`: the MCP server ([`super::mcp`]), with its protected-resource metadata at
+//!   `/.well-known/oauth-protected-resource[/mcp]`.
 //! - `/ui`: the console ([`super::console`]), authenticated by a session cookie.
 
 use super::authn::{ACT_AS, AUTHORIZATION};
@@ -69,6 +74,15 @@ impl IntoResponse for ApiError {
 
 /// The HTTP API over a gateway; `ready` says whether the platform takes calls yet.
 pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>) -> axum::Router {
+    router_with(gateway, ready, super::mcp::McpConfig::default())
+}
+
+/// [`router`], with `/mcp` configured by `mcp`.
+pub fn router_with(
+    gateway: Arc<Gateway>,
+    ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    mcp: super::mcp::McpConfig,
+) -> axum::Router {
     let api = axum::Router::new()
         .route("/v1/namespaces/{ns}/tools/{tool}/{command}", post(call))
         .route("/v1/namespaces/{ns}/tools", get(list_tools))
@@ -79,6 +93,7 @@ pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>)
         .route("/v1/calls/{id}/result", get(get_result_page))
         .route("/v1/calls/{id}/approve", post(approve))
         .route("/v1/calls/{id}/deny", post(deny))
+        .route("/v1/calls/{id}/cancel", post(cancel))
         .route("/v1/why", get(why))
         .route("/v1/audit", get(list_audit))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -106,6 +121,7 @@ pub fn router(gateway: Arc<Gateway>, ready: Arc<dyn Fn() -> bool + Send + Sync>)
             }),
         )
         .with_state(gateway.clone())
+        .merge(super::mcp::routes(gateway.clone(), mcp))
         .merge(super::console::routes(gateway))
 }
 
@@ -191,6 +207,10 @@ async fn call(
         dry_run: body.dry_run,
     };
     let model_view = wants_model_view(query.as_deref())?;
+    if super::sse::wants_events(&headers) {
+        let admitted = gateway.admit(&caller, invocation).await;
+        return Ok(super::sse::call_events(gateway, admitted));
+    }
     let admitted = gateway.invoke(&caller, invocation).await?;
     let status = failure_status(&admitted.record);
     let mut body = call_to_json(&admitted.record, admitted.deduplicated);
@@ -370,6 +390,16 @@ async fn deny(
     JsonBody(body): JsonBody<DecisionBody>,
 ) -> Result<Json<Value>, ApiError> {
     decide(gateway, caller, id, false, body).await
+}
+
+/// Cancels a call (`POST /v1/calls/{id}/cancel`): the ended call, once its end is durable.
+async fn cancel(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let record = gateway.cancel(&caller, &id).await?;
+    Ok(Json(call_to_json(&record, false)))
 }
 
 /// An optional JSON request body read as `T` (`T::default()` when there is none). A body

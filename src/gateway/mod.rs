@@ -13,13 +13,15 @@ pub mod convert;
 mod grpc;
 mod http;
 mod model_schemas;
+pub mod mcp;
 pub mod results;
+mod sse;
 pub mod wasm_middleware;
 pub mod workspaces;
 
 pub use authn::Authenticator;
 pub use grpc::{AuthenticatedTools, ToolsService};
-pub use http::router;
+pub use http::{router, router_with};
 
 use crate::auth::Principal;
 
@@ -495,6 +497,12 @@ impl Gateway {
                     cpu_time_ms: release.limits.cpu_time.as_millis() as u64,
                     output_bytes: release.limits.output_bytes,
                     timeout_ms,
+                    max_timeout_ms: tool
+                        .spec
+                        .max_timeout
+                        .map(|max| max.get().as_millis() as u64)
+                        .unwrap_or(timeout_ms)
+                        .max(timeout_ms),
                     instances: release.limits.instances,
                     request_bytes: release.limits.request_bytes,
                     response_bytes: release.limits.response_bytes,
@@ -683,11 +691,16 @@ impl Gateway {
     /// A call waiting for approval may wait until its approval deadline and then run for
     /// its whole timeout.
     pub fn wait_limit(&self, record: &CallRecord) -> Duration {
+        // Progress may extend a call up to its maxTimeout.
+        let limits = &record.spec.limits;
+        let longest = limits.timeout_ms.max(limits.max_timeout_ms) as i64;
         let deadline_ms = match &record.spec.chain.approval {
-            Some(wait) if record.state == crate::call::CallState::AwaitingApproval => wait
-                .deadline_ms
-                .saturating_add(record.spec.limits.timeout_ms as i64),
-            _ => record.spec.deadline_ms,
+            Some(wait) if record.state == crate::call::CallState::AwaitingApproval => {
+                wait.deadline_ms.saturating_add(longest)
+            }
+            _ => crate::call::IdleDeadline::of(limits, record.spec.deadline_ms)
+                .map(|rule| rule.hard_ms())
+                .unwrap_or(record.spec.deadline_ms),
         };
         let remaining = (deadline_ms - now_ms()).max(0) as u64;
         Duration::from_millis(remaining)
@@ -925,12 +938,37 @@ impl Gateway {
     /// CONTRACT(issue 11, helper progress): stub; the progress helper implements it
     /// (a queued or waiting call ends `cancelled` at once; a running one is stopped and
     /// ends `cancelled`, or `outcome-unknown` when a write of it may have been applied).
+    ///
+    /// The store ends the call in one transaction (which is also its fence: no later
+    /// append or result of its worker is accepted, and so, commit before effect, no request
+    /// of it leaves afterwards); only then does this answer. The scheduler then frees the
+    /// call's slot and tells its worker to stop the sandbox at once. An ended call is
+    /// refused with `not-cancellable`; another agent's call is `not-found`.
     pub async fn cancel(&self, caller: &Principal, id: &str) -> Result<CallRecord, ApiError> {
-        let _ = self.get_call(caller, id).await?;
-        Err(ApiError::new(
-            ErrorKind::Unavailable,
-            "cancellation is not implemented yet",
-        ))
+        let record = self.get_call(caller, id).await?;
+        if record.state.is_terminal() {
+            return Err(not_cancellable(&record));
+        }
+        let reason = format!("cancelled by {}", caller_name(caller));
+        let done = match self.store.cancel_call(id, &reason).await {
+            Ok(done) => done,
+            Err(crate::store::StoreError::Ended { .. }) => {
+                return Err(not_cancellable(&self.record(id).await?));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        tracing::info!(call = %done.id, tool = %done.tool, by = %caller_name(caller), kind = done.error.as_ref().map(|e| e.kind.as_str()).unwrap_or(""), "call cancelled");
+        crate::metrics::call_ended(
+            &done.tool,
+            done.error
+                .as_ref()
+                .map(|e| e.kind.as_str())
+                .unwrap_or("cancelled"),
+        );
+        crate::scheduler::audit_to_stdout(&done);
+        self.scheduler.stopped(&done.id, &reason);
+        self.calls.finish(done.clone());
+        Ok(done)
     }
 
     /// What a model-facing front door returns for an ended call `caller` may read, per
@@ -1269,6 +1307,17 @@ fn live_pool_row(state: &ResourceState, snapshot: &Snapshot, live: LivePool) -> 
         &ready.message,
         columns,
         status,
+    )
+}
+
+/// The refusal of a cancel of a call that has ended.
+fn not_cancellable(record: &CallRecord) -> ApiError {
+    ApiError::new(
+        ErrorKind::NotCancellable,
+        format!(
+            "call {} has ended already ({}); cancellation is not rollback",
+            record.id, record.state
+        ),
     )
 }
 

@@ -36,6 +36,8 @@ pub struct Security {
     pub workers: Arc<dyn WorkerAuthenticator>,
     /// TLS on both ports (gRPC and HTTP), or plaintext.
     pub tls: Option<tls::ServerTls>,
+    /// How `/mcp` presents itself (public URL, OAuth authorization servers, origins).
+    pub mcp: crate::gateway::mcp::McpConfig,
 }
 
 /// Where a control plane listens.
@@ -200,7 +202,7 @@ impl ControlPlane {
         let catalog = self.catalog.clone();
         let ready: Arc<dyn Fn() -> bool + Send + Sync> =
             Arc::new(move || catalog.current().revision > 0);
-        let router = crate::gateway::router(self.gateway.clone(), ready);
+        let router = crate::gateway::router_with(self.gateway.clone(), ready, security.mcp.clone());
         let http: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> =
             match security.tls {
                 Some(tls) => {

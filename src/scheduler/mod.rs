@@ -33,6 +33,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, mpsc};
 use tonic::Status;
 
+/// The stage of a tool's own progress report (`WorkerProgress.stage`, `Progress.stage`);
+/// the scheduler's own stages are `accepted`, `assigned` and `running`.
+pub const TOOL_PROGRESS: &str = "progress";
+
 /// Timing of the worker link.
 #[derive(Clone, Copy, Debug)]
 pub struct SchedulerConfig {
@@ -225,6 +229,24 @@ impl Scheduler {
     pub async fn recover(self: &Arc<Self>) -> Result<usize, StoreError> {
         let unfinished = self.store.unfinished_calls().await?;
         let count = unfinished.len();
+        // A call that reported progress keeps the deadline its recorded progress gave it.
+        let mut deadlines = HashMap::new();
+        for record in &unfinished {
+            let Some(rule) = crate::call::IdleDeadline::of(&record.spec.limits, record.spec.deadline_ms)
+            else {
+                continue;
+            };
+            if record.epoch == 0 || rule.hard_ms() <= rule.initial_ms() {
+                continue;
+            }
+            let oplog = self.store.oplog(&record.id).await?;
+            let times = oplog
+                .iter()
+                .filter(|e| e.kind == EntryKind::Progress.as_str())
+                .map(|e| e.recorded_at_ms);
+            deadlines.insert(record.id.clone(), rule.after_all(times));
+        }
+        self.lock().restore_deadlines(deadlines);
         self.on(Event::Recovered(unfinished));
         if count > 0 {
             tracing::info!(calls = count, "recovered unfinished calls");
@@ -276,6 +298,15 @@ impl Scheduler {
     pub fn release_workspace(self: &Arc<Self>, holder: &str) {
         self.lock().release_workspace(holder);
         self.on(Event::Tick);
+    }
+
+    /// A call the store has just ended from outside (cancelled): the scheduler forgets it,
+    /// frees its slot, and tells its worker, if it runs, to stop at once.
+    pub fn stopped(self: &Arc<Self>, call_id: &str, reason: &str) {
+        self.on(Event::Stopped {
+            call_id: call_id.to_string(),
+            reason: reason.to_string(),
+        });
     }
 
     /// Workers attached now.
@@ -596,7 +627,7 @@ impl Scheduler {
         } else {
             (replay, 0)
         };
-        let mut assign = assign_of(&call.record, epoch, attempt, replay, delivery);
+        let mut assign = assign_of(call, epoch, attempt, replay, delivery);
         assign.replay_chunks = chunks;
         tracing::info!(call = %call.record.id, tool = %call.record.tool, worker, epoch, "call assigned");
         self.calls.progress(
@@ -728,9 +759,15 @@ impl Scheduler {
         session: u64,
         progress: &proto::WorkerProgress,
     ) -> Result<(), Refusal> {
-        let holding = self
-            .lock()
-            .holding(&progress.call_id, worker, session, progress.epoch);
+        let holding = {
+            let mut state = self.lock();
+            let holding = state.holding(&progress.call_id, worker, session, progress.epoch);
+            // The tool's own report restarts the call's idle deadline.
+            if holding.is_ok() && progress.stage == TOOL_PROGRESS {
+                state.progressed(&progress.call_id, now_ms());
+            }
+            holding
+        };
         let call = match holding {
             Ok(call) => call,
             Err(refusal) => {
@@ -740,10 +777,12 @@ impl Scheduler {
         };
         // Progress text reaches callers too: it gets the call's redaction (withheld when
         // the redaction does not compile).
+        // However long a worker's message, callers get at most 1 KiB of it.
+        let text = crate::call::ProgressReport::bounded(progress.message.as_bytes());
         let message = match self.redactor(&call.record) {
-            _ if progress.message.is_empty() => String::new(),
-            Ok(Some(redactor)) => redactor.redact_text(&progress.message),
-            Ok(None) => progress.message.clone(),
+            _ if text.is_empty() => String::new(),
+            Ok(Some(redactor)) => redactor.redact_text(&text),
+            Ok(None) => text,
             Err(_) => String::new(),
         };
         self.calls.progress(
@@ -1098,17 +1137,23 @@ fn approved_by(spec: &crate::store::CallSpec) -> Option<(String, String)> {
 }
 
 fn assign_of(
-    record: &CallRecord,
+    call: &Call,
     epoch: u64,
     attempt: u32,
     replay: Vec<proto::OplogEntry>,
     delivery: secrets::Delivery,
 ) -> proto::Assign {
+    let record = &call.record;
     let spec = &record.spec;
-    let remaining = if spec.deadline_ms > 0 {
-        (spec.deadline_ms - now_ms()).max(1) as u64
-    } else {
-        spec.limits.timeout_ms
+    let now = now_ms();
+    // What is left of the call's deadline as it stands (moved by its progress so far), and
+    // of its hard cap.
+    let (remaining, max_remaining) = match call.idle_deadline() {
+        Some(rule) => (
+            (call.deadline_ms - now).max(1) as u64,
+            (rule.hard_ms() - now).max(1) as u64,
+        ),
+        None => (spec.limits.timeout_ms, spec.limits.timeout_ms),
     };
     proto::Assign {
         call_id: record.id.clone(),
@@ -1136,6 +1181,8 @@ fn assign_of(
             timeout_ms: remaining.min(spec.limits.timeout_ms.max(1)),
             request_bytes: spec.limits.request_bytes,
             response_bytes: spec.limits.response_bytes,
+            idle_timeout_ms: spec.limits.timeout_ms,
+            max_timeout_ms: max_remaining,
         }),
         replay,
         effect: spec.effect.clone(),

@@ -20,7 +20,7 @@
 //!   ([`Command::RefuseAttach`]) while the first session lives.
 
 use crate::auth::worker::secrets_match;
-use crate::call::{CallError, CallRecord, CallState, ErrorKind, Lifecycle, NewCall};
+use crate::call::{CallError, CallRecord, CallState, ErrorKind, IdleDeadline, Lifecycle, NewCall};
 use crate::catalog::interface::CommandInterface;
 use crate::workspace::{WorkspaceKey, WriteLocks};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -46,13 +46,30 @@ pub struct Timing {
 pub struct Call {
     pub record: Arc<CallRecord>,
     pub interface: Option<Arc<CommandInterface>>,
+    /// The call's deadline as it stands (Unix ms; 0: none): `spec.deadline_ms`, moved by
+    /// each progress report the tool made, never past the Tool's `maxTimeout`
+    /// ([`IdleDeadline`]). It travels with the call through fencing and re-queueing.
+    pub deadline_ms: i64,
 }
 
 impl Call {
     pub fn new(record: CallRecord, interface: Option<Arc<CommandInterface>>) -> Self {
         Call {
+            deadline_ms: record.spec.deadline_ms,
             record: Arc::new(record),
             interface,
+        }
+    }
+
+    /// The deadline arithmetic of the call (`None`: it has no deadline).
+    pub fn idle_deadline(&self) -> Option<IdleDeadline> {
+        IdleDeadline::of(&self.record.spec.limits, self.record.spec.deadline_ms)
+    }
+
+    /// A progress report of the tool at `now_ms` restarts the call's idle deadline.
+    fn progressed(&mut self, now_ms: i64) {
+        if let Some(rule) = self.idle_deadline() {
+            self.deadline_ms = rule.extend(self.deadline_ms, now_ms);
         }
     }
 
@@ -170,6 +187,12 @@ pub enum Event {
     },
     FailFailed {
         call_id: String,
+    },
+    /// The store ended the call from outside (its caller cancelled it): forget it, and
+    /// tell the worker running it, if any, to stop at once.
+    Stopped {
+        call_id: String,
+        reason: String,
     },
     /// The worker gave the call up (it could not commit): fence it now.
     Abandoned {
@@ -396,6 +419,9 @@ pub struct State {
     writers: WriteLocks,
     /// Calls being taken back for another attempt, and how long each waits once it is.
     retry_waits: HashMap<String, Duration>,
+    /// Deadlines the recorded progress of unfinished calls gave them, applied when they are
+    /// recovered (see [`State::restore_deadlines`]).
+    restored: HashMap<String, i64>,
 }
 
 impl State {
@@ -414,7 +440,38 @@ impl State {
             assign_failures: HashMap::new(),
             writers: WriteLocks::default(),
             retry_waits: HashMap::new(),
+            restored: HashMap::new(),
         }
+    }
+
+    /// Before [`Event::Recovered`]: the deadlines (Unix ms) the progress recorded in the
+    /// oplogs of unfinished calls gave them, so a restart does not cut off a call that was
+    /// progressing. A deadline is never moved earlier than the spec's.
+    pub fn restore_deadlines(&mut self, deadlines: HashMap<String, i64>) {
+        self.restored = deadlines;
+    }
+
+    /// A progress report of the tool, accepted from the session holding the call (checked
+    /// with [`State::holding`]) at `now_ms`: the call's idle deadline restarts, up to its
+    /// `maxTimeout`.
+    pub fn progressed(&mut self, call_id: &str, now_ms: i64) {
+        if let Some(running) = self.running.get_mut(call_id) {
+            running.call.progressed(now_ms);
+        }
+    }
+
+    /// The deadline of a call this scheduler tracks as it stands (Unix ms).
+    pub fn deadline_of(&self, call_id: &str) -> Option<i64> {
+        self.running
+            .get(call_id)
+            .map(|r| r.call.deadline_ms)
+            .or_else(|| self.orphans.get(call_id).map(|o| o.call.deadline_ms))
+            .or_else(|| {
+                self.queue
+                    .iter()
+                    .find(|q| q.call.id() == call_id)
+                    .map(|q| q.call.deadline_ms)
+            })
     }
 
     fn backoff(&self, failures: u32) -> Duration {
@@ -435,7 +492,10 @@ impl State {
             Event::Recovered(records) => {
                 let until = self.listening_since.map(|t| t + self.timing.reattach_grace);
                 for record in records {
-                    let call = Call::new(record, None);
+                    let mut call = Call::new(record, None);
+                    if let Some(restored) = self.restored.remove(call.id()) {
+                        call.deadline_ms = call.deadline_ms.max(restored);
+                    }
                     if call.record.epoch > 0 {
                         // Assigned before the restart: it still holds its workspace.
                         self.writers.take(call.writes().as_ref(), call.id());
@@ -580,6 +640,26 @@ impl State {
                 self.retry_waits.remove(&call_id);
                 self.assign_failures.remove(&call_id);
                 self.release(&call_id);
+                self.failing.remove(&call_id);
+                self.fencing.remove(&call_id);
+                self.orphans.remove(&call_id);
+                self.queue.retain(|q| q.call.id() != call_id);
+                self.writers.release(&call_id);
+            }
+            Event::Stopped { call_id, reason } => {
+                if let Some(running) = self.release(&call_id)
+                    && running.epoch > 0
+                    && self.is_current(&running.worker, running.session)
+                {
+                    out.push(Command::Cancel {
+                        worker: running.worker,
+                        session: running.session,
+                        call_id: call_id.clone(),
+                        epoch: running.epoch,
+                        reason,
+                    });
+                }
+                self.assign_failures.remove(&call_id);
                 self.failing.remove(&call_id);
                 self.fencing.remove(&call_id);
                 self.orphans.remove(&call_id);
@@ -864,7 +944,7 @@ impl State {
         let pending = Lifecycle::admitted();
         let mut late = Vec::new();
         self.queue.retain(
-            |q| match pending.expire(q.call.record.spec.deadline_ms, grace, wall) {
+            |q| match pending.expire(q.call.deadline_ms, grace, wall) {
                 Some(error) => {
                     late.push((q.call.clone(), error));
                     false
@@ -885,7 +965,7 @@ impl State {
             .iter()
             .filter(|(_, r)| {
                 running
-                    .expire(r.call.record.spec.deadline_ms, grace, wall)
+                    .expire(r.call.deadline_ms, grace, wall)
                     .is_some()
             })
             .map(|(id, _)| id.clone())
@@ -902,7 +982,7 @@ impl State {
                     });
                 }
                 let error = running
-                    .expire(r.call.record.spec.deadline_ms, grace, wall)
+                    .expire(r.call.deadline_ms, grace, wall)
                     .unwrap_or_else(|| CallError::new(ErrorKind::Timeout, "deadline passed"));
                 self.fail(r.call, error, out);
             }
@@ -1079,12 +1159,12 @@ impl State {
         let queued = self
             .queue
             .iter()
-            .map(|q| q.call.record.spec.deadline_ms)
+            .map(|q| q.call.deadline_ms)
             .filter(|d| *d > 0);
         let running = self
             .running
             .values()
-            .map(|r| r.call.record.spec.deadline_ms)
+            .map(|r| r.call.deadline_ms)
             .filter(|d| *d > 0)
             .map(|d| d + grace);
         queued.chain(running).min()
@@ -1492,6 +1572,7 @@ mod tests {
         if let Some(r) = state.running.get_mut("a") {
             let mut aged = (*r.call.record).clone();
             aged.spec.deadline_ms = crate::call::now_ms() - 6_000;
+            r.call.deadline_ms = aged.spec.deadline_ms;
             r.call.record = Arc::new(aged);
         }
         let out = state.on(Event::Tick, t0);
@@ -2113,5 +2194,98 @@ mod tests {
         let out = state.on(Event::Tick, t0 + Duration::from_millis(1));
         assert_eq!(fails(&out), [("a".to_string(), ErrorKind::Timeout)]);
         assert!(assigns(&out).is_empty());
+    }
+
+    /// A running call whose tool reports progress, timeout 10 s and maxTimeout 60 s, that
+    /// started 16 s ago (so its first deadline is 6 s past, beyond the grace).
+    fn progressing(state: &mut State, id: &str, t0: Instant) -> i64 {
+        running_on(state, id, "w1", t0);
+        let now = crate::call::now_ms();
+        if let Some(r) = state.running.get_mut(id) {
+            let mut record = (*r.call.record).clone();
+            record.spec.limits.timeout_ms = 10_000;
+            record.spec.limits.max_timeout_ms = 60_000;
+            record.spec.deadline_ms = now - 6_000;
+            r.call = Call::new(record, None);
+        }
+        now
+    }
+
+    #[test]
+    fn progress_moves_a_running_calls_deadline_up_to_its_max_timeout() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        attach(&mut state, "w1", 2, t0);
+        let now = progressing(&mut state, "a", t0);
+        state.progressed("a", now);
+        assert_eq!(state.deadline_of("a"), Some(now + 10_000));
+        // Progressing, it is not cut off at its first deadline.
+        let out = state.on(Event::Tick, t0);
+        assert!(fails(&out).is_empty(), "{out:?}");
+        // However much it reports, never past started + maxTimeout.
+        state.progressed("a", now + 1_000_000);
+        assert_eq!(state.deadline_of("a"), Some(now - 16_000 + 60_000));
+        // An older report does not move it back.
+        state.progressed("a", now);
+        assert_eq!(state.deadline_of("a"), Some(now + 44_000));
+        // The same call without progress is cut off.
+        let _ = progressing(&mut state, "b", t0);
+        let out = state.on(Event::Tick, t0);
+        assert_eq!(fails(&out), [("b".to_string(), ErrorKind::Timeout)]);
+    }
+
+    #[test]
+    fn a_restart_keeps_the_deadline_recorded_progress_gave_a_call() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        let now = crate::call::now_ms();
+        let mut pending = record("p", CallState::Pending, 2, None);
+        pending.spec.limits.timeout_ms = 10_000;
+        pending.spec.limits.max_timeout_ms = 60_000;
+        pending.spec.deadline_ms = now - 1_000;
+        let mut late = pending.clone();
+        late.id = "late".into();
+        state.restore_deadlines([("p".to_string(), now + 9_000)].into());
+        let out = state.on(Event::Recovered(vec![pending, late]), t0);
+        // Without its progress the call would have expired already; with it, it queues.
+        assert_eq!(fails(&out), [("late".to_string(), ErrorKind::Timeout)]);
+        assert_eq!(state.deadline_of("p"), Some(now + 9_000));
+    }
+
+    #[test]
+    fn a_stopped_call_is_forgotten_and_its_worker_told_to_stop() {
+        let t0 = Instant::now();
+        let mut state = State::new(timing());
+        attach(&mut state, "w1", 1, t0);
+        running_on(&mut state, "a", "w1", t0);
+        // Another call waits for the slot.
+        let out = state.on(Event::Submitted(pending("b")), t0);
+        assert!(assigns(&out).is_empty());
+        let out = state.on(
+            Event::Stopped {
+                call_id: "a".into(),
+                reason: "cancelled by operator:x".into(),
+            },
+            t0,
+        );
+        assert!(
+            out.iter()
+                .any(|c| matches!(c, Command::Cancel { call_id, epoch: 1, .. } if call_id == "a")),
+            "{out:?}"
+        );
+        // Its slot goes to the next call at once.
+        assert_eq!(assigns(&out), [("b".to_string(), "w1".to_string())]);
+        // A queued call stopped is just dropped.
+        let out = state.on(Event::Submitted(pending("c")), t0);
+        assert!(assigns(&out).is_empty());
+        let out = state.on(
+            Event::Stopped {
+                call_id: "c".into(),
+                reason: "cancelled".into(),
+            },
+            t0,
+        );
+        assert!(!out.iter().any(|c| matches!(c, Command::Cancel { .. })));
+        assert_eq!(state.queued().values().sum::<usize>(), 0);
     }
 }

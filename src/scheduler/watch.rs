@@ -14,6 +14,9 @@ pub struct Progress {
     pub epoch: u64,
 }
 
+/// Progress events one call keeps for its watchers, at most.
+pub const MAX_PROGRESS: usize = 2048;
+
 /// The latest news of a call.
 #[derive(Clone, Debug, Default)]
 pub struct CallUpdate {
@@ -40,10 +43,19 @@ impl CallWatch {
             .subscribe()
     }
 
+    /// Publishes a progress event. A call keeps at most [`MAX_PROGRESS`] events (a tool
+    /// reports at most 1000 per run); later ones are dropped, so the events already
+    /// published keep their positions.
     pub fn progress(&self, call_id: &str, progress: Progress) {
         let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(tx) = channels.get(call_id) {
-            tx.send_modify(|u| u.progress.push(progress));
+            tx.send_if_modified(|u| {
+                if u.progress.len() >= MAX_PROGRESS {
+                    return false;
+                }
+                u.progress.push(progress);
+                true
+            });
         }
     }
 

@@ -315,6 +315,11 @@ impl Store for FaultyStore {
             .await
     }
 
+    async fn cancel_call(&self, call_id: &str, reason: &str) -> Result<CallRecord, StoreError> {
+        self.run(Op::Fail, self.inner.cancel_call(call_id, reason))
+            .await
+    }
+
     async fn get_call(&self, id: &str) -> Result<Option<CallRecord>, StoreError> {
         self.run(Op::Get, self.inner.get_call(id)).await
     }

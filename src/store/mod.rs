@@ -48,6 +48,9 @@ pub enum StoreError {
     /// The call is not waiting for approval (decided already, or never asked).
     #[error("call {call_id} is {state}, not awaiting approval")]
     NotAwaiting { call_id: String, state: CallState },
+    /// The call has ended already: it cannot be cancelled.
+    #[error("call {call_id} has ended already ({state}); cancellation is not rollback")]
+    Ended { call_id: String, state: CallState },
     #[error("idempotency key {key:?} was already used for a different call ({existing})")]
     IdempotencyConflict { key: String, existing: String },
     #[error("unsupported store URL {0:?}: use sqlite://PATH or postgres://...")]
@@ -111,6 +114,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<CallRecord, StoreError>;
     /// Ends a call that never reached a worker (or cannot go on), whatever its epoch.
     async fn fail_call(&self, call_id: &str, error: CallError) -> Result<CallRecord, StoreError>;
+    /// Cancels a call not yet ended, in one transaction: reads how many outgoing requests
+    /// its oplog records, ends it `failed` with [`crate::call::stopped_error`] of
+    /// `cancelled` (or `outcome-unknown`: a `write`/`external` call with a request
+    /// recorded) and `reason`, and records the `outcome`. Ending it is the fence: every
+    /// append and completion is conditional on the call running under its epoch, so no
+    /// later commit of its worker is accepted, and (commit before effect) no request of it
+    /// leaves after this returns. An ended call is refused with [`StoreError::Ended`].
+    async fn cancel_call(&self, call_id: &str, reason: &str) -> Result<CallRecord, StoreError>;
     async fn get_call(&self, id: &str) -> Result<Option<CallRecord>, StoreError>;
     /// The call made with idempotency key `key` in `namespace` by `agent` (`""` for the
     /// calls of no agent): keys are scoped per agent.

@@ -102,6 +102,11 @@ enum WriteOp {
         call_id: String,
         error: CallError,
     },
+    /// Cancels a call not yet ended (see [`Store::cancel_call`]).
+    Cancel {
+        call_id: String,
+        reason: String,
+    },
     /// Decides a call awaiting approval (see [`Store::decide_approval`]).
     Decide {
         call_id: String,
@@ -794,6 +799,16 @@ async fn execute(conn: &mut AnyConnection, op: &WriteOp, again: bool) -> Result<
         WriteOp::Fail { call_id, error } => fail(conn, call_id, error)
             .await
             .map(|r| Reply::Record(Box::new(r))),
+        WriteOp::Cancel { call_id, reason } => {
+            match cancel(conn, call_id, reason).await {
+                // A batch run again finds the call ended by this very cancel.
+                Err(StoreError::Ended { .. }) if again => select_call(conn, call_id)
+                    .await?
+                    .ok_or_else(|| StoreError::NotFound(call_id.clone())),
+                other => other,
+            }
+            .map(|r| Reply::Record(Box::new(r)))
+        }
         WriteOp::Decide {
             call_id,
             decision,
@@ -1672,6 +1687,37 @@ async fn fail(
         .ok_or_else(|| StoreError::NotFound(call_id.to_string()))
 }
 
+/// Cancels a call in the writer's transaction: its requests are counted and it is ended
+/// in the same transaction, so no append of its worker falls between the two.
+async fn cancel(
+    conn: &mut AnyConnection,
+    call_id: &str,
+    reason: &str,
+) -> Result<CallRecord, StoreError> {
+    let Some(call) = select_call(conn, call_id).await? else {
+        return Err(StoreError::NotFound(call_id.to_string()));
+    };
+    if call.state.is_terminal() {
+        return Err(StoreError::Ended {
+            call_id: call_id.to_string(),
+            state: call.state,
+        });
+    }
+    let row = sqlx::query("SELECT COUNT(*) AS n FROM oplog WHERE call_id = $1 AND kind = $2")
+        .bind(call_id)
+        .bind(EntryKind::HttpRequest.as_str())
+        .fetch_one(&mut *conn)
+        .await?;
+    let requests: i64 = row.try_get("n")?;
+    let error = crate::call::stopped_error(
+        ErrorKind::Cancelled,
+        reason,
+        &call.spec.effect,
+        requests.max(0) as u64,
+    );
+    fail(conn, call_id, &error).await
+}
+
 /// Decides a call awaiting approval, in the writer's transaction: the conditional update
 /// (`state = 'awaiting-approval'`) is what lets only one of two concurrent decisions win,
 /// across connections and replicas alike.
@@ -2050,6 +2096,19 @@ impl Store for SqlStore {
             .write(WriteOp::Fail {
                 call_id: call_id.into(),
                 error,
+            })
+            .await?
+        {
+            Reply::Record(record) => Ok(*record),
+            _ => Err(StoreError::Corrupt("unexpected writer reply".into())),
+        }
+    }
+
+    async fn cancel_call(&self, call_id: &str, reason: &str) -> Result<CallRecord, StoreError> {
+        match self
+            .write(WriteOp::Cancel {
+                call_id: call_id.into(),
+                reason: reason.into(),
             })
             .await?
         {

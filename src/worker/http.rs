@@ -30,6 +30,10 @@ use std::time::Duration;
 #[async_trait::async_trait]
 pub trait OplogSink: Send + Sync {
     async fn append(&self, entries: Vec<OplogEntry>) -> Result<(), AppendError>;
+
+    /// Streams a progress report of the tool to the control plane (best effort: the
+    /// report is recorded in the oplog whatever becomes of this).
+    async fn progress(&self, _message: String) {}
 }
 
 /// The header every outgoing request carries.
@@ -242,6 +246,12 @@ impl HttpHost {
     /// live run and the replay alike.
     pub fn next_seq(&self) -> u64 {
         self.next.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Requests numbered so far (this attempt's and those an earlier attempt made): when
+    /// it is not 0, a request of the call may have been applied.
+    pub fn issued(&self) -> u64 {
+        self.next.load(Ordering::SeqCst)
     }
 
     /// Numbers one request and sends it (the preview 1 path: its requests are sequential).

@@ -6,6 +6,7 @@ pub mod egress;
 pub mod http;
 mod limits;
 pub mod link;
+pub mod progress;
 pub mod process;
 pub mod recorder;
 pub mod runtime;

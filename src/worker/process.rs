@@ -571,10 +571,12 @@ async fn run_call(
             cpu_time_ms: limits.cpu_time_ms,
             output_bytes: limits.output_bytes,
             timeout_ms: limits.timeout_ms,
+            max_timeout_ms: limits.max_timeout_ms,
             instances: 0,
             request_bytes: limits.request_bytes,
             response_bytes: limits.response_bytes,
         },
+        idle_timeout_ms: limits.idle_timeout_ms,
         replay,
         secrets: assign
             .secrets
@@ -706,6 +708,18 @@ impl OplogSink for LinkSink {
             None => Err(AppendError::Unacknowledged(
                 "not attached to the control plane".into(),
             )),
+        }
+    }
+
+    async fn progress(&self, message: String) {
+        if let Some(link) = self.slot.get() {
+            let progress = proto::WorkerProgress {
+                call_id: self.call_id.clone(),
+                epoch: self.epoch,
+                stage: crate::scheduler::TOOL_PROGRESS.into(),
+                message,
+            };
+            link.send(worker_event::Event::Progress(progress)).await;
         }
     }
 }

@@ -8,6 +8,7 @@ use super::limits::{
     TailOutput, Tripwires,
 };
 use super::link::AppendError;
+use super::progress::{CallProgress, IdleTimer, Reported};
 use super::recorder::{AbortKind, HostLog, RecordedMonotonicClock, RecordedRng, RecordedWallClock};
 use super::secrets::CallSecrets;
 use crate::call::OplogEntry;
@@ -104,6 +105,8 @@ pub struct ModuleState {
     next_handle: u32,
     memory: Arc<CallMemory>,
     trips: Arc<Tripwires>,
+    /// Progress reports through `toolgrid.progress`.
+    progress: Arc<CallProgress>,
 }
 
 /// The state of a preview 2 call.
@@ -111,6 +114,8 @@ pub struct ComponentState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: MemoryLimiter,
+    /// Progress reports through `toolgrid:tool/progress`.
+    progress: Arc<CallProgress>,
     http_ctx: WasiHttpCtx,
     http_hooks: HttpHooks,
 }
@@ -332,6 +337,10 @@ pub struct RunRequest {
     /// The call's workspace copy, preopened at `/workspace` (read-only unless
     /// `writable`); `None`: no filesystem at all.
     pub workspace: Option<super::workspace::WorkspaceMount>,
+    /// The idle timeout each progress report restarts (`limits.timeout_ms` is the first
+    /// window, `limits.max_timeout_ms` the cap from the run's start); 0: progress does not
+    /// move the deadline.
+    pub idle_timeout_ms: u64,
 }
 
 impl std::fmt::Debug for RunRequest {
@@ -348,6 +357,7 @@ impl std::fmt::Debug for RunRequest {
             .field("egress", &self.egress)
             .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
             .field("workspace", &self.workspace)
+            .field("idle_timeout_ms", &self.idle_timeout_ms)
             .finish_non_exhaustive()
     }
 }
@@ -382,6 +392,8 @@ pub struct RunOutcome {
 #[derive(Default)]
 pub struct MemorySink {
     pub entries: Mutex<Vec<OplogEntry>>,
+    /// Progress reports streamed, in order.
+    pub progress: Mutex<Vec<String>>,
 }
 
 #[async_trait::async_trait]
@@ -392,6 +404,13 @@ impl OplogSink for MemorySink {
             .unwrap_or_else(|e| e.into_inner())
             .extend(entries);
         Ok(())
+    }
+
+    async fn progress(&self, message: String) {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(message);
     }
 }
 
@@ -445,9 +464,11 @@ impl Runtime {
             &mut s.wasi
         })?;
         add_toolgrid_http(&mut module_linker)?;
+        add_toolgrid_progress(&mut module_linker)?;
         let mut component_linker = wasmtime::component::Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut component_linker)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut component_linker)?;
+        add_progress_interface(&mut component_linker)?;
 
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
@@ -693,12 +714,26 @@ impl Runtime {
         let memory = CallMemory::new(request.limits.memory_bytes, trips.clone());
         let limiter = MemoryLimiter::new(memory.clone());
         let timeout = Duration::from_millis(request.limits.timeout_ms.max(1));
+        // The run's deadline: `timeout` from now, restarted by each progress report up to
+        // the hard cap (see `call::IdleDeadline`).
+        let hard = Duration::from_millis(request.limits.max_timeout_ms).max(timeout);
+        let timer = Arc::new(IdleTimer::new(
+            timeout,
+            Duration::from_millis(request.idle_timeout_ms),
+            hard,
+        ));
         let cpu_limit_ms = request.limits.cpu_time_ms.max(1);
         let sink: Arc<dyn OplogSink> = request
             .sink
             .clone()
             .unwrap_or_else(|| Arc::new(MemorySink::default()));
         let secrets = Arc::new(CallSecrets::new(request.secrets));
+        let progress = Arc::new(CallProgress::new(
+            log.clone(),
+            sink.clone(),
+            secrets.clone(),
+            timer.clone(),
+        ));
         let http = Arc::new(
             HttpHost::new(
                 request.call_id.clone(),
@@ -707,7 +742,7 @@ impl Runtime {
                 Egress::new(request.egress.clone()),
                 log.clone(),
                 sink,
-                timeout,
+                hard,
             )
             .with_limits(
                 request.limits.effective_request_bytes(),
@@ -716,6 +751,7 @@ impl Runtime {
             )
             .with_secrets(secrets.clone()),
         );
+        let requests = http.clone();
 
         let result = match compiled {
             Compiled::Module(pre) => {
@@ -727,11 +763,12 @@ impl Runtime {
                     next_handle: 1,
                     memory: memory.clone(),
                     trips: trips.clone(),
+                    progress: progress.clone(),
                 };
                 let mut store = Store::new(&self.engine, state);
                 store.limiter(|s| &mut s.limiter);
                 arm_cpu_budget(&mut store, cpu_limit_ms, log.clone(), trips.clone());
-                tokio::time::timeout(timeout, async {
+                timer.run(async {
                     let instance = pre.instantiate_async(&mut store).await?;
                     let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
                     start.call_async(&mut store, ()).await
@@ -743,6 +780,7 @@ impl Runtime {
                     wasi: builder.build(),
                     table: ResourceTable::new(),
                     limiter,
+                    progress: progress.clone(),
                     http_ctx: WasiHttpCtx::new(),
                     http_hooks: HttpHooks {
                         host: http,
@@ -754,7 +792,7 @@ impl Runtime {
                 let mut store = Store::new(&self.engine, state);
                 store.limiter(|s| &mut s.limiter);
                 arm_cpu_budget(&mut store, cpu_limit_ms, log.clone(), trips.clone());
-                tokio::time::timeout(timeout, async {
+                timer.run(async {
                     let command = pre.instantiate_async(&mut store).await?;
                     match command.wasi_cli_run().call_run(&mut store).await? {
                         Ok(()) => Ok(()),
@@ -772,13 +810,12 @@ impl Runtime {
             }
             Err(_elapsed) => (
                 -1,
-                Some(Failure {
-                    kind: ErrorKind::Timeout,
-                    message: format!(
-                        "the call did not finish within its timeout of {} ms",
-                        timeout.as_millis()
-                    ),
-                }),
+                Some(deadline_failure(
+                    timer.allowed_ms(),
+                    request.idle_timeout_ms,
+                    request.repeatable,
+                    requests.issued(),
+                )),
             ),
             Ok(result) => classify(result, &trips, &log),
         };
@@ -816,6 +853,33 @@ impl Runtime {
             elapsed: started.elapsed(),
             fenced,
         }
+    }
+}
+
+/// How a run cut off by its deadline after `allowed_ms` ends: `timeout`, or
+/// `outcome-unknown` when it is a `write`/`external` call that issued a request (which may
+/// have been applied).
+fn deadline_failure(allowed_ms: u64, idle_ms: u64, repeatable: bool, requests: u64) -> Failure {
+    let why = if idle_ms > 0 {
+        format!(
+            "the call ran {allowed_ms} ms, reporting no progress for its timeout of {idle_ms} ms \
+             or reaching its maxTimeout"
+        )
+    } else {
+        format!("the call did not finish within its timeout of {allowed_ms} ms")
+    };
+    if !repeatable && requests > 0 {
+        return Failure {
+            kind: ErrorKind::OutcomeUnknown,
+            message: format!(
+                "{why}; it was stopped after issuing {requests} request(s), which may have \
+                 been applied"
+            ),
+        };
+    }
+    Failure {
+        kind: ErrorKind::Timeout,
+        message: why,
     }
 }
 
@@ -1150,6 +1214,79 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
                 }
                 _ => Ok(4),
             }
+        },
+    )?;
+    Ok(())
+}
+
+/// The `toolgrid.progress` import of preview 1 modules (see `include/toolgrid_progress.h`
+/// and docs/host-abi.md): `progress(msg_ptr, msg_len) -> i32`, 0 reported, 1 dropped (over
+/// the call's cap of reports). Only the first bytes of the message (a few times the 1 KiB
+/// kept) are copied out of a checked slice of the guest's memory.
+fn add_toolgrid_progress(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Result<()> {
+    linker.func_wrap_async(
+        "toolgrid",
+        "progress",
+        |mut caller: wasmtime::Caller<'_, ModuleState>, (ptr, len): (u32, u32)| {
+            Box::new(async move {
+                let memory = guest_memory(&mut caller)?;
+                let start = ptr as usize;
+                let Some(slice) = start
+                    .checked_add(len as usize)
+                    .and_then(|end| memory.data(&caller).get(start..end))
+                else {
+                    return Err(wasmtime::Error::msg(format!(
+                        "toolgrid.progress: the message ({len} bytes at {ptr}) is outside the \
+                         module's memory"
+                    )));
+                };
+                let kept = slice.len().min(super::progress::MAX_MESSAGE_BYTES * 4);
+                let bytes = slice[..kept].to_vec();
+                let progress = caller.data().progress.clone();
+                progress_code(progress.report(&bytes).await, || {
+                    host_abort_reason(&caller)
+                })
+            })
+        },
+    )?;
+    Ok(())
+}
+
+/// The guest's answer to a progress report, or the trap that stops it.
+fn progress_code(reported: Reported, reason: impl FnOnce() -> String) -> wasmtime::Result<i32> {
+    match reported {
+        Reported::Accepted => Ok(0),
+        Reported::Dropped => Ok(1),
+        Reported::Stopped => Err(wasmtime::Error::new(Stopped(reason()))),
+    }
+}
+
+/// The WIT interface components report progress through (`wit/tool.wit`).
+pub const PROGRESS_INTERFACE: &str = "toolgrid:tool/progress@0.1.0";
+
+/// `toolgrid:tool/progress@0.1.0`: `report: func(message: string)`. The message is read in
+/// place (a `WasmStr`, never copied whole); only its first bytes are kept. A report over
+/// the call's cap is dropped without a word (the function returns nothing).
+fn add_progress_interface(
+    linker: &mut wasmtime::component::Linker<ComponentState>,
+) -> wasmtime::Result<()> {
+    let mut instance = linker.instance(PROGRESS_INTERFACE)?;
+    instance.func_wrap_async(
+        "report",
+        |store: wasmtime::StoreContextMut<'_, ComponentState>,
+         (message,): (wasmtime::component::WasmStr,)| {
+            Box::new(async move {
+                let bytes = {
+                    let text = message.to_str(&store)?;
+                    let bytes = text.as_bytes();
+                    bytes[..bytes.len().min(super::progress::MAX_MESSAGE_BYTES * 4)].to_vec()
+                };
+                let progress = store.data().progress.clone();
+                progress_code(progress.report(&bytes).await, || {
+                    "the call is being stopped".into()
+                })?;
+                Ok(())
+            })
         },
     )?;
     Ok(())

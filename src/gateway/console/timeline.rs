@@ -119,6 +119,7 @@ fn summarize(entry: &OplogEntry, requests: &HashMap<u64, (String, String)>) -> S
             request_name(requests, denied.seq),
             denied.message
         ),
+        OplogEntry::Progress(progress) => format!("progress: {}", progress.message),
         OplogEntry::Approval(decision) => {
             let verb = if decision.approved {
                 "approved"
