@@ -458,12 +458,13 @@ async fn progress_extends_the_deadline_up_to_max_timeout_and_reaches_every_calle
         .unwrap();
     assert_eq!(response.status(), 401);
 
-    // `toolgrid call --progress` prints the tool's reports on stderr.
+    // `toolgrid call --progress` prints the tool's reports on stderr (the tool's own
+    // `--progress` flag goes after `--`, where every word is the tool's).
     let base = witness.base();
     let output = platform.cli(
         &[
-            "call", "slow", "run", "--base", &base, "--run", "cli", "--steps", "2",
-            "--sleep-ms", "0", "--progress",
+            "call", "slow", "run", "--progress", "--", "--base", &base, "--run", "cli",
+            "--steps", "2", "--sleep-ms", "0", "--progress",
         ],
         None,
     );
