@@ -142,10 +142,8 @@ fn seen_of(witness: &Witness, run: &str) -> Vec<common::witness::Seen> {
 }
 
 async fn http_cancel(platform: &Platform, token: Option<&str>, id: &str) -> (u16, Value) {
-    let mut request = reqwest::Client::new().post(format!(
-        "http://{}/v1/calls/{id}/cancel",
-        platform.http
-    ));
+    let mut request =
+        reqwest::Client::new().post(format!("http://{}/v1/calls/{id}/cancel", platform.http));
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
@@ -172,15 +170,29 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     let witness = Witness::start().await;
     let platform = Platform::start(root.path(), &manifests(root.path(), &witness), &[]);
     platform
-        .eventually("the releases to be ready", Duration::from_secs(60), || async {
-            platform.resource("ToolRelease", "slow-read-1.0.0").await.is_some_and(|r| r.ready == "True")
-                && platform.resource("ToolRelease", "slow-write-1.0.0").await.is_some_and(|r| r.ready == "True")
-        })
+        .eventually(
+            "the releases to be ready",
+            Duration::from_secs(60),
+            || async {
+                platform
+                    .resource("ToolRelease", "slow-read-1.0.0")
+                    .await
+                    .is_some_and(|r| r.ready == "True")
+                    && platform
+                        .resource("ToolRelease", "slow-write-1.0.0")
+                        .await
+                        .is_some_and(|r| r.ready == "True")
+            },
+        )
         .await;
 
     // Two long calls take both slots: alice's write and the operator's read.
-    let (write_id, write_stream) =
-        start(&platform, Some(ALICE), request("slow-write", &witness, "w", 500)).await;
+    let (write_id, write_stream) = start(
+        &platform,
+        Some(ALICE),
+        request("slow-write", &witness, "w", 500),
+    )
+    .await;
     let (read_id, read_stream) =
         start(&platform, None, request("slow-read", &witness, "r", 500)).await;
     assert!(
@@ -193,9 +205,16 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     );
 
     // A third call queues (no free slot); cancelling it ends it at once, `cancelled`.
-    let (queued_id, queued_stream) =
-        start(&platform, Some(ALICE), request("slow-write", &witness, "q", 1)).await;
-    assert_eq!(state_of(&platform, &queued_id).await.state, proto::CallState::Pending as i32);
+    let (queued_id, queued_stream) = start(
+        &platform,
+        Some(ALICE),
+        request("slow-write", &witness, "q", 1),
+    )
+    .await;
+    assert_eq!(
+        state_of(&platform, &queued_id).await.state,
+        proto::CallState::Pending as i32
+    );
     let output = platform.cli(&["cancel", &queued_id], None);
     assert!(
         output.status.success(),
@@ -206,9 +225,15 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     assert_eq!(printed["error"]["kind"], "cancelled", "{printed}");
     let queued = state_of(&platform, &queued_id).await;
     assert_eq!(error_kind(&queued), "cancelled");
-    let ended = queued_stream.await.unwrap().expect("the stream ends with the call");
+    let ended = queued_stream
+        .await
+        .unwrap()
+        .expect("the stream ends with the call");
     assert_eq!(error_kind(&ended), "cancelled");
-    assert!(seen_of(&witness, "q").is_empty(), "the queued call never ran");
+    assert!(
+        seen_of(&witness, "q").is_empty(),
+        "the queued call never ran"
+    );
 
     // Cancelling it again is refused: it has ended (CLI exit 2, HTTP 409, gRPC).
     let output = platform.cli(&["cancel", &queued_id], None);
@@ -233,9 +258,15 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
         .unwrap_err();
     assert_eq!(error.kind, ErrorKind::NotFound);
     let (status, body) = http_cancel(&platform, Some(BOB), &write_id).await;
-    assert_eq!((status, body["error"]["kind"].as_str()), (404, Some("not-found")));
+    assert_eq!(
+        (status, body["error"]["kind"].as_str()),
+        (404, Some("not-found"))
+    );
     let (status, body) = http_cancel(&platform, None, &write_id).await;
-    assert_eq!((status, body["error"]["kind"].as_str()), (401, Some("unauthenticated")));
+    assert_eq!(
+        (status, body["error"]["kind"].as_str()),
+        (401, Some("unauthenticated"))
+    );
     let mut anonymous = platform.client_with(None, None).await;
     let error = anonymous
         .cancel(proto::CancelRequest {
@@ -261,7 +292,10 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["state"], "failed");
     assert_eq!(body["error"]["kind"], "outcome-unknown", "{body}");
-    let ended = write_stream.await.unwrap().expect("the stream ends with the call");
+    let ended = write_stream
+        .await
+        .unwrap()
+        .expect("the stream ends with the call");
     assert_eq!(error_kind(&ended), "outcome-unknown");
 
     // The operator cancels the read call over gRPC: `cancelled`.
@@ -274,7 +308,10 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
         .expect("cancel")
         .into_inner();
     assert_eq!(error_kind(&call), "cancelled");
-    assert_eq!(error_kind(&read_stream.await.unwrap().expect("ended")), "cancelled");
+    assert_eq!(
+        error_kind(&read_stream.await.unwrap().expect("ended")),
+        "cancelled"
+    );
 
     // Give a call that was not stopped every chance to send more.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -319,5 +356,9 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     let oplog = platform.oplog(&write_id).await;
     let last = oplog.last().expect("entries");
     assert_eq!(last.kind, "outcome");
-    assert!(last.payload_json.contains("cancelled by agent:"), "{}", last.payload_json);
+    assert!(
+        last.payload_json.contains("cancelled by agent:"),
+        "{}",
+        last.payload_json
+    );
 }

@@ -996,7 +996,10 @@ impl Gateway {
         let record = self.get_call(caller, id).await?;
         let text = record.result.map(|r| r.to_string()).unwrap_or_default();
         if page > 0 {
-            return Err(ApiError::new(ErrorKind::NotFound, format!("no page {page}")));
+            return Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("no page {page}"),
+            ));
         }
         Ok(results::ResultPage {
             call_id: record.id,
