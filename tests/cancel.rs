@@ -21,6 +21,7 @@ use toolgrid::proto;
 
 const ALICE: &str = "alice-token-value";
 const BOB: &str = "bob-token-value";
+const CAROL: &str = "carol-token-value";
 
 /// `slow-write` (effect write) and `slow-read` (effect read), both the slow fixture with a
 /// timeout of 2 minutes; agents alice and bob bound to both; one worker with two slots.
@@ -79,10 +80,16 @@ spec:
     let mut text = format!(
         "apiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {{name: default}}\n\
          spec: {{replicas: 1, slotsPerWorker: 2}}\n---\napiVersion: v1\nkind: Secret\n\
-         metadata: {{name: agent-tokens}}\nstringData: {{alice: {ALICE}, bob: {BOB}}}\n"
+         metadata: {{name: agent-tokens}}\nstringData: {{alice: {ALICE}, bob: {BOB}, carol: {CAROL}}}\n"
     );
     text += &agent("alice");
     text += &agent("bob");
+    // carol's calls wait for approval.
+    text += &agent("carol");
+    text += "---\napiVersion: toolgrid.dev/v1alpha1\nkind: Middleware\nmetadata: {name: needs-ok}\n\
+             spec:\n  approval: {timeout: 1h, onTimeout: deny}\n---\n\
+             apiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {name: carol-write}\n\
+             spec:\n  agents: [carol]\n  tool: slow-write\n  middleware: [needs-ok]\n";
     text += &tool("slow-write", "write");
     text += &tool("slow-read", "read");
     std::fs::write(dir.join("cancel.yaml"), text).unwrap();
@@ -235,6 +242,22 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
         "the queued call never ran"
     );
 
+    // A call waiting for approval ends at once too, and never runs.
+    let mut carol = platform.client_with(Some(CAROL), None).await;
+    let waiting = carol
+        .invoke(request("slow-write", &witness, "a", 1))
+        .await
+        .expect("invoke")
+        .into_inner();
+    assert_eq!(waiting.state, proto::CallState::AwaitingApproval as i32);
+    let (status, body) = http_cancel(&platform, Some(CAROL), &waiting.id).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["error"]["kind"], "cancelled");
+    assert_eq!(
+        error_kind(&state_of(&platform, &waiting.id).await),
+        "cancelled"
+    );
+
     // Cancelling it again is refused: it has ended (CLI exit 2, HTTP 409, gRPC).
     let output = platform.cli(&["cancel", &queued_id], None);
     assert_eq!(output.status.code(), Some(2));
@@ -246,6 +269,19 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     let (status, body) = http_cancel(&platform, Some(&platform.admin_token()), &queued_id).await;
     assert_eq!(status, 409);
     assert_eq!(body["error"]["kind"], "not-cancellable");
+    let error = carol
+        .cancel(proto::CancelRequest {
+            call_id: waiting.id.clone(),
+        })
+        .await
+        .map_err(|s| ApiError::from(&s))
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::NotCancellable);
+    assert_eq!(
+        error_kind(&state_of(&platform, &queued_id).await),
+        "cancelled",
+        "a refused cancel changes nothing"
+    );
 
     // Another agent's call is not found; no token is unauthenticated.
     let mut bob = platform.client_with(Some(BOB), None).await;
@@ -342,6 +378,10 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
         "requests after the cancel was acknowledged: {after:?}"
     );
     // Nothing more of either call arrives, and the slots are free again: a new call runs.
+    assert!(
+        seen_of(&witness, "a").is_empty(),
+        "the call awaiting approval never ran"
+    );
     let count = (seen_of(&witness, "w").len(), seen_of(&witness, "r").len());
     let call = platform
         .invoke(request("slow-read", &witness, "after", 1))
