@@ -21,6 +21,7 @@ use toolgrid::proto;
 
 const ALICE: &str = "alice-token-value";
 const BOB: &str = "bob-token-value";
+const CAROL: &str = "carol-token-value";
 
 /// `slow-write` (effect write) and `slow-read` (effect read), both the slow fixture with a
 /// timeout of 2 minutes; agents alice and bob bound to both; one worker with two slots.
@@ -79,10 +80,16 @@ spec:
     let mut text = format!(
         "apiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {{name: default}}\n\
          spec: {{replicas: 1, slotsPerWorker: 2}}\n---\napiVersion: v1\nkind: Secret\n\
-         metadata: {{name: agent-tokens}}\nstringData: {{alice: {ALICE}, bob: {BOB}}}\n"
+         metadata: {{name: agent-tokens}}\nstringData: {{alice: {ALICE}, bob: {BOB}, carol: {CAROL}}}\n"
     );
     text += &agent("alice");
     text += &agent("bob");
+    // carol's calls wait for approval.
+    text += &agent("carol");
+    text += "---\napiVersion: toolgrid.dev/v1alpha1\nkind: Middleware\nmetadata: {name: needs-ok}\n\
+             spec:\n  approval: {timeout: 1h, onTimeout: deny}\n---\n\
+             apiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {name: carol-write}\n\
+             spec:\n  agents: [carol]\n  tool: slow-write\n  middleware: [needs-ok]\n";
     text += &tool("slow-write", "write");
     text += &tool("slow-read", "read");
     std::fs::write(dir.join("cancel.yaml"), text).unwrap();
@@ -142,10 +149,8 @@ fn seen_of(witness: &Witness, run: &str) -> Vec<common::witness::Seen> {
 }
 
 async fn http_cancel(platform: &Platform, token: Option<&str>, id: &str) -> (u16, Value) {
-    let mut request = reqwest::Client::new().post(format!(
-        "http://{}/v1/calls/{id}/cancel",
-        platform.http
-    ));
+    let mut request =
+        reqwest::Client::new().post(format!("http://{}/v1/calls/{id}/cancel", platform.http));
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
@@ -172,15 +177,29 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     let witness = Witness::start().await;
     let platform = Platform::start(root.path(), &manifests(root.path(), &witness), &[]);
     platform
-        .eventually("the releases to be ready", Duration::from_secs(60), || async {
-            platform.resource("ToolRelease", "slow-read-1.0.0").await.is_some_and(|r| r.ready == "True")
-                && platform.resource("ToolRelease", "slow-write-1.0.0").await.is_some_and(|r| r.ready == "True")
-        })
+        .eventually(
+            "the releases to be ready",
+            Duration::from_secs(60),
+            || async {
+                platform
+                    .resource("ToolRelease", "slow-read-1.0.0")
+                    .await
+                    .is_some_and(|r| r.ready == "True")
+                    && platform
+                        .resource("ToolRelease", "slow-write-1.0.0")
+                        .await
+                        .is_some_and(|r| r.ready == "True")
+            },
+        )
         .await;
 
     // Two long calls take both slots: alice's write and the operator's read.
-    let (write_id, write_stream) =
-        start(&platform, Some(ALICE), request("slow-write", &witness, "w", 500)).await;
+    let (write_id, write_stream) = start(
+        &platform,
+        Some(ALICE),
+        request("slow-write", &witness, "w", 500),
+    )
+    .await;
     let (read_id, read_stream) =
         start(&platform, None, request("slow-read", &witness, "r", 500)).await;
     assert!(
@@ -193,9 +212,16 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     );
 
     // A third call queues (no free slot); cancelling it ends it at once, `cancelled`.
-    let (queued_id, queued_stream) =
-        start(&platform, Some(ALICE), request("slow-write", &witness, "q", 1)).await;
-    assert_eq!(state_of(&platform, &queued_id).await.state, proto::CallState::Pending as i32);
+    let (queued_id, queued_stream) = start(
+        &platform,
+        Some(ALICE),
+        request("slow-write", &witness, "q", 1),
+    )
+    .await;
+    assert_eq!(
+        state_of(&platform, &queued_id).await.state,
+        proto::CallState::Pending as i32
+    );
     let output = platform.cli(&["cancel", &queued_id], None);
     assert!(
         output.status.success(),
@@ -206,9 +232,31 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     assert_eq!(printed["error"]["kind"], "cancelled", "{printed}");
     let queued = state_of(&platform, &queued_id).await;
     assert_eq!(error_kind(&queued), "cancelled");
-    let ended = queued_stream.await.unwrap().expect("the stream ends with the call");
+    let ended = queued_stream
+        .await
+        .unwrap()
+        .expect("the stream ends with the call");
     assert_eq!(error_kind(&ended), "cancelled");
-    assert!(seen_of(&witness, "q").is_empty(), "the queued call never ran");
+    assert!(
+        seen_of(&witness, "q").is_empty(),
+        "the queued call never ran"
+    );
+
+    // A call waiting for approval ends at once too, and never runs.
+    let mut carol = platform.client_with(Some(CAROL), None).await;
+    let waiting = carol
+        .invoke(request("slow-write", &witness, "a", 1))
+        .await
+        .expect("invoke")
+        .into_inner();
+    assert_eq!(waiting.state, proto::CallState::AwaitingApproval as i32);
+    let (status, body) = http_cancel(&platform, Some(CAROL), &waiting.id).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["error"]["kind"], "cancelled");
+    assert_eq!(
+        error_kind(&state_of(&platform, &waiting.id).await),
+        "cancelled"
+    );
 
     // Cancelling it again is refused: it has ended (CLI exit 2, HTTP 409, gRPC).
     let output = platform.cli(&["cancel", &queued_id], None);
@@ -221,6 +269,19 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     let (status, body) = http_cancel(&platform, Some(&platform.admin_token()), &queued_id).await;
     assert_eq!(status, 409);
     assert_eq!(body["error"]["kind"], "not-cancellable");
+    let error = carol
+        .cancel(proto::CancelRequest {
+            call_id: waiting.id.clone(),
+        })
+        .await
+        .map_err(|s| ApiError::from(&s))
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::NotCancellable);
+    assert_eq!(
+        error_kind(&state_of(&platform, &queued_id).await),
+        "cancelled",
+        "a refused cancel changes nothing"
+    );
 
     // Another agent's call is not found; no token is unauthenticated.
     let mut bob = platform.client_with(Some(BOB), None).await;
@@ -233,9 +294,15 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
         .unwrap_err();
     assert_eq!(error.kind, ErrorKind::NotFound);
     let (status, body) = http_cancel(&platform, Some(BOB), &write_id).await;
-    assert_eq!((status, body["error"]["kind"].as_str()), (404, Some("not-found")));
+    assert_eq!(
+        (status, body["error"]["kind"].as_str()),
+        (404, Some("not-found"))
+    );
     let (status, body) = http_cancel(&platform, None, &write_id).await;
-    assert_eq!((status, body["error"]["kind"].as_str()), (401, Some("unauthenticated")));
+    assert_eq!(
+        (status, body["error"]["kind"].as_str()),
+        (401, Some("unauthenticated"))
+    );
     let mut anonymous = platform.client_with(None, None).await;
     let error = anonymous
         .cancel(proto::CancelRequest {
@@ -261,7 +328,10 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["state"], "failed");
     assert_eq!(body["error"]["kind"], "outcome-unknown", "{body}");
-    let ended = write_stream.await.unwrap().expect("the stream ends with the call");
+    let ended = write_stream
+        .await
+        .unwrap()
+        .expect("the stream ends with the call");
     assert_eq!(error_kind(&ended), "outcome-unknown");
 
     // The operator cancels the read call over gRPC: `cancelled`.
@@ -274,7 +344,10 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
         .expect("cancel")
         .into_inner();
     assert_eq!(error_kind(&call), "cancelled");
-    assert_eq!(error_kind(&read_stream.await.unwrap().expect("ended")), "cancelled");
+    assert_eq!(
+        error_kind(&read_stream.await.unwrap().expect("ended")),
+        "cancelled"
+    );
 
     // Give a call that was not stopped every chance to send more.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -305,6 +378,10 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
         "requests after the cancel was acknowledged: {after:?}"
     );
     // Nothing more of either call arrives, and the slots are free again: a new call runs.
+    assert!(
+        seen_of(&witness, "a").is_empty(),
+        "the call awaiting approval never ran"
+    );
     let count = (seen_of(&witness, "w").len(), seen_of(&witness, "r").len());
     let call = platform
         .invoke(request("slow-read", &witness, "after", 1))
@@ -319,5 +396,9 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
     let oplog = platform.oplog(&write_id).await;
     let last = oplog.last().expect("entries");
     assert_eq!(last.kind, "outcome");
-    assert!(last.payload_json.contains("cancelled by agent:"), "{}", last.payload_json);
+    assert!(
+        last.payload_json.contains("cancelled by agent:"),
+        "{}",
+        last.payload_json
+    );
 }

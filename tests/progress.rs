@@ -164,7 +164,12 @@ async fn a_long_message_is_cut_to_1_kib_and_a_different_report_in_replay_diverge
     replayed.sink = Some(Arc::new(MemorySink::default()));
     let outcome = runtime.run(&compiled, replayed).await;
     let failure = outcome.failure.expect("diverged");
-    assert_eq!(failure.kind, ErrorKind::ReplayDivergence, "{}", failure.message);
+    assert_eq!(
+        failure.kind,
+        ErrorKind::ReplayDivergence,
+        "{}",
+        failure.message
+    );
 }
 
 /// Runs `slow` for 8 steps of 400 ms (3.2 s in all) with an idle timeout of 2.5 s.
@@ -312,16 +317,23 @@ spec:
             wasm = wasm.display()
         )
     };
-    let mut text = "apiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {name: default}\n\
+    let mut text =
+        "apiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {name: default}\n\
                     spec: {replicas: 1, slotsPerWorker: 2}\n"
-        .to_string();
+            .to_string();
     text += &tool("slow", "20s");
     text += &tool("slow-capped", "2600ms");
     std::fs::write(dir.join("slow.yaml"), text).unwrap();
     dir
 }
 
-fn request(tool: &str, witness: &Witness, run: &str, steps: u32, progress: bool) -> proto::InvokeRequest {
+fn request(
+    tool: &str,
+    witness: &Witness,
+    run: &str,
+    steps: u32,
+    progress: bool,
+) -> proto::InvokeRequest {
     proto::InvokeRequest {
         tool: tool.into(),
         command: "run".into(),
@@ -340,9 +352,16 @@ async fn progress_extends_the_deadline_up_to_max_timeout_and_reaches_every_calle
     let witness = Witness::start().await;
     let platform = Platform::start(root.path(), &manifests(root.path(), &witness), &[]);
     platform
-        .eventually("the releases to be ready", Duration::from_secs(60), || async {
-            platform.resource("ToolRelease", "slow-capped-1.0.0").await.is_some_and(|r| r.ready == "True")
-        })
+        .eventually(
+            "the releases to be ready",
+            Duration::from_secs(60),
+            || async {
+                platform
+                    .resource("ToolRelease", "slow-capped-1.0.0")
+                    .await
+                    .is_some_and(|r| r.ready == "True")
+            },
+        )
         .await;
 
     // gRPC InvokeStream: 20 steps of 0.4 s (8 s) against a timeout of 2.5 s succeed
@@ -404,8 +423,10 @@ async fn progress_extends_the_deadline_up_to_max_timeout_and_reaches_every_calle
             platform.http
         ))
         .header("accept", "text/event-stream")
-        .json(&json!({"args": {"base": witness.base(), "run": "sse", "steps": 3,
-                               "sleep-ms": 50, "progress": true}}))
+        .json(
+            &json!({"args": {"base": witness.base(), "run": "sse", "steps": 3,
+                               "sleep-ms": 50, "progress": true}}),
+        )
         .send()
         .await
         .expect("SSE request");
@@ -458,19 +479,38 @@ async fn progress_extends_the_deadline_up_to_max_timeout_and_reaches_every_calle
         .unwrap();
     assert_eq!(response.status(), 401);
 
-    // `toolgrid call --progress` prints the tool's reports on stderr.
+    // `toolgrid call --progress` prints the tool's reports on stderr (the tool's own
+    // `--progress` flag goes after `--`, where every word is the tool's).
     let base = witness.base();
     let output = platform.cli(
         &[
-            "call", "slow", "run", "--base", &base, "--run", "cli", "--steps", "2",
-            "--sleep-ms", "0", "--progress",
+            "call",
+            "slow",
+            "run",
+            "--progress",
+            "--",
+            "--base",
+            &base,
+            "--run",
+            "cli",
+            "--steps",
+            "2",
+            "--sleep-ms",
+            "0",
+            "--progress",
         ],
         None,
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
-    assert!(stderr.contains("toolgrid: progress: step 1 of 2"), "{stderr}");
-    assert!(stderr.contains("toolgrid: progress: step 2 of 2"), "{stderr}");
+    assert!(
+        stderr.contains("toolgrid: progress: step 1 of 2"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("toolgrid: progress: step 2 of 2"),
+        "{stderr}"
+    );
 }
 
 /// The events of a `text/event-stream` body: (event name, data as JSON).

@@ -45,7 +45,8 @@ impl IdleDeadline {
 
     /// The hard cap: no progress extends the call past it.
     pub fn hard_ms(&self) -> i64 {
-        self.started_ms.saturating_add(ms(self.max_ms.max(self.timeout_ms)))
+        self.started_ms
+            .saturating_add(ms(self.max_ms.max(self.timeout_ms)))
     }
 
     /// The deadline before any progress.

@@ -46,7 +46,11 @@ mod tests {
             );
             let error = stopped_error(ErrorKind::Timeout, "deadline", effect, 1);
             assert_eq!(error.kind, ErrorKind::OutcomeUnknown);
-            assert!(error.message.starts_with("timeout: deadline"), "{}", error.message);
+            assert!(
+                error.message.starts_with("timeout: deadline"),
+                "{}",
+                error.message
+            );
         }
     }
 }

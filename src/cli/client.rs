@@ -340,11 +340,12 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
         let mut last = None;
         while let Some(event) = stream.message().await.map_err(|s| ApiError::from(&s))? {
             match event.event {
-                Some(proto::invoke_event::Event::Progress(p)) if !args.stream => {
-                    if p.stage == crate::scheduler::TOOL_PROGRESS {
-                        eprintln!("toolgrid: progress: {}", p.message.replace('\n', " "));
-                    }
+                Some(proto::invoke_event::Event::Progress(p))
+                    if !args.stream && p.stage == crate::scheduler::TOOL_PROGRESS =>
+                {
+                    eprintln!("toolgrid: progress: {}", p.message.replace('\n', " "));
                 }
+                Some(proto::invoke_event::Event::Progress(_)) if !args.stream => {}
                 Some(proto::invoke_event::Event::Progress(p)) => {
                     let at = if p.worker.is_empty() {
                         String::new()

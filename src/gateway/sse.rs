@@ -60,9 +60,7 @@ pub fn call_events(gateway: Arc<Gateway>, admitted: Result<Admitted, ApiError>) 
                 .event("result")
                 .data(call_to_json(record, admitted.deduplicated).to_string())
         };
-        if record.state.is_terminal()
-            || record.state == crate::call::CallState::AwaitingApproval
-        {
+        if record.state.is_terminal() || record.state == crate::call::CallState::AwaitingApproval {
             let _ = tx.send(result(&record)).await;
             return;
         }

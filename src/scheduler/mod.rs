@@ -232,7 +232,8 @@ impl Scheduler {
         // A call that reported progress keeps the deadline its recorded progress gave it.
         let mut deadlines = HashMap::new();
         for record in &unfinished {
-            let Some(rule) = crate::call::IdleDeadline::of(&record.spec.limits, record.spec.deadline_ms)
+            let Some(rule) =
+                crate::call::IdleDeadline::of(&record.spec.limits, record.spec.deadline_ms)
             else {
                 continue;
             };

@@ -943,15 +943,14 @@ impl State {
         let grace = self.timing.deadline_grace.as_millis() as i64;
         let pending = Lifecycle::admitted();
         let mut late = Vec::new();
-        self.queue.retain(
-            |q| match pending.expire(q.call.deadline_ms, grace, wall) {
+        self.queue
+            .retain(|q| match pending.expire(q.call.deadline_ms, grace, wall) {
                 Some(error) => {
                     late.push((q.call.clone(), error));
                     false
                 }
                 None => true,
-            },
-        );
+            });
         for (call, error) in late {
             self.fail(call, error, out);
         }
@@ -963,11 +962,7 @@ impl State {
         let late: Vec<String> = self
             .running
             .iter()
-            .filter(|(_, r)| {
-                running
-                    .expire(r.call.deadline_ms, grace, wall)
-                    .is_some()
-            })
+            .filter(|(_, r)| running.expire(r.call.deadline_ms, grace, wall).is_some())
             .map(|(id, _)| id.clone())
             .collect();
         for id in late {

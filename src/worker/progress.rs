@@ -60,7 +60,7 @@ impl IdleTimer {
     /// the event, never past `hard` from now. `idle` zero: progress does not move it.
     pub fn new(first: Duration, idle: Duration, hard: Duration) -> Self {
         let hard = hard.max(first);
-        let rule = (!idle.is_zero()).then(|| IdleDeadline {
+        let rule = (!idle.is_zero()).then_some(IdleDeadline {
             timeout_ms: idle.as_millis() as u64,
             max_ms: hard.as_millis() as u64,
             started_ms: 0,
@@ -146,7 +146,10 @@ impl CallProgress {
         if self.reports.fetch_add(1, Ordering::SeqCst) >= MAX_EVENTS {
             return Reported::Dropped;
         }
-        let message = self.secrets.redact_text(&bounded_message(bytes)).into_owned();
+        let message = self
+            .secrets
+            .redact_text(&bounded_message(bytes))
+            .into_owned();
         match self.log.replay_next(EntryKind::Progress) {
             Replayed::Recorded(OplogEntry::Progress(recorded)) if recorded.message == message => {
                 Reported::Accepted
@@ -183,17 +186,10 @@ mod tests {
             Duration::from_secs(10),
         ));
         let secrets = Arc::new(CallSecrets::new(
-            [(
-                "token".to_string(),
-                crate::call::SecretValue::new("s3cr3t"),
-            )]
-            .into(),
+            [("token".to_string(), crate::call::SecretValue::new("s3cr3t"))].into(),
         ));
         let sink = Arc::new(MemorySink::default());
-        (
-            CallProgress::new(log.clone(), sink, secrets, timer),
-            log,
-        )
+        (CallProgress::new(log.clone(), sink, secrets, timer), log)
     }
 
     #[test]
@@ -231,7 +227,10 @@ mod tests {
         });
         let (progress, log) = reporter(vec![recorded.clone()]);
         assert_eq!(progress.report(b"step 1").await, Reported::Accepted);
-        assert!(log.take_pending().is_empty(), "replayed, not recorded again");
+        assert!(
+            log.take_pending().is_empty(),
+            "replayed, not recorded again"
+        );
         assert_eq!(progress.report(b"step 2").await, Reported::Accepted);
         assert_eq!(log.take_pending().len(), 1);
 

@@ -768,12 +768,13 @@ impl Runtime {
                 let mut store = Store::new(&self.engine, state);
                 store.limiter(|s| &mut s.limiter);
                 arm_cpu_budget(&mut store, cpu_limit_ms, log.clone(), trips.clone());
-                timer.run(async {
-                    let instance = pre.instantiate_async(&mut store).await?;
-                    let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
-                    start.call_async(&mut store, ()).await
-                })
-                .await
+                timer
+                    .run(async {
+                        let instance = pre.instantiate_async(&mut store).await?;
+                        let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
+                        start.call_async(&mut store, ()).await
+                    })
+                    .await
             }
             Compiled::Component(pre) => {
                 let state = ComponentState {
@@ -792,14 +793,15 @@ impl Runtime {
                 let mut store = Store::new(&self.engine, state);
                 store.limiter(|s| &mut s.limiter);
                 arm_cpu_budget(&mut store, cpu_limit_ms, log.clone(), trips.clone());
-                timer.run(async {
-                    let command = pre.instantiate_async(&mut store).await?;
-                    match command.wasi_cli_run().call_run(&mut store).await? {
-                        Ok(()) => Ok(()),
-                        Err(()) => Err(I32Exit(1).into()),
-                    }
-                })
-                .await
+                timer
+                    .run(async {
+                        let command = pre.instantiate_async(&mut store).await?;
+                        match command.wasi_cli_run().call_run(&mut store).await? {
+                            Ok(()) => Ok(()),
+                            Err(()) => Err(I32Exit(1).into()),
+                        }
+                    })
+                    .await
             }
         };
 
@@ -1243,9 +1245,7 @@ fn add_toolgrid_progress(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime
                 let kept = slice.len().min(super::progress::MAX_MESSAGE_BYTES * 4);
                 let bytes = slice[..kept].to_vec();
                 let progress = caller.data().progress.clone();
-                progress_code(progress.report(&bytes).await, || {
-                    host_abort_reason(&caller)
-                })
+                progress_code(progress.report(&bytes).await, || host_abort_reason(&caller))
             })
         },
     )?;
