@@ -68,7 +68,7 @@ pub enum EntryKind {
 }
 
 impl EntryKind {
-    pub const ALL: [EntryKind; 14] = [
+    pub const ALL: [EntryKind; 15] = [
         EntryKind::CallStarted,
         EntryKind::Assigned,
         EntryKind::Fenced,
