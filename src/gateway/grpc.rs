@@ -440,39 +440,21 @@ fn async_stream(
         {
             return;
         }
-        let mut updates = gateway.watch(&record.id);
-        let mut sent = 0usize;
-        let deadline = tokio::time::Instant::now() + gateway.wait_limit(&record);
+        let mut follow = super::follow::Follow::new(&gateway, &record, admitted.updates);
         let final_record = loop {
-            let (news, finished) = {
-                let update = updates.borrow_and_update();
-                (
-                    update.progress[sent.min(update.progress.len())..].to_vec(),
-                    update.finished.clone(),
-                )
-            };
-            for p in news {
-                sent += 1;
-                if tx
-                    .send(Ok(progress(&p.stage, p.worker, p.epoch, p.message)))
-                    .await
-                    .is_err()
-                {
-                    return;
+            match follow.next(&gateway).await {
+                super::follow::Step::Progress(news) => {
+                    for p in news {
+                        if tx
+                            .send(Ok(progress(&p.stage, p.worker, p.epoch, p.message)))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
                 }
-            }
-            if let Some(done) = finished {
-                break Ok(done);
-            }
-            let current = gateway.record(&record.id).await;
-            if let Ok(current) = &current
-                && current.state.is_terminal()
-            {
-                break Ok(current.clone());
-            }
-            match tokio::time::timeout_at(deadline, updates.changed()).await {
-                Ok(Ok(())) => {}
-                _ => break gateway.record(&record.id).await,
+                super::follow::Step::Ended(ended) => break *ended,
             }
         };
         let event = final_record.map(|r| proto::InvokeEvent {

@@ -10,6 +10,7 @@ mod chain;
 pub mod completion;
 pub mod console;
 pub mod convert;
+pub mod follow;
 mod grpc;
 mod http;
 pub mod mcp;

@@ -64,36 +64,21 @@ pub fn call_events(gateway: Arc<Gateway>, admitted: Result<Admitted, ApiError>) 
             let _ = tx.send(result(&record)).await;
             return;
         }
-        let mut updates = admitted
-            .updates
-            .unwrap_or_else(|| gateway.watch(&record.id));
-        let mut sent = 0usize;
-        let deadline = tokio::time::Instant::now() + gateway.wait_limit(&record);
+        let mut follow = super::follow::Follow::new(&gateway, &record, admitted.updates);
         let ended = loop {
-            let (news, finished) = {
-                let update = updates.borrow_and_update();
-                (
-                    update.progress[sent.min(update.progress.len())..].to_vec(),
-                    update.finished.clone(),
-                )
-            };
-            for p in news {
-                sent += 1;
-                let data = json!({
-                    "stage": p.stage, "message": p.message, "worker": p.worker, "epoch": p.epoch,
-                });
-                let event = Event::default().event("progress").data(data.to_string());
-                if tx.send(event).await.is_err() {
-                    return;
+            match follow.next(&gateway).await {
+                super::follow::Step::Progress(news) => {
+                    for p in news {
+                        let data = json!({
+                            "stage": p.stage, "message": p.message, "worker": p.worker, "epoch": p.epoch,
+                        });
+                        let event = Event::default().event("progress").data(data.to_string());
+                        if tx.send(event).await.is_err() {
+                            return;
+                        }
+                    }
                 }
-            }
-            if let Some(done) = finished {
-                break Ok(done);
-            }
-            match tokio::time::timeout_at(deadline, updates.changed()).await {
-                Ok(Ok(())) => {}
-                // The call ended and its channel was dropped, or time ran out: the store says.
-                _ => break gateway.record(&record.id).await,
+                super::follow::Step::Ended(ended) => break *ended,
             }
         };
         let event = match ended {

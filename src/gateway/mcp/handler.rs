@@ -17,7 +17,9 @@ use crate::auth::Principal;
 use crate::catalog::model_tools::{ModelTool, split_input, split_model_name};
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::authn::{ACT_AS, AUTHORIZATION};
+use crate::gateway::follow::{Follow, Step};
 use crate::gateway::{Gateway, Invocation, caller_name, results};
+use crate::scheduler::TOOL_PROGRESS;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -595,37 +597,29 @@ async fn drive_call(
         )));
     }
     if !record.state.is_terminal() {
-        let mut updates = admitted.updates.unwrap_or_else(|| gateway.watch(&call_id));
-        let deadline = tokio::time::Instant::now() + gateway.wait_limit(&record);
-        let mut sent = 0usize;
+        let mut follow = Follow::new(gateway, &record, admitted.updates);
+        let mut reported = 0usize;
         loop {
-            let update = updates.borrow_and_update().clone();
-            if let Some(token) = &progress_token {
-                let reports: Vec<_> = update
-                    .progress
-                    .iter()
-                    .filter(|p| p.stage == "progress")
-                    .collect();
-                for report in reports.iter().skip(sent) {
-                    sent += 1;
-                    let note = jsonrpc::notification(
-                        "notifications/progress",
-                        json!({"progressToken": token, "progress": sent, "message": report.message}),
-                    );
-                    if tx.send(note).await.is_err() {
-                        break;
-                    }
-                }
-            }
-            if let Some(done) = update.finished {
-                record = done;
-                break;
-            }
             tokio::select! {
-                changed = tokio::time::timeout_at(deadline, updates.changed()) => match changed {
-                    Ok(Ok(())) => continue,
-                    _ => match gateway.record(&call_id).await {
-                        Ok(now) => { record = now; break; }
+                step = follow.next(gateway) => match step {
+                    Step::Progress(news) => {
+                        let Some(token) = &progress_token else { continue };
+                        for report in news.iter().filter(|p| p.stage == TOOL_PROGRESS) {
+                            reported += 1;
+                            let note = jsonrpc::notification(
+                                "notifications/progress",
+                                json!({"progressToken": token, "progress": reported, "message": report.message}),
+                            );
+                            if tx.send(note).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    Step::Ended(ended) => match *ended {
+                        Ok(now) => {
+                            record = now;
+                            break;
+                        }
                         Err(error) => return Some(refusal(error)),
                     },
                 },
