@@ -217,6 +217,17 @@ impl CommandInterface {
                     format!("argument name {name:?} is already used by {other}"),
                 ));
             }
+            // Model-facing front doors (MCP, model tool schemas) carry stdin as one more
+            // property of the input object: an argument may not take its name.
+            if command.stdin.is_some() && name == super::model_tools::STDIN_PROPERTY {
+                return Err(FieldError::new(
+                    format!("{at}.name"),
+                    format!(
+                        "argument name {name:?} is taken by the command's stdin in the input \
+                         schema models and MCP clients see: rename the argument"
+                    ),
+                ));
+            }
             Ok(())
         };
 
@@ -1001,6 +1012,17 @@ errors: [{name: not-found, exitCode: 4, description: The page does not exist.}]
         assert_eq!(e.field, "spec.commands[0].name");
         let e = bad("{name: get, positional: [{name: a, variadic: true}, {name: b}]}");
         assert_eq!(e.field, "spec.commands[0].positional[0].variadic");
+        let e = bad("{name: get, options: [{name: stdin}], stdin: {schema: {type: string}}}");
+        assert_eq!(e.field, "spec.commands[0].options[0].name");
+        assert!(
+            e.message.contains("taken by the command's stdin"),
+            "{}",
+            e.message
+        );
+        // Without stdin the name is free.
+        let command: Command =
+            serde_yaml::from_str("{name: get, options: [{name: stdin}]}").unwrap();
+        assert!(CommandInterface::compile(&command, "spec.commands[0]").is_ok());
     }
 
     #[test]
