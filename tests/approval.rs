@@ -11,8 +11,8 @@ use common::{Platform, error_kind, result_of};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use toolgrid::error::{ApiError, ErrorKind};
-use toolgrid::proto;
+use toolgrid_core::error::ErrorKind;
+use toolgrid_proto as proto;
 
 const CALLER: &str = "caller-token-value";
 const REVIEWER: &str = "reviewer-token-value";
@@ -195,7 +195,7 @@ async fn ready(platform: &Platform) {
 fn refusal(result: Result<tonic::Response<proto::Call>, tonic::Status>) -> ErrorKind {
     match result {
         Ok(call) => panic!("not refused: {:?}", call.into_inner()),
-        Err(status) => ApiError::from(&status).kind,
+        Err(status) => toolgrid_proto::status::error_of(&status).kind,
     }
 }
 

@@ -9,9 +9,10 @@ use common::fixtures;
 use common::{Platform, result_of};
 use serde_json::{Value, json};
 use std::time::Duration;
-use toolgrid::call::{AuditOutcome, AuditRecord};
-use toolgrid::error::{ApiError, ErrorKind};
-use toolgrid::proto;
+use toolgrid_core::call::{AuditOutcome, AuditRecord};
+use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_proto as proto;
+use toolgrid_proto::status::error_of;
 
 const AUDITOR: &str = "auditor-token-value";
 
@@ -95,7 +96,7 @@ async fn invoke(
         .invoke(request)
         .await
         .map(|r| r.into_inner())
-        .map_err(|s| ApiError::from(&s))
+        .map_err(|s| error_of(&s))
 }
 
 /// The audit records `toolgrid audit -o json ARGS` prints.
@@ -383,7 +384,7 @@ async fn results_and_errors_are_redacted_and_every_call_is_audited_once() {
         .await
         .expect_err("agents may not read the audit log");
     assert_eq!(
-        ApiError::from(&status).kind,
+        error_of(&status).kind,
         ErrorKind::PermissionDenied,
         "{status:?}"
     );

@@ -8,8 +8,9 @@ use common::fixtures;
 use common::{Platform, result_of};
 use serde_json::{Value, json};
 use std::time::Duration;
-use toolgrid::error::{ApiError, ErrorKind};
-use toolgrid::proto;
+use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_proto as proto;
+use toolgrid_proto::status::error_of;
 
 const REPORTER: &str = "reporter-example-token";
 const RANGER: &str = "ranger-token-value";
@@ -114,7 +115,7 @@ async fn invoke(
         .invoke(request)
         .await
         .map(|r| r.into_inner())
-        .map_err(|s| ApiError::from(&s))
+        .map_err(|s| error_of(&s))
 }
 
 fn refused<T: std::fmt::Debug>(result: Result<T, ApiError>, kind: ErrorKind, says: &str) {
@@ -128,9 +129,9 @@ fn refused<T: std::fmt::Debug>(result: Result<T, ApiError>, kind: ErrorKind, say
 }
 
 /// The call as stored, with the access admission gave it.
-async fn stored(platform: &Platform, id: &str) -> toolgrid::store::CallRecord {
+async fn stored(platform: &Platform, id: &str) -> toolgrid_store::CallRecord {
     let url = format!("sqlite://{}", platform.data.join("toolgrid.db").display());
-    let store = toolgrid::store::open(&url).await.expect("open the store");
+    let store = toolgrid_store::open(&url).await.expect("open the store");
     store.get_call(id).await.unwrap().expect("stored call")
 }
 
@@ -173,12 +174,12 @@ async fn callers_are_authenticated_and_authorized() {
     let listing = anonymous
         .list_calls(proto::ListCallsRequest::default())
         .await
-        .map_err(|s| ApiError::from(&s));
+        .map_err(|s| error_of(&s));
     refused(listing, ErrorKind::Unauthenticated, "bearer");
     let listing = anonymous
         .list_tools(proto::ListToolsRequest::default())
         .await
-        .map_err(|s| ApiError::from(&s));
+        .map_err(|s| error_of(&s));
     refused(listing, ErrorKind::Unauthenticated, "bearer");
     let http = reqwest::Client::new();
     let call_url = format!(
@@ -347,11 +348,11 @@ async fn callers_are_authenticated_and_authorized() {
             ..Default::default()
         })
         .await
-        .map_err(|s| ApiError::from(&s));
+        .map_err(|s| error_of(&s));
     refused(read, ErrorKind::NotFound, "no call");
     let oplog = toolgrid::cli::client::oplog_of(&mut other, &reporters_call)
         .await
-        .map_err(|s| ApiError::from(&s));
+        .map_err(|s| error_of(&s));
     refused(oplog, ErrorKind::NotFound, "no call");
     let (status, _) = http_status(
         http.get(format!(
@@ -439,7 +440,7 @@ async fn callers_are_authenticated_and_authorized() {
             namespace: String::new(),
         })
         .await
-        .map_err(|s| ApiError::from(&s));
+        .map_err(|s| error_of(&s));
     refused(rows, ErrorKind::PermissionDenied, "agents may list tools");
 
     // Operators act as agents; agents may not.
@@ -581,7 +582,7 @@ async fn callers_are_authenticated_and_authorized() {
             tool: String::new(),
         })
         .await
-        .map_err(|s| ApiError::from(&s));
+        .map_err(|s| error_of(&s));
     refused(theirs, ErrorKind::PermissionDenied, "only about itself");
 
     // The agent's token changes with its Secret: the old one stops working.

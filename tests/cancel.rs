@@ -16,8 +16,9 @@ use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use toolgrid::error::{ApiError, ErrorKind};
-use toolgrid::proto;
+use toolgrid_core::error::ErrorKind;
+use toolgrid_proto as proto;
+use toolgrid_proto::status::error_of;
 
 const ALICE: &str = "alice-token-value";
 const BOB: &str = "bob-token-value";
@@ -274,7 +275,7 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
             call_id: waiting.id.clone(),
         })
         .await
-        .map_err(|s| ApiError::from(&s))
+        .map_err(|s| error_of(&s))
         .unwrap_err();
     assert_eq!(error.kind, ErrorKind::NotCancellable);
     assert_eq!(
@@ -290,7 +291,7 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
             call_id: write_id.clone(),
         })
         .await
-        .map_err(|s| ApiError::from(&s))
+        .map_err(|s| error_of(&s))
         .unwrap_err();
     assert_eq!(error.kind, ErrorKind::NotFound);
     let (status, body) = http_cancel(&platform, Some(BOB), &write_id).await;
@@ -309,7 +310,7 @@ async fn cancelled_calls_stop_at_once_and_nothing_leaves_after_the_acknowledgeme
             call_id: write_id.clone(),
         })
         .await
-        .map_err(|s| ApiError::from(&s))
+        .map_err(|s| error_of(&s))
         .unwrap_err();
     assert_eq!(error.kind, ErrorKind::Unauthenticated);
     let (status, _) = http_cancel(&platform, Some("not-a-token"), &write_id).await;

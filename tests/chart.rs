@@ -46,7 +46,7 @@ fn parse_typed(object: &Value) -> String {
         "CustomResourceDefinition" => {
             serde_json::from_value::<CustomResourceDefinition>(value).map(|_| ())
         }
-        "WorkerPool" => serde_json::from_value::<toolgrid::api::WorkerPool>(value).map(|_| ()),
+        "WorkerPool" => serde_json::from_value::<toolgrid_api::WorkerPool>(value).map(|_| ()),
         "Kustomization" => Ok(()),
         other => panic!("{other} {name}: an object of a kind this test does not know"),
     };
@@ -171,7 +171,7 @@ fn the_plain_manifests_are_valid_kubernetes_objects() {
 
 #[test]
 fn the_kubernetes_examples_load_and_resolve_with_configmap_artifacts() {
-    use toolgrid::catalog::manifest::load_dir;
+    use toolgrid_catalog::manifest::load_dir;
     let dir = repo().join("examples/k8s");
     let set = load_dir(&dir).unwrap();
     assert!(set.invalid.is_empty(), "{:?}", set.invalid);
@@ -181,9 +181,9 @@ fn the_kubernetes_examples_load_and_resolve_with_configmap_artifacts() {
     );
     let mut artifacts = std::collections::HashMap::new();
     for release in &set.releases {
-        let loaded = toolgrid::catalog::artifacts::load_local(release, &set.config_maps);
+        let loaded = toolgrid_catalog::artifacts::load_local(release, &set.config_maps);
         artifacts.insert(
-            toolgrid::catalog::ObjectKey::new(
+            toolgrid_core::ids::ObjectKey::new(
                 release
                     .object
                     .metadata
@@ -195,7 +195,7 @@ fn the_kubernetes_examples_load_and_resolve_with_configmap_artifacts() {
             loaded.outcome,
         );
     }
-    let snapshot = toolgrid::catalog::resolve::resolve(&toolgrid::catalog::resolve::ResolveInput {
+    let snapshot = toolgrid_catalog::resolve::resolve(&toolgrid_catalog::resolve::ResolveInput {
         set: &set,
         artifacts: &artifacts,
         wasm: &Default::default(),

@@ -10,8 +10,8 @@ use common::witness::Witness;
 use common::{Platform, fixtures, result_of};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use toolgrid::error::{ApiError, ErrorKind};
-use toolgrid::proto;
+use toolgrid_core::error::ErrorKind;
+use toolgrid_proto as proto;
 
 const BOT: &str = "bot-token-value";
 
@@ -142,7 +142,7 @@ fn succeeded(call: &proto::Call) {
 
 fn repeated(status: &tonic::Status, first: &str) {
     assert_eq!(status.code(), tonic::Code::AlreadyExists, "{status:?}");
-    let error = ApiError::from(status);
+    let error = toolgrid_proto::status::error_of(status);
     assert_eq!(error.kind, ErrorKind::RepeatedCall, "{}", error.message);
     assert!(error.message.contains(first), "{}", error.message);
 }

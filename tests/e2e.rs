@@ -7,8 +7,8 @@ use common::fixtures::{self, tool_manifest, write_wat};
 use common::{Platform, error_kind, result_of};
 use serde_json::{Value, json};
 use std::time::Duration;
-use toolgrid::error::ErrorKind;
-use toolgrid::proto;
+use toolgrid_core::error::ErrorKind;
+use toolgrid_proto as proto;
 
 fn kinds(entries: &[proto::OplogRecord]) -> Vec<&str> {
     entries.iter().map(|e| e.kind.as_str()).collect()

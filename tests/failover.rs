@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use toolgrid::proto;
+use toolgrid_proto as proto;
 
 fn fixture(name: &str) -> PathBuf {
     fixtures::repo().join(format!("tests/fixtures/tools/{name}/{name}.wasm"))
@@ -537,7 +537,7 @@ async fn workers_killed_at_random_points_never_apply_an_effect_twice() {
             .expect("a worker of ours");
         let was_running = fetch_call(&platform, &call_id, false).await;
         workers[index].signal(libc::SIGKILL);
-        let kill_at = toolgrid::store::now_ms();
+        let kill_at = toolgrid_store::now_ms();
         workers[index].kill();
         if was_running.finished_at_ms == 0 {
             kills += 1;

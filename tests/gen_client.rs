@@ -12,7 +12,7 @@ use common::{Platform, fixtures};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-use toolgrid::proto;
+use toolgrid_proto as proto;
 
 const HOSTILE: &str = include_str!("clients/hostile.yaml");
 const HOSTILE_TOOL: &str = "hostile-edge-case-tool-with-a-rather-long-name";

@@ -15,9 +15,9 @@ use sha2::{Digest, Sha256};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use toolgrid::store::RunLimits;
-use toolgrid::worker::runtime::{Compiled, RunOutcome};
-use toolgrid::worker::{RunRequest, Runtime};
+use toolgrid_sandbox::runtime::{Compiled, RunOutcome};
+use toolgrid_sandbox::{RunRequest, Runtime};
+use toolgrid_store::RunLimits;
 
 // ---------------------------------------------------------------------------------------
 // A loopback server that answers big bodies and records what reached it.
@@ -260,7 +260,7 @@ async fn run(runtime: &Runtime, wat: &str, server: &Server, limits: RunLimits) -
                 attempt: 1,
                 argv: vec!["hostile".into()],
                 limits,
-                egress: vec![toolgrid::api::EgressRule {
+                egress: vec![toolgrid_api::EgressRule {
                     host: "127.0.0.1".into(),
                     ports: vec![server.addr.port()],
                     allow_private: true,
@@ -528,7 +528,7 @@ async fn a_tampered_compiled_cache_entry_is_never_trusted() {
             let bytes = bytes.clone();
             async move {
                 fetched.store(true, std::sync::atomic::Ordering::SeqCst);
-                Ok::<_, toolgrid::worker::runtime::PrepareError>(bytes)
+                Ok::<_, toolgrid_sandbox::runtime::PrepareError>(bytes)
             }
         })
         .await

@@ -14,7 +14,7 @@ use kube::core::{DynamicObject, GroupVersionKind};
 use kube::discovery::{ApiResource, Discovery};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use toolgrid::proto;
+use toolgrid_proto as proto;
 
 fn skip_reason() -> Option<String> {
     let Ok(path) = std::env::var("KUBECONFIG") else {
@@ -195,7 +195,7 @@ async fn operator_token(client: &kube::Client, namespace: &str) -> String {
         .await
         .unwrap();
     let request = serde_json::from_value(serde_json::json!({
-        "spec": {"audiences": [toolgrid::auth::CALLER_AUDIENCE], "expirationSeconds": 3600}
+        "spec": {"audiences": [toolgrid_control_plane::auth::CALLER_AUDIENCE], "expirationSeconds": 3600}
     }))
     .unwrap();
     accounts
@@ -357,7 +357,7 @@ async fn the_chart_runs_tools_and_survives_a_killed_worker_pod() {
         .await;
 }
 
-/// The controller's [`KubeReviewer`](toolgrid::controller::review::KubeReviewer) against a
+/// The controller's [`KubeReviewer`](toolgrid_controller::review::KubeReviewer) against a
 /// real API server: a ServiceAccount token requested for audience `toolgrid` names its
 /// account for `toolgrid` and no one for `toolgrid-worker`; a made-up token is no one; the
 /// account is no operator until a Role lets it update tools.
@@ -366,8 +366,8 @@ async fn a_real_api_server_reviews_service_account_tokens_and_operators() {
     use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     use kube::api::PostParams;
-    use toolgrid::auth::{CALLER_AUDIENCE, TokenReviewer, WORKER_AUDIENCE};
-    use toolgrid::controller::review::KubeReviewer;
+    use toolgrid_control_plane::auth::{CALLER_AUDIENCE, TokenReviewer, WORKER_AUDIENCE};
+    use toolgrid_controller::review::KubeReviewer;
     if let Some(reason) = skip_reason() {
         eprintln!("skipping the Kubernetes review test: {reason}");
         return;

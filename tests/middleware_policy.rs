@@ -8,8 +8,9 @@ mod common;
 
 use common::{Platform, fixtures, result_of};
 use serde_json::{Value, json};
-use toolgrid::error::{ApiError, ErrorKind};
-use toolgrid::proto;
+use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_proto as proto;
+use toolgrid_proto::status::error_of;
 
 const POL: &str = "pol-token-value";
 
@@ -105,7 +106,7 @@ async fn invoke(
         })
         .await
         .map(|r| r.into_inner())
-        .map_err(|s| ApiError::from(&s))
+        .map_err(|s| error_of(&s))
 }
 
 fn refused<T: std::fmt::Debug>(result: Result<T, ApiError>, kind: ErrorKind, says: &str) {

@@ -8,9 +8,10 @@ mod common;
 use common::fixtures;
 use common::{Platform, result_of};
 use std::path::Path;
-use toolgrid::error::{ApiError, ErrorKind};
-use toolgrid::gateway::wasm_middleware::middleware_component;
-use toolgrid::proto;
+use toolgrid_core::artifact::middleware_component;
+use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_proto as proto;
+use toolgrid_proto::status::error_of;
 
 const GUARDED: &str = "guarded-token-value";
 const WIDENER: &str = "widener-token-value";
@@ -217,7 +218,7 @@ async fn invoke(
         })
         .await
         .map(|r| r.into_inner())
-        .map_err(|s| ApiError::from(&s))
+        .map_err(|s| error_of(&s))
 }
 
 fn refused(result: Result<proto::Call, ApiError>, kind: ErrorKind, says: &str) {

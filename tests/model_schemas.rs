@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-use toolgrid::error::ErrorKind;
-use toolgrid::proto;
+use toolgrid_core::error::ErrorKind;
+use toolgrid_proto as proto;
 
 const HOSTILE: &str = include_str!("clients/hostile.yaml");
 const HOSTILE_TOOL: &str = "hostile-edge-case-tool-with-a-rather-long-name";
@@ -128,7 +128,7 @@ async fn model_schemas_follow_each_apis_rules_for_every_example_tool() {
         let expected = if format == "json-schema" {
             long.clone()
         } else {
-            toolgrid::catalog::model_formats::fit_name(&long)
+            toolgrid_catalog::model_formats::fit_name(&long)
         };
         assert!(
             names.contains(&expected),
@@ -187,7 +187,7 @@ async fn model_schemas_follow_each_apis_rules_for_every_example_tool() {
             .contains("Default: \"patch\""),
         "{part}"
     );
-    let hostile = function(&toolgrid::catalog::model_formats::fit_name(&format!(
+    let hostile = function(&toolgrid_catalog::model_formats::fit_name(&format!(
         "{HOSTILE_TOOL}__command-with-a-long-name-too"
     )));
     assert_eq!(hostile["strict"], json!(true), "{hostile}");
@@ -295,7 +295,7 @@ async fn model_schemas_follow_each_apis_rules_for_every_example_tool() {
         .await
         .unwrap_err();
     assert_eq!(
-        toolgrid::error::ApiError::from(&refused).kind,
+        toolgrid_proto::status::error_of(&refused).kind,
         ErrorKind::InvalidArgument
     );
     let refused = client
@@ -306,7 +306,7 @@ async fn model_schemas_follow_each_apis_rules_for_every_example_tool() {
         .await
         .unwrap_err();
     assert_eq!(
-        toolgrid::error::ApiError::from(&refused).kind,
+        toolgrid_proto::status::error_of(&refused).kind,
         ErrorKind::UnknownTool
     );
 }

@@ -17,12 +17,12 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use toolgrid::call::OplogEntry;
-use toolgrid::error::ErrorKind;
-use toolgrid::proto;
-use toolgrid::store::RunLimits;
-use toolgrid::worker::RunRequest;
-use toolgrid::worker::runtime::MemorySink;
+use toolgrid_core::call::OplogEntry;
+use toolgrid_core::error::ErrorKind;
+use toolgrid_proto as proto;
+use toolgrid_sandbox::RunRequest;
+use toolgrid_sandbox::runtime::MemorySink;
+use toolgrid_store::RunLimits;
 
 fn slow_wasm() -> PathBuf {
     fixtures::repo().join("tests/fixtures/tools/slow/slow.wasm")
@@ -55,7 +55,7 @@ fn slow_request(witness: &Witness, args: &[&str], sink: Arc<MemorySink>) -> RunR
             ..RunLimits::default()
         },
         repeatable: true,
-        egress: vec![toolgrid::api::EgressRule {
+        egress: vec![toolgrid_api::EgressRule {
             host: "127.0.0.1".into(),
             ports: vec![witness.addr.port()],
             allow_private: true,
@@ -66,7 +66,7 @@ fn slow_request(witness: &Witness, args: &[&str], sink: Arc<MemorySink>) -> RunR
     }
 }
 
-async fn compiled_slow(runtime: &toolgrid::worker::Runtime) -> toolgrid::worker::Compiled {
+async fn compiled_slow(runtime: &toolgrid_sandbox::Runtime) -> toolgrid_sandbox::Compiled {
     let bytes = std::fs::read(slow_wasm()).unwrap();
     runtime.compile(&digest_of(&bytes), bytes).await.unwrap()
 }
@@ -156,7 +156,7 @@ async fn a_long_message_is_cut_to_1_kib_and_a_different_report_in_replay_diverge
     assert_eq!(streamed, ["L".repeat(1024)]);
 
     // The recorded run reported "step 1 of 1"; this one reports the long message instead.
-    let recorded = vec![OplogEntry::Progress(toolgrid::call::ProgressReport {
+    let recorded = vec![OplogEntry::Progress(toolgrid_core::call::ProgressReport {
         message: "step 1 of 1".into(),
     })];
     let mut replayed = request;
@@ -173,7 +173,7 @@ async fn a_long_message_is_cut_to_1_kib_and_a_different_report_in_replay_diverge
 }
 
 /// Runs `slow` for 8 steps of 400 ms (3.2 s in all) with an idle timeout of 2.5 s.
-async fn timed_run(progress: bool, max_ms: u64, repeatable: bool) -> toolgrid::worker::RunOutcome {
+async fn timed_run(progress: bool, max_ms: u64, repeatable: bool) -> toolgrid_sandbox::RunOutcome {
     let witness = Witness::start().await;
     let cache = tempfile::tempdir().unwrap();
     let runtime = fixtures::runtime(cache.path());
@@ -268,7 +268,7 @@ async fn a_component_reports_progress_through_the_wit_interface() {
     assert!(wit.contains("interface progress"));
     assert!(wit.contains("report: func(message: string);"));
     assert_eq!(
-        toolgrid::worker::runtime::PROGRESS_INTERFACE,
+        toolgrid_sandbox::runtime::PROGRESS_INTERFACE,
         "toolgrid:tool/progress@0.1.0"
     );
 }

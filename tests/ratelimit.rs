@@ -6,8 +6,8 @@ mod common;
 
 use common::{Platform, fixtures};
 use std::time::Duration;
-use toolgrid::error::{ApiError, ErrorKind};
-use toolgrid::proto;
+use toolgrid_core::error::ErrorKind;
+use toolgrid_proto as proto;
 
 const ALPHA: &str = "alpha-token-value";
 const BETA: &str = "beta-token-value";
@@ -92,7 +92,7 @@ async fn invoke(
 /// time one token takes (an hour / 3); returns it.
 fn rate_limited(status: &tonic::Status) -> u64 {
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
-    let error = ApiError::from(status);
+    let error = toolgrid_proto::status::error_of(status);
     assert_eq!(error.kind, ErrorKind::RateLimited, "{}", error.message);
     let retry = error.retry_after_ms.expect("retry-after-ms metadata");
     assert!(

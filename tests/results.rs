@@ -271,7 +271,7 @@ async fn a_paged_result_reads_back_whole_and_only_by_its_caller() {
         text.push_str(chunk);
         seen += 1;
         next = page["next"].as_str().map(|uri| {
-            let (call, n) = toolgrid::gateway::results::parse_page_uri(uri).unwrap();
+            let (call, n) = toolgrid_control_plane::gateway::results::parse_page_uri(uri).unwrap();
             assert_eq!(call, id);
             format!("/v1/calls/{call}/result?page={n}")
         });
@@ -339,7 +339,7 @@ async fn a_paged_result_reads_back_whole_and_only_by_its_caller() {
     assert_eq!(recorded(&platform, ALICE_TOKEN, &id).await, result);
     let mut client = platform.client().await;
     let got = client
-        .get_call(toolgrid::proto::GetCallRequest {
+        .get_call(toolgrid_proto::GetCallRequest {
             id: id.clone(),
             ..Default::default()
         })

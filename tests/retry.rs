@@ -9,8 +9,8 @@ mod common;
 use common::witness::Witness;
 use common::{Platform, error_kind, fixtures, result_of};
 use std::path::{Path, PathBuf};
-use toolgrid::call::OplogEntry;
-use toolgrid::proto;
+use toolgrid_core::call::OplogEntry;
+use toolgrid_proto as proto;
 
 /// A Tool running `flaky fetch` with `effect` and `retry` (a YAML flow mapping, or empty).
 fn fetch_tool(name: &str, effect: &str, retry: &str, port: u16) -> String {
@@ -86,7 +86,7 @@ async fn entries(platform: &Platform, call_id: &str) -> Vec<OplogEntry> {
         .collect()
 }
 
-fn retries(entries: &[OplogEntry]) -> Vec<toolgrid::call::Retry> {
+fn retries(entries: &[OplogEntry]) -> Vec<toolgrid_core::call::Retry> {
     entries
         .iter()
         .filter_map(|e| match e {
@@ -96,7 +96,7 @@ fn retries(entries: &[OplogEntry]) -> Vec<toolgrid::call::Retry> {
         .collect()
 }
 
-fn count(entries: &[OplogEntry], kind: toolgrid::call::EntryKind) -> usize {
+fn count(entries: &[OplogEntry], kind: toolgrid_core::call::EntryKind) -> usize {
     entries.iter().filter(|e| e.kind() == kind).count()
 }
 
@@ -129,7 +129,7 @@ async fn a_read_call_is_retried_with_the_same_keys_and_a_write_call_runs_once() 
         [1, 2]
     );
     for retry in &retried {
-        assert_eq!(retry.error.kind, toolgrid::call::ErrorKind::ToolError);
+        assert_eq!(retry.error.kind, toolgrid_core::call::ErrorKind::ToolError);
         assert_eq!(retry.error.name, "upstream-busy");
     }
     assert_eq!(
@@ -138,9 +138,9 @@ async fn a_read_call_is_retried_with_the_same_keys_and_a_write_call_runs_once() 
         "the backoff doubles"
     );
     // Each attempt was assigned; the oplog keeps every attempt's request.
-    assert_eq!(count(&log, toolgrid::call::EntryKind::Assigned), 3);
-    assert_eq!(count(&log, toolgrid::call::EntryKind::HttpRequest), 3);
-    assert_eq!(count(&log, toolgrid::call::EntryKind::Outcome), 1);
+    assert_eq!(count(&log, toolgrid_core::call::EntryKind::Assigned), 3);
+    assert_eq!(count(&log, toolgrid_core::call::EntryKind::HttpRequest), 3);
+    assert_eq!(count(&log, toolgrid_core::call::EntryKind::Outcome), 1);
 
     // Write: the same failure ends the call after one attempt, with one request.
     let call = fetch(&platform, "fetch-write", &format!("{base}/flaky/2/write")).await;
@@ -149,7 +149,7 @@ async fn a_read_call_is_retried_with_the_same_keys_and_a_write_call_runs_once() 
     assert_eq!(keys_at(&witness, "/flaky/2/write").len(), 1);
     let log = entries(&platform, &call.id).await;
     assert!(retries(&log).is_empty());
-    assert_eq!(count(&log, toolgrid::call::EntryKind::Assigned), 1);
+    assert_eq!(count(&log, toolgrid_core::call::EntryKind::Assigned), 1);
 
     // `retry: {attempts: 1}` turns retries off for a read tool too.
     let call = fetch(&platform, "fetch-once", &format!("{base}/flaky/1/once")).await;

@@ -6,11 +6,11 @@ mod common;
 use common::fixtures;
 use common::fixtures::runtime;
 use sha2::{Digest, Sha256};
-use toolgrid::call::OplogEntry;
-use toolgrid::error::ErrorKind;
-use toolgrid::store::RunLimits;
-use toolgrid::worker::RunRequest;
-use toolgrid::worker::runtime::{CompileError, PrepareError};
+use toolgrid_core::call::OplogEntry;
+use toolgrid_core::error::ErrorKind;
+use toolgrid_sandbox::RunRequest;
+use toolgrid_sandbox::runtime::{CompileError, PrepareError};
+use toolgrid_store::RunLimits;
 
 fn example(tool: &str) -> (String, Vec<u8>) {
     let bytes =
@@ -156,7 +156,7 @@ async fn a_replay_that_takes_another_path_is_a_divergence() {
     // Claim the first host call was a monotonic clock reading.
     recorded.insert(
         0,
-        OplogEntry::MonotonicClock(toolgrid::call::MonotonicClock { ns: 5 }),
+        OplogEntry::MonotonicClock(toolgrid_core::call::MonotonicClock { ns: 5 }),
     );
     let outcome = runtime.run(&compiled, request("d1", &argv, recorded)).await;
     let failure = outcome.failure.expect("diverged");
@@ -170,7 +170,7 @@ async fn a_replay_that_takes_another_path_is_a_divergence() {
     // A run that ends with recorded host calls left over diverged too.
     let (digest, bytes) = example("semver");
     let semver = runtime.compile(&digest, bytes).await.unwrap();
-    let extra = vec![OplogEntry::WallClock(toolgrid::call::WallClock {
+    let extra = vec![OplogEntry::WallClock(toolgrid_core::call::WallClock {
         secs: 1,
         nanos: 0,
     })];
@@ -241,12 +241,12 @@ async fn artifacts_are_checked_before_they_run() {
         Err(CompileError::NotACommand(_))
     ));
     assert!(matches!(
-        toolgrid::worker::runtime::validate_artifact(&library),
+        toolgrid_sandbox::runtime::validate_artifact(&library),
         Err(CompileError::NotACommand(_))
     ));
     let (_, component) = example("uuid");
     assert_eq!(
-        toolgrid::worker::runtime::validate_artifact(&component).unwrap(),
+        toolgrid_sandbox::runtime::validate_artifact(&component).unwrap(),
         "component"
     );
 }
@@ -295,8 +295,8 @@ fn http_request(run: &RunRequest) -> RunRequest {
 #[tokio::test]
 async fn outgoing_requests_are_committed_first_carry_keys_and_replay_from_the_oplog() {
     use std::sync::Arc;
-    use toolgrid::api::EgressRule;
-    use toolgrid::worker::runtime::MemorySink;
+    use toolgrid_api::EgressRule;
+    use toolgrid_sandbox::runtime::MemorySink;
 
     let witness = common::witness::Witness::start().await;
     let cache = tempfile::tempdir().unwrap();
@@ -440,9 +440,9 @@ async fn outgoing_requests_are_committed_first_carry_keys_and_replay_from_the_op
 #[tokio::test]
 async fn a_refused_commit_stops_the_guest_before_the_request_leaves() {
     use std::sync::Arc;
-    use toolgrid::api::EgressRule;
-    use toolgrid::worker::http::OplogSink;
-    use toolgrid::worker::link::AppendError;
+    use toolgrid_api::EgressRule;
+    use toolgrid_sandbox::http::AppendError;
+    use toolgrid_sandbox::http::OplogSink;
 
     struct Refusing;
     #[async_trait::async_trait]
@@ -475,7 +475,7 @@ async fn a_refused_commit_stops_the_guest_before_the_request_leaves() {
 
 #[tokio::test]
 async fn egress_refusals_reach_the_guest_and_the_oplog() {
-    use toolgrid::api::EgressRule;
+    use toolgrid_api::EgressRule;
     let cache = tempfile::tempdir().unwrap();
     let runtime = runtime(cache.path());
     let bytes = http_module(&[

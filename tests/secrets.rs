@@ -16,12 +16,12 @@ use common::witness::Witness;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use toolgrid::api::EgressRule;
-use toolgrid::call::{OplogEntry, SecretValue};
-use toolgrid::store::RunLimits;
-use toolgrid::worker::RunRequest;
-use toolgrid::worker::runtime::MemorySink;
-use toolgrid::worker::secrets::header_digest;
+use toolgrid_api::EgressRule;
+use toolgrid_core::call::{OplogEntry, SecretValue};
+use toolgrid_sandbox::RunRequest;
+use toolgrid_sandbox::runtime::MemorySink;
+use toolgrid_sandbox::secrets::header_digest;
+use toolgrid_store::RunLimits;
 
 /// The readable secret: only ever used by reference.
 const TOKEN: &str = "s3cr3t-value-7Qx9";
@@ -107,7 +107,7 @@ fn payloads(entries: &[OplogEntry]) -> String {
         .collect()
 }
 
-fn http_request(entries: &[OplogEntry]) -> toolgrid::call::HttpRequest {
+fn http_request(entries: &[OplogEntry]) -> toolgrid_core::call::HttpRequest {
     entries
         .iter()
         .find_map(|e| match e {
@@ -421,15 +421,15 @@ fn start_worker(
 fn new_call(
     digest: &str,
     base: &str,
-    access: toolgrid::call::CallAccess,
-) -> toolgrid::store::NewCall {
+    access: toolgrid_core::call::CallAccess,
+) -> toolgrid_store::NewCall {
     let argv: Vec<String> = ["secrets", "run", "--base", base]
         .iter()
         .map(|s| s.to_string())
         .collect();
     let id = uuid::Uuid::now_v7().to_string();
     let timeout_ms = 60_000;
-    toolgrid::store::NewCall {
+    toolgrid_store::NewCall {
         id: id.clone(),
         namespace: "default".into(),
         tool: "secrets".into(),
@@ -437,7 +437,7 @@ fn new_call(
         release: "secrets-1.0.0".into(),
         release_digest: digest.into(),
         args: serde_json::json!({"base": base}),
-        spec: toolgrid::call::CallSpec {
+        spec: toolgrid_core::call::CallSpec {
             pool: "default/default".into(),
             argv: argv.clone(),
             limits: RunLimits {
@@ -449,7 +449,7 @@ fn new_call(
             },
             effect: "read".into(),
             command: serde_json::json!({"name": "run"}),
-            deadline_ms: toolgrid::call::now_ms() + timeout_ms as i64,
+            deadline_ms: toolgrid_core::call::now_ms() + timeout_ms as i64,
             egress: vec![EgressRule {
                 host: "127.0.0.1".into(),
                 ports: vec![base.rsplit(':').next().unwrap().parse().unwrap()],
@@ -461,7 +461,7 @@ fn new_call(
         stdin: Vec::new(),
         idempotency_key: None,
         request_hash: id.clone(),
-        started: toolgrid::call::CallStarted {
+        started: toolgrid_core::call::CallStarted {
             namespace: "default".into(),
             tool: "secrets".into(),
             command: "run".into(),
@@ -481,8 +481,8 @@ fn new_call(
     }
 }
 
-fn reporter_access(readable: &[&str]) -> toolgrid::call::CallAccess {
-    toolgrid::call::CallAccess {
+fn reporter_access(readable: &[&str]) -> toolgrid_core::call::CallAccess {
+    toolgrid_core::call::CallAccess {
         agent: Some("reporter".into()),
         config: [("region".to_string(), REGION.to_string())].into(),
         secrets_readable: readable.iter().map(|s| s.to_string()).collect(),
@@ -505,14 +505,14 @@ fn files_under(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_across_a_kill() {
-    use toolgrid::platform::{ControlPlane, Listeners};
-    use toolgrid::scheduler::{SchedulerConfig, SecretSource, StaticSecrets};
+    use toolgrid_control_plane::platform::{ControlPlane, Listeners};
+    use toolgrid_control_plane::scheduler::{SchedulerConfig, SecretSource, StaticSecrets};
 
     let logs = captured_logs();
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
     std::fs::create_dir_all(&store_dir).unwrap();
-    let store = toolgrid::store::open(&format!(
+    let store = toolgrid_store::open(&format!(
         "sqlite://{}",
         store_dir.join("toolgrid.db").display()
     ))
@@ -521,7 +521,7 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
     let plane = ControlPlane::start(
         store.clone(),
         SchedulerConfig::default(),
-        toolgrid::gateway::Authenticator::new(),
+        toolgrid_control_plane::gateway::Authenticator::new(),
     )
     .await
     .unwrap();
@@ -539,8 +539,8 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
     let listeners = Listeners::bind("127.0.0.1:0".parse().unwrap(), None)
         .await
         .unwrap();
-    let security = toolgrid::platform::Security {
-        workers: Arc::new(toolgrid::auth::JoinSecret::new(JOIN_TOKEN)),
+    let security = toolgrid_control_plane::platform::Security {
+        workers: Arc::new(toolgrid_control_plane::auth::JoinSecret::new(JOIN_TOKEN)),
         tls: None,
         mcp: Default::default(),
     };
@@ -578,7 +578,7 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
     let new = new_call(&digest, &witness.base(), reporter_access(&["api-token"]));
     let call_id = new.id.clone();
     let record = store.create_call(new).await.unwrap().record().clone();
-    let interface = Arc::new(toolgrid::scheduler::interface_of(&record).unwrap());
+    let interface = Arc::new(toolgrid_control_plane::scheduler::interface_of(&record).unwrap());
     plane.scheduler.submit(record, interface.clone());
     assert!(
         witness
@@ -596,7 +596,7 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
         .unwrap();
     assert_eq!(
         done.state,
-        toolgrid::call::CallState::Succeeded,
+        toolgrid_core::call::CallState::Succeeded,
         "{:?}",
         done.error
     );

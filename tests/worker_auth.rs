@@ -12,9 +12,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
-use toolgrid::error::{ApiError, ErrorKind};
-use toolgrid::proto::worker_link_client::WorkerLinkClient;
-use toolgrid::proto::{self, ControlEvent, WorkerEvent, control_event, worker_event};
+use toolgrid_core::error::ErrorKind;
+use toolgrid_proto::worker_link_client::WorkerLinkClient;
+use toolgrid_proto::{self as proto, ControlEvent, WorkerEvent, control_event, worker_event};
 
 fn effects_manifests(root: &Path, witness: &Witness) -> PathBuf {
     let dir = root.join("manifests");
@@ -161,7 +161,7 @@ fn refusal<T>(result: Result<T, tonic::Status>, what: &str) -> tonic::Status {
 }
 
 fn kind_of(status: &tonic::Status) -> ErrorKind {
-    ApiError::from(status).kind
+    toolgrid_proto::status::error_of(status).kind
 }
 
 /// Starts `effects run` for `run` over InvokeStream; returns its id once a worker runs it,
@@ -618,17 +618,20 @@ struct FakeCluster {
 }
 
 #[async_trait::async_trait]
-impl toolgrid::auth::TokenReviewer for FakeCluster {
+impl toolgrid_control_plane::auth::TokenReviewer for FakeCluster {
     async fn review(
         &self,
         token: &str,
         audience: &str,
-    ) -> Result<Option<toolgrid::auth::ReviewedToken>, toolgrid::auth::ReviewError> {
+    ) -> Result<
+        Option<toolgrid_control_plane::auth::ReviewedToken>,
+        toolgrid_control_plane::auth::ReviewError,
+    > {
         Ok(self
             .tokens
             .iter()
             .find(|(t, a, _)| *t == token && *a == audience)
-            .map(|(_, _, user)| toolgrid::auth::ReviewedToken {
+            .map(|(_, _, user)| toolgrid_control_plane::auth::ReviewedToken {
                 username: user.to_string(),
                 uid: "uid".into(),
                 groups: vec![],
@@ -637,9 +640,9 @@ impl toolgrid::auth::TokenReviewer for FakeCluster {
 
     async fn is_operator(
         &self,
-        _: &toolgrid::auth::ReviewedToken,
+        _: &toolgrid_control_plane::auth::ReviewedToken,
         _: &str,
-    ) -> Result<bool, toolgrid::auth::ReviewError> {
+    ) -> Result<bool, toolgrid_control_plane::auth::ReviewError> {
         Ok(false)
     }
 }
@@ -647,18 +650,18 @@ impl toolgrid::auth::TokenReviewer for FakeCluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_workers_attach_only_for_the_pool_of_their_service_account() {
     use std::sync::Arc;
-    use toolgrid::auth::worker::PoolAccounts;
-    use toolgrid::auth::{ServiceAccountWorkers, WORKER_AUDIENCE};
-    use toolgrid::catalog::ObjectKey;
-    use toolgrid::platform::{ControlPlane, Listeners, Security};
+    use toolgrid_control_plane::auth::worker::PoolAccounts;
+    use toolgrid_control_plane::auth::{ServiceAccountWorkers, WORKER_AUDIENCE};
+    use toolgrid_control_plane::platform::{ControlPlane, Listeners, Security};
+    use toolgrid_core::ids::ObjectKey;
 
     let root = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", root.path().join("db").display());
-    let store = toolgrid::store::open(&url).await.unwrap();
+    let store = toolgrid_store::open(&url).await.unwrap();
     let control_plane = ControlPlane::start(
         store,
         Default::default(),
-        toolgrid::gateway::Authenticator::new(),
+        toolgrid_control_plane::gateway::Authenticator::new(),
     )
     .await
     .unwrap();

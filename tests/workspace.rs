@@ -17,11 +17,11 @@ use common::fixtures::{self, runtime};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::Path;
-use toolgrid::call::ErrorKind;
-use toolgrid::store::RunLimits;
-use toolgrid::worker::workspace::{WorkspaceMount, materialize, scan};
-use toolgrid::worker::{Compiled, RunOutcome, RunRequest, Runtime};
-use toolgrid::workspace::{self, Limits, Tree};
+use toolgrid_core::call::ErrorKind;
+use toolgrid_core::workspace::{self, Limits, Tree};
+use toolgrid_sandbox::workspace::{WorkspaceMount, materialize, scan};
+use toolgrid_sandbox::{Compiled, RunOutcome, RunRequest, Runtime};
+use toolgrid_store::RunLimits;
 
 fn fixture(name: &str) -> (String, Vec<u8>) {
     let bytes =
@@ -290,13 +290,13 @@ async fn a_run_that_grows_the_workspace_past_its_limit_is_refused_by_name() {
 
 /// Commits `files` as the next version of `agent`'s workspace the way a succeeded call does.
 async fn commit_through_a_call(
-    store: &std::sync::Arc<dyn toolgrid::store::Store>,
+    store: &std::sync::Arc<dyn toolgrid_store::Store>,
     id: &str,
     agent: &str,
     files: &[(&str, &[u8])],
 ) {
-    use toolgrid::call::{CallAccess, CallStarted, Filesystem, RunSummary};
-    use toolgrid::store::{CallOutcome, CallSpec, NewCall};
+    use toolgrid_core::call::{CallAccess, CallStarted, Filesystem, RunSummary};
+    use toolgrid_store::{CallOutcome, CallSpec, NewCall};
     let call = NewCall {
         id: id.into(),
         namespace: "default".into(),
@@ -374,7 +374,7 @@ async fn the_cli_lists_prints_and_diffs_versions_and_refuses_hostile_paths() {
     std::fs::create_dir_all(&manifests).unwrap();
     let platform = common::Platform::start(root.path(), &manifests, &["--no-workers"]);
     let url = format!("sqlite://{}", platform.data.join("toolgrid.db").display());
-    let store = toolgrid::store::open(&url).await.unwrap();
+    let store = toolgrid_store::open(&url).await.unwrap();
     commit_through_a_call(
         &store,
         "c1",
@@ -459,9 +459,9 @@ mod through_the_platform {
     use super::*;
     use std::sync::Arc;
     use std::time::Duration;
-    use toolgrid::call::{CallAccess, CallStarted, CallState, Filesystem};
-    use toolgrid::store::{CallRecord, CallSpec, NewCall, Store};
-    use toolgrid::workspace::WorkspaceKey;
+    use toolgrid_core::call::{CallAccess, CallStarted, CallState, Filesystem};
+    use toolgrid_core::workspace::WorkspaceKey;
+    use toolgrid_store::{CallRecord, CallSpec, NewCall, Store};
 
     const TOOL: &str = r#"
 apiVersion: toolgrid.dev/v1alpha1
@@ -516,7 +516,7 @@ spec: {tool: workspace, version: 1.0.0, artifact: {file: workspace.wasm}}
         std::fs::write(manifests.join("workspace.yaml"), TOOL).unwrap();
         let platform = Platform::start(root.path(), &manifests, &["--no-workers", "--lease", "1s"]);
         let url = format!("sqlite://{}", platform.data.join("toolgrid.db").display());
-        let store = toolgrid::store::open(&url).await.unwrap();
+        let store = toolgrid_store::open(&url).await.unwrap();
         assert!(
             store.get_artifact(&digest).await.unwrap().is_some(),
             "the catalog stored the release's artifact"
@@ -540,7 +540,7 @@ spec: {tool: workspace, version: 1.0.0, artifact: {file: workspace.wasm}}
             .find(|c| c["name"].as_str() == Some(name))
             .unwrap()
             .clone();
-        let command: toolgrid::api::Command = serde_yaml::from_value(command).unwrap();
+        let command: toolgrid_api::Command = serde_yaml::from_value(command).unwrap();
         serde_json::to_value(command).unwrap()
     }
 
@@ -571,7 +571,7 @@ spec: {tool: workspace, version: 1.0.0, artifact: {file: workspace.wasm}}
                 },
                 effect: "write".into(),
                 command: command(&argv[1]),
-                deadline_ms: toolgrid::store::now_ms() + 600_000,
+                deadline_ms: toolgrid_store::now_ms() + 600_000,
                 access: CallAccess {
                     agent: Some(agent.into()),
                     filesystem,
@@ -1142,7 +1142,7 @@ spec: {{agents: [{name}], tool: workspace-ro, filesystemAccess: readOnly}}
         let platform = Platform::start(root.path(), &manifests(root.path()), &[]);
         // Version 1 at the file limit already, committed as a succeeded call would.
         let url = format!("sqlite://{}", platform.data.join("toolgrid.db").display());
-        let store = toolgrid::store::open(&url).await.unwrap();
+        let store = toolgrid_store::open(&url).await.unwrap();
         let names: Vec<String> = (0..workspace::DEFAULT_MAX_FILES)
             .map(|i| format!("f/{i}"))
             .collect();

@@ -1,10 +1,11 @@
 //! `toolgrid audit`: the audit log, newest first (operators only).
 
 use super::client::{Endpoint, connect, fail};
-use crate::call::{AuditRecord, Verdict};
-use crate::error::{ApiError, ErrorKind};
-use crate::proto;
 use std::process::ExitCode;
+use toolgrid_core::call::{AuditRecord, Verdict};
+use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_proto as proto;
+use toolgrid_proto::status::error_of;
 
 #[derive(clap::Args, Debug)]
 pub struct AuditArgs {
@@ -38,9 +39,9 @@ pub async fn run(args: AuditArgs) -> ExitCode {
 }
 
 async fn list(args: AuditArgs) -> Result<(), ApiError> {
-    let since_ms = crate::middleware::audit::parse_since(
+    let since_ms = toolgrid_core::middleware::audit::parse_since(
         args.since.as_deref().unwrap_or(""),
-        crate::call::now_ms(),
+        toolgrid_core::call::now_ms(),
     )
     .map_err(|message| ApiError::new(ErrorKind::InvalidArgument, message))?
     .unwrap_or(0);
@@ -54,7 +55,7 @@ async fn list(args: AuditArgs) -> Result<(), ApiError> {
             limit: args.limit,
         })
         .await
-        .map_err(|s| ApiError::from(&s))?
+        .map_err(|s| error_of(&s))?
         .into_inner();
     let records: Vec<AuditRecord> = response
         .records_json

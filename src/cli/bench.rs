@@ -1,7 +1,6 @@
 //! `toolgrid bench`: measurements against a real platform, next to a baseline measured in
 //! the same run, printed so runs can be compared (see BENCHMARKS.md).
 
-use crate::proto;
 use anyhow::Context;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -9,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
+use toolgrid_proto as proto;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -30,7 +30,7 @@ enum Bench {
 struct OplogArgs {
     /// How long each measurement runs.
     #[arg(long, default_value = "3s")]
-    duration: crate::api::units::GoDuration,
+    duration: toolgrid_api::units::GoDuration,
     /// Concurrent calls appending, one measurement each.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 64])]
     concurrency: Vec<usize>,
@@ -446,7 +446,7 @@ async fn oplog(args: OplogArgs) -> anyhow::Result<()> {
             "sqlite://{}",
             dir.path().join(format!("store-{concurrency}.db")).display()
         );
-        let store = crate::store::open(&url).await?;
+        let store = toolgrid_store::open(&url).await?;
         let sample = append_loop(store, *concurrency, duration).await?;
         println!(
             "{}",
@@ -461,7 +461,7 @@ async fn oplog(args: OplogArgs) -> anyhow::Result<()> {
     }
     if let Ok(url) = std::env::var("TOOLGRID_BENCH_POSTGRES_URL") {
         for concurrency in &args.concurrency {
-            let store = crate::store::open(&url).await?;
+            let store = toolgrid_store::open(&url).await?;
             let sample = append_loop(store, *concurrency, duration).await?;
             println!(
                 "{}",
@@ -495,12 +495,12 @@ fn fdatasync_loop(path: &std::path::Path, duration: Duration) -> anyhow::Result<
 }
 
 async fn append_loop(
-    store: Arc<dyn crate::store::Store>,
+    store: Arc<dyn toolgrid_store::Store>,
     concurrency: usize,
     duration: Duration,
 ) -> anyhow::Result<Sample> {
-    use crate::call::{OplogEntry, WallClock};
-    use crate::store::{CallSpec, NewCall};
+    use toolgrid_core::call::{OplogEntry, WallClock};
+    use toolgrid_store::{CallSpec, NewCall};
     let prefix = uuid::Uuid::now_v7().simple().to_string();
     for i in 0..concurrency {
         let id = format!("bench-{prefix}-{i}");
@@ -517,7 +517,7 @@ async fn append_loop(
                 stdin: Vec::new(),
                 idempotency_key: None,
                 request_hash: String::new(),
-                started: crate::call::CallStarted {
+                started: toolgrid_core::call::CallStarted {
                     namespace: "bench".into(),
                     tool: "bench".into(),
                     command: "default".into(),

@@ -1,8 +1,6 @@
 //! The client commands: `call`, `get`, `calls`, `oplog`, `why`, `approve`, `deny`.
 
 use super::{exit, table};
-use crate::error::{ApiError, ErrorKind};
-use crate::proto::{self, tools_client::ToolsClient};
 use serde_json::{Value, json};
 use std::io::Read;
 use std::path::PathBuf;
@@ -10,6 +8,9 @@ use std::process::ExitCode;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_proto::status::error_of;
+use toolgrid_proto::{self as proto, tools_client::ToolsClient};
 
 /// The default control plane address.
 pub const DEFAULT_ENDPOINT: &str = "127.0.0.1:7070";
@@ -110,9 +111,9 @@ pub(super) async fn dial(target: &Endpoint) -> Result<(Channel, Credentials), Ap
     let token = target.token.clone().or_else(default_token);
     let credentials = Credentials::new(token.as_deref(), target.act_as.as_deref())?;
     let endpoint = &target.endpoint;
-    let url = crate::platform::tls::endpoint_url(endpoint);
-    let channel = crate::platform::tls::Trust::of(target.tls_ca.as_deref(), None)
-        .and_then(|trust| crate::platform::tls::client_endpoint(&url, &trust))
+    let url = toolgrid_proto::tls::endpoint_url(endpoint);
+    let channel = toolgrid_proto::tls::Trust::of(target.tls_ca.as_deref(), None)
+        .and_then(|trust| toolgrid_proto::tls::client_endpoint(&url, &trust))
         .map_err(|e| {
             ApiError::new(
                 ErrorKind::InvalidArgument,
@@ -335,13 +336,13 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
         let mut stream = client
             .invoke_stream(request)
             .await
-            .map_err(|s| ApiError::from(&s))?
+            .map_err(|s| error_of(&s))?
             .into_inner();
         let mut last = None;
-        while let Some(event) = stream.message().await.map_err(|s| ApiError::from(&s))? {
+        while let Some(event) = stream.message().await.map_err(|s| error_of(&s))? {
             match event.event {
                 Some(proto::invoke_event::Event::Progress(p))
-                    if !args.stream && p.stage == crate::scheduler::TOOL_PROGRESS =>
+                    if !args.stream && p.stage == toolgrid_core::call::TOOL_PROGRESS =>
                 {
                     eprintln!("toolgrid: progress: {}", p.message.replace('\n', " "));
                 }
@@ -377,7 +378,7 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
         client
             .invoke(request)
             .await
-            .map_err(|s| ApiError::from(&s))?
+            .map_err(|s| error_of(&s))?
             .into_inner()
     };
     Ok(print_call(&call, &args.output))
@@ -610,7 +611,7 @@ async fn try_get(args: GetArgs) -> Result<(), ApiError> {
             namespace: args.namespace.clone().unwrap_or_default(),
         })
         .await
-        .map_err(|s| ApiError::from(&s))?
+        .map_err(|s| error_of(&s))?
         .into_inner();
     let rows: Vec<&proto::ResourceRow> = response
         .rows
@@ -695,7 +696,7 @@ async fn try_get(args: GetArgs) -> Result<(), ApiError> {
         let why = client
             .why(proto::WhyRequest::default())
             .await
-            .map_err(|s| ApiError::from(&s))?
+            .map_err(|s| error_of(&s))?
             .into_inner();
         let missing: Vec<&proto::ToolAccess> = why.tools.iter().filter(|t| !t.allowed).collect();
         if !missing.is_empty() {
@@ -768,7 +769,7 @@ pub async fn why(args: WhyArgs) -> ExitCode {
                 tool: args.tool.clone().unwrap_or_default(),
             })
             .await
-            .map_err(|s| ApiError::from(&s))?
+            .map_err(|s| error_of(&s))?
             .into_inner();
         if args.output == "json" {
             let tools: Vec<Value> = response
@@ -830,7 +831,7 @@ async fn print_calls(client: &mut Client, query: CallsQuery, output: &str) -> Re
                     ..Default::default()
                 })
                 .await
-                .map_err(|s| ApiError::from(&s))?
+                .map_err(|s| error_of(&s))?
                 .into_inner(),
         ],
         None => {
@@ -842,7 +843,7 @@ async fn print_calls(client: &mut Client, query: CallsQuery, output: &str) -> Re
                     awaiting_approval: query.awaiting_approval,
                 })
                 .await
-                .map_err(|s| ApiError::from(&s))?
+                .map_err(|s| error_of(&s))?
                 .into_inner()
                 .calls
         }
@@ -937,7 +938,7 @@ pub async fn oplog(args: OplogArgs) -> ExitCode {
         let mut client = connect(&args.endpoint).await?;
         let response = oplog_of(&mut client, &args.call_id)
             .await
-            .map_err(|s| ApiError::from(&s))?;
+            .map_err(|s| error_of(&s))?;
         if args.output == "json" {
             let entries: Vec<Value> = response
                 .entries
@@ -989,7 +990,7 @@ pub async fn cancel(args: CancelArgs) -> ExitCode {
         let call = client
             .cancel(request)
             .await
-            .map_err(|s| ApiError::from(&s))?
+            .map_err(|s| error_of(&s))?
             .into_inner();
         println!("{}", pretty(&call_json(&call)));
         let kind = call.error.as_ref().map(|e| e.kind.as_str()).unwrap_or("");
@@ -1024,7 +1025,7 @@ pub async fn decide(args: DecisionArgs, approve: bool) -> ExitCode {
         } else {
             client.deny(request).await
         }
-        .map_err(|s| ApiError::from(&s))?
+        .map_err(|s| error_of(&s))?
         .into_inner();
         println!("{}", pretty(&call_json(&call)));
         let state =

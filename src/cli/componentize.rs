@@ -25,7 +25,7 @@ pub fn run(args: ComponentizeArgs) -> anyhow::Result<()> {
     let module = std::fs::read(&args.input)
         .with_context(|| format!("cannot read {}", args.input.display()))?;
     if args.middleware {
-        let component = crate::gateway::wasm_middleware::middleware_component(&module)
+        let component = toolgrid_core::artifact::middleware_component(&module)
             .context("not a wasm middleware module")?;
         std::fs::write(&args.output, &component)
             .with_context(|| format!("cannot write {}", args.output.display()))?;

@@ -1,8 +1,8 @@
 //! `toolgrid controller`: the control plane in a Kubernetes cluster.
 
-use crate::api::units::GoDuration;
-use crate::controller::Settings;
 use std::net::SocketAddr;
+use toolgrid_api::units::GoDuration;
+use toolgrid_controller::Settings;
 
 #[derive(clap::Args, Debug)]
 pub struct ControllerArgs {
@@ -93,7 +93,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         .control_plane_address
         .clone()
         .unwrap_or_else(|| format!("http://toolgrid.{}.svc:7070", args.pod_namespace));
-    let tls = crate::platform::tls::ServerTls::from_args(
+    let tls = toolgrid_control_plane::platform::tls::ServerTls::from_args(
         args.tls_cert.as_deref(),
         args.tls_key.as_deref(),
     )?;
@@ -104,7 +104,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    crate::controller::run(Settings {
+    toolgrid_controller::run(Settings {
         listen: args.listen,
         http_listen: args.http_listen,
         metrics_listen: args.metrics_listen,
@@ -124,7 +124,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             .admin_token
             .clone()
             .filter(|t| !t.is_empty())
-            .map(|t| crate::auth::SecretValue::new(t.into_bytes())),
+            .map(|t| toolgrid_core::auth::SecretValue::new(t.into_bytes())),
         mcp: args.mcp.config(),
         oauth: args.mcp.oauth()?,
     })

@@ -3,13 +3,13 @@
 //! there (its run, replay included, as the finishing worker reports it).
 
 use super::bench::Sample;
-use crate::proto;
 use anyhow::Context;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
+use toolgrid_proto as proto;
 
 #[derive(clap::Args, Debug)]
 pub struct FailoverArgs {
@@ -27,7 +27,7 @@ pub struct FailoverArgs {
     work: u64,
     /// How long the loopback server takes to answer each request.
     #[arg(long, default_value = "10ms")]
-    server_delay: crate::api::units::GoDuration,
+    server_delay: toolgrid_api::units::GoDuration,
     /// The tool: a WASI module taking `run --base --run --steps --work`.
     #[arg(long, default_value = "tests/fixtures/tools/effects/effects.wasm")]
     wasm: PathBuf,
@@ -160,7 +160,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let join_token = dir
         .path()
         .join("data")
-        .join(crate::auth::worker::JOIN_TOKEN_FILE);
+        .join(toolgrid_control_plane::auth::worker::JOIN_TOKEN_FILE);
     let mut processes = Processes {
         up,
         workers: Vec::new(),
@@ -253,7 +253,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
             .position(|(id, _)| *id == worker)
             .context("the call ran on an unknown worker")?;
         let killed_at = Instant::now();
-        let killed_ms = crate::store::now_ms();
+        let killed_ms = toolgrid_store::now_ms();
         processes.workers[index].1.kill()?;
         let _ = processes.workers[index].1.wait();
         processes.workers[index].1 = spawn_worker(&grpc, &worker, &cache, &join_token)?;

@@ -4,9 +4,9 @@
 //! declared errors and the effect. Pure: a [`ToolDef`] in, text out.
 
 use super::codegen::ToolDef;
-use crate::api::Command;
 use serde_json::Value;
 use std::fmt::Write as _;
+use toolgrid_api::Command;
 
 /// What the effect means for a caller.
 fn effect_text(effect: &str) -> String {

@@ -145,9 +145,9 @@ pub fn main() -> ExitCode {
             Commands::Cancel(args) => client::cancel(args).await,
             Commands::Audit(args) => audit::run(args).await,
             Commands::Crds { helm } => match if helm {
-                crate::api::crds_helm_yaml()
+                toolgrid_api::crds_helm_yaml()
             } else {
-                crate::api::crds_yaml()
+                toolgrid_api::crds_yaml()
             } {
                 Ok(yaml) => {
                     print!("{yaml}");

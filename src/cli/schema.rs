@@ -5,10 +5,11 @@
 
 use super::client::{Endpoint, connect, fail};
 use super::codegen::{ToolDef, write_clients};
-use crate::error::{ApiError, ErrorKind};
-use crate::proto;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_proto as proto;
+use toolgrid_proto::status::error_of;
 
 #[derive(clap::Args, Debug)]
 pub struct SchemaArgs {
@@ -66,7 +67,7 @@ pub async fn schema(args: SchemaArgs) -> ExitCode {
 async fn try_schema(args: SchemaArgs) -> Result<(), ApiError> {
     // Refuse an unknown format before dialing, with the server's own words.
     args.format
-        .parse::<crate::catalog::model_formats::ModelFormat>()?;
+        .parse::<toolgrid_catalog::model_formats::ModelFormat>()?;
     let mut client = connect(&args.endpoint).await?;
     let response = client
         .list_tools(proto::ListToolsRequest {
@@ -75,7 +76,7 @@ async fn try_schema(args: SchemaArgs) -> Result<(), ApiError> {
             tools: args.tools,
         })
         .await
-        .map_err(|s| ApiError::from(&s))?
+        .map_err(|s| error_of(&s))?
         .into_inner();
     let value: serde_json::Value =
         serde_json::from_str(&response.model_tools_json).map_err(|e| {
@@ -110,7 +111,7 @@ pub(super) async fn tool_defs(
             tools: tools.to_vec(),
         })
         .await
-        .map_err(|s| ApiError::from(&s))?
+        .map_err(|s| error_of(&s))?
         .into_inner();
     response.tools.iter().map(ToolDef::from_info).collect()
 }

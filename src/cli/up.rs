@@ -1,19 +1,19 @@
 //! `toolgrid up`: the whole platform on one machine.
 
-use crate::api::units::GoDuration;
-use crate::auth::JoinSecret;
-use crate::auth::worker::JOIN_TOKEN_FILE;
-use crate::catalog::ManifestSource;
-use crate::platform::tls::ServerTls;
-use crate::platform::{ControlPlane, Listeners, LocalPools, Security, retention};
-use crate::scheduler::SchedulerConfig;
-use crate::store::{FaultyStore, Store};
 use anyhow::Context;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use toolgrid_api::units::GoDuration;
+use toolgrid_control_plane::auth::JoinSecret;
+use toolgrid_control_plane::auth::worker::JOIN_TOKEN_FILE;
+use toolgrid_control_plane::platform::tls::ServerTls;
+use toolgrid_control_plane::platform::{ControlPlane, Listeners, LocalPools, Security, retention};
+use toolgrid_control_plane::scheduler::SchedulerConfig;
+use toolgrid_control_plane::source::ManifestSource;
+use toolgrid_store::{FaultyStore, Store};
 
 #[derive(clap::Args, Debug)]
 pub struct UpArgs {
@@ -86,8 +86,8 @@ pub struct McpArgs {
 }
 
 impl McpArgs {
-    pub fn config(&self) -> crate::gateway::mcp::McpConfig {
-        crate::gateway::mcp::McpConfig {
+    pub fn config(&self) -> toolgrid_control_plane::gateway::mcp::McpConfig {
+        toolgrid_control_plane::gateway::mcp::McpConfig {
             public_url: self.mcp_public_url.clone(),
             authorization_servers: self.oauth_issuer.iter().cloned().collect(),
             allowed_origins: self.mcp_allowed_origins.clone(),
@@ -95,7 +95,9 @@ impl McpArgs {
     }
 
     /// The OAuth issuer to trust, if one is configured.
-    pub fn oauth(&self) -> anyhow::Result<Option<crate::auth::oauth::OAuthIssuer>> {
+    pub fn oauth(
+        &self,
+    ) -> anyhow::Result<Option<toolgrid_control_plane::auth::oauth::OAuthIssuer>> {
         let (Some(issuer), Some(jwks)) = (&self.oauth_issuer, &self.oauth_jwks) else {
             return Ok(None);
         };
@@ -110,8 +112,9 @@ impl McpArgs {
             .with_context(|| format!("cannot read the JWKS {}", jwks.display()))?;
         let document: serde_json::Value = serde_json::from_str(&text)
             .with_context(|| format!("the JWKS {} is not JSON", jwks.display()))?;
-        let issuer = crate::auth::oauth::OAuthIssuer::new(issuer, &audience, &document)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", jwks.display()))?;
+        let issuer =
+            toolgrid_control_plane::auth::oauth::OAuthIssuer::new(issuer, &audience, &document)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", jwks.display()))?;
         Ok(Some(issuer))
     }
 }
@@ -149,7 +152,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .store
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}", data.join("toolgrid.db").display()));
-    let store = crate::store::open(&store_url)
+    let store = toolgrid_store::open(&store_url)
         .await
         .with_context(|| format!("cannot open the store at {store_url}"))?;
     // For end-to-end fault tests: `TOOLGRID_FAULTS=complete:2,append:1` (see store::faulty).
@@ -168,7 +171,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         ..SchedulerConfig::default()
     };
     let admin = admin_token(&data)?;
-    let mut auth = crate::gateway::Authenticator::new().with_admin_token(&admin);
+    let mut auth = toolgrid_control_plane::gateway::Authenticator::new().with_admin_token(&admin);
     if let Some(issuer) = args.mcp.oauth()? {
         auth = auth.with_oauth(issuer);
     }

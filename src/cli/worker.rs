@@ -1,8 +1,8 @@
 //! `toolgrid worker`: one sandbox worker process.
 
-use crate::api::units::{ByteSize, GoDuration};
-use crate::worker::{WorkerConfig, WorkerCredential};
 use std::path::PathBuf;
+use toolgrid_api::units::{ByteSize, GoDuration};
+use toolgrid_worker::{WorkerConfig, WorkerCredential};
 
 #[derive(clap::Args, Debug)]
 pub struct WorkerArgs {
@@ -64,20 +64,19 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let pool = if args.pool.contains('/') {
         args.pool.clone()
     } else {
-        format!("{}/{}", crate::api::DEFAULT_NAMESPACE, args.pool)
+        format!("{}/{}", toolgrid_api::DEFAULT_NAMESPACE, args.pool)
     };
     let id = args
         .id
         .unwrap_or_else(|| format!("{}-{}", pool.replace('/', "-"), std::process::id()));
-    let control_plane = crate::platform::tls::endpoint_url(&args.control_plane);
+    let control_plane = toolgrid_proto::tls::endpoint_url(&args.control_plane);
     let credential = match (args.join_token, args.join_token_file, args.token_file) {
         (Some(token), _, _) => WorkerCredential::Token(token),
         (None, Some(path), _) | (None, None, Some(path)) => WorkerCredential::File(path),
         (None, None, None) => WorkerCredential::None,
     };
-    let trust =
-        crate::platform::tls::Trust::of(args.tls_ca.as_deref(), args.tls_ca_pem.as_deref())?;
-    crate::worker::run(WorkerConfig {
+    let trust = toolgrid_proto::tls::Trust::of(args.tls_ca.as_deref(), args.tls_ca_pem.as_deref())?;
+    toolgrid_worker::run(WorkerConfig {
         control_plane,
         worker_id: id,
         pool,

@@ -3,11 +3,12 @@
 
 use super::client::{Endpoint, fail};
 use super::table;
-use crate::error::{ApiError, ErrorKind};
-use crate::proto::{self, workspaces_client::WorkspacesClient};
 use std::io::Write;
 use std::process::ExitCode;
 use tonic::transport::Channel;
+use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_proto::status::error_of;
+use toolgrid_proto::{self as proto, workspaces_client::WorkspacesClient};
 
 #[derive(clap::Args, Debug)]
 pub struct WorkspaceArgs {
@@ -98,7 +99,7 @@ async fn command(args: WorkspaceArgs) -> Result<(), ApiError> {
                     version,
                 })
                 .await
-                .map_err(|s| ApiError::from(&s))?
+                .map_err(|s| error_of(&s))?
                 .into_inner();
             let prefix = path
                 .map(|p| format!("{}/", p.trim_end_matches('/')))
@@ -138,10 +139,10 @@ async fn command(args: WorkspaceArgs) -> Result<(), ApiError> {
                     version,
                 })
                 .await
-                .map_err(|s| ApiError::from(&s))?
+                .map_err(|s| error_of(&s))?
                 .into_inner();
             let mut stdout = std::io::stdout().lock();
-            while let Some(chunk) = stream.message().await.map_err(|s| ApiError::from(&s))? {
+            while let Some(chunk) = stream.message().await.map_err(|s| error_of(&s))? {
                 stdout.write_all(&chunk.data).map_err(|e| {
                     ApiError::new(ErrorKind::Internal, format!("cannot write stdout: {e}"))
                 })?;
@@ -151,7 +152,7 @@ async fn command(args: WorkspaceArgs) -> Result<(), ApiError> {
             let versions = client
                 .list_workspace_versions(proto::ListWorkspaceVersionsRequest { namespace, agent })
                 .await
-                .map_err(|s| ApiError::from(&s))?
+                .map_err(|s| error_of(&s))?
                 .into_inner()
                 .versions;
             if output == "json" {
@@ -198,7 +199,7 @@ async fn command(args: WorkspaceArgs) -> Result<(), ApiError> {
                     to: v2,
                 })
                 .await
-                .map_err(|s| ApiError::from(&s))?
+                .map_err(|s| error_of(&s))?
                 .into_inner()
                 .changes;
             for change in changes {

@@ -85,8 +85,8 @@ spec: {{tool: {name}, version: 1.0.0, artifact: {{file: {artifact}}}, limits: {l
 }
 
 /// An in-process worker runtime (4 slots, pooling) with its compiled-code cache in `cache`.
-pub fn runtime(cache: &Path) -> toolgrid::worker::Runtime {
-    toolgrid::worker::Runtime::new(&toolgrid::worker::RuntimeConfig {
+pub fn runtime(cache: &Path) -> toolgrid_sandbox::Runtime {
+    toolgrid_sandbox::Runtime::new(&toolgrid_sandbox::RuntimeConfig {
         cache_dir: cache.to_path_buf(),
         slots: 4,
         max_memory_bytes: 1 << 30,

@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 pub mod fixtures;
-pub mod postgres;
 pub mod witness;
 
 use std::io::{BufRead, BufReader};
@@ -13,31 +12,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 use toolgrid::cli::client::{Client, Credentials, client_of};
-use toolgrid::error::ApiError;
-use toolgrid::proto;
+use toolgrid_core::error::ApiError;
+use toolgrid_proto as proto;
+use toolgrid_proto::status::error_of;
+
+// Each suite uses some of them, as with the rest of this module (`dead_code` above).
+#[allow(unused_imports)]
+pub use toolgrid_testkit::{postgres, require, under_ci};
 
 pub const TOOLGRID: &str = env!("CARGO_BIN_EXE_toolgrid");
-
-/// Whether CI runs these tests (`CI=true`, as CI services set it): then nothing may skip.
-pub fn under_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
-}
-
-/// The one rule for a test that needs something the machine may lack: true when `present`.
-/// When it is missing, under CI (`CI=true`) the test fails naming `what`; on a developer's
-/// machine it prints why it skips and returns false (the caller returns). Only the real-cluster
-/// test (`tests/k8s_e2e.rs`) skips without asking here.
-#[track_caller]
-pub fn require(what: &str, present: bool) -> bool {
-    if present {
-        return true;
-    }
-    if under_ci() {
-        panic!("{what}: missing, and under CI=true a test must not skip (see .ci/run)");
-    }
-    eprintln!("skipping: {what} (under CI=true this is a failure)");
-    false
-}
 
 /// Runs a Python check script; `None` (after `require`) when python3 cannot run or the
 /// script exits 77, its "cannot run here" status, giving the reason on stderr.
@@ -315,7 +298,7 @@ impl Platform {
             .invoke(request)
             .await
             .map(|r| r.into_inner())
-            .map_err(|s| ApiError::from(&s))
+            .map_err(|s| error_of(&s))
     }
 
     pub async fn resources(&self, kind: &str) -> Vec<proto::ResourceRow> {

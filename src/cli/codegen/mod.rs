@@ -11,10 +11,10 @@
 pub mod python;
 pub mod typescript;
 
-use crate::api::Command;
-use crate::error::{ApiError, ErrorKind};
-use crate::proto;
 use std::collections::BTreeSet;
+use toolgrid_api::Command;
+use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_proto as proto;
 
 /// One tool as the generators see it.
 #[derive(Clone, Debug, PartialEq)]
@@ -54,7 +54,7 @@ impl ToolDef {
     }
 
     /// Every declared error of every command, once by name (the first description wins).
-    pub fn errors(&self) -> Vec<&crate::api::DeclaredError> {
+    pub fn errors(&self) -> Vec<&toolgrid_api::DeclaredError> {
         let mut seen = BTreeSet::new();
         self.commands
             .iter()

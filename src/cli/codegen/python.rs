@@ -4,9 +4,9 @@
 //! `<Tool>Error(ToolgridError)`.
 
 use super::{Idents, Lang, ToolDef, pascal, quoted, snake};
-use crate::api::Command;
 use serde_json::Value;
 use std::fmt::Write as _;
+use toolgrid_api::Command;
 
 /// Python's keywords, soft keywords, and the names the generated code itself uses.
 pub static PYTHON: Lang = Lang {

@@ -4,9 +4,9 @@
 //! `<Tool>Error extends ToolgridError` (check them with `instanceof`).
 
 use super::{Idents, Lang, ToolDef, camel, comment_text, pascal, quoted};
-use crate::api::Command;
 use serde_json::Value;
 use std::fmt::Write as _;
+use toolgrid_api::Command;
 
 /// TypeScript's reserved and strict-mode words, and the names the generated code uses.
 pub static TYPESCRIPT: Lang = Lang {

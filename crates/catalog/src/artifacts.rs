@@ -1,0 +1,436 @@
+//! Release artifacts: read from their source, checked against their digest, and validated
+//! as WASI commands before a release can be Ready.
+
+use super::manifest::Sourced;
+use k8s_openapi::api::core::v1::ConfigMap;
+use toolgrid_api::conditions::Reason;
+use toolgrid_api::{ArtifactSource, ToolRelease};
+use toolgrid_core::artifact::{digest_of, is_valid_digest};
+
+/// Largest artifact read from a file or fetched from a URL.
+pub const MAX_ARTIFACT_BYTES: u64 = 256 << 20;
+
+/// What became of a release's artifact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArtifactOutcome {
+    Ready {
+        digest: String,
+        size: u64,
+        /// `module` or `component`.
+        kind: &'static str,
+    },
+    Failed {
+        /// CamelCase condition reason.
+        reason: Reason,
+        message: String,
+    },
+}
+
+/// An artifact's outcome and, when Ready, its bytes (to put in the store).
+#[derive(Clone, Debug)]
+pub struct LoadedArtifact {
+    pub outcome: ArtifactOutcome,
+    pub bytes: Option<Vec<u8>>,
+}
+
+impl LoadedArtifact {
+    fn failed(reason: Reason, message: impl Into<String>) -> Self {
+        LoadedArtifact {
+            outcome: ArtifactOutcome::Failed {
+                reason,
+                message: message.into(),
+            },
+            bytes: None,
+        }
+    }
+}
+
+/// Verifies `bytes` against the expected digest (if any) and validates them as a command.
+pub fn check_bytes(bytes: Vec<u8>, expected: Option<&str>) -> LoadedArtifact {
+    let digest = digest_of(&bytes);
+    if let Some(expected) = expected
+        && expected != digest
+    {
+        return LoadedArtifact::failed(
+            Reason::DigestMismatch,
+            format!("spec.artifact.digest is {expected} but the artifact's digest is {digest}"),
+        );
+    }
+    match toolgrid_core::artifact::validate_command(&bytes) {
+        Ok(kind) => LoadedArtifact {
+            outcome: ArtifactOutcome::Ready {
+                digest,
+                size: bytes.len() as u64,
+                kind,
+            },
+            bytes: Some(bytes),
+        },
+        Err(error) => LoadedArtifact::failed(Reason::InvalidArtifact, error.to_string()),
+    }
+}
+
+/// The single source an artifact names, or why it names none or several.
+pub fn source_kind(artifact: &ArtifactSource) -> Result<&'static str, String> {
+    let set: Vec<&str> = [
+        artifact.file.as_ref().map(|_| "file"),
+        artifact.config_map.as_ref().map(|_| "configMap"),
+        artifact.url.as_ref().map(|_| "url"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    match set.as_slice() {
+        [one] => Ok(one),
+        [] => Err("spec.artifact: name exactly one of file, configMap or url".into()),
+        many => Err(format!(
+            "spec.artifact: name exactly one source, not {}",
+            many.join(" and ")
+        )),
+    }
+}
+
+/// Loads a release's artifact in a manifest directory: a file relative to the manifest, or
+/// a key of a ConfigMap declared beside it. URLs are fetched by the cluster controller.
+pub fn load_local(
+    release: &Sourced<ToolRelease>,
+    config_maps: &[Sourced<ConfigMap>],
+) -> LoadedArtifact {
+    let artifact = &release.object.spec.artifact;
+    let namespace = release
+        .object
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or_default();
+    match read_local(artifact, release.source.dir(), namespace, config_maps) {
+        Ok(bytes) => check_bytes(bytes, artifact.digest.as_deref()),
+        Err((reason, message)) => LoadedArtifact::failed(reason, message),
+    }
+}
+
+/// The bytes an artifact names in a manifest directory (`dir`: the manifest's), not yet
+/// checked against its digest, or why there are none.
+pub fn read_local(
+    artifact: &ArtifactSource,
+    dir: &std::path::Path,
+    namespace: &str,
+    config_maps: &[Sourced<ConfigMap>],
+) -> Result<Vec<u8>, (Reason, String)> {
+    let source = source_kind(artifact).map_err(|m| (Reason::InvalidArtifactSource, m))?;
+    if let Some(digest) = &artifact.digest
+        && !is_valid_digest(digest)
+    {
+        return Err((
+            Reason::InvalidDigest,
+            format!(
+                "spec.artifact.digest {digest:?} is not of the form sha256:<64 lowercase hex digits>"
+            ),
+        ));
+    }
+    match source {
+        "file" => {
+            let relative = artifact.file.as_deref().unwrap_or_default();
+            let path = dir.join(relative);
+            read_artifact_file(&path).map_err(|error| match error {
+                ArtifactFileError::Unreadable(error) => (
+                    Reason::ArtifactNotFound,
+                    format!(
+                        "spec.artifact.file: cannot read {}: {error}",
+                        path.display()
+                    ),
+                ),
+                error => (
+                    Reason::InvalidArtifactFile,
+                    format!("spec.artifact.file: {}: {error}", path.display()),
+                ),
+            })
+        }
+        "configMap" => {
+            let Some(reference) = &artifact.config_map else {
+                return Err((
+                    Reason::InvalidArtifactSource,
+                    "spec.artifact.configMap is empty".into(),
+                ));
+            };
+            config_map_key(config_maps, namespace, &reference.name, &reference.key)
+                .map_err(|m| (Reason::ArtifactNotFound, m))
+        }
+        _ => {
+            if artifact.digest.is_none() {
+                return Err((
+                    Reason::InvalidArtifactSource,
+                    "spec.artifact.url requires spec.artifact.digest".into(),
+                ));
+            }
+            Err((
+                Reason::UnsupportedSource,
+                "spec.artifact.url is fetched by the cluster controller; in a manifest directory use file or configMap".into(),
+            ))
+        }
+    }
+}
+
+/// A wasm Middleware's component: its digest and bytes, or why it cannot be used.
+#[derive(Clone, Debug)]
+pub enum WasmArtifact {
+    Ready {
+        digest: String,
+        bytes: std::sync::Arc<Vec<u8>>,
+    },
+    Failed {
+        reason: Reason,
+        message: String,
+    },
+}
+
+/// Verifies a wasm middleware's bytes against the expected digest (if any) and checks they
+/// are a middleware component ([`toolgrid_core::artifact::validate_middleware`]).
+pub fn check_middleware_bytes(bytes: Vec<u8>, expected: Option<&str>) -> WasmArtifact {
+    let digest = digest_of(&bytes);
+    if let Some(expected) = expected
+        && expected != digest
+    {
+        return WasmArtifact::Failed {
+            reason: Reason::DigestMismatch,
+            message: format!(
+                "spec.wasm.artifact.digest is {expected} but the artifact's digest is {digest}"
+            ),
+        };
+    }
+    match toolgrid_core::artifact::validate_middleware(&bytes) {
+        Ok(()) => WasmArtifact::Ready {
+            digest,
+            bytes: std::sync::Arc::new(bytes),
+        },
+        Err(error) => WasmArtifact::Failed {
+            reason: Reason::InvalidArtifact,
+            message: format!("spec.wasm.artifact: {error}"),
+        },
+    }
+}
+
+/// Loads the component of a wasm Middleware in a manifest directory (`None`: not a wasm
+/// step), like a release's artifact ([`load_local`]).
+pub fn load_local_middleware(
+    middleware: &Sourced<toolgrid_api::Middleware>,
+    config_maps: &[Sourced<ConfigMap>],
+) -> Option<WasmArtifact> {
+    let artifact = &middleware.object.spec.wasm.as_ref()?.artifact;
+    let namespace = middleware
+        .object
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or_default();
+    Some(
+        match read_local(artifact, middleware.source.dir(), namespace, config_maps) {
+            Ok(bytes) => check_middleware_bytes(bytes, artifact.digest.as_deref()),
+            Err((reason, message)) => WasmArtifact::Failed {
+                reason,
+                message: message.replacen("spec.artifact", "spec.wasm.artifact", 1),
+            },
+        },
+    )
+}
+
+/// Why an artifact file is not read.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactFileError {
+    #[error("{0}")]
+    Unreadable(#[from] std::io::Error),
+    #[error("not a regular file (it is {0}); name a .wasm file")]
+    NotAFile(&'static str),
+    #[error("the file is larger than the {MAX_ARTIFACT_BYTES} bytes an artifact may have")]
+    TooLarge,
+}
+
+/// Reads an artifact file: a regular file (a symbolic link to one is fine) of at most
+/// [`MAX_ARTIFACT_BYTES`]; never a device, pipe or directory, and never more than that many
+/// bytes even if the file grows while it is read.
+pub fn read_artifact_file(path: &std::path::Path) -> Result<Vec<u8>, ArtifactFileError> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)?;
+    let metadata = file.metadata()?;
+    let file_type = metadata.file_type();
+    if !file_type.is_file() {
+        use std::os::unix::fs::FileTypeExt as _;
+        let what = if file_type.is_dir() {
+            "a directory"
+        } else if file_type.is_char_device() {
+            "a character device"
+        } else if file_type.is_block_device() {
+            "a block device"
+        } else if file_type.is_fifo() {
+            "a pipe"
+        } else if file_type.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(ArtifactFileError::NotAFile(what));
+    }
+    if metadata.len() > MAX_ARTIFACT_BYTES {
+        return Err(ArtifactFileError::TooLarge);
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(MAX_ARTIFACT_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_ARTIFACT_BYTES {
+        return Err(ArtifactFileError::TooLarge);
+    }
+    Ok(bytes)
+}
+
+/// The bytes under `key` of a ConfigMap (`binaryData`, else `data`).
+pub fn config_map_key(
+    config_maps: &[Sourced<ConfigMap>],
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Result<Vec<u8>, String> {
+    let cm = config_maps
+        .iter()
+        .find(|cm| {
+            cm.object.metadata.name.as_deref() == Some(name)
+                && cm.object.metadata.namespace.as_deref() == Some(namespace)
+        })
+        .ok_or_else(|| format!("spec.artifact.configMap: no ConfigMap {namespace}/{name}"))?;
+    bytes_of(&cm.object, key).ok_or_else(|| {
+        format!("spec.artifact.configMap: ConfigMap {namespace}/{name} has no key {key:?}")
+    })
+}
+
+/// A key of a ConfigMap, from `binaryData` or `data`.
+pub fn bytes_of(cm: &ConfigMap, key: &str) -> Option<Vec<u8>> {
+    cm.binary_data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.clone())
+        .or_else(|| {
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(|s| s.clone().into_bytes())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wasm_middleware_component_is_loaded_from_a_file_or_a_config_map_and_checked() {
+        use super::super::manifest::{ResourceSet, load_text};
+        let core = wat::parse_str(
+            r#"(module (memory (export "memory") 1)
+  (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32) (i32.const 1024))
+  (func (export "toolgrid:middleware/decide@0.1.0#decide") (param i32 i32) (result i32) (i32.const 0)))"#,
+        )
+        .unwrap();
+        let component = toolgrid_core::artifact::middleware_component(&core).unwrap();
+        let digest = digest_of(&component);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("m.wasm"), &component).unwrap();
+        std::fs::write(dir.path().join("core.wasm"), &core).unwrap();
+        let text = format!(
+            r#"apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: file}}
+spec: {{wasm: {{artifact: {{file: m.wasm, digest: "{digest}"}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: core}}
+spec: {{wasm: {{artifact: {{file: core.wasm}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: missing}}
+spec: {{wasm: {{artifact: {{file: nope.wasm}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: pinned-wrong}}
+spec: {{wasm: {{artifact: {{configMap: {{name: mw, key: m.wasm}}, digest: "sha256:{zeros}"}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: from-config-map}}
+spec: {{wasm: {{artifact: {{configMap: {{name: mw, key: m.wasm}}}}}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Middleware
+metadata: {{name: not-wasm}}
+spec: {{audit: {{}}}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: mw}}
+binaryData: {{m.wasm: "{b64}"}}
+"#,
+            zeros = "0".repeat(64),
+            b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &component),
+        );
+        let mut set = ResourceSet::default();
+        load_text(&dir.path().join("m.yaml"), &text, &mut set);
+        assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+        let load = |name: &str| {
+            let m = set
+                .middleware
+                .iter()
+                .find(|m| m.object.metadata.name.as_deref() == Some(name))
+                .unwrap();
+            load_local_middleware(m, &set.config_maps)
+        };
+        let failed = |name: &str| match load(name) {
+            Some(WasmArtifact::Failed { reason, message }) => (reason, message),
+            other => panic!("{name}: {other:?}"),
+        };
+        for name in ["file", "from-config-map"] {
+            let Some(WasmArtifact::Ready { digest: d, bytes }) = load(name) else {
+                panic!("{name} loads")
+            };
+            assert_eq!(
+                (d.as_str(), bytes.as_slice()),
+                (digest.as_str(), &component[..])
+            );
+        }
+        assert_eq!(failed("core").0, Reason::InvalidArtifact);
+        assert!(failed("core").1.contains("core module"));
+        assert_eq!(failed("missing").0, Reason::ArtifactNotFound);
+        assert!(failed("missing").1.starts_with("spec.wasm.artifact.file"));
+        assert_eq!(failed("pinned-wrong").0, Reason::DigestMismatch);
+        assert!(load("not-wasm").is_none());
+    }
+
+    #[test]
+    fn an_artifact_file_is_a_regular_file_of_bounded_size() {
+        let error = read_artifact_file(std::path::Path::new("/dev/zero")).unwrap_err();
+        assert!(matches!(
+            error,
+            ArtifactFileError::NotAFile("a character device")
+        ));
+        assert_eq!(
+            error.to_string(),
+            "not a regular file (it is a character device); name a .wasm file"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            read_artifact_file(dir.path()),
+            Err(ArtifactFileError::NotAFile("a directory"))
+        ));
+        let path = dir.path().join("tool.wasm");
+        std::fs::write(&path, b"\0asm").unwrap();
+        assert_eq!(read_artifact_file(&path).unwrap(), b"\0asm");
+        // A sparse file larger than the limit is refused without being read.
+        let big = std::fs::File::create(dir.path().join("big.wasm")).unwrap();
+        big.set_len(MAX_ARTIFACT_BYTES + 1).unwrap();
+        assert!(matches!(
+            read_artifact_file(&dir.path().join("big.wasm")),
+            Err(ArtifactFileError::TooLarge)
+        ));
+        assert!(matches!(
+            read_artifact_file(&dir.path().join("missing.wasm")),
+            Err(ArtifactFileError::Unreadable(_))
+        ));
+    }
+}

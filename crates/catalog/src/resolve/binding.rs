@@ -1,0 +1,311 @@
+//! ToolBindings: last, as they name agents, a tool, its releases and middleware; each is
+//! kept, Ready or not, for authorization and `why`.
+
+use super::Resolver;
+use super::declared::Declared;
+use crate::snapshot::{ResolvedAgent, ResolvedBinding, ResolvedRelease, ResourceId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use toolgrid_api::conditions::{Desired, Reason};
+use toolgrid_api::{Agent, Kind, KindStatus, Middleware, ToolBinding, ToolBindingStatus};
+use toolgrid_core::ids::ObjectKey;
+use toolgrid_core::interface::FieldError;
+
+impl<'a> Resolver<'a> {
+    pub(super) fn bindings(
+        &mut self,
+        agents: &BTreeMap<ObjectKey, &Agent>,
+        middleware: &BTreeMap<ObjectKey, &Middleware>,
+    ) {
+        for d in self.declared(Kind::ToolBinding, &self.input.set.bindings) {
+            let spec = &d.object.spec;
+            let ns = d.id.key.namespace.clone();
+            if let Err(e) = check_binding(d.object) {
+                self.invalid(&d, e);
+                self.keep_binding(&d, None);
+                continue;
+            }
+            let mut columns = vec![
+                ("Tool".into(), spec.tool.clone()),
+                ("Agents".into(), spec.agents.join(",")),
+                (
+                    "Middleware".into(),
+                    self.chain_column(&ns, &spec.middleware),
+                ),
+            ];
+            let problem = spec
+                .agents
+                .iter()
+                .find(|a| !agents.contains_key(&ObjectKey::new(ns.clone(), (*a).clone())))
+                .map(|a| (Reason::UnknownAgent, format!("spec.agents: there is no valid Agent {a:?} in namespace {ns:?}")))
+                .or_else(|| {
+                    spec.middleware
+                        .iter()
+                        .find(|m| !middleware.contains_key(&ObjectKey::new(ns.clone(), (*m).clone())))
+                        .map(|m| (Reason::UnknownMiddleware, format!("spec.middleware: there is no valid Middleware {m:?} in namespace {ns:?}")))
+                })
+                .or_else(|| self.middleware_not_ready(&ns, &spec.middleware))
+                .or_else(|| {
+                    (!self.snapshot.tools.contains_key(&ObjectKey::new(ns.clone(), spec.tool.clone())))
+                        .then(|| (Reason::UnknownTool, format!("spec.tool: there is no valid Tool {:?} in namespace {ns:?}", spec.tool)))
+                })
+                .or_else(|| {
+                    self.input
+                        .identities
+                        .and_then(|_| missing_binding_key(spec, &ns, &self.snapshot.agents))
+                });
+            let resolved = resolve_binding_release(d.object, &self.snapshot.releases);
+            let mut status = ToolBindingStatus::default();
+            let mut release = None;
+            let ready = match (problem, resolved) {
+                (Some((reason, message)), _) => Desired::not_ready(reason, message),
+                (None, Err((reason, message))) => Desired::not_ready(reason, message),
+                (None, Ok(key)) => {
+                    status.resolved_release = Some(key.name.clone());
+                    columns.push(("Release".into(), key.name.clone()));
+                    release = Some(key.clone());
+                    Desired::ready(Reason::Resolved, format!("calls run release {}", key.name))
+                }
+            };
+            self.record_declared(&d, ready, KindStatus::ToolBinding(status), columns);
+            self.keep_binding(&d, release);
+        }
+    }
+
+    /// Why a binding in `ns` naming `listed` cannot run its chain: a Middleware it names
+    /// is not Ready, or an `enforce: true` one of its namespace is not (fail closed).
+    fn middleware_not_ready(&self, ns: &str, listed: &[String]) -> Option<(Reason, String)> {
+        let not_ready = |name: &str| -> Option<String> {
+            let key = ObjectKey::new(ns.to_string(), name.to_string());
+            if self.snapshot.middleware.contains_key(&key) {
+                return None;
+            }
+            let id = ResourceId {
+                kind: Kind::Middleware,
+                key,
+            };
+            Some(match self.snapshot.resources.get(&id) {
+                Some(state) => {
+                    format!("{} ({}: {})", name, state.ready.reason, state.ready.message)
+                }
+                None => format!("{name} (it is not Ready)"),
+            })
+        };
+        let enforced = self
+            .input
+            .set
+            .middleware
+            .iter()
+            .filter(|m| {
+                m.object.spec.enforce
+                    && m.object.metadata.namespace.as_deref().unwrap_or_default() == ns
+            })
+            .filter_map(|m| m.object.metadata.name.as_deref());
+        for name in enforced {
+            if let Some(why) = not_ready(name) {
+                return Some((
+                    Reason::MiddlewareNotReady,
+                    format!(
+                        "enforced Middleware {why} is not Ready, so no call through a binding of namespace {ns:?} may run"
+                    ),
+                ));
+            }
+        }
+        listed.iter().find_map(|name| {
+            not_ready(name).map(|why| {
+                (
+                    Reason::MiddlewareNotReady,
+                    format!("spec.middleware: Middleware {why} is not Ready"),
+                )
+            })
+        })
+    }
+
+    /// The binding's chain in order (the `Middleware` column): enforced Middleware of `ns`
+    /// by name, then `listed`, each once.
+    fn chain_column(&self, ns: &str, listed: &[String]) -> String {
+        let names = match crate::middleware::chain_in(&self.snapshot, ns, listed) {
+            Ok(chain) => chain.links.iter().map(|l| l.name().to_string()).collect(),
+            // Not Ready: what the chain would be, from the declarations.
+            Err(_) => {
+                let mut names: Vec<String> = self
+                    .input
+                    .set
+                    .middleware
+                    .iter()
+                    .filter(|m| {
+                        m.object.spec.enforce
+                            && m.object.metadata.namespace.as_deref().unwrap_or_default() == ns
+                    })
+                    .filter_map(|m| m.object.metadata.name.clone())
+                    .collect();
+                names.sort();
+                names.dedup();
+                for name in listed {
+                    if !names.contains(name) {
+                        names.push(name.clone());
+                    }
+                }
+                names
+            }
+        };
+        if names.is_empty() {
+            "<none>".to_string()
+        } else {
+            names.join(",")
+        }
+    }
+
+    /// Keeps a binding, Ready or not, with its condition, for authorization and `why`.
+    fn keep_binding(&mut self, d: &Declared<'_, ToolBinding>, release: Option<ObjectKey>) {
+        let Some(state) = self.snapshot.resources.get(&d.id) else {
+            return;
+        };
+        let binding = ResolvedBinding {
+            key: d.id.key.clone(),
+            spec: d.object.spec.clone(),
+            release: release.filter(|_| state.ready.status),
+            ready: state.ready.clone(),
+        };
+        self.snapshot
+            .bindings
+            .insert(d.id.key.clone(), Arc::new(binding));
+    }
+}
+
+/// The first config or secret key a binding lists that one of its agents does not have:
+/// a binding can only narrow what its agents have.
+fn missing_binding_key(
+    spec: &toolgrid_api::ToolBindingSpec,
+    ns: &str,
+    agents: &BTreeMap<ObjectKey, Arc<ResolvedAgent>>,
+) -> Option<(Reason, String)> {
+    for name in &spec.agents {
+        let agent = agents.get(&ObjectKey::new(ns, name.clone()))?;
+        if let Some(key) = spec
+            .config_keys_readable
+            .iter()
+            .find(|k| !agent.config.contains_key(*k))
+        {
+            let config_map = agent
+                .spec
+                .config_map_ref
+                .as_ref()
+                .map(|r| format!("its ConfigMap {ns}/{}", r.name))
+                .unwrap_or_else(|| "no configMapRef".into());
+            return Some((
+                Reason::MissingConfigKey,
+                format!(
+                    "spec.configKeysReadable: agent {name:?} has no config key {key:?} ({config_map}); a binding can only narrow what the agent has"
+                ),
+            ));
+        }
+        if let Some((field, key)) = spec
+            .secret_keys_readable
+            .iter()
+            .map(|k| ("secretKeysReadable", k))
+            .chain(
+                spec.secret_keys_revealable
+                    .iter()
+                    .map(|k| ("secretKeysRevealable", k)),
+            )
+            .find(|(_, k)| !agent.secrets.contains_key(*k))
+        {
+            let secret = agent
+                .spec
+                .secret_ref
+                .as_ref()
+                .map(|r| format!("its Secret {ns}/{}", r.name))
+                .unwrap_or_else(|| "no secretRef".into());
+            return Some((
+                Reason::MissingSecretKey,
+                format!(
+                    "spec.{field}: agent {name:?} has no secret key {key:?} ({secret}); a binding can only narrow what the agent has"
+                ),
+            ));
+        }
+    }
+    None
+}
+
+/// The release a binding resolves to: the one it names, or the newest Ready release in its
+/// version range (all releases when it gives none).
+pub fn resolve_binding_release<'r>(
+    binding: &ToolBinding,
+    releases: &'r BTreeMap<ObjectKey, Arc<ResolvedRelease>>,
+) -> Result<&'r ObjectKey, (Reason, String)> {
+    let ns = binding.metadata.namespace.clone().unwrap_or_default();
+    let spec = &binding.spec;
+    let candidates = releases
+        .values()
+        .filter(|r| r.key.namespace == ns && r.tool == spec.tool);
+    let selector = spec
+        .release
+        .clone()
+        .unwrap_or(toolgrid_api::ReleaseSelector {
+            version: None,
+            name: None,
+        });
+    if let Some(name) = &selector.name {
+        return candidates
+            .into_iter()
+            .find(|r| &r.key.name == name)
+            .map(|r| &r.key)
+            .ok_or_else(|| {
+                (
+                    Reason::NoMatchingRelease,
+                    format!(
+                        "spec.release.name: no Ready ToolRelease {name:?} of tool {:?}",
+                        spec.tool
+                    ),
+                )
+            });
+    }
+    let range = match &selector.version {
+        Some(v) => Some(semver::VersionReq::parse(v).map_err(|e| {
+            (
+                Reason::InvalidSpec,
+                format!("spec.release.version: {v:?} is not a version range: {e}"),
+            )
+        })?),
+        None => None,
+    };
+    candidates
+        .filter(|r| range.as_ref().is_none_or(|req| req.matches(&r.version)))
+        .max_by(|a, b| a.version.cmp(&b.version))
+        .map(|r| &r.key)
+        .ok_or_else(|| {
+            (
+                Reason::NoMatchingRelease,
+                format!(
+                    "no Ready ToolRelease of tool {:?} matches {}",
+                    spec.tool,
+                    selector.version.as_deref().unwrap_or("any version")
+                ),
+            )
+        })
+}
+
+fn check_binding(binding: &ToolBinding) -> Result<(), FieldError> {
+    let spec = &binding.spec;
+    if spec.agents.is_empty() {
+        return Err(FieldError::new("spec.agents", "bind at least one agent"));
+    }
+    if let Some(selector) = &spec.release {
+        if selector.name.is_some() && selector.version.is_some() {
+            return Err(FieldError::new(
+                "spec.release",
+                "give a version range or a name, not both",
+            ));
+        }
+        if let Some(v) = &selector.version {
+            semver::VersionReq::parse(v).map_err(|e| {
+                FieldError::new(
+                    "spec.release.version",
+                    format!("{v:?} is not a version range: {e}"),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,301 @@
+//! ToolReleases: each checked against its tool, its pool and its artifact; a Ready one
+//! keeps its artifact.
+
+use super::tool::ValidTools;
+use super::{DEFAULT_CPU_TIME, DEFAULT_MEMORY, DEFAULT_OUTPUT, DEFAULT_POOL, MAX_MEMORY, Resolver};
+use crate::artifacts::{ArtifactOutcome, source_kind};
+use crate::snapshot::{Limits, ResolvedRelease, ResourceId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use toolgrid_api::conditions::{self, Desired, Reason};
+use toolgrid_api::{Kind, KindStatus, ToolRelease, ToolReleaseStatus};
+use toolgrid_core::artifact::is_valid_digest;
+use toolgrid_core::ids::ObjectKey;
+use toolgrid_core::interface::FieldError;
+
+impl<'a> Resolver<'a> {
+    pub(super) fn releases(&mut self, tools: &ValidTools<'a>) {
+        let mut versions: BTreeMap<(String, String, semver::Version), ObjectKey> = BTreeMap::new();
+        for d in self.declared(Kind::ToolRelease, &self.input.set.releases) {
+            let spec = &d.object.spec;
+            let ns = d.id.key.namespace.clone();
+            let previous: ToolReleaseStatus = self
+                .input
+                .previous
+                .get(&d.id)
+                .and_then(|p| serde_json::from_value(p.status.clone()).ok())
+                .unwrap_or_default();
+            let previous_digest = previous.digest;
+            let was_ready = conditions::is_ready(&previous.conditions);
+            let mut status = ToolReleaseStatus::default();
+            let mut columns = vec![
+                ("Tool".into(), spec.tool.clone()),
+                ("Version".into(), spec.version.clone()),
+            ];
+            let mut notes: Vec<String> = Vec::new();
+            let outcome = (|| -> Result<ResolvedRelease, (Desired, Option<FieldError>)> {
+                let spec_error =
+                    |e: FieldError| (Desired::not_ready(Reason::InvalidSpec, ""), Some(e));
+                if !is_dns_subdomain(&d.id.key.name) {
+                    return Err(spec_error(FieldError::new(
+                        "metadata.name",
+                        "must be a DNS subdomain (lowercase letters, digits, - and .)",
+                    )));
+                }
+                let version = semver::Version::parse(&spec.version).map_err(|e| {
+                    spec_error(FieldError::new(
+                        "spec.version",
+                        format!("{:?} is not a semantic version: {e}", spec.version),
+                    ))
+                })?;
+                source_kind(&spec.artifact)
+                    .map_err(|m| spec_error(FieldError::new("spec.artifact", m)))?;
+                if let Some(digest) = &spec.artifact.digest
+                    && !is_valid_digest(digest)
+                {
+                    return Err(spec_error(FieldError::new(
+                        "spec.artifact.digest",
+                        format!("{digest:?} is not of the form sha256:<64 lowercase hex digits>"),
+                    )));
+                }
+                let (limits, clamped) = release_limits(d.object).map_err(spec_error)?;
+                notes = clamped;
+                for (i, rule) in spec.network.iter().flat_map(|n| &n.egress).enumerate() {
+                    if rule.host.trim().is_empty() {
+                        return Err(spec_error(FieldError::new(
+                            format!("spec.network.egress[{i}].host"),
+                            "must not be empty",
+                        )));
+                    }
+                }
+                let tool_key = ObjectKey::new(ns.clone(), spec.tool.clone());
+                if !tools.contains_key(&tool_key) {
+                    let reason = if self.snapshot.resources.contains_key(&ResourceId {
+                        kind: Kind::Tool,
+                        key: tool_key.clone(),
+                    }) {
+                        (
+                            Reason::ToolNotValid,
+                            format!("spec.tool: Tool {tool_key} is not valid (see its status)"),
+                        )
+                    } else {
+                        (
+                            Reason::UnknownTool,
+                            format!(
+                                "spec.tool: there is no Tool {:?} in namespace {ns:?}",
+                                spec.tool
+                            ),
+                        )
+                    };
+                    return Err((Desired::not_ready(reason.0, reason.1), None));
+                }
+                let (digest, size, kind) = match self.input.artifacts.get(&d.id.key) {
+                    Some(ArtifactOutcome::Ready { digest, size, kind }) => {
+                        (digest.clone(), *size, *kind)
+                    }
+                    Some(ArtifactOutcome::Failed { reason, message }) => {
+                        return Err((Desired::not_ready(*reason, message.clone()), None));
+                    }
+                    None => {
+                        return Err((
+                            Desired::not_ready(
+                                Reason::ArtifactPending,
+                                "the artifact has not been loaded yet",
+                            ),
+                            None,
+                        ));
+                    }
+                };
+                let pool = spec
+                    .pool
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_POOL.to_string());
+                if !self
+                    .snapshot
+                    .pools
+                    .contains_key(&ObjectKey::new(ns.clone(), pool.clone()))
+                {
+                    return Err((
+                        Desired::not_ready(
+                            Reason::UnknownPool,
+                            format!(
+                                "spec.pool: there is no valid WorkerPool {pool:?} in namespace {ns:?}"
+                            ),
+                        ),
+                        None,
+                    ));
+                }
+                if let Some(previous) = &previous_digest
+                    && was_ready
+                    && previous != &digest
+                {
+                    return Err((
+                        Desired::not_ready(
+                            Reason::ImmutableRelease,
+                            format!(
+                                "release {} was Ready with artifact {previous} and is immutable; its artifact is now {digest}: publish a new version instead",
+                                d.id.key
+                            ),
+                        ),
+                        None,
+                    ));
+                }
+                let version_key = (ns.clone(), spec.tool.clone(), version.clone());
+                if let Some(other) = versions.get(&version_key) {
+                    return Err((
+                        Desired::not_ready(
+                            Reason::DuplicateVersion,
+                            format!(
+                                "version {version} of tool {:?} is also released by {}",
+                                spec.tool, other.name
+                            ),
+                        ),
+                        None,
+                    ));
+                }
+                versions.insert(version_key, d.id.key.clone());
+                Ok(ResolvedRelease {
+                    key: d.id.key.clone(),
+                    tool: spec.tool.clone(),
+                    version,
+                    digest,
+                    size,
+                    artifact_kind: kind,
+                    pool,
+                    limits,
+                    network: spec.network.clone().unwrap_or_default(),
+                })
+            })();
+            match outcome {
+                Ok(release) => {
+                    status.digest = Some(release.digest.clone());
+                    status.size = Some(release.size);
+                    status.artifact_kind = Some(release.artifact_kind.to_string());
+                    columns.push(("Digest".into(), short_digest(&release.digest)));
+                    let mut message = format!(
+                        "{} {} of {} bytes",
+                        release.artifact_kind, release.digest, release.size
+                    );
+                    for note in &notes {
+                        message.push_str("; ");
+                        message.push_str(note);
+                    }
+                    self.record_declared(
+                        &d,
+                        Desired::ready(Reason::ArtifactReady, message),
+                        KindStatus::ToolRelease(status),
+                        columns,
+                    );
+                    self.snapshot
+                        .releases
+                        .insert(d.id.key.clone(), Arc::new(release));
+                }
+                Err((_, Some(error))) => self.invalid(&d, error),
+                Err((mut desired, None)) => {
+                    if let Some(previous) = previous_digest {
+                        status.digest = Some(previous);
+                    }
+                    if !d.source.is_cluster() {
+                        desired.message = format!("{} ({})", desired.message, d.source);
+                    }
+                    tracing::warn!(resource = %d.id.key, reason = %desired.reason, "ToolRelease not ready: {}", desired.message);
+                    self.record_declared(&d, desired, KindStatus::ToolRelease(status), columns);
+                }
+            }
+        }
+    }
+}
+
+/// A DNS-1123 subdomain, as Kubernetes names are.
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+fn short_digest(digest: &str) -> String {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    format!("sha256:{}", &hex[..hex.len().min(12)])
+}
+
+/// The limits of a release with defaults applied, and a note for each value clamped to its
+/// maximum (said in the Ready condition).
+fn release_limits(release: &ToolRelease) -> Result<(Limits, Vec<String>), FieldError> {
+    use toolgrid_api::units::ByteSize;
+    use toolgrid_core::call::{
+        DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES, MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES,
+        MAX_RESPONSE_BYTES,
+    };
+    let limits = release.spec.limits.clone().unwrap_or_default();
+    let memory = limits.memory.map(|m| m.bytes()).unwrap_or(DEFAULT_MEMORY);
+    if !(64 * 1024..=MAX_MEMORY).contains(&memory) {
+        return Err(FieldError::new(
+            "spec.limits.memory",
+            format!("must be between 64Ki and 4Gi (one wasm page at least), not {memory} bytes"),
+        ));
+    }
+    let cpu_time = limits.cpu_time.map(|c| c.get()).unwrap_or(DEFAULT_CPU_TIME);
+    if cpu_time.is_zero() {
+        return Err(FieldError::new(
+            "spec.limits.cpuTime",
+            "must be longer than zero",
+        ));
+    }
+    let mut notes = Vec::new();
+    let mut bytes =
+        |field: &str, value: Option<ByteSize>, default: u64, max: u64| -> Result<u64, FieldError> {
+            let value = value.map(|v| v.bytes()).unwrap_or(default);
+            if value == 0 {
+                return Err(FieldError::new(
+                    format!("spec.limits.{field}"),
+                    "must be at least 1 byte",
+                ));
+            }
+            if value > max {
+                notes.push(format!(
+                    "limits.{field} {} is above the maximum of {}: calls are limited to {}",
+                    ByteSize(value),
+                    ByteSize(max),
+                    ByteSize(max)
+                ));
+                return Ok(max);
+            }
+            Ok(value)
+        };
+    let output_bytes = bytes(
+        "outputBytes",
+        limits.output_bytes,
+        DEFAULT_OUTPUT,
+        MAX_OUTPUT_BYTES,
+    )?;
+    let request_bytes = bytes(
+        "requestBytes",
+        limits.request_bytes,
+        DEFAULT_REQUEST_BYTES,
+        MAX_REQUEST_BYTES,
+    )?;
+    let response_bytes = bytes(
+        "responseBytes",
+        limits.response_bytes,
+        DEFAULT_RESPONSE_BYTES,
+        MAX_RESPONSE_BYTES,
+    )?;
+    Ok((
+        Limits {
+            memory_bytes: memory,
+            cpu_time,
+            output_bytes,
+            instances: limits.instances.unwrap_or(0),
+            request_bytes,
+            response_bytes,
+        },
+        notes,
+    ))
+}

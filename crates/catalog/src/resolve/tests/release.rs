@@ -1,0 +1,90 @@
+use super::*;
+
+#[test]
+fn releases_say_why_they_are_not_ready() {
+    let text = format!(
+        "{BASE}{}{}{}{}{}",
+        release("ghost-1.0.0", "ghost", "1.0.0"),
+        release("echo-bad", "echo", "one"),
+        release("echo-1.0.0", "echo", "1.0.0"),
+        release("echo-again", "echo", "1.0.0"),
+        "---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {name: echo-2.0.0}\nspec: {tool: echo, version: 2.0.0, pool: gpu, artifact: {file: x.wasm}}\n",
+    );
+    let set = set_of(&text);
+    let mut artifacts = ready_artifacts(&set, "sha256:a");
+    artifacts.insert(
+        ObjectKey::new("default", "echo-1.0.0"),
+        ArtifactOutcome::Failed {
+            reason: Reason::InvalidArtifact,
+            message: "bad magic".into(),
+        },
+    );
+    let snapshot = run(&set, &artifacts, &HashMap::new(), T0);
+    let reason = |name: &str| state(&snapshot, Kind::ToolRelease, name).ready.reason;
+    assert_eq!(reason("ghost-1.0.0"), Reason::UnknownTool);
+    assert_eq!(reason("echo-bad"), Reason::InvalidSpec);
+    assert!(
+        state(&snapshot, Kind::ToolRelease, "echo-bad")
+            .ready
+            .message
+            .contains("spec.version")
+    );
+    assert_eq!(reason("echo-1.0.0"), Reason::InvalidArtifact);
+    assert_eq!(reason("echo-again"), Reason::ArtifactReady);
+    assert_eq!(reason("echo-2.0.0"), Reason::UnknownPool);
+    assert_eq!(
+        snapshot
+            .tool("default", "echo")
+            .unwrap()
+            .release
+            .as_ref()
+            .unwrap()
+            .name,
+        "echo-again"
+    );
+}
+
+#[test]
+fn two_releases_of_one_version_conflict() {
+    let text = format!(
+        "{BASE}{}{}",
+        release("a", "echo", "1.0.0"),
+        release("b", "echo", "1.0.0")
+    );
+    let set = set_of(&text);
+    let snapshot = run(
+        &set,
+        &ready_artifacts(&set, "sha256:a"),
+        &HashMap::new(),
+        T0,
+    );
+    assert_eq!(
+        state(&snapshot, Kind::ToolRelease, "a").ready.reason,
+        Reason::ArtifactReady
+    );
+    assert_eq!(
+        state(&snapshot, Kind::ToolRelease, "b").ready.reason,
+        Reason::DuplicateVersion
+    );
+}
+
+#[test]
+fn a_ready_release_is_immutable() {
+    let text = format!("{BASE}{}", release("echo-1.0.0", "echo", "1.0.0"));
+    let set = set_of(&text);
+    let first = run(
+        &set,
+        &ready_artifacts(&set, "sha256:a"),
+        &HashMap::new(),
+        T0,
+    );
+    let previous = previous_of(&first);
+    let second = run(&set, &ready_artifacts(&set, "sha256:b"), &previous, T1);
+    let release = state(&second, Kind::ToolRelease, "echo-1.0.0");
+    assert_eq!(release.ready.reason, Reason::ImmutableRelease);
+    assert_eq!(
+        release.status["digest"], "sha256:a",
+        "the status keeps the digest it was Ready with"
+    );
+    assert!(second.tool("default", "echo").unwrap().release.is_none());
+}

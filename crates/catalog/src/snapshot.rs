@@ -1,0 +1,188 @@
+//! The resolved view that the gateway and scheduler read: what is live now, and the status
+//! of every declared resource.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use toolgrid_api::conditions::Desired;
+use toolgrid_api::{
+    AgentSpec, Effect, Kind, NetworkPolicy, ToolBindingSpec, ToolSpec, WorkerPoolSpec,
+};
+use toolgrid_core::auth::SecretValue;
+use toolgrid_core::ids::ObjectKey;
+use toolgrid_core::interface::CommandInterface;
+
+/// A resource of a kind.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResourceId {
+    pub kind: Kind,
+    pub key: ObjectKey,
+}
+
+/// A Tool that passed validation.
+#[derive(Debug)]
+pub struct ResolvedTool {
+    pub key: ObjectKey,
+    pub spec: ToolSpec,
+    pub effect: Effect,
+    pub timeout: Duration,
+    /// Commands in declaration order.
+    pub commands: Vec<Arc<CommandInterface>>,
+    /// The newest Ready release, which new calls run.
+    pub release: Option<ObjectKey>,
+}
+
+impl ResolvedTool {
+    pub fn command(&self, name: &str) -> Option<&Arc<CommandInterface>> {
+        self.commands.iter().find(|c| c.name == name)
+    }
+}
+
+/// Limits of a release with defaults applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub cpu_time: Duration,
+    pub output_bytes: u64,
+    /// Calls of the release running at once; 0 for no limit.
+    pub instances: u32,
+    pub request_bytes: u64,
+    pub response_bytes: u64,
+}
+
+/// A Ready ToolRelease.
+#[derive(Clone, Debug)]
+pub struct ResolvedRelease {
+    pub key: ObjectKey,
+    pub tool: String,
+    pub version: semver::Version,
+    pub digest: String,
+    pub size: u64,
+    /// `module` or `component`.
+    pub artifact_kind: &'static str,
+    pub pool: String,
+    pub limits: Limits,
+    pub network: NetworkPolicy,
+}
+
+/// A valid WorkerPool.
+#[derive(Clone, Debug)]
+pub struct ResolvedPool {
+    pub key: ObjectKey,
+    pub spec: WorkerPoolSpec,
+    /// Workers wanted now (replicas, or the autoscale minimum).
+    pub desired_workers: u32,
+    pub slots_per_worker: u32,
+}
+
+/// A Ready Agent, with what it refers to resolved.
+#[derive(Clone, Debug)]
+pub struct ResolvedAgent {
+    pub key: ObjectKey,
+    pub spec: AgentSpec,
+    /// SHA-256 of the bearer token in its `tokenSecretRef` (the token itself is not kept).
+    pub token_digest: Option<[u8; 32]>,
+    /// Its ConfigMap's data (empty without `configMapRef`).
+    pub config: BTreeMap<String, String>,
+    /// Its Secret's keys and values (empty without `secretRef`); values never print.
+    pub secrets: BTreeMap<String, SecretValue>,
+}
+
+/// A ToolBinding whose spec is valid, Ready or not (`why` explains the ones that are not).
+#[derive(Clone, Debug)]
+pub struct ResolvedBinding {
+    pub key: ObjectKey,
+    pub spec: ToolBindingSpec,
+    /// The release calls through it run; `Some` exactly when it is Ready.
+    pub release: Option<ObjectKey>,
+    /// Its Ready condition as resolved.
+    pub ready: Desired,
+}
+
+impl ResolvedBinding {
+    pub fn is_ready(&self) -> bool {
+        self.ready.status && self.release.is_some()
+    }
+
+    /// Whether it names `agent` (in its own namespace) and `tool`.
+    pub fn binds(&self, agent: &ObjectKey, tool: &str) -> bool {
+        self.key.namespace == agent.namespace
+            && self.spec.tool == tool
+            && self.spec.agents.iter().any(|a| a == &agent.name)
+    }
+}
+
+/// What a user sees of one declared resource.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResourceState {
+    pub id: ResourceId,
+    /// Where it was declared.
+    pub source: String,
+    pub generation: i64,
+    pub spec_hash: String,
+    pub ready: Desired,
+    /// The kind's status object (conditions, observedGeneration, and its own fields).
+    pub status: Value,
+    /// Kind-specific columns for `toolgrid get`.
+    pub columns: Vec<(String, String)>,
+}
+
+/// The whole resolved catalog at one moment.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub tools: BTreeMap<ObjectKey, Arc<ResolvedTool>>,
+    pub releases: BTreeMap<ObjectKey, Arc<ResolvedRelease>>,
+    pub pools: BTreeMap<ObjectKey, ResolvedPool>,
+    /// Ready Agents.
+    pub agents: BTreeMap<ObjectKey, Arc<ResolvedAgent>>,
+    /// Every ToolBinding with a valid spec, Ready or not.
+    pub bindings: BTreeMap<ObjectKey, Arc<ResolvedBinding>>,
+    /// Ready Middleware, compiled.
+    pub middleware: BTreeMap<ObjectKey, Arc<toolgrid_core::middleware::ResolvedMiddleware>>,
+    pub resources: BTreeMap<ResourceId, ResourceState>,
+    /// Documents that could not be attributed to a resource (bad YAML, unknown kinds).
+    pub problems: Vec<String>,
+    /// Increases with every published snapshot.
+    pub revision: u64,
+}
+
+impl Snapshot {
+    pub fn tool(&self, namespace: &str, name: &str) -> Option<&Arc<ResolvedTool>> {
+        self.tools.get(&ObjectKey::new(namespace, name))
+    }
+
+    pub fn release(&self, key: &ObjectKey) -> Option<&Arc<ResolvedRelease>> {
+        self.releases.get(key)
+    }
+
+    /// The release with this digest, for artifact fetches.
+    pub fn has_digest(&self, digest: &str) -> bool {
+        self.releases.values().any(|r| r.digest == digest)
+    }
+
+    pub fn agent(&self, key: &ObjectKey) -> Option<&Arc<ResolvedAgent>> {
+        self.agents.get(key)
+    }
+
+    /// The values of `keys` in the Secret of agent `namespace/agent` (its `secretRef`):
+    /// what the scheduler hands a worker with a call whose access names these keys. Keys
+    /// the Secret does not have (any more) are left out.
+    pub fn secret_values<'k>(
+        &self,
+        namespace: &str,
+        agent: &str,
+        keys: impl IntoIterator<Item = &'k String>,
+    ) -> BTreeMap<String, SecretValue> {
+        let Some(agent) = self.agents.get(&ObjectKey::new(namespace, agent)) else {
+            return BTreeMap::new();
+        };
+        keys.into_iter()
+            .filter_map(|k| agent.secrets.get(k).map(|v| (k.clone(), v.clone())))
+            .collect()
+    }
+
+    pub fn resources_of(&self, kind: Kind) -> impl Iterator<Item = &ResourceState> {
+        self.resources.values().filter(move |r| r.id.kind == kind)
+    }
+}

@@ -1,0 +1,551 @@
+//! Authentication: who is behind a request's bearer token.
+//!
+//! Every Tools RPC and every `/v1` HTTP route carries `authorization: Bearer TOKEN`. The
+//! token is, in order:
+//! 1. the admin token of `toolgrid up` ([`Principal::Operator`]);
+//! 2. an Agent's `tokenSecretRef` token ([`Principal::Agent`]); only SHA-256 digests are
+//!    kept, compared in constant time;
+//! 3. with a [`TokenReviewer`] (a cluster): a token the cluster accepts for the audience
+//!    [`CALLER_AUDIENCE`]: a ServiceAccount that an Agent names in `spec.serviceAccount`
+//!    is that Agent; otherwise a subject RBAC lets operate toolgrid is an Operator.
+//!
+//! 4. with an [`OAuthIssuer`]: an OAuth access token (a JWT) it signed for this resource,
+//!    whose subject an Agent lists in `spec.oauthSubjects` (a valid token of no Agent, a
+//!    wrong audience, an expired one: unauthenticated).
+//!
+//! Anything else is [`ErrorKind::Unauthenticated`]. An operator may then act as an agent
+//! (`toolgrid-as: AGENT` or `NAMESPACE/AGENT`); an agent that asks to is refused.
+
+use crate::auth::oauth::OAuthIssuer;
+use crate::auth::{BearerError, CALLER_AUDIENCE, ReviewedToken, TokenReviewer};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use toolgrid_catalog::Snapshot;
+use toolgrid_core::auth::Principal;
+use toolgrid_core::auth::{digests_equal, sha256};
+use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_core::ids::ObjectKey;
+
+/// The header (gRPC metadata key, HTTP header) carrying the bearer token.
+pub const AUTHORIZATION: &str = "authorization";
+/// The header by which an operator acts as an agent (HTTP: `Toolgrid-As`).
+pub const ACT_AS: &str = "toolgrid-as";
+pub use crate::auth::MAX_TOKEN_BYTES;
+/// How long the cluster's answer about a token is reused before it is asked again (a
+/// revoked token keeps working at most this long).
+pub const REVIEW_TTL: Duration = Duration::from_secs(10);
+/// Most reviewed tokens remembered at once; beyond it the oldest answers are dropped.
+pub const REVIEW_CACHE_ENTRIES: usize = 1024;
+
+/// The cluster's recent answers, by the SHA-256 of the token (never the token).
+#[derive(Default)]
+struct ReviewCache {
+    entries: Mutex<HashMap<[u8; 32], Reviewed>>,
+}
+
+#[derive(Clone)]
+struct Reviewed {
+    at: Instant,
+    token: ReviewedToken,
+    /// `is_operator`'s answer, once asked.
+    operator: Option<bool>,
+}
+
+impl ReviewCache {
+    fn get(&self, digest: &[u8; 32], now: Instant) -> Option<Reviewed> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(digest)
+            .filter(|r| now.duration_since(r.at) < REVIEW_TTL)
+            .cloned()
+    }
+
+    fn put(&self, digest: [u8; 32], reviewed: Reviewed) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= REVIEW_CACHE_ENTRIES && !entries.contains_key(&digest) {
+            let now = reviewed.at;
+            entries.retain(|_, r| now.duration_since(r.at) < REVIEW_TTL);
+            if entries.len() >= REVIEW_CACHE_ENTRIES
+                && let Some(oldest) = entries.iter().min_by_key(|(_, r)| r.at).map(|(k, _)| *k)
+            {
+                entries.remove(&oldest);
+            }
+        }
+        entries.insert(digest, reviewed);
+    }
+}
+
+/// How the gateway authenticates callers.
+#[derive(Clone, Default)]
+pub struct Authenticator {
+    /// SHA-256 of the admin token (`toolgrid up`).
+    admin: Option<[u8; 32]>,
+    reviewer: Option<Arc<dyn TokenReviewer>>,
+    /// Where `is_operator` asks RBAC about reviewed subjects (the controller's namespace).
+    operator_namespace: String,
+    reviews: Arc<ReviewCache>,
+    oauth: Option<Arc<OAuthIssuer>>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("admin", &self.admin.is_some())
+            .field("reviewer", &self.reviewer.is_some())
+            .field("operator_namespace", &self.operator_namespace)
+            .finish()
+    }
+}
+
+impl Authenticator {
+    /// Accepts only Agent tokens until an admin token or a reviewer is added.
+    pub fn new() -> Self {
+        Authenticator::default()
+    }
+
+    /// Accepts `token` as an operator's (the admin token of `toolgrid up`).
+    pub fn with_admin_token(mut self, token: &str) -> Self {
+        self.admin = Some(sha256(token.as_bytes()));
+        self
+    }
+
+    /// Asks `reviewer` about tokens that are neither the admin's nor an Agent's; subjects
+    /// that are no Agent's ServiceAccount are operators when RBAC allows them in
+    /// `operator_namespace`.
+    pub fn with_reviewer(
+        mut self,
+        reviewer: Arc<dyn TokenReviewer>,
+        operator_namespace: impl Into<String>,
+    ) -> Self {
+        self.reviewer = Some(reviewer);
+        self.operator_namespace = operator_namespace.into();
+        self
+    }
+
+    /// Accepts OAuth access tokens `issuer` signed (see [`crate::auth::oauth`]).
+    pub fn with_oauth(mut self, issuer: OAuthIssuer) -> Self {
+        self.oauth = Some(Arc::new(issuer));
+        self
+    }
+
+    /// The caller behind `authorization` (the header's value), acting as `act_as` if given.
+    pub async fn authenticate(
+        &self,
+        authorization: Option<&str>,
+        act_as: Option<&str>,
+        snapshot: &Snapshot,
+    ) -> Result<Principal, ApiError> {
+        let token = bearer_token(authorization)?;
+        let principal = match match_token(token, self.admin.as_ref(), snapshot) {
+            Some(principal) => principal,
+            None => match &self.oauth {
+                Some(issuer) if OAuthIssuer::looks_like_jwt(token) => {
+                    oauth_agent(issuer, token, snapshot)?
+                }
+                _ => self.review(token, snapshot).await?,
+            },
+        };
+        apply_act_as(principal, act_as)
+    }
+
+    /// Asks the cluster (or its answer of the last [`REVIEW_TTL`]) who holds `token`.
+    /// Refusals are not remembered, so a token the cluster starts accepting works at once.
+    async fn review(&self, token: &str, snapshot: &Snapshot) -> Result<Principal, ApiError> {
+        let Some(reviewer) = &self.reviewer else {
+            return Err(unknown_token());
+        };
+        let digest = sha256(token.as_bytes());
+        let mut cached = match self.reviews.get(&digest, Instant::now()) {
+            Some(cached) => cached,
+            None => {
+                let token = reviewer
+                    .review(token, CALLER_AUDIENCE)
+                    .await
+                    .map_err(|e| ApiError::new(ErrorKind::Unavailable, e.to_string()))?
+                    .ok_or_else(unknown_token)?;
+                let reviewed = Reviewed {
+                    at: Instant::now(),
+                    token,
+                    operator: None,
+                };
+                self.reviews.put(digest, reviewed.clone());
+                reviewed
+            }
+        };
+        let reviewed = cached.token.clone();
+        if let Some(agent) = agent_of_service_account(&reviewed, snapshot) {
+            return Ok(Principal::Agent { agent });
+        }
+        let operator = match cached.operator {
+            Some(operator) => operator,
+            None => {
+                let operator = reviewer
+                    .is_operator(&reviewed, &self.operator_namespace)
+                    .await
+                    .map_err(|e| ApiError::new(ErrorKind::Unavailable, e.to_string()))?;
+                cached.operator = Some(operator);
+                self.reviews.put(digest, cached);
+                operator
+            }
+        };
+        if operator {
+            Ok(Principal::Operator {
+                subject: reviewed.username,
+            })
+        } else {
+            Err(ApiError::new(
+                ErrorKind::Unauthenticated,
+                format!(
+                    "{} is neither an Agent's ServiceAccount nor allowed to operate toolgrid",
+                    reviewed.username
+                ),
+            ))
+        }
+    }
+}
+
+fn unknown_token() -> ApiError {
+    ApiError::new(ErrorKind::Unauthenticated, "the bearer token is not valid")
+}
+
+/// The token of an `authorization` value `Bearer TOKEN` (the scheme in any case).
+pub fn bearer_token(authorization: Option<&str>) -> Result<&str, ApiError> {
+    let Some(value) = authorization else {
+        return Err(ApiError::new(
+            ErrorKind::Unauthenticated,
+            "no bearer token: send `authorization: Bearer TOKEN` (the CLI: --token or TOOLGRID_TOKEN)",
+        ));
+    };
+    crate::auth::bearer_token(value).map_err(|error| {
+        let message = match error {
+            BearerError::NoScheme | BearerError::WrongScheme => {
+                "the authorization header is not `Bearer TOKEN`"
+            }
+            BearerError::Empty | BearerError::TooLong => "the bearer token is empty or too long",
+        };
+        ApiError::new(ErrorKind::Unauthenticated, message)
+    })
+}
+
+/// The admin or an Agent, when `token` is the admin token or an Agent's token. Compares
+/// SHA-256 digests, each in constant time, against every candidate.
+pub fn match_token(
+    token: &str,
+    admin: Option<&[u8; 32]>,
+    snapshot: &Snapshot,
+) -> Option<Principal> {
+    let digest = sha256(token.as_bytes());
+    let mut found = None;
+    if let Some(admin) = admin
+        && digests_equal(admin, &digest)
+    {
+        found = Some(Principal::Operator {
+            subject: "admin".into(),
+        });
+    }
+    for agent in snapshot.agents.values() {
+        if let Some(expected) = &agent.token_digest
+            && digests_equal(expected, &digest)
+            && found.is_none()
+        {
+            found = Some(Principal::Agent {
+                agent: agent.key.clone(),
+            });
+        }
+    }
+    found
+}
+
+/// The Agent an OAuth access token is: its subject listed in one Agent's `oauthSubjects`.
+fn oauth_agent(
+    issuer: &OAuthIssuer,
+    token: &str,
+    snapshot: &Snapshot,
+) -> Result<Principal, ApiError> {
+    let subject = issuer
+        .verify(token, toolgrid_core::call::now_ms() / 1000)
+        .map_err(|e| {
+            ApiError::new(
+                ErrorKind::Unauthenticated,
+                format!("access token refused: {e}"),
+            )
+        })?;
+    let mut agents = snapshot
+        .agents
+        .values()
+        .filter(|a| a.spec.oauth_subjects.contains(&subject.0));
+    match (agents.next(), agents.next()) {
+        (Some(agent), None) => Ok(Principal::Agent {
+            agent: agent.key.clone(),
+        }),
+        (None, _) => Err(ApiError::new(
+            ErrorKind::Unauthenticated,
+            format!(
+                "access token refused: no Agent lists subject {:?} in oauthSubjects",
+                subject.0
+            ),
+        )),
+        (Some(_), Some(_)) => Err(ApiError::new(
+            ErrorKind::Unauthenticated,
+            format!(
+                "access token refused: several Agents list subject {:?}",
+                subject.0
+            ),
+        )),
+    }
+}
+
+/// The Agent whose `spec.serviceAccount` is the reviewed ServiceAccount (same namespace).
+pub fn agent_of_service_account(
+    reviewed: &ReviewedToken,
+    snapshot: &Snapshot,
+) -> Option<ObjectKey> {
+    let account = reviewed.service_account()?;
+    snapshot
+        .agents
+        .values()
+        .find(|a| {
+            a.key.namespace == account.namespace
+                && a.spec.service_account.as_deref() == Some(account.name.as_str())
+        })
+        .map(|a| a.key.clone())
+}
+
+/// Applies `toolgrid-as`: an operator becomes the named agent (`NAME` in the default
+/// namespace, or `NAMESPACE/NAME`); an agent may not act as anyone.
+pub fn apply_act_as(principal: Principal, act_as: Option<&str>) -> Result<Principal, ApiError> {
+    let Some(name) = act_as.map(str::trim).filter(|a| !a.is_empty()) else {
+        return Ok(principal);
+    };
+    match principal {
+        Principal::Agent { agent } => Err(ApiError::new(
+            ErrorKind::PermissionDenied,
+            format!("agent {agent} may not act as another agent (only operators may use --as)"),
+        )),
+        Principal::Operator { .. } => {
+            let (namespace, agent) = name
+                .split_once('/')
+                .unwrap_or((toolgrid_api::DEFAULT_NAMESPACE, name));
+            if namespace.is_empty() || agent.is_empty() || agent.contains('/') {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("{ACT_AS}: {name:?} is not AGENT or NAMESPACE/AGENT"),
+                ));
+            }
+            Ok(Principal::Agent {
+                agent: ObjectKey::new(namespace, agent),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::ReviewError;
+    use std::collections::BTreeMap;
+    use toolgrid_catalog::ResolvedAgent;
+
+    fn agent(name: &str, token: Option<&str>, service_account: Option<&str>) -> ResolvedAgent {
+        ResolvedAgent {
+            key: ObjectKey::new("default", name),
+            spec: toolgrid_api::AgentSpec {
+                service_account: service_account.map(String::from),
+                token_secret_ref: None,
+                oauth_subjects: vec![],
+                permissions: vec![],
+                config_map_ref: None,
+                secret_ref: None,
+            },
+            token_digest: token.map(|t| sha256(t.as_bytes())),
+            config: BTreeMap::new(),
+            secrets: BTreeMap::new(),
+        }
+    }
+
+    fn snapshot() -> Snapshot {
+        let mut snapshot = Snapshot::default();
+        for a in [
+            agent("reporter", Some("reporter-token"), None),
+            agent("robot", None, Some("robot-sa")),
+        ] {
+            snapshot.agents.insert(a.key.clone(), Arc::new(a));
+        }
+        snapshot
+    }
+
+    #[derive(Default)]
+    struct FakeReviewer {
+        reviews: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl TokenReviewer for FakeReviewer {
+        async fn review(
+            &self,
+            token: &str,
+            audience: &str,
+        ) -> Result<Option<ReviewedToken>, ReviewError> {
+            self.reviews
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if audience != CALLER_AUDIENCE {
+                return Ok(None);
+            }
+            let username = match token {
+                "sa-robot" => "system:serviceaccount:default:robot-sa",
+                "sa-other" => "system:serviceaccount:default:other",
+                "alice" => "alice",
+                "down" => return Err(ReviewError::Unavailable("api server down".into())),
+                _ => return Ok(None),
+            };
+            Ok(Some(ReviewedToken {
+                username: username.into(),
+                uid: "u".into(),
+                groups: vec![],
+            }))
+        }
+
+        async fn is_operator(
+            &self,
+            user: &ReviewedToken,
+            namespace: &str,
+        ) -> Result<bool, ReviewError> {
+            Ok(user.username == "alice" && namespace == "toolgrid")
+        }
+    }
+
+    fn kind<T: std::fmt::Debug>(result: Result<T, ApiError>) -> ErrorKind {
+        result.expect_err("refused").kind
+    }
+
+    #[test]
+    fn bearer_tokens_are_parsed_strictly() {
+        assert_eq!(bearer_token(Some("Bearer abc")).unwrap(), "abc");
+        assert_eq!(bearer_token(Some("bearer abc")).unwrap(), "abc");
+        assert_eq!(kind(bearer_token(None)), ErrorKind::Unauthenticated);
+        assert_eq!(
+            kind(bearer_token(Some("Basic abc"))),
+            ErrorKind::Unauthenticated
+        );
+        assert_eq!(
+            kind(bearer_token(Some("Bearer "))),
+            ErrorKind::Unauthenticated
+        );
+        assert_eq!(kind(bearer_token(Some("abc"))), ErrorKind::Unauthenticated);
+        let long = format!("Bearer {}", "x".repeat(MAX_TOKEN_BYTES + 1));
+        assert_eq!(kind(bearer_token(Some(&long))), ErrorKind::Unauthenticated);
+    }
+
+    #[test]
+    fn tokens_match_the_admin_or_an_agent() {
+        let snapshot = snapshot();
+        let admin = sha256(b"admin-token");
+        assert!(matches!(
+            match_token("admin-token", Some(&admin), &snapshot),
+            Some(Principal::Operator { .. })
+        ));
+        assert_eq!(
+            match_token("reporter-token", Some(&admin), &snapshot),
+            Some(Principal::Agent {
+                agent: ObjectKey::new("default", "reporter")
+            })
+        );
+        assert_eq!(match_token("wrong", Some(&admin), &snapshot), None);
+        assert_eq!(match_token("admin-token", None, &snapshot), None);
+    }
+
+    #[test]
+    fn only_operators_act_as_agents() {
+        let operator = Principal::Operator {
+            subject: "admin".into(),
+        };
+        assert_eq!(
+            apply_act_as(operator.clone(), Some("reporter")).unwrap(),
+            Principal::Agent {
+                agent: ObjectKey::new("default", "reporter")
+            }
+        );
+        assert_eq!(
+            apply_act_as(operator.clone(), Some("team/bot")).unwrap(),
+            Principal::Agent {
+                agent: ObjectKey::new("team", "bot")
+            }
+        );
+        assert_eq!(apply_act_as(operator.clone(), None).unwrap(), operator);
+        assert_eq!(
+            kind(apply_act_as(operator, Some("a/b/c"))),
+            ErrorKind::InvalidArgument
+        );
+        let agent = Principal::Agent {
+            agent: ObjectKey::new("default", "reporter"),
+        };
+        assert_eq!(
+            kind(apply_act_as(agent, Some("robot"))),
+            ErrorKind::PermissionDenied
+        );
+    }
+
+    #[tokio::test]
+    async fn reviewed_tokens_map_to_agents_or_operators() {
+        let snapshot = snapshot();
+        let auth = Authenticator::new()
+            .with_admin_token("admin-token")
+            .with_reviewer(Arc::new(FakeReviewer::default()), "toolgrid");
+        let who = |token: &'static str| {
+            let auth = auth.clone();
+            let header = format!("Bearer {token}");
+            let snapshot = &snapshot;
+            async move { auth.authenticate(Some(&header), None, snapshot).await }
+        };
+        assert_eq!(
+            who("sa-robot").await.unwrap(),
+            Principal::Agent {
+                agent: ObjectKey::new("default", "robot")
+            }
+        );
+        assert_eq!(
+            who("alice").await.unwrap(),
+            Principal::Operator {
+                subject: "alice".into()
+            }
+        );
+        assert_eq!(kind(who("sa-other").await), ErrorKind::Unauthenticated);
+        assert_eq!(kind(who("expired").await), ErrorKind::Unauthenticated);
+        assert_eq!(kind(who("down").await), ErrorKind::Unavailable);
+        assert!(matches!(
+            who("admin-token").await.unwrap(),
+            Principal::Operator { .. }
+        ));
+        // Without a reviewer, an unknown token is refused without asking anyone.
+        let local = Authenticator::new().with_admin_token("admin-token");
+        assert_eq!(
+            kind(
+                local
+                    .authenticate(Some("Bearer sa-robot"), None, &snapshot)
+                    .await
+            ),
+            ErrorKind::Unauthenticated
+        );
+    }
+
+    #[tokio::test]
+    async fn the_clusters_answers_are_reused_briefly_and_refusals_never() {
+        let snapshot = snapshot();
+        let reviewer = Arc::new(FakeReviewer::default());
+        let auth = Authenticator::new().with_reviewer(reviewer.clone(), "toolgrid");
+        let count = || reviewer.reviews.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..3 {
+            auth.authenticate(Some("Bearer alice"), None, &snapshot)
+                .await
+                .unwrap();
+        }
+        assert_eq!(count(), 1, "one TokenReview for repeated calls");
+        for _ in 0..2 {
+            let _ = auth
+                .authenticate(Some("Bearer expired"), None, &snapshot)
+                .await;
+        }
+        assert_eq!(count(), 3, "refusals are asked again");
+    }
+}

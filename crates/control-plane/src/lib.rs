@@ -1,0 +1,19 @@
+//! The control plane: the front doors and everything between a caller and a worker.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`gateway`] | the gRPC, HTTP and MCP front doors, admission, the middleware chain, results |
+//! | [`auth`] | authenticating callers' and workers' tokens (join secret, ServiceAccounts, OAuth) |
+//! | [`scheduler`] | the scheduler's driver (around `toolgrid_core::scheduler`'s state machine) and the worker link |
+//! | [`source`] | the manifest directory as a resource source |
+//! | [`artifacts`] | checked release artifacts into the store |
+//! | [`platform`] | one control plane wired together, local worker processes, TLS, retention |
+//! | [`metrics`] | the Prometheus registry |
+
+pub mod artifacts;
+pub mod auth;
+pub mod gateway;
+pub mod metrics;
+pub mod platform;
+pub mod scheduler;
+pub mod source;

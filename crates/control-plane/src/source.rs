@@ -1,0 +1,224 @@
+//! The manifest-directory source: load, resolve, persist bookkeeping, publish; and watch
+//! the directory (and the artifacts it names) so changes apply without a restart.
+
+use crate::artifacts::StoredArtifacts;
+use notify::{RecursiveMode, Watcher};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use toolgrid_api::Kind;
+use toolgrid_catalog::artifacts::{load_local, load_local_middleware};
+use toolgrid_catalog::manifest::{ResourceSet, load_dir};
+use toolgrid_catalog::resolve::{PreviousState, ResolveInput, previous_of, resolve};
+use toolgrid_catalog::{Catalog, ResourceId, Snapshot};
+use toolgrid_core::ids::ObjectKey;
+use toolgrid_store::{ResourceRecord, Store};
+
+/// How long the watcher waits for a burst of file events to settle.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// Feeds the catalog from a directory of manifests.
+pub struct ManifestSource {
+    dir: PathBuf,
+    store: Arc<dyn Store>,
+    catalog: Arc<Catalog>,
+    stored: StoredArtifacts,
+    /// Directories holding artifacts, watched beside the manifests.
+    artifact_dirs: Mutex<BTreeSet<PathBuf>>,
+    reloads: tokio::sync::Mutex<()>,
+}
+
+impl ManifestSource {
+    pub fn new(dir: PathBuf, store: Arc<dyn Store>, catalog: Arc<Catalog>) -> Arc<Self> {
+        Arc::new(ManifestSource {
+            dir,
+            store,
+            catalog,
+            stored: StoredArtifacts::default(),
+            artifact_dirs: Mutex::default(),
+            reloads: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Loads the directory, resolves it and publishes the result.
+    pub async fn reload(&self) -> anyhow::Result<Arc<Snapshot>> {
+        let _one_at_a_time = self.reloads.lock().await;
+        let dir = self.dir.clone();
+        let (set, loaded, wasm) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
+            let set = load_dir(&dir)?;
+            let loaded: Vec<_> = set
+                .releases
+                .iter()
+                .map(|r| {
+                    let key = ObjectKey::new(
+                        r.object.metadata.namespace.clone().unwrap_or_default(),
+                        r.object.metadata.name.clone().unwrap_or_default(),
+                    );
+                    (key, load_local(r, &set.config_maps))
+                })
+                .collect();
+            let wasm: HashMap<_, _> = set
+                .middleware
+                .iter()
+                .filter_map(|m| {
+                    let key = ObjectKey::new(
+                        m.object.metadata.namespace.clone().unwrap_or_default(),
+                        m.object.metadata.name.clone().unwrap_or_default(),
+                    );
+                    Some((key, load_local_middleware(m, &set.config_maps)?))
+                })
+                .collect();
+            Ok((set, loaded, wasm))
+        })
+        .await??;
+
+        let mut artifacts = HashMap::new();
+        for (key, artifact) in loaded {
+            let outcome = self.stored.keep(&*self.store, artifact).await?;
+            artifacts.insert(key, outcome);
+        }
+        self.remember_artifact_dirs(&set);
+
+        let current = self.catalog.current();
+        let previous = if current.revision == 0 {
+            self.stored_previous().await?
+        } else {
+            previous_of(&current)
+        };
+        let identities = toolgrid_catalog::Identities::of_manifests(&set);
+        let snapshot = resolve(&ResolveInput {
+            set: &set,
+            artifacts: &artifacts,
+            wasm: &wasm,
+            previous: &previous,
+            now: k8s_openapi::jiff::Timestamp::now(),
+            identities: Some(&identities),
+        });
+        self.store.save_resources(records_of(&snapshot)).await?;
+        let published = self.catalog.publish(snapshot);
+        tracing::info!(
+            tools = published.tools.len(),
+            releases = published.releases.len(),
+            pools = published.pools.len(),
+            not_ready = published
+                .resources
+                .values()
+                .filter(|r| !r.ready.status)
+                .count(),
+            "manifests loaded from {}",
+            self.dir.display()
+        );
+        Ok(published)
+    }
+
+    fn remember_artifact_dirs(&self, set: &ResourceSet) {
+        let releases = set
+            .releases
+            .iter()
+            .map(|r| (&r.object.spec.artifact, &r.source));
+        let middleware = set.middleware.iter().filter_map(|m| {
+            let wasm = m.object.spec.wasm.as_ref()?;
+            Some((&wasm.artifact, &m.source))
+        });
+        let dirs: BTreeSet<PathBuf> = releases
+            .chain(middleware)
+            .filter_map(|(artifact, source)| {
+                let file = artifact.file.as_ref()?;
+                let path = source.dir().join(file);
+                path.parent().map(Path::to_path_buf)
+            })
+            .collect();
+        *self.artifact_dirs.lock().unwrap_or_else(|e| e.into_inner()) = dirs;
+    }
+
+    async fn stored_previous(&self) -> anyhow::Result<HashMap<ResourceId, PreviousState>> {
+        let records = self.store.load_resources().await?;
+        Ok(records
+            .into_iter()
+            .filter_map(|r| {
+                let kind = Kind::parse(&r.kind)?;
+                Some((
+                    ResourceId {
+                        kind,
+                        key: ObjectKey::new(r.namespace, r.name),
+                    },
+                    PreviousState {
+                        spec_hash: r.spec_hash,
+                        generation: r.generation,
+                        status: r.status,
+                    },
+                ))
+            })
+            .collect())
+    }
+
+    /// Reloads whenever a manifest or an artifact changes, until the task is dropped.
+    pub async fn watch(self: Arc<Self>) -> anyhow::Result<()> {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                if let Ok(event) = event
+                    && !matches!(event.kind, notify::EventKind::Access(_))
+                {
+                    let _ = tx.send(());
+                }
+            })?;
+        watcher.watch(&self.dir, RecursiveMode::Recursive)?;
+        let mut watched: BTreeSet<PathBuf> = BTreeSet::new();
+        loop {
+            // Artifact directories outside the manifest directory are watched too.
+            let wanted = self
+                .artifact_dirs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            for dir in wanted.difference(&watched) {
+                if !dir.starts_with(&self.dir)
+                    && let Err(error) = watcher.watch(dir, RecursiveMode::NonRecursive)
+                {
+                    tracing::debug!(dir = %dir.display(), %error, "cannot watch artifact directory");
+                }
+            }
+            for dir in watched.difference(&wanted) {
+                let _ = watcher.unwatch(dir);
+            }
+            watched = wanted;
+
+            if rx.recv().await.is_none() {
+                return Ok(());
+            }
+            // Let a burst of writes (an editor's save, a git checkout) settle.
+            loop {
+                match tokio::time::timeout(DEBOUNCE, rx.recv()).await {
+                    Ok(Some(())) => continue,
+                    Ok(None) => return Ok(()),
+                    Err(_) => break,
+                }
+            }
+            if let Err(error) = self.reload().await {
+                tracing::error!(%error, "cannot reload manifests");
+            }
+        }
+    }
+}
+
+fn records_of(snapshot: &Snapshot) -> Vec<ResourceRecord> {
+    snapshot
+        .resources
+        .values()
+        .map(|r| ResourceRecord {
+            kind: r.id.kind.as_str().to_string(),
+            namespace: r.id.key.namespace.clone(),
+            name: r.id.key.name.clone(),
+            spec_hash: r.spec_hash.clone(),
+            generation: r.generation,
+            status: r.status.clone(),
+        })
+        .collect()
+}

@@ -1,0 +1,667 @@
+//! The Kubernetes source of the catalog: reflectors of the six kinds and of the ConfigMaps,
+//! Secrets and ServiceAccounts they refer to, resolved by the same reconcile logic as a
+//! manifest directory ([`toolgrid_catalog::resolve`]) whenever anything changes.
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{self, Store as Cache};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use toolgrid_api::conditions::Reason;
+use toolgrid_api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
+use toolgrid_catalog::artifacts::{
+    ArtifactOutcome, LoadedArtifact, MAX_ARTIFACT_BYTES, WasmArtifact, check_bytes,
+    check_middleware_bytes, config_map_key, source_kind,
+};
+use toolgrid_catalog::manifest::{ResourceSet, Source, Sourced};
+use toolgrid_catalog::resolve::{PreviousState, ResolveInput, resolve};
+use toolgrid_catalog::{Catalog, Identities, ResourceId, Snapshot};
+use toolgrid_control_plane::artifacts::StoredArtifacts;
+use toolgrid_core::artifact::is_valid_digest;
+use toolgrid_core::ids::ObjectKey;
+use toolgrid_store::Store;
+
+/// How long changes settle before the catalog is resolved again.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+/// How long a failed URL fetch is remembered before it is tried again.
+const FETCH_RETRY: Duration = Duration::from_secs(60);
+/// Redirects a URL fetch follows at most.
+const MAX_REDIRECTS: usize = 5;
+
+/// An API for a kind, in one namespace or all.
+pub fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Caches of everything the catalog is resolved from.
+#[derive(Clone)]
+pub struct Caches {
+    pub tools: Cache<Tool>,
+    pub releases: Cache<ToolRelease>,
+    pub bindings: Cache<ToolBinding>,
+    pub middleware: Cache<Middleware>,
+    pub agents: Cache<Agent>,
+    pub pools: Cache<WorkerPool>,
+    pub config_maps: Cache<ConfigMap>,
+    pub secrets: Cache<PartialObjectMeta<Secret>>,
+    pub service_accounts: Cache<PartialObjectMeta<ServiceAccount>>,
+}
+
+/// Outcomes of URL fetches by (url, digest): a success (`ready`) is kept, a failure is
+/// answered again only until [`FETCH_RETRY`] has passed since it was found.
+struct FetchCache<T> {
+    entries: Mutex<HashMap<(String, String), (T, std::time::Instant)>>,
+    ready: fn(&T) -> bool,
+}
+
+impl<T: Clone> FetchCache<T> {
+    fn new(ready: fn(&T) -> bool) -> Self {
+        FetchCache {
+            entries: Mutex::default(),
+            ready,
+        }
+    }
+
+    fn get(&self, key: &(String, String)) -> Option<T> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let (known, at) = entries.get(key)?;
+        ((self.ready)(known) || at.elapsed() < FETCH_RETRY).then(|| known.clone())
+    }
+
+    fn put(&self, key: (String, String), outcome: T) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, (outcome, std::time::Instant::now()));
+    }
+}
+
+/// Feeds the catalog from the cluster.
+pub struct ClusterSource {
+    pub caches: Caches,
+    /// The contents of the Secrets Agents name (the watch sees only their metadata).
+    secret_contents: super::agent_data::SecretContents,
+    catalog: Arc<Catalog>,
+    store: Arc<dyn Store>,
+    changed: Arc<Notify>,
+    /// Outcomes of fetching artifacts from URLs, by (url, digest): a success is kept, a
+    /// failure is tried again after [`FETCH_RETRY`]. Never by digest alone: another release
+    /// naming the same digest at a wrong URL must not decide this one.
+    fetched: FetchCache<ArtifactOutcome>,
+    /// The same for wasm Middleware components, kept with their bytes (the gateway runs
+    /// them; they are not put in the store).
+    fetched_wasm: FetchCache<WasmArtifact>,
+    stored: StoredArtifacts,
+}
+
+fn reflect<K>(api: Api<K>, changed: Arc<Notify>) -> Cache<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default().any_semantic()).default_backoff(),
+    );
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if let Err(error) = event {
+                tracing::warn!(%error, "watch error");
+            }
+            changed.notify_one();
+        }
+    });
+    reader
+}
+
+fn key_of<K: Resource>(object: &K) -> ObjectKey {
+    ObjectKey::new(
+        object.meta().namespace.clone().unwrap_or_default(),
+        object.meta().name.clone().unwrap_or_default(),
+    )
+}
+
+fn sourced<K: Resource<DynamicType = ()> + Clone>(cache: &Cache<K>) -> Vec<Sourced<K>> {
+    cache
+        .state()
+        .iter()
+        .map(|object| {
+            let key = key_of(&**object);
+            Sourced {
+                object: (**object).clone(),
+                source: Source::cluster(&K::kind(&()), &key.namespace, &key.name),
+            }
+        })
+        .collect()
+}
+
+/// What the cluster says each resource's status is now (conditions keep their times).
+fn previous_of<K: Resource<DynamicType = ()> + serde::Serialize + Clone>(
+    kind: Kind,
+    cache: &Cache<K>,
+    into: &mut HashMap<ResourceId, PreviousState>,
+) {
+    for object in cache.state() {
+        let status = serde_json::to_value(&*object)
+            .ok()
+            .and_then(|v| v.get("status").cloned())
+            .unwrap_or(serde_json::Value::Null);
+        into.insert(
+            ResourceId {
+                kind,
+                key: key_of(&*object),
+            },
+            PreviousState {
+                spec_hash: String::new(),
+                generation: object.meta().generation.unwrap_or(1),
+                status,
+            },
+        );
+    }
+}
+
+impl ClusterSource {
+    /// Starts the watches (in `namespace`, or everywhere).
+    pub fn start(
+        client: &Client,
+        namespace: Option<&str>,
+        catalog: Arc<Catalog>,
+        store: Arc<dyn Store>,
+    ) -> Arc<Self> {
+        let changed = Arc::new(Notify::new());
+        let caches = Caches {
+            tools: reflect(api::<Tool>(client, namespace), changed.clone()),
+            releases: reflect(api::<ToolRelease>(client, namespace), changed.clone()),
+            bindings: reflect(api::<ToolBinding>(client, namespace), changed.clone()),
+            middleware: reflect(api::<Middleware>(client, namespace), changed.clone()),
+            agents: reflect(api::<Agent>(client, namespace), changed.clone()),
+            pools: reflect(api::<WorkerPool>(client, namespace), changed.clone()),
+            config_maps: reflect(api::<ConfigMap>(client, namespace), changed.clone()),
+            // Only names are needed: metadata-only watches.
+            secrets: reflect(
+                api::<PartialObjectMeta<Secret>>(client, namespace),
+                changed.clone(),
+            ),
+            service_accounts: reflect(
+                api::<PartialObjectMeta<ServiceAccount>>(client, namespace),
+                changed.clone(),
+            ),
+        };
+        Arc::new(ClusterSource {
+            caches,
+            secret_contents: super::agent_data::SecretContents::new(client.clone()),
+            catalog,
+            store,
+            changed,
+            fetched: FetchCache::new(|o| matches!(o, ArtifactOutcome::Ready { .. })),
+            fetched_wasm: FetchCache::new(|w| matches!(w, WasmArtifact::Ready { .. })),
+            stored: StoredArtifacts::default(),
+        })
+    }
+
+    /// Waits until every cache has listed once.
+    pub async fn wait_synced(&self) -> anyhow::Result<()> {
+        let c = &self.caches;
+        c.tools.wait_until_ready().await?;
+        c.releases.wait_until_ready().await?;
+        c.bindings.wait_until_ready().await?;
+        c.middleware.wait_until_ready().await?;
+        c.agents.wait_until_ready().await?;
+        c.pools.wait_until_ready().await?;
+        c.config_maps.wait_until_ready().await?;
+        c.secrets.wait_until_ready().await?;
+        c.service_accounts.wait_until_ready().await?;
+        Ok(())
+    }
+
+    /// Resolves again whenever something changed, until the task is dropped.
+    pub async fn drive(self: Arc<Self>) {
+        loop {
+            if let Err(error) = self.resolve_once().await {
+                tracing::error!(%error, "cannot resolve the catalog");
+            }
+            self.changed.notified().await;
+            tokio::time::sleep(DEBOUNCE).await;
+        }
+    }
+
+    /// Everything the cluster declares, as the shared reconcile logic takes it.
+    pub fn resource_set(&self) -> ResourceSet {
+        let c = &self.caches;
+        ResourceSet {
+            tools: sourced(&c.tools),
+            releases: sourced(&c.releases),
+            bindings: sourced(&c.bindings),
+            middleware: sourced(&c.middleware),
+            agents: sourced(&c.agents),
+            pools: sourced(&c.pools),
+            config_maps: sourced(&c.config_maps),
+            // Secrets reach the catalog through `identities`, as data.
+            secrets: Vec::new(),
+            invalid: Vec::new(),
+            ignored: 0,
+        }
+    }
+
+    /// What Agents may refer to: every ServiceAccount, Secret and ConfigMap by name, with
+    /// the contents of the Secrets and ConfigMaps Agents name ([`Self::agent_data`]).
+    async fn identities(&self) -> Identities {
+        let data = self.agent_data().await;
+        let c = &self.caches;
+        Identities {
+            service_accounts: Some(
+                c.service_accounts
+                    .state()
+                    .iter()
+                    .map(|o| key_of(&**o))
+                    .collect(),
+            ),
+            // The watch is metadata-only: every Secret is known by name; only those Agents
+            // name were read, by name, for their keys and values.
+            secrets: c
+                .secrets
+                .state()
+                .iter()
+                .map(|o| key_of(&**o))
+                .map(|key| {
+                    let values = data
+                        .secrets
+                        .get(&key)
+                        .map(|keys| {
+                            keys.iter()
+                                .map(|(k, v)| {
+                                    (k.clone(), toolgrid_core::auth::SecretValue::new(v.clone()))
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    (key, values)
+                })
+                .collect(),
+            config_maps: c
+                .config_maps
+                .state()
+                .iter()
+                .map(|o| (key_of(&**o), Identities::config_data(o)))
+                .collect(),
+        }
+    }
+
+    /// The contents of the Secrets and ConfigMaps Agents name
+    /// ([`super::agent_data::agent_data`]): Secrets are read by name, again only when their
+    /// resourceVersion changes.
+    pub async fn agent_data(&self) -> super::agent_data::AgentData {
+        let c = &self.caches;
+        let agents: Vec<Arc<Agent>> = c.agents.state();
+        let wanted = super::agent_data::references(agents.iter().map(|a| &**a));
+        let existing = c
+            .secrets
+            .state()
+            .iter()
+            .map(|o| {
+                (
+                    key_of(&**o),
+                    o.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let secrets = self
+            .secret_contents
+            .refresh(&wanted.secrets, &existing)
+            .await;
+        let config_maps = c.config_maps.state();
+        super::agent_data::agent_data(
+            agents.iter().map(|a| &**a),
+            &secrets,
+            config_maps.iter().map(|c| &**c),
+        )
+    }
+
+    /// Loads every artifact, resolves, stores new artifacts and publishes the snapshot.
+    pub async fn resolve_once(&self) -> anyhow::Result<Arc<Snapshot>> {
+        let set = self.resource_set();
+        let mut artifacts = HashMap::new();
+        for release in &set.releases {
+            let loaded = self.load_artifact(release, &set).await;
+            let outcome = self.stored.keep(&*self.store, loaded).await?;
+            artifacts.insert(key_of(&release.object), outcome);
+        }
+        let mut wasm = HashMap::new();
+        for middleware in &set.middleware {
+            if let Some(loaded) = self.load_wasm(middleware, &set).await {
+                wasm.insert(key_of(&middleware.object), loaded);
+            }
+        }
+        let c = &self.caches;
+        let mut previous = HashMap::new();
+        previous_of(Kind::Tool, &c.tools, &mut previous);
+        previous_of(Kind::ToolRelease, &c.releases, &mut previous);
+        previous_of(Kind::ToolBinding, &c.bindings, &mut previous);
+        previous_of(Kind::Middleware, &c.middleware, &mut previous);
+        previous_of(Kind::Agent, &c.agents, &mut previous);
+        previous_of(Kind::WorkerPool, &c.pools, &mut previous);
+        let identities = self.identities().await;
+        let snapshot = resolve(&ResolveInput {
+            set: &set,
+            artifacts: &artifacts,
+            wasm: &wasm,
+            previous: &previous,
+            now: k8s_openapi::jiff::Timestamp::now(),
+            identities: Some(&identities),
+        });
+        Ok(self.catalog.publish(snapshot))
+    }
+
+    /// The component of a wasm Middleware (`None`: not a wasm step): from a ConfigMap, or
+    /// fetched from its URL (once per URL and digest; a failure is tried again after
+    /// [`FETCH_RETRY`]), checked like a release's artifact.
+    async fn load_wasm(
+        &self,
+        middleware: &Sourced<Middleware>,
+        set: &ResourceSet,
+    ) -> Option<WasmArtifact> {
+        let artifact = &middleware.object.spec.wasm.as_ref()?.artifact;
+        let failed = |reason: Reason, message: String| WasmArtifact::Failed { reason, message };
+        let source = match source_kind(artifact) {
+            Ok(source) => source,
+            Err(message) => {
+                return Some(failed(
+                    Reason::InvalidArtifactSource,
+                    message.replacen("spec.artifact", "spec.wasm.artifact", 1),
+                ));
+            }
+        };
+        let expected = artifact.digest.as_deref();
+        if let Some(digest) = expected
+            && !is_valid_digest(digest)
+        {
+            return Some(failed(
+                Reason::InvalidDigest,
+                format!(
+                    "spec.wasm.artifact.digest {digest:?} is not of the form sha256:<64 lowercase hex digits>"
+                ),
+            ));
+        }
+        Some(match source {
+            "configMap" => {
+                let reference = artifact.config_map.as_ref()?;
+                let namespace = middleware
+                    .object
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_default();
+                match config_map_key(
+                    &set.config_maps,
+                    &namespace,
+                    &reference.name,
+                    &reference.key,
+                ) {
+                    Ok(bytes) => check_middleware_bytes(bytes, expected),
+                    Err(message) => failed(
+                        Reason::ArtifactNotFound,
+                        message.replacen("spec.artifact", "spec.wasm.artifact", 1),
+                    ),
+                }
+            }
+            "url" => {
+                let Some(digest) = expected else {
+                    return Some(failed(
+                        Reason::InvalidArtifactSource,
+                        "spec.wasm.artifact.url requires spec.wasm.artifact.digest".into(),
+                    ));
+                };
+                let url = artifact.url.clone().unwrap_or_default();
+                let key = (url.clone(), digest.to_string());
+                if let Some(known) = self.fetched_wasm.get(&key) {
+                    return Some(known);
+                }
+                let loaded = match fetch(&url).await {
+                    Ok(bytes) => check_middleware_bytes(bytes, Some(digest)),
+                    Err(message) => failed(
+                        Reason::ArtifactNotFound,
+                        format!("spec.wasm.artifact.url: {message}"),
+                    ),
+                };
+                self.fetched_wasm.put(key, loaded.clone());
+                loaded
+            }
+            _ => failed(
+                Reason::UnsupportedSource,
+                "spec.wasm.artifact.file is for manifest directories; in a cluster use configMap or url"
+                    .into(),
+            ),
+        })
+    }
+
+    async fn load_artifact(
+        &self,
+        release: &Sourced<ToolRelease>,
+        set: &ResourceSet,
+    ) -> LoadedArtifact {
+        let artifact = &release.object.spec.artifact;
+        let failed = |reason: Reason, message: String| LoadedArtifact {
+            outcome: ArtifactOutcome::Failed { reason, message },
+            bytes: None,
+        };
+        let source = match source_kind(artifact) {
+            Ok(source) => source,
+            Err(message) => return failed(Reason::InvalidArtifactSource, message),
+        };
+        let expected = artifact.digest.as_deref();
+        match source {
+            "configMap" => {
+                let Some(reference) = &artifact.config_map else {
+                    return failed(
+                        Reason::InvalidArtifactSource,
+                        "spec.artifact.configMap is empty".into(),
+                    );
+                };
+                let namespace = release
+                    .object
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_default();
+                match config_map_key(
+                    &set.config_maps,
+                    &namespace,
+                    &reference.name,
+                    &reference.key,
+                ) {
+                    Ok(bytes) => check_bytes(bytes, expected),
+                    Err(message) => failed(Reason::ArtifactNotFound, message),
+                }
+            }
+            "url" => {
+                let Some(digest) = expected else {
+                    return failed(
+                        Reason::InvalidArtifactSource,
+                        "spec.artifact.url requires spec.artifact.digest".into(),
+                    );
+                };
+                let url = artifact.url.clone().unwrap_or_default();
+                let key = (url.clone(), digest.to_string());
+                if let Some(outcome) = self.fetched.get(&key) {
+                    return LoadedArtifact {
+                        outcome,
+                        bytes: None,
+                    };
+                }
+                let loaded = match fetch(&url).await {
+                    Ok(bytes) => check_bytes(bytes, Some(digest)),
+                    Err(message) => failed(
+                        Reason::ArtifactNotFound,
+                        format!("spec.artifact.url: {message}"),
+                    ),
+                };
+                self.fetched.put(key, loaded.outcome.clone());
+                loaded
+            }
+            _ => failed(
+                Reason::UnsupportedSource,
+                "spec.artifact.file is for manifest directories; in a cluster use configMap or url"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// Downloads an artifact (the digest is checked by the caller). The URL itself may name an
+/// in-cluster address, but a redirect is followed only to a public one: its host is resolved,
+/// every address checked (no loopback, private, link-local or other reserved address), and
+/// the connection made to exactly those addresses.
+pub async fn fetch(url: &str) -> Result<Vec<u8>, String> {
+    let mut url = url::Url::parse(url).map_err(|e| format!("bad URL {url:?}: {e}"))?;
+    let mut pinned: Option<(String, Vec<std::net::SocketAddr>)> = None;
+    for _ in 0..=MAX_REDIRECTS {
+        let mut builder = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some((host, addrs)) = &pinned {
+            builder = builder.resolve_to_addrs(host, addrs);
+        }
+        let client = builder.build().map_err(|e| e.to_string())?;
+        let mut response = client
+            .get(url.clone())
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if response.status().is_redirection() {
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .ok_or_else(|| {
+                    format!(
+                        "GET {url} answered {} without a Location",
+                        response.status()
+                    )
+                })?;
+            let next = url
+                .join(location)
+                .map_err(|e| format!("GET {url} redirects to a bad URL {location:?}: {e}"))?;
+            pinned = Some(redirect_target(&next).await?);
+            url = next;
+            continue;
+        }
+        if !response.status().is_success() {
+            return Err(format!("GET {url} answered {}", response.status()));
+        }
+        if let Some(length) = response.content_length()
+            && length > MAX_ARTIFACT_BYTES
+        {
+            return Err(format!(
+                "the artifact is larger than {MAX_ARTIFACT_BYTES} bytes"
+            ));
+        }
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+            bytes.extend_from_slice(&chunk);
+            if bytes.len() as u64 > MAX_ARTIFACT_BYTES {
+                return Err(format!(
+                    "the artifact is larger than {MAX_ARTIFACT_BYTES} bytes"
+                ));
+            }
+        }
+        return Ok(bytes);
+    }
+    Err(format!("more than {MAX_REDIRECTS} redirects"))
+}
+
+/// The host and checked addresses a redirect may go to, or why it may not.
+async fn redirect_target(url: &url::Url) -> Result<(String, Vec<std::net::SocketAddr>), String> {
+    use toolgrid_core::net::is_restricted;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "a redirect to {url} is not followed (not http or https)"
+        ));
+    }
+    let host = url
+        .host_str()
+        .ok_or_else(|| format!("a redirect to {url} has no host"))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = url
+        .port_or_known_default()
+        .ok_or_else(|| format!("a redirect to {url} has no port"))?;
+    let addrs: Vec<std::net::SocketAddr> = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => vec![std::net::SocketAddr::new(ip, port)],
+        Err(_) => tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .map_err(|e| format!("a redirect to {url}: cannot resolve {host}: {e}"))?
+            .collect(),
+    };
+    if addrs.is_empty() {
+        return Err(format!(
+            "a redirect to {url}: {host} resolves to no address"
+        ));
+    }
+    if let Some(bad) = addrs.iter().find(|a| is_restricted(a.ip())) {
+        return Err(format!(
+            "a redirect to {url} is not followed: {host} is {}, a loopback, private, link-local \
+             or reserved address",
+            bad.ip()
+        ));
+    }
+    Ok((host, addrs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_url_fetch_follows_no_redirect_to_a_private_address() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let app = axum::Router::new()
+            .route("/tool.wasm", axum::routing::get(|| async { "\0asm" }))
+            .route(
+                "/loopback",
+                axum::routing::get(|| async { axum::response::Redirect::temporary("/tool.wasm") }),
+            )
+            .route(
+                "/metadata",
+                axum::routing::get(|| async {
+                    axum::response::Redirect::temporary("http://169.254.169.254/latest/meta-data")
+                }),
+            )
+            .route(
+                "/private",
+                axum::routing::get(|| async {
+                    axum::response::Redirect::permanent("http://10.0.0.1/tool.wasm")
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        // The URL an operator names may be in-cluster; a redirect may not lead there.
+        assert_eq!(
+            fetch(&format!("http://{addr}/tool.wasm")).await.unwrap(),
+            b"\0asm"
+        );
+        for path in ["loopback", "metadata", "private"] {
+            let error = fetch(&format!("http://{addr}/{path}")).await.unwrap_err();
+            assert!(error.contains("is not followed"), "{path}: {error}");
+        }
+    }
+}

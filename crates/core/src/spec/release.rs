@@ -1,0 +1,79 @@
+//! What a release declares besides its version: where its artifact comes from, the
+//! sandbox's per-call limits and outgoing network access.
+
+use super::units::{ByteSize, GoDuration};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Exactly one of `file`, `configMap` or `url`; `digest` pins the bytes.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArtifactSource {
+    /// A path relative to the manifest file (manifest directories only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// A key of a ConfigMap in the same namespace (`binaryData` or `data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapKeyRef>,
+    /// An HTTP(S) URL; requires `digest`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// `sha256:<hex>`; verified for every source when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfigMapKeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+/// Per-call limits of the sandbox.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReleaseLimits {
+    /// Linear memory of one call (default 64Mi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<ByteSize>,
+    /// CPU time of one call (default 10s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_time: Option<GoDuration>,
+    /// Bytes a call may write to stdout (default 1Mi; at most 16Mi, a larger value is
+    /// clamped to 16Mi and the Ready condition says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<ByteSize>,
+    /// Largest body of an outgoing request, checked while it streams (default 8Mi; at most
+    /// 64Mi). A larger request ends the call as `request-limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_bytes: Option<ByteSize>,
+    /// Largest body of a response to an outgoing request (default 8Mi; at most 16Mi). A
+    /// larger response ends the call as `response-limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_bytes: Option<ByteSize>,
+    /// Calls of this release running at once across the pool (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instances: Option<u32>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkPolicy {
+    #[serde(default)]
+    pub egress: Vec<EgressRule>,
+}
+
+/// A destination a tool may reach.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressRule {
+    /// A host name, `*.suffix`, or an IP address.
+    pub host: String,
+    /// Allowed ports; empty means 80 and 443.
+    #[serde(default)]
+    pub ports: Vec<u16>,
+    /// Allow loopback, private, link-local and metadata addresses for this host.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_private: bool,
+}

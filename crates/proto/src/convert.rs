@@ -1,0 +1,191 @@
+//! The wire's messages converted to and from the domain's types, once, at this edge.
+
+use crate::{CallResult, OplogEntry, WorkspaceFile};
+use toolgrid_core::call::{self, ErrorKind};
+use toolgrid_core::completion::RunReport;
+use toolgrid_core::workspace;
+
+// The wire carries an oplog entry as its kind and its payload's JSON, converted here once.
+
+impl From<&call::OplogEntry> for OplogEntry {
+    fn from(entry: &call::OplogEntry) -> Self {
+        let (kind, payload) = entry.to_parts();
+        OplogEntry {
+            kind: kind.as_str().to_string(),
+            payload: payload.to_string().into_bytes(),
+        }
+    }
+}
+
+impl TryFrom<&OplogEntry> for call::OplogEntry {
+    type Error = call::EntryError;
+
+    fn try_from(entry: &OplogEntry) -> Result<Self, Self::Error> {
+        call::OplogEntry::from_text(&entry.kind, &entry.payload)
+    }
+}
+
+/// Converts a batch of entries for the wire.
+pub fn entries_to_wire(entries: &[call::OplogEntry]) -> Vec<OplogEntry> {
+    entries.iter().map(OplogEntry::from).collect()
+}
+
+/// Reads a batch of entries off the wire; the first that does not parse is the error.
+pub fn entries_from_wire(
+    entries: &[OplogEntry],
+) -> Result<Vec<call::OplogEntry>, call::EntryError> {
+    entries.iter().map(call::OplogEntry::try_from).collect()
+}
+
+/// Bytes of entries one message on the worker link carries at most (unless a single entry is
+/// larger: entries are capped well below the link's 64 MiB message limit, see
+/// `call::MAX_RESPONSE_BYTES`).
+pub const LINK_BATCH_BYTES: usize = 4 << 20;
+
+/// Splits entries into consecutive batches of at most [`LINK_BATCH_BYTES`] each (a larger
+/// single entry travels alone), so no message on the worker link outgrows its limit.
+pub fn link_batches(entries: Vec<OplogEntry>) -> Vec<Vec<OplogEntry>> {
+    let mut batches = Vec::new();
+    let mut batch = Vec::new();
+    let mut size = 0;
+    for entry in entries {
+        let bytes = entry.kind.len() + entry.payload.len() + 8;
+        if !batch.is_empty() && size + bytes > LINK_BATCH_BYTES {
+            batches.push(std::mem::take(&mut batch));
+            size = 0;
+        }
+        size += bytes;
+        batch.push(entry);
+    }
+    if !batch.is_empty() {
+        batches.push(batch);
+    }
+    batches
+}
+
+// A workspace tree on the wire: one `WorkspaceFile` per file, checked again when read.
+
+/// A tree for the wire.
+pub fn tree_to_wire(tree: &workspace::Tree) -> Vec<WorkspaceFile> {
+    tree.files
+        .iter()
+        .map(|(path, file)| WorkspaceFile {
+            path: path.to_string(),
+            digest: file.digest.clone(),
+            size: file.size,
+        })
+        .collect()
+}
+
+/// Reads a tree off the wire (from a peer: every path and digest is validated).
+pub fn tree_from_wire(files: &[WorkspaceFile]) -> Result<workspace::Tree, workspace::TreeError> {
+    workspace::Tree::from_rows(
+        files
+            .iter()
+            .map(|f| (f.path.clone(), f.digest.clone(), f.size)),
+    )
+}
+
+/// The workspace a worker's result carries, if any.
+pub fn commit_of(result: &CallResult) -> Result<Option<workspace::Commit>, workspace::TreeError> {
+    if !result.has_workspace {
+        return Ok(None);
+    }
+    Ok(Some(workspace::Commit {
+        tree: tree_from_wire(&result.workspace_tree)?,
+        blobs: result
+            .workspace_blobs
+            .iter()
+            .map(|b| (b.digest.clone(), b.data.clone()))
+            .collect(),
+    }))
+}
+
+/// A worker's result as the report the call is judged by.
+impl<'a> From<&'a CallResult> for RunReport<'a> {
+    fn from(result: &'a CallResult) -> Self {
+        RunReport {
+            exit_code: result.exit_code,
+            stdout: &result.stdout,
+            stderr_tail: &result.stderr_tail,
+            failure: (!result.failure_kind.is_empty()).then(|| {
+                (
+                    ErrorKind::parse(&result.failure_kind).unwrap_or(ErrorKind::Internal),
+                    result.failure_message.as_str(),
+                )
+            }),
+            run_micros: result.run_micros,
+            epoch: result.epoch,
+            replayed: result.replayed,
+            workspace: commit_of(result),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_batches_stay_under_the_budget_and_keep_order() {
+        let entry = |n: usize| OplogEntry {
+            kind: "http-response".into(),
+            payload: vec![b'x'; n],
+        };
+        let entries = vec![
+            entry(3 << 20),
+            entry(2 << 20),
+            entry(9 << 20),
+            entry(10),
+            entry(10),
+        ];
+        let sizes: Vec<Vec<usize>> = link_batches(entries)
+            .iter()
+            .map(|b| b.iter().map(|e| e.payload.len()).collect())
+            .collect();
+        assert_eq!(
+            sizes,
+            [vec![3 << 20], vec![2 << 20], vec![9 << 20], vec![10, 10]]
+        );
+        assert!(link_batches(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn a_result_reports_its_failure_and_refuses_a_hostile_tree() {
+        let ok = CallResult {
+            call_id: "c".into(),
+            epoch: 1,
+            stdout: b"{}".to_vec(),
+            ..Default::default()
+        };
+        let report = RunReport::from(&ok);
+        assert!(report.failure.is_none() && matches!(report.workspace, Ok(None)));
+        let failed = CallResult {
+            failure_kind: "memory-limit".into(),
+            failure_message: "out of memory".into(),
+            ..ok.clone()
+        };
+        assert_eq!(
+            RunReport::from(&failed).failure,
+            Some((ErrorKind::MemoryLimit, "out of memory"))
+        );
+        let unknown = CallResult {
+            failure_kind: "no-such-kind".into(),
+            ..ok.clone()
+        };
+        assert_eq!(
+            RunReport::from(&unknown).failure.map(|f| f.0),
+            Some(ErrorKind::Internal)
+        );
+        let hostile = CallResult {
+            has_workspace: true,
+            workspace_tree: vec![WorkspaceFile {
+                path: "../escape".into(),
+                digest: workspace::blob_digest(b"x"),
+                size: 1,
+            }],
+            ..ok
+        };
+        assert!(RunReport::from(&hostile).workspace.is_err());
+    }
+}

@@ -1,0 +1,120 @@
+//! Artifacts (stored by digest) and the bookkeeping of declared resources.
+
+use super::SqlStore;
+use super::rows::parse_json;
+use super::writer::Write;
+use crate::{Artifacts, Resources, StoreError};
+use async_trait::async_trait;
+use sqlx::{AnyConnection, Row};
+use std::sync::atomic::Ordering;
+use toolgrid_core::call::{ResourceRecord, now_ms};
+
+/// Stores an artifact (see [`Artifacts::put_artifact`]).
+struct PutArtifact {
+    digest: String,
+    bytes: Vec<u8>,
+}
+
+#[async_trait]
+impl Write for PutArtifact {
+    type Output = ();
+
+    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<(), StoreError> {
+        let PutArtifact { digest, bytes } = self;
+        // Storing an artifact again refreshes its time, so retention keeps what the
+        // catalog has just stored.
+        sqlx::query(
+            "INSERT INTO artifacts (digest, size, bytes, created_at_ms) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (digest) DO UPDATE SET created_at_ms = excluded.created_at_ms",
+        )
+        .bind(digest.as_str())
+        .bind(bytes.len() as i64)
+        .bind(bytes.as_slice())
+        .bind(now_ms())
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+}
+
+/// Replaces the bookkeeping of every resource (see [`Resources::save_resources`]).
+struct SaveResources(Vec<ResourceRecord>);
+
+#[async_trait]
+impl Write for SaveResources {
+    type Output = ();
+
+    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM resources")
+            .execute(&mut *conn)
+            .await?;
+        for r in &self.0 {
+            sqlx::query(
+                "INSERT INTO resources (kind, namespace, name, spec_hash, generation, status_json) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(r.kind.as_str())
+            .bind(r.namespace.as_str())
+            .bind(r.name.as_str())
+            .bind(r.spec_hash.as_str())
+            .bind(r.generation)
+            .bind(r.status.to_string())
+            .execute(&mut *conn)
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Artifacts for SqlStore {
+    async fn put_artifact(&self, digest: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.write(PutArtifact {
+            digest: digest.into(),
+            bytes: bytes.to_vec(),
+        })
+        .await
+    }
+
+    async fn get_artifact(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let row = sqlx::query("SELECT bytes FROM artifacts WHERE digest = $1")
+            .bind(digest)
+            .fetch_optional(&self.reads)
+            .await?;
+        Ok(row.map(|r| r.try_get("bytes")).transpose()?)
+    }
+
+    fn artifact_purges(&self) -> u64 {
+        self.artifact_purges.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Resources for SqlStore {
+    async fn load_resources(&self) -> Result<Vec<ResourceRecord>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT kind, namespace, name, spec_hash, generation, status_json FROM resources",
+        )
+        .fetch_all(&self.reads)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(ResourceRecord {
+                    kind: row.try_get("kind")?,
+                    namespace: row.try_get("namespace")?,
+                    name: row.try_get("name")?,
+                    spec_hash: row.try_get("spec_hash")?,
+                    generation: row.try_get("generation")?,
+                    status: parse_json(
+                        &row.try_get::<String, _>("status_json")?,
+                        "resource status",
+                    )?,
+                })
+            })
+            .collect()
+    }
+
+    async fn save_resources(&self, records: Vec<ResourceRecord>) -> Result<(), StoreError> {
+        self.write(SaveResources(records)).await
+    }
+}

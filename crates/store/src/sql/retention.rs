@@ -1,0 +1,157 @@
+//! Retention: deleting ended calls with their oplogs, then unused artifacts, in bounded
+//! batches.
+
+use super::SqlStore;
+use super::rows::placeholders;
+use super::writer::Write;
+use crate::{Retention, RetentionReport, StoreError};
+use async_trait::async_trait;
+use sqlx::{AnyConnection, AssertSqlSafe, Row};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+/// Calls deleted per retention transaction.
+const RETENTION_BATCH: i64 = 200;
+
+/// Deletes up to `limit` calls that ended before `cutoff_ms`, and their oplogs: how many
+/// calls and entries went.
+struct PurgeCalls {
+    cutoff_ms: i64,
+    limit: i64,
+}
+
+#[async_trait]
+impl Write for PurgeCalls {
+    type Output = (u64, u64);
+
+    async fn apply(
+        &self,
+        conn: &mut AnyConnection,
+        _again: bool,
+    ) -> Result<(u64, u64), StoreError> {
+        purge_calls(conn, self.cutoff_ms, self.limit).await
+    }
+}
+
+/// Deletes artifacts stored before `cutoff_ms` that no call uses, except `keep`: their
+/// digests.
+struct PurgeArtifacts {
+    cutoff_ms: i64,
+    keep: HashSet<String>,
+}
+
+#[async_trait]
+impl Write for PurgeArtifacts {
+    type Output = Vec<String>;
+
+    async fn apply(
+        &self,
+        conn: &mut AnyConnection,
+        _again: bool,
+    ) -> Result<Vec<String>, StoreError> {
+        purge_artifacts(conn, self.cutoff_ms, &self.keep).await
+    }
+}
+
+/// Deletes up to `limit` calls that ended before `cutoff_ms`, oldest first, with their
+/// oplogs; returns how many calls and entries went.
+async fn purge_calls(
+    conn: &mut AnyConnection,
+    cutoff_ms: i64,
+    limit: i64,
+) -> Result<(u64, u64), StoreError> {
+    let ids: Vec<String> = sqlx::query(
+        "SELECT id FROM calls WHERE state IN ('succeeded', 'failed') AND finished_at_ms < $1 \
+         ORDER BY finished_at_ms, id LIMIT $2",
+    )
+    .bind(cutoff_ms)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?
+    .iter()
+    .map(|row| row.try_get("id"))
+    .collect::<Result<_, _>>()?;
+    if ids.is_empty() {
+        return Ok((0, 0));
+    }
+    // Only numbered placeholders are formatted into the statements.
+    let list = placeholders(1, ids.len());
+    let mut entries = sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM oplog WHERE call_id IN ({list})"
+    )));
+    let mut calls = sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM calls WHERE id IN ({list}) AND state IN ('succeeded', 'failed')"
+    )));
+    for id in &ids {
+        entries = entries.bind(id.as_str());
+        calls = calls.bind(id.as_str());
+    }
+    let entries = entries.execute(&mut *conn).await?.rows_affected();
+    let calls = calls.execute(&mut *conn).await?.rows_affected();
+    Ok((calls, entries))
+}
+
+/// Deletes the artifacts stored before `cutoff_ms` that no call uses and that are not in
+/// `keep`; returns their digests.
+async fn purge_artifacts(
+    conn: &mut AnyConnection,
+    cutoff_ms: i64,
+    keep: &HashSet<String>,
+) -> Result<Vec<String>, StoreError> {
+    let unused: Vec<String> = sqlx::query(
+        "SELECT digest FROM artifacts WHERE created_at_ms < $1 \
+         AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.release_digest = artifacts.digest) \
+         ORDER BY digest",
+    )
+    .bind(cutoff_ms)
+    .fetch_all(&mut *conn)
+    .await?
+    .iter()
+    .map(|row| row.try_get("digest"))
+    .collect::<Result<_, _>>()?;
+    let mut deleted = Vec::new();
+    for digest in unused.into_iter().filter(|d| !keep.contains(d)) {
+        sqlx::query("DELETE FROM artifacts WHERE digest = $1")
+            .bind(digest.as_str())
+            .execute(&mut *conn)
+            .await?;
+        deleted.push(digest);
+    }
+    Ok(deleted)
+}
+
+#[async_trait]
+impl Retention for SqlStore {
+    async fn delete_finished_before(
+        &self,
+        cutoff_ms: i64,
+        keep_artifacts: &HashSet<String>,
+    ) -> Result<RetentionReport, StoreError> {
+        let mut report = RetentionReport::default();
+        // One bounded transaction per batch: other writes go between them.
+        loop {
+            let (calls, entries) = self
+                .write(PurgeCalls {
+                    cutoff_ms,
+                    limit: RETENTION_BATCH,
+                })
+                .await?;
+            report.calls += calls;
+            report.oplog_entries += entries;
+            if calls < RETENTION_BATCH as u64 {
+                break;
+            }
+        }
+        let artifacts = self
+            .write(PurgeArtifacts {
+                cutoff_ms,
+                keep: keep_artifacts.clone(),
+            })
+            .await?;
+        if !artifacts.is_empty() {
+            self.artifact_purges.fetch_add(1, Ordering::SeqCst);
+        }
+        report.artifacts = artifacts;
+        Ok(report)
+    }
+}

@@ -1,0 +1,106 @@
+//! What the concerns share: the call row and its columns, JSON columns, oplog entries,
+//! numbered placeholders, and the backend of a connection.
+
+use crate::StoreError;
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row};
+use toolgrid_core::call::{CallRecord, CallState, OplogEntry};
+
+/// The columns of a [`CallRecord`], as a literal so queries stay static strings.
+macro_rules! call_columns {
+    () => {
+        "id, namespace, tool, command, release, release_digest, state, args_json, spec_json, stdin, \
+         idempotency_key, request_hash, epoch, worker, result_json, error_json, created_at_ms, finished_at_ms"
+    };
+}
+pub(super) use call_columns;
+
+pub(super) fn is_postgres(conn: &AnyConnection) -> bool {
+    conn.backend_name() == "PostgreSQL"
+}
+
+/// Placeholders `$first, $first+1, ...` for `n` values.
+pub(super) fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(super) fn json_text(value: &impl serde::Serialize) -> String {
+    // Serializing our own plain data types cannot fail.
+    serde_json::to_string(value).unwrap_or_else(|_| "null".into())
+}
+
+/// Inserts one oplog entry at sequence number `seq` (entries without a writer's number).
+pub(super) async fn insert_entry(
+    conn: &mut AnyConnection,
+    call_id: &str,
+    seq: i64,
+    epoch: i64,
+    entry: &OplogEntry,
+    now: i64,
+) -> Result<(), StoreError> {
+    let (kind, payload) = entry.to_parts();
+    sqlx::query(
+        "INSERT INTO oplog (call_id, seq, epoch, kind, payload, recorded_at_ms) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(call_id)
+    .bind(seq)
+    .bind(epoch)
+    .bind(kind.as_str())
+    .bind(payload.to_string())
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn select_call(
+    conn: &mut AnyConnection,
+    id: &str,
+) -> Result<Option<CallRecord>, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        call_columns!(),
+        " FROM calls WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(|r| call_from_row(&r)).transpose()
+}
+
+pub(super) fn parse_json<T: serde::de::DeserializeOwned>(
+    text: &str,
+    what: &str,
+) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+pub(super) fn call_from_row(row: &AnyRow) -> Result<CallRecord, StoreError> {
+    let state: String = row.try_get("state")?;
+    let result: Option<String> = row.try_get("result_json")?;
+    let error: Option<String> = row.try_get("error_json")?;
+    Ok(CallRecord {
+        id: row.try_get("id")?,
+        namespace: row.try_get("namespace")?,
+        tool: row.try_get("tool")?,
+        command: row.try_get("command")?,
+        release: row.try_get("release")?,
+        release_digest: row.try_get("release_digest")?,
+        state: CallState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("call state {state:?}")))?,
+        args: parse_json(&row.try_get::<String, _>("args_json")?, "call arguments")?,
+        spec: parse_json(&row.try_get::<String, _>("spec_json")?, "call spec")?,
+        stdin: row.try_get("stdin")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        request_hash: row.try_get("request_hash")?,
+        epoch: row.try_get::<i64, _>("epoch")? as u64,
+        worker: row.try_get("worker")?,
+        result: result.map(|r| parse_json(&r, "call result")).transpose()?,
+        error: error.map(|e| parse_json(&e, "call error")).transpose()?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        finished_at_ms: row.try_get("finished_at_ms")?,
+    })
+}

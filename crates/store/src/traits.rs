@@ -1,0 +1,229 @@
+//! The store's operations, one trait per concern, and [`Store`], all of them at once.
+//!
+//! A component that needs one concern can take just that trait (`Arc<dyn Workspaces>`,
+//! upcast from an `Arc<dyn Store>`); whoever holds a `dyn Store` calls every operation on it
+//! directly. A concrete store ([`SqlStore`](crate::SqlStore),
+//! [`FaultyStore`](crate::FaultyStore)) needs the trait of the operation in scope.
+
+use crate::{
+    CallError, CallFilter, CallOutcome, CallRecord, CallWorkspace, Created, NewCall, OplogEntry,
+    OplogRecord, ResourceRecord, RetentionReport, StoreError,
+};
+use async_trait::async_trait;
+use std::collections::HashSet;
+use toolgrid_core::workspace::{self, WorkspaceKey};
+
+/// The durable state every other module goes through: every concern at once. Implemented
+/// by every type that implements all of them.
+pub trait Store:
+    CallLog
+    + Approvals
+    + AuditLog
+    + RateBuckets
+    + Artifacts
+    + Resources
+    + Retention
+    + Workspaces
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> Store for T where
+    T: CallLog
+        + Approvals
+        + AuditLog
+        + RateBuckets
+        + Artifacts
+        + Resources
+        + Retention
+        + Workspaces
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Calls and their oplogs: admission, assignment and fencing by epoch, appends, ends, and
+/// the reads of calls and entries.
+#[async_trait]
+pub trait CallLog: Send + Sync {
+    /// Records a new call with its `call-started` entry; a call with the same idempotency
+    /// key in the namespace, by the same agent (`spec.access.agent`), is returned instead
+    /// (or refused if its request differs).
+    async fn create_call(&self, call: NewCall) -> Result<Created, StoreError>;
+    /// Starts a new assignment of a pending or running call: bumps its epoch, records
+    /// `assigned`, and returns the new epoch.
+    async fn assign_call(&self, call_id: &str, worker: &str) -> Result<u64, StoreError>;
+    /// Takes a running call back from its worker (dead, lease lapsed): bumps the epoch so
+    /// that worker's appends are refused, records why, and leaves the call pending.
+    async fn fence_call(&self, call_id: &str, epoch: u64, reason: &str) -> Result<u64, StoreError>;
+    /// Appends entries under `epoch`; refused with [`StoreError::StaleEpoch`] otherwise.
+    ///
+    /// `first_wseq` is the writer's own number of the first entry within (call, epoch):
+    /// entry `i` is `first_wseq + i`. An append whose first entry is already stored under
+    /// that number is a repeat of one that committed, and succeeds without storing anything.
+    async fn append_oplog(
+        &self,
+        call_id: &str,
+        epoch: u64,
+        first_wseq: u64,
+        entries: Vec<OplogEntry>,
+    ) -> Result<(), StoreError>;
+    /// Appends the last entries (numbered from `first_wseq` as in
+    /// [`append_oplog`](CallLog::append_oplog)) and the outcome, and ends the call, under
+    /// `epoch`. Completing a call that this epoch already ended with the same outcome
+    /// returns the ended call (a repeated completion); otherwise an ended call is refused
+    /// with [`StoreError::StaleEpoch`].
+    async fn complete_call(
+        &self,
+        call_id: &str,
+        epoch: u64,
+        first_wseq: u64,
+        entries: Vec<OplogEntry>,
+        outcome: CallOutcome,
+    ) -> Result<CallRecord, StoreError>;
+    /// Ends a call that never reached a worker (or cannot go on), whatever its epoch.
+    async fn fail_call(&self, call_id: &str, error: CallError) -> Result<CallRecord, StoreError>;
+    /// Cancels a call not yet ended, in one transaction: reads how many outgoing requests
+    /// its oplog records, ends it `failed` with [`toolgrid_core::call::stopped_error`] of
+    /// `cancelled` (or `outcome-unknown`: a `write`/`external` call with a request
+    /// recorded) and `reason`, and records the `outcome`. Ending it is the fence: every
+    /// append and completion is conditional on the call running under its epoch, so no
+    /// later commit of its worker is accepted, and (commit before effect) no request of it
+    /// leaves after this returns. An ended call is refused with [`StoreError::Ended`].
+    async fn cancel_call(&self, call_id: &str, reason: &str) -> Result<CallRecord, StoreError>;
+    async fn get_call(&self, id: &str) -> Result<Option<CallRecord>, StoreError>;
+    /// The call made with idempotency key `key` in `namespace` by `agent` (`""` for the
+    /// calls of no agent): keys are scoped per agent.
+    async fn find_call_by_key(
+        &self,
+        namespace: &str,
+        agent: &str,
+        key: &str,
+    ) -> Result<Option<CallRecord>, StoreError>;
+    async fn list_calls(&self, filter: &CallFilter) -> Result<Vec<CallRecord>, StoreError>;
+    /// Calls not yet ended, oldest first (for a restarting control plane).
+    async fn unfinished_calls(&self) -> Result<Vec<CallRecord>, StoreError>;
+    async fn oplog(&self, call_id: &str) -> Result<Vec<OplogRecord>, StoreError>;
+}
+
+/// Durable approval: the one decision on a call held by an approval step.
+#[async_trait]
+pub trait Approvals: Send + Sync {
+    /// Decides a call in `awaiting-approval` (any other state: [`StoreError::NotAwaiting`]):
+    /// records `decision` in its spec (`chain.approved`) and as an `approval` oplog entry,
+    /// and in the same commit moves it to `pending` with a fresh deadline of
+    /// `now + limits.timeout_ms` (approved), or ends it `failed` with `error` (denied, or
+    /// timed out with `onTimeout: deny`; its audit record is written as for any end).
+    async fn decide_approval(
+        &self,
+        call_id: &str,
+        decision: toolgrid_core::call::ApprovalDecision,
+        error: Option<CallError>,
+    ) -> Result<CallRecord, StoreError>;
+}
+
+/// The append-only audit log: one record per ended call (written with its end) and one per
+/// refused call.
+#[async_trait]
+pub trait AuditLog: Send + Sync {
+    /// Appends an audit record (a refused call's; ended calls get theirs inside the commit
+    /// that ends them).
+    async fn append_audit(
+        &self,
+        record: toolgrid_core::call::AuditRecord,
+    ) -> Result<(), StoreError>;
+    /// Audit records matching `filter`, newest first.
+    async fn list_audit(
+        &self,
+        filter: &toolgrid_core::call::AuditFilter,
+    ) -> Result<Vec<toolgrid_core::call::AuditRecord>, StoreError>;
+}
+
+/// Rate-limit token buckets shared by every replica on the store.
+#[async_trait]
+pub trait RateBuckets: Send + Sync {
+    /// Takes one token from the bucket `key` (capacity `burst`, refilled at `per_second`),
+    /// created full on first use: `Ok(None)` when taken, `Ok(Some(ms))` when empty (a token
+    /// comes back in `ms`). Atomic across connections, processes and replicas.
+    async fn take_token(
+        &self,
+        key: &str,
+        burst: u32,
+        per_second: f64,
+        now_ms: i64,
+    ) -> Result<Option<u64>, StoreError>;
+}
+
+/// Release artifacts (components), stored by digest.
+#[async_trait]
+pub trait Artifacts: Send + Sync {
+    async fn put_artifact(&self, digest: &str, bytes: &[u8]) -> Result<(), StoreError>;
+    async fn get_artifact(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// How many times retention has deleted artifacts through this store: a cache of
+    /// stored digests must be forgotten when this changes.
+    fn artifact_purges(&self) -> u64 {
+        0
+    }
+}
+
+/// The bookkeeping of declared resources (spec hashes, generations, status).
+#[async_trait]
+pub trait Resources: Send + Sync {
+    async fn load_resources(&self) -> Result<Vec<ResourceRecord>, StoreError>;
+    /// Replaces the bookkeeping of every resource with `records`.
+    async fn save_resources(&self, records: Vec<ResourceRecord>) -> Result<(), StoreError>;
+}
+
+/// Retention: deleting what has ended long enough ago.
+#[async_trait]
+pub trait Retention: Send + Sync {
+    /// Retention: deletes the calls that ended (succeeded or failed) before `cutoff_ms`
+    /// with their oplogs, then the artifacts stored before `cutoff_ms` that no remaining
+    /// call uses and that are not in `keep_artifacts` (the digests of current releases).
+    /// Calls still pending or running are never deleted. Works in bounded batches, so
+    /// other writes go on between them.
+    async fn delete_finished_before(
+        &self,
+        cutoff_ms: i64,
+        keep_artifacts: &HashSet<String>,
+    ) -> Result<RetentionReport, StoreError>;
+}
+
+/// Agents' workspaces: versioned trees of files, their blobs, and the version each call
+/// starts from.
+#[async_trait]
+pub trait Workspaces: Send + Sync {
+    /// The workspace a call sees, with the base version pinned at its first assignment
+    /// (`None`: no such call, or it sees no workspace).
+    async fn call_workspace(&self, call_id: &str) -> Result<Option<CallWorkspace>, StoreError>;
+    /// The newest version of a workspace (version 0, the empty tree, when none is stored).
+    async fn workspace_head(&self, key: &WorkspaceKey) -> Result<workspace::Version, StoreError>;
+    /// One version of a workspace (0 is the empty tree); `None` if it does not exist.
+    async fn workspace_version(
+        &self,
+        key: &WorkspaceKey,
+        version: u64,
+    ) -> Result<Option<workspace::Version>, StoreError>;
+    /// Every stored version of a workspace, oldest first.
+    async fn workspace_history(
+        &self,
+        key: &WorkspaceKey,
+    ) -> Result<Vec<workspace::Version>, StoreError>;
+    /// Commits `commit` as version `base + 1` of workspace `key`, for a writer that is no
+    /// call's run (a call's result written to its agent's workspace; `call_id` names the
+    /// call in the version), if the head is still `base`: `Ok(None)` when it moved. The
+    /// caller checks the tree against the workspace limits and holds the workspace's write
+    /// lock (the scheduler's) meanwhile.
+    async fn commit_workspace(
+        &self,
+        key: &WorkspaceKey,
+        base: u64,
+        commit: workspace::Commit,
+        call_id: &str,
+    ) -> Result<Option<u64>, StoreError>;
+    /// The blobs among `digests` the store has, as `(digest, bytes)`.
+    async fn blobs(&self, digests: &[String]) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+}
