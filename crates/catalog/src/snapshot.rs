@@ -9,9 +9,9 @@ use toolgrid_api::conditions::Desired;
 use toolgrid_api::{
     AgentSpec, Effect, Kind, NetworkPolicy, ToolBindingSpec, ToolSpec, WorkerPoolSpec,
 };
-use toolgrid_core::auth::SecretValue;
 use toolgrid_core::ids::ObjectKey;
 use toolgrid_core::interface::CommandInterface;
+use toolgrid_core::secret::SecretValue;
 
 /// A resource of a kind.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -55,7 +55,7 @@ pub struct Settings {
     /// The CA certificate (PEM) worker pods trust for an `https://` control plane.
     pub worker_tls_ca: Option<String>,
     /// A static operator token accepted besides the cluster's own subjects (never printed).
-    pub admin_token: Option<toolgrid_core::auth::SecretValue>,
+    pub admin_token: Option<toolgrid_core::secret::SecretValue>,
     /// How `/mcp` presents itself.
     pub mcp: toolgrid_control_plane::gateway::mcp::McpConfig,
     /// The OAuth authorization server whose access tokens are accepted.

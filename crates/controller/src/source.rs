@@ -286,7 +286,10 @@ impl ClusterSource {
                         .map(|keys| {
                             keys.iter()
                                 .map(|(k, v)| {
-                                    (k.clone(), toolgrid_core::auth::SecretValue::new(v.clone()))
+                                    (
+                                        k.clone(),
+                                        toolgrid_core::secret::SecretValue::new(v.clone()),
+                                    )
                                 })
                                 .collect()
                         })

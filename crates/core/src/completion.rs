@@ -1,7 +1,6 @@
 //! Completion: turn a worker's report of a finished run into the call's outcome, by the rules
 //! of the command the call was admitted with.
 
-use crate::call::CallOutcome;
 use crate::call::{CallError, CallRecord, ErrorKind, RunSummary};
 use crate::interface::CommandInterface;
 use crate::workspace::{Commit, TreeError, WorkspaceKey};
@@ -23,6 +22,20 @@ pub struct RunReport<'a> {
     /// A read-write call's new workspace tree and blobs (`Ok(None)`: none sent; `Err`: what
     /// was sent is not an acceptable tree).
     pub workspace: Result<Option<Commit>, TreeError>,
+}
+
+/// How a call ended, as the worker's result was judged.
+#[derive(Clone, Debug)]
+pub struct CallOutcome {
+    pub result: Result<serde_json::Value, CallError>,
+    /// What the worker reported of the run (recorded in the `outcome` entry).
+    pub run: RunSummary,
+    /// A succeeded read-write call's workspace: committed as the base version + 1 in the
+    /// same transaction that ends the call, if the head is still the base, the tree within
+    /// the workspace limits and every blob present and matching its digest (otherwise the
+    /// call fails `workspace-conflict`, `workspace-limit` or `workspace-invalid` and
+    /// nothing is committed). Ignored for a failed call.
+    pub workspace: Option<Commit>,
 }
 
 /// Judges a finished run (the scheduler calls this for every result).

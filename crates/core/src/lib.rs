@@ -15,7 +15,8 @@
 //! | [`middleware`] | what each middleware step decides |
 //! | [`workspace`] | workspace trees, paths, diffs, limits, the one-writer rule |
 //! | [`scheduler`] | the scheduler's decisions: `State::on(event, now) -> commands` |
-//! | [`auth`] | who calls ([`auth::Principal`]); secrets compared in constant time |
+//! | [`auth`] | who calls ([`auth::Principal`]) |
+//! | [`secret`] | secret values in memory (never printed), compared in constant time |
 //! | [`net`] | the addresses egress treats as private |
 //! | [`artifact`] | what a release's or a middleware's WebAssembly must be |
 //! | [`error`] | [`error::ApiError`], a refusal at a front door |
@@ -32,5 +33,6 @@ pub mod interface;
 pub mod middleware;
 pub mod net;
 pub mod scheduler;
+pub mod secret;
 pub mod spec;
 pub mod workspace;

@@ -188,7 +188,7 @@ mod tests {
         let secrets = Arc::new(CallSecrets::new(
             [(
                 "token".to_string(),
-                toolgrid_core::call::SecretValue::new("s3cr3t"),
+                toolgrid_core::secret::SecretValue::new("s3cr3t"),
             )]
             .into(),
         ));

@@ -333,7 +333,7 @@ pub struct RunRequest {
     /// The values of every secret key the call may use (readable and revealable): what
     /// `${secret:NAME}` in a request resolves to, and what is redacted from responses, the
     /// output and the oplog. Revealable ones are also in `env`, by the caller.
-    pub secrets: std::collections::BTreeMap<String, toolgrid_core::call::SecretValue>,
+    pub secrets: std::collections::BTreeMap<String, toolgrid_core::secret::SecretValue>,
     /// The call's workspace copy, preopened at `/workspace` (read-only unless
     /// `writable`); `None`: no filesystem at all.
     pub workspace: Option<super::workspace::WorkspaceMount>,
@@ -1584,7 +1584,7 @@ mod tests {
         let secrets = CallSecrets::new(
             [(
                 "api-token".to_string(),
-                toolgrid_core::call::SecretValue::new("s3cr3t-value"),
+                toolgrid_core::secret::SecretValue::new("s3cr3t-value"),
             )]
             .into(),
         );
@@ -1633,7 +1633,7 @@ mod tests {
             env: vec![("signing-key".into(), "r3v3aled".into())],
             secrets: [(
                 "api-token".to_string(),
-                toolgrid_core::call::SecretValue::new("s3cr3t"),
+                toolgrid_core::secret::SecretValue::new("s3cr3t"),
             )]
             .into(),
             ..RunRequest::default()

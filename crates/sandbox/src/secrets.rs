@@ -14,7 +14,7 @@
 use sha2::{Digest as _, Sha256};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use toolgrid_core::call::SecretValue;
+use toolgrid_core::secret::SecretValue;
 
 /// What opens a reference: `${secret:NAME}`.
 pub const REFERENCE_OPEN: &str = "${secret:";

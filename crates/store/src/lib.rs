@@ -19,13 +19,14 @@ mod traits;
 pub use faulty::{FaultyStore, Op};
 pub use sql::{OpenOptions, RetryPolicy, SCHEMA_VERSION, SqlStore, is_transient};
 pub use toolgrid_core::call::{
-    CallError, CallFilter, CallOutcome, CallRecord, CallSpec, CallState, Created, NewCall,
-    OplogEntry, OplogRecord, ResourceRecord, RunLimits, RunSummary, now_ms,
+    CallError, CallFilter, CallRecord, CallSpec, CallState, Created, NewCall, OplogEntry,
+    OplogRecord, ResourceRecord, RunLimits, RunSummary, now_ms,
 };
 pub use toolgrid_core::call::{
     DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES, MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES,
     MAX_RESPONSE_BYTES,
 };
+pub use toolgrid_core::completion::CallOutcome;
 pub use traits::{
     Approvals, Artifacts, AuditLog, CallLog, RateBuckets, Resources, Retention, Store, Workspaces,
 };

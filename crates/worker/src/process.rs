@@ -584,7 +584,7 @@ async fn run_call(
         secrets: assign
             .secrets
             .into_iter()
-            .map(|(name, value)| (name, toolgrid_core::call::SecretValue::new(value)))
+            .map(|(name, value)| (name, toolgrid_core::secret::SecretValue::new(value)))
             .collect(),
         workspace: workspace.as_ref().map(|(dir, writable)| {
             toolgrid_sandbox::workspace::WorkspaceMount {

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use toolgrid_api::conditions::{Desired, Reason};
 use toolgrid_api::{Agent, Kind, KindStatus};
-use toolgrid_core::auth::SecretValue;
 use toolgrid_core::ids::ObjectKey;
 use toolgrid_core::interface::FieldError;
+use toolgrid_core::secret::SecretValue;
 
 impl<'a> Resolver<'a> {
     pub(super) fn agents(&mut self) -> BTreeMap<ObjectKey, &'a Agent> {

@@ -32,8 +32,8 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
-use toolgrid_core::auth::SecretValue;
 use toolgrid_core::ids::ObjectKey;
+use toolgrid_core::secret::SecretValue;
 
 /// Defaults for what a release or tool leaves unsaid.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -14,9 +14,9 @@
 use super::{BearerError, ReviewError, TokenReviewer, WORKER_AUDIENCE};
 use std::sync::Arc;
 use toolgrid_catalog::Catalog;
-use toolgrid_core::auth::secrets_match;
 use toolgrid_core::call::ErrorKind;
 use toolgrid_core::ids::ObjectKey;
+use toolgrid_core::secret::secrets_match;
 
 /// The environment variable a worker reads its join token from (and `toolgrid up` hands it
 /// to its local workers in): never a command-line argument of the processes `up` starts.

@@ -23,9 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use toolgrid_catalog::Snapshot;
 use toolgrid_core::auth::Principal;
-use toolgrid_core::auth::{digests_equal, sha256};
 use toolgrid_core::error::{ApiError, ErrorKind};
 use toolgrid_core::ids::ObjectKey;
+use toolgrid_core::secret::{digests_equal, sha256};
 
 /// The header (gRPC metadata key, HTTP header) carrying the bearer token.
 pub const AUTHORIZATION: &str = "authorization";

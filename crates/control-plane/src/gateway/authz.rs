@@ -471,7 +471,7 @@ spec: {agents: [ghost], tool: semver}
         let reporter = snapshot.agent(&reporter()).unwrap();
         assert_eq!(
             reporter.token_digest,
-            Some(toolgrid_core::auth::sha256(b"tok-reporter"))
+            Some(toolgrid_core::secret::sha256(b"tok-reporter"))
         );
         let values = snapshot.secret_values(
             "default",

@@ -79,7 +79,7 @@ impl crate::scheduler::SecretSource for CatalogSecrets {
         agent: &str,
         keys: &[String],
     ) -> Result<
-        std::collections::BTreeMap<String, toolgrid_core::call::SecretValue>,
+        std::collections::BTreeMap<String, toolgrid_core::secret::SecretValue>,
         crate::scheduler::SecretError,
     > {
         Ok(self.0.current().secret_values(namespace, agent, keys))

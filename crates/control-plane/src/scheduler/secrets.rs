@@ -10,7 +10,8 @@
 //! fails the call (`secret-unavailable`) instead of running it without the secret.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use toolgrid_core::call::{CallAccess, SecretValue};
+use toolgrid_core::call::CallAccess;
+use toolgrid_core::secret::SecretValue;
 
 /// Where the scheduler reads secret values (in `toolgrid up` and the controller: the
 /// catalog's snapshot of the agent's Secret).

@@ -28,7 +28,6 @@ mod error;
 mod lifecycle;
 mod record;
 pub mod retry;
-mod secret;
 mod stop;
 
 pub use access::{CallAccess, Filesystem};
@@ -46,11 +45,10 @@ pub use entry::{
 pub use error::ErrorKind;
 pub use lifecycle::{Lifecycle, Refusal};
 pub use record::{
-    CallFilter, CallOutcome, CallRecord, CallSpec, Created, DEFAULT_REQUEST_BYTES,
-    DEFAULT_RESPONSE_BYTES, MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, NewCall,
-    OplogRecord, ResourceRecord, RunLimits, now_ms,
+    CallFilter, CallRecord, CallSpec, Created, DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES,
+    MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, NewCall, OplogRecord, ResourceRecord,
+    RunLimits, now_ms,
 };
-pub use secret::SecretValue;
 pub use stop::stopped_error;
 
 /// The stage of a tool's own progress report (`WorkerProgress.stage`, `Progress.stage`);

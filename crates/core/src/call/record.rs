@@ -1,7 +1,7 @@
 //! A call as it is admitted and kept: its spec (fixed at admission), its record, the
 //! bookkeeping of resources.
 
-use super::{CallError, CallState, OplogEntry, RunSummary};
+use super::{CallError, CallState, OplogEntry};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -240,18 +240,4 @@ pub struct ResourceRecord {
     pub spec_hash: String,
     pub generation: i64,
     pub status: Value,
-}
-
-/// How a call ended, as the worker's result was judged.
-#[derive(Clone, Debug)]
-pub struct CallOutcome {
-    pub result: Result<serde_json::Value, CallError>,
-    /// What the worker reported of the run (recorded in the `outcome` entry).
-    pub run: RunSummary,
-    /// A succeeded read-write call's workspace: committed as the base version + 1 in the
-    /// same transaction that ends the call, if the head is still the base, the tree within
-    /// the workspace limits and every blob present and matching its digest (otherwise the
-    /// call fails `workspace-conflict`, `workspace-limit` or `workspace-invalid` and
-    /// nothing is committed). Ignored for a failed call.
-    pub workspace: Option<crate::workspace::Commit>,
 }

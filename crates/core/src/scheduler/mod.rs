@@ -19,9 +19,9 @@
 //!   by presenting that session's secret (handed out in `Registered`): anyone else is refused
 //!   ([`Command::RefuseAttach`]) while the first session lives.
 
-use crate::auth::secrets_match;
 use crate::call::{CallError, CallRecord, CallState, ErrorKind, IdleDeadline, Lifecycle, NewCall};
 use crate::interface::CommandInterface;
+use crate::secret::secrets_match;
 use crate::workspace::{WorkspaceKey, WriteLocks};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;

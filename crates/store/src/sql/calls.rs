@@ -14,9 +14,10 @@ use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::{AnyConnection, AssertSqlSafe, Row};
 use toolgrid_core::call::{
-    Assigned, CallError, CallFilter, CallOutcome, CallRecord, CallSpec, CallState, Created, Ended,
-    EntryKind, ErrorKind, Fenced, Lifecycle, NewCall, OplogEntry, OplogRecord, Outcome, now_ms,
+    Assigned, CallError, CallFilter, CallRecord, CallSpec, CallState, Created, Ended, EntryKind,
+    ErrorKind, Fenced, Lifecycle, NewCall, OplogEntry, OplogRecord, Outcome, now_ms,
 };
+use toolgrid_core::completion::CallOutcome;
 
 /// Records a new call (see [`CallLog::create_call`]).
 struct CreateCall(NewCall);

@@ -1,9 +1,10 @@
 //! A secret's value while it is on its way to, or inside, the worker that runs a call.
 //!
-//! Values are never part of the call model that is stored ([`super::CallAccess`] names keys
+//! Values are never part of the call model that is stored ([`crate::call::CallAccess`] names keys
 //! only): the scheduler resolves them when it assigns a call, they travel in the `Assign`
 //! message, and the worker uses them for that run and forgets them. [`SecretValue`] keeps
-//! them out of logs by accident: its `Debug` and `Display` print a placeholder.
+//! them out of logs by accident: its `Debug` and `Display` print a placeholder. Secrets
+//! (and tokens) are compared in constant time ([`bytes_equal`], [`secrets_match`]).
 
 use sha2::{Digest as _, Sha256};
 use std::fmt;
@@ -57,6 +58,27 @@ impl fmt::Display for SecretValue {
     }
 }
 
+/// SHA-256 of `bytes`.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// Whether two digests are equal, in time that does not depend on where they differ.
+pub fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    bytes_equal(a, b)
+}
+
+/// Whether two byte strings are equal, in time that depends only on their lengths.
+pub fn bytes_equal(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq as _;
+    a.len() == b.len() && bool::from(a.ct_eq(b))
+}
+
+/// Whether two secrets are equal, in time that does not depend on where they differ.
+pub fn secrets_match(expected: &str, presented: &str) -> bool {
+    bytes_equal(expected.as_bytes(), presented.as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +95,22 @@ mod tests {
         ] {
             assert!(!text.contains("s3cr3t"), "{text}");
         }
+    }
+
+    #[test]
+    fn a_secret_value_never_prints() {
+        let value = SecretValue::new("s3cr3t-value");
+        assert_eq!(format!("{value:?}"), "SecretValue(<redacted>)");
+        assert_eq!(format!("{value}"), "<redacted>");
+        let map = std::collections::BTreeMap::from([("k".to_string(), value.clone())]);
+        assert!(!format!("{map:?}").contains("s3cr3t"));
+        assert_eq!(value.expose_str(), Some("s3cr3t-value"));
+    }
+
+    #[test]
+    fn digests_compare_by_value() {
+        let a = sha256(b"token-a");
+        assert!(digests_equal(&a, &sha256(b"token-a")));
+        assert!(!digests_equal(&a, &sha256(b"token-b")));
     }
 }
