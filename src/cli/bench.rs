@@ -1,6 +1,7 @@
 //! `toolgrid bench`: measurements against a real platform, next to a baseline measured in
 //! the same run, printed so runs can be compared (see BENCHMARKS.md).
 
+use super::sample::Sample;
 use anyhow::Context;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -68,43 +69,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Calls(args) => calls(args).await,
         Bench::Oplog(args) => oplog(args).await,
         Bench::Failover(args) => super::failover::run(args).await,
-    }
-}
-
-/// Latencies of a run, and its wall time.
-pub struct Sample {
-    pub latencies: Vec<Duration>,
-    pub wall: Duration,
-}
-
-impl Sample {
-    pub fn percentile(&self, p: f64) -> f64 {
-        let mut sorted = self.latencies.clone();
-        sorted.sort();
-        let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-        sorted
-            .get(index)
-            .map(|d| d.as_secs_f64() * 1000.0)
-            .unwrap_or_default()
-    }
-
-    fn mean(&self) -> f64 {
-        let total: f64 = self.latencies.iter().map(Duration::as_secs_f64).sum();
-        total * 1000.0 / self.latencies.len().max(1) as f64
-    }
-
-    pub fn rate(&self) -> f64 {
-        self.latencies.len() as f64 / self.wall.as_secs_f64()
-    }
-
-    pub fn row(&self, name: &str) -> String {
-        format!(
-            "{name:<44} {:>9.3} {:>9.3} {:>9.3} {:>11.1}",
-            self.percentile(0.5),
-            self.percentile(0.99),
-            self.mean(),
-            self.rate()
-        )
     }
 }
 
@@ -315,7 +279,7 @@ async fn run_clients(
 /// The same tool run with plain wasmtime and WASI, in this process: no store, no oplog,
 /// no network.
 mod baseline {
-    use super::Sample;
+    use crate::cli::sample::Sample;
     use std::sync::Arc;
     use std::time::Instant;
     use wasmtime::{

@@ -289,9 +289,7 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
     }
     let tool = words.remove(0);
     if args.help {
-        let defs =
-            super::schema::tool_defs(&args.endpoint, &args.namespace, std::slice::from_ref(&tool))
-                .await?;
+        let defs = tool_defs(&args.endpoint, &args.namespace, std::slice::from_ref(&tool)).await?;
         let def = defs
             .into_iter()
             .next()
@@ -1072,6 +1070,29 @@ pub async fn oplog_of(
         }
         from_seq = page.next_seq;
     }
+}
+
+/// The definitions of `tools` (all when empty) in `namespace`, as the caller sees them.
+pub(super) async fn tool_defs(
+    endpoint: &Endpoint,
+    namespace: &str,
+    tools: &[String],
+) -> Result<Vec<super::codegen::ToolDef>, ApiError> {
+    let mut client = connect(endpoint).await?;
+    let response = client
+        .list_tools(proto::ListToolsRequest {
+            namespace: namespace.to_string(),
+            format: String::new(),
+            tools: tools.to_vec(),
+        })
+        .await
+        .map_err(|s| error_of(&s))?
+        .into_inner();
+    response
+        .tools
+        .iter()
+        .map(super::codegen::ToolDef::from_info)
+        .collect()
 }
 
 #[cfg(test)]

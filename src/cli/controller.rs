@@ -124,7 +124,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             .admin_token
             .clone()
             .filter(|t| !t.is_empty())
-            .map(|t| toolgrid_core::auth::SecretValue::new(t.into_bytes())),
+            .map(|t| toolgrid_core::secret::SecretValue::new(t.into_bytes())),
         mcp: args.mcp.config(),
         oauth: args.mcp.oauth()?,
     })

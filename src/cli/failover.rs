@@ -2,7 +2,7 @@
 //! measure how long the call takes to finish on another worker beyond the tool's own work
 //! there (its run, replay included, as the finishing worker reports it).
 
-use super::bench::Sample;
+use super::sample::Sample;
 use anyhow::Context;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -6,8 +6,10 @@ pub mod client;
 pub mod codegen;
 mod componentize;
 mod controller;
+pub mod exit;
 mod failover;
 mod help;
+mod sample;
 mod schema;
 mod table;
 pub(crate) mod up;
@@ -78,24 +80,6 @@ enum Commands {
     Bench(bench::BenchArgs),
     /// Wrap a WASI preview 1 module into a preview 2 component (`wasi:cli/run`).
     Componentize(componentize::ComponentizeArgs),
-}
-
-/// Exit codes of the client commands.
-pub mod exit {
-    /// The call ran and failed (tool error, limit, trap, ...).
-    pub const CALL_FAILED: u8 = 1;
-    /// Bad usage or arguments.
-    pub const USAGE: u8 = 2;
-    /// The platform cannot take the call now (unreachable, no release, no worker).
-    pub const UNAVAILABLE: u8 = 3;
-    /// No such tool, command or call.
-    pub const NOT_FOUND: u8 = 4;
-    /// No valid token, or the caller may not do this.
-    pub const DENIED: u8 = 6;
-    /// Anything else.
-    pub const INTERNAL: u8 = 5;
-    /// The call was recorded and waits for approval (`toolgrid approve CALL_ID`).
-    pub const AWAITING_APPROVAL: u8 = 7;
 }
 
 pub fn main() -> ExitCode {

@@ -3,8 +3,8 @@
 //! [TOOL...] -o DIR` (a typed client per tool), both from what the control plane serves
 //! the caller (`--as AGENT`: what that agent sees).
 
-use super::client::{Endpoint, connect, fail};
-use super::codegen::{ToolDef, write_clients};
+use super::client::{Endpoint, connect, fail, tool_defs};
+use super::codegen::write_clients;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use toolgrid_core::error::{ApiError, ErrorKind};
@@ -95,25 +95,6 @@ async fn try_schema(args: SchemaArgs) -> Result<(), ApiError> {
         serde_json::to_string_pretty(&value).unwrap_or_else(|_| value.to_string())
     );
     Ok(())
-}
-
-/// The definitions of `tools` (all when empty) in `namespace`, as the caller sees them.
-pub(super) async fn tool_defs(
-    endpoint: &Endpoint,
-    namespace: &str,
-    tools: &[String],
-) -> Result<Vec<ToolDef>, ApiError> {
-    let mut client = connect(endpoint).await?;
-    let response = client
-        .list_tools(proto::ListToolsRequest {
-            namespace: namespace.to_string(),
-            format: String::new(),
-            tools: tools.to_vec(),
-        })
-        .await
-        .map_err(|s| error_of(&s))?
-        .into_inner();
-    response.tools.iter().map(ToolDef::from_info).collect()
 }
 
 pub async fn generate(args: GenArgs) -> ExitCode {

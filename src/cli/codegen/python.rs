@@ -3,8 +3,10 @@
 //! keyword-only ones, flags as `bool`s), declared errors as exception classes under
 //! `<Tool>Error(ToolgridError)`.
 
-use super::{Idents, Lang, ToolDef, pascal, quoted, snake};
-use serde_json::Value;
+use super::defs::ToolDef;
+use super::names::{Idents, Lang, pascal, quoted, snake};
+use super::types::{TypeSyntax, type_of};
+use serde_json::{Map, Value};
 use std::fmt::Write as _;
 use toolgrid_api::Command;
 
@@ -86,66 +88,48 @@ fn literal(value: &Value) -> Option<String> {
     }
 }
 
-/// The Python type of a JSON Schema (`Any` where it cannot say more).
-pub fn py_type(schema: &Value, depth: usize) -> String {
-    let Some(obj) = schema.as_object() else {
-        return "Any".into();
-    };
-    if depth > 8 {
-        return "Any".into();
+/// Python's spelling of types (`typing`).
+struct Python;
+
+impl TypeSyntax for Python {
+    const ANY: &'static str = "Any";
+    const UNTYPED_PROPERTIES_ARE_OBJECTS: bool = false;
+
+    fn literal(value: &Value) -> Option<String> {
+        literal(value)
     }
-    let values = obj
-        .get("enum")
-        .and_then(Value::as_array)
-        .cloned()
-        .or_else(|| obj.get("const").map(|c| vec![c.clone()]));
-    if let Some(values) = values {
-        let literals: Option<Vec<String>> = values.iter().map(literal).collect();
-        return match literals {
-            Some(l) if !l.is_empty() => format!("Literal[{}]", l.join(", ")),
-            _ => "Any".into(),
-        };
+
+    fn literals(literals: &[String]) -> String {
+        format!("Literal[{}]", literals.join(", "))
     }
-    if let Some(branches) = obj
-        .get("anyOf")
-        .or_else(|| obj.get("oneOf"))
-        .and_then(Value::as_array)
-    {
-        let types: Vec<String> = branches.iter().map(|b| py_type(b, depth + 1)).collect();
-        return union(types);
+
+    fn union(types: &[String]) -> String {
+        format!("Union[{}]", types.join(", "))
     }
-    let one = |t: &str| -> String {
-        match t {
-            "string" => "str".into(),
-            "integer" => "int".into(),
-            "number" => "float".into(),
-            "boolean" => "bool".into(),
-            "null" => "None".into(),
-            "array" => format!(
-                "List[{}]",
-                obj.get("items")
-                    .map_or("Any".into(), |i| py_type(i, depth + 1))
-            ),
-            "object" => "Dict[str, Any]".into(),
-            _ => "Any".into(),
-        }
-    };
-    match obj.get("type") {
-        Some(Value::String(t)) => one(t),
-        Some(Value::Array(ts)) => union(ts.iter().filter_map(Value::as_str).map(one).collect()),
-        _ => "Any".into(),
+
+    fn scalar(json_type: &str) -> Option<&'static str> {
+        Some(match json_type {
+            "string" => "str",
+            "integer" => "int",
+            "number" => "float",
+            "boolean" => "bool",
+            "null" => "None",
+            _ => return None,
+        })
+    }
+
+    fn array(items: &str) -> String {
+        format!("List[{items}]")
+    }
+
+    fn object(_: &Map<String, Value>, _: &dyn Fn(&Value) -> String) -> String {
+        "Dict[str, Any]".into()
     }
 }
 
-fn union(mut types: Vec<String>) -> String {
-    types.dedup();
-    if types.iter().any(|t| t == "Any") || types.is_empty() {
-        return "Any".into();
-    }
-    if types.len() == 1 {
-        return types.remove(0);
-    }
-    format!("Union[{}]", types.join(", "))
+/// The Python type of a JSON Schema (`Any` where it cannot say more).
+pub fn py_type(schema: &Value, depth: usize) -> String {
+    type_of::<Python>(schema, depth)
 }
 
 fn positional_type(schema: Option<&Value>) -> String {

@@ -3,8 +3,10 @@
 //! stdin in one options object), declared errors as classes under
 //! `<Tool>Error extends ToolgridError` (check them with `instanceof`).
 
-use super::{Idents, Lang, ToolDef, camel, comment_text, pascal, quoted};
-use serde_json::Value;
+use super::defs::ToolDef;
+use super::names::{Idents, Lang, camel, comment_text, pascal, quoted};
+use super::types::{TypeSyntax, type_of};
+use serde_json::{Map, Value};
 use std::fmt::Write as _;
 use toolgrid_api::Command;
 
@@ -97,7 +99,7 @@ pub fn ts_str(text: &str) -> String {
 
 /// `semver.ts`.
 pub fn file_name(tool: &ToolDef) -> String {
-    format!("{}.ts", super::snake(&tool.name).replace('_', "-"))
+    format!("{}.ts", super::names::snake(&tool.name).replace('_', "-"))
 }
 
 fn literal(value: &Value) -> Option<String> {
@@ -110,93 +112,71 @@ fn literal(value: &Value) -> Option<String> {
     }
 }
 
+/// TypeScript's spelling of types.
+struct TypeScript;
+
+impl TypeSyntax for TypeScript {
+    const ANY: &'static str = "unknown";
+    const UNTYPED_PROPERTIES_ARE_OBJECTS: bool = true;
+
+    fn literal(value: &Value) -> Option<String> {
+        literal(value)
+    }
+
+    fn literals(literals: &[String]) -> String {
+        format!("({})", literals.join(" | "))
+    }
+
+    fn union(types: &[String]) -> String {
+        format!("({})", types.join(" | "))
+    }
+
+    fn scalar(json_type: &str) -> Option<&'static str> {
+        Some(match json_type {
+            "string" => "string",
+            "integer" | "number" => "number",
+            "boolean" => "boolean",
+            "null" => "null",
+            _ => return None,
+        })
+    }
+
+    fn array(items: &str) -> String {
+        format!("Array<{items}>")
+    }
+
+    fn object(obj: &Map<String, Value>, property: &dyn Fn(&Value) -> String) -> String {
+        let Some(properties) = obj.get("properties").and_then(Value::as_object) else {
+            return "{ [key: string]: unknown }".into();
+        };
+        let required: Vec<&str> = obj
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let mut fields: Vec<String> = properties
+            .iter()
+            .map(|(k, v)| {
+                let optional = if required.contains(&k.as_str()) {
+                    ""
+                } else {
+                    "?"
+                };
+                format!("{}{optional}: {}", ts_str(k), property(v))
+            })
+            .collect();
+        if obj.get("additionalProperties") != Some(&Value::Bool(false)) {
+            fields.push("[key: string]: unknown".into());
+        }
+        format!("{{ {} }}", fields.join("; "))
+    }
+}
+
 /// The TypeScript type of a JSON Schema (`unknown` where it cannot say more).
 pub fn ts_type(schema: &Value, depth: usize) -> String {
-    let Some(obj) = schema.as_object() else {
-        return "unknown".into();
-    };
-    if depth > 8 {
-        return "unknown".into();
-    }
-    let values = obj
-        .get("enum")
-        .and_then(Value::as_array)
-        .cloned()
-        .or_else(|| obj.get("const").map(|c| vec![c.clone()]));
-    if let Some(values) = values {
-        let literals: Option<Vec<String>> = values.iter().map(literal).collect();
-        return match literals {
-            Some(l) if !l.is_empty() => format!("({})", l.join(" | ")),
-            _ => "unknown".into(),
-        };
-    }
-    if let Some(branches) = obj
-        .get("anyOf")
-        .or_else(|| obj.get("oneOf"))
-        .and_then(Value::as_array)
-    {
-        return union(branches.iter().map(|b| ts_type(b, depth + 1)).collect());
-    }
-    let one = |t: &str| -> String {
-        match t {
-            "string" => "string".into(),
-            "integer" | "number" => "number".into(),
-            "boolean" => "boolean".into(),
-            "null" => "null".into(),
-            "array" => format!(
-                "Array<{}>",
-                obj.get("items")
-                    .map_or("unknown".into(), |i| ts_type(i, depth + 1))
-            ),
-            "object" => object_type(obj, depth),
-            _ => "unknown".into(),
-        }
-    };
-    match obj.get("type") {
-        Some(Value::String(t)) => one(t),
-        Some(Value::Array(ts)) => union(ts.iter().filter_map(Value::as_str).map(one).collect()),
-        None if obj.contains_key("properties") => object_type(obj, depth),
-        _ => "unknown".into(),
-    }
-}
-
-fn object_type(obj: &serde_json::Map<String, Value>, depth: usize) -> String {
-    let Some(properties) = obj.get("properties").and_then(Value::as_object) else {
-        return "{ [key: string]: unknown }".into();
-    };
-    let required: Vec<&str> = obj
-        .get("required")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    let mut fields: Vec<String> = properties
-        .iter()
-        .map(|(k, v)| {
-            let optional = if required.contains(&k.as_str()) {
-                ""
-            } else {
-                "?"
-            };
-            format!("{}{optional}: {}", ts_str(k), ts_type(v, depth + 1))
-        })
-        .collect();
-    if obj.get("additionalProperties") != Some(&Value::Bool(false)) {
-        fields.push("[key: string]: unknown".into());
-    }
-    format!("{{ {} }}", fields.join("; "))
-}
-
-fn union(mut types: Vec<String>) -> String {
-    types.dedup();
-    if types.iter().any(|t| t == "unknown") || types.is_empty() {
-        return "unknown".into();
-    }
-    if types.len() == 1 {
-        return types.remove(0);
-    }
-    format!("({})", types.join(" | "))
+    type_of::<TypeScript>(schema, depth)
 }
 
 fn value_type(schema: Option<&Value>) -> String {
