@@ -1,7 +1,8 @@
 //! The wire's messages converted to and from the domain's types, once, at this edge.
 
 use crate::{CallResult, OplogEntry, WorkspaceFile};
-use toolgrid_core::call::{self, ErrorKind};
+use serde_json::Value;
+use toolgrid_core::call::{self, CallRecord, CallState, ErrorKind, OplogRecord};
 use toolgrid_core::completion::RunReport;
 use toolgrid_core::workspace;
 
@@ -118,6 +119,76 @@ impl<'a> From<&'a CallResult> for RunReport<'a> {
             epoch: result.epoch,
             replayed: result.replayed,
             workspace: commit_of(result),
+        }
+    }
+}
+
+// Call records and their oplogs, as the `Tools` service answers them.
+
+impl From<CallState> for crate::CallState {
+    fn from(state: CallState) -> Self {
+        match state {
+            CallState::AwaitingApproval => crate::CallState::AwaitingApproval,
+            CallState::Pending => crate::CallState::Pending,
+            CallState::Running => crate::CallState::Running,
+            CallState::Succeeded => crate::CallState::Succeeded,
+            CallState::Failed => crate::CallState::Failed,
+        }
+    }
+}
+
+/// A call record for the wire; `deduplicated` says the request found an earlier call by
+/// its idempotency key.
+pub fn call_to_proto(record: &CallRecord, deduplicated: bool) -> crate::Call {
+    crate::Call {
+        id: record.id.clone(),
+        namespace: record.namespace.clone(),
+        tool: record.tool.clone(),
+        command: record.command.clone(),
+        release: record.release.clone(),
+        release_digest: record.release_digest.clone(),
+        state: crate::CallState::from(record.state) as i32,
+        result_json: record
+            .result
+            .as_ref()
+            .map(Value::to_string)
+            .unwrap_or_default(),
+        error: record.error.as_ref().map(|e| crate::CallError {
+            kind: e.kind.as_str().into(),
+            message: e.message.clone(),
+            name: e.name.clone(),
+            exit_code: e.exit_code,
+            stderr_tail: e.stderr_tail.clone(),
+        }),
+        args_json: record.args.to_string(),
+        idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
+        created_at_ms: record.created_at_ms,
+        finished_at_ms: record.finished_at_ms.unwrap_or_default(),
+        epoch: record.epoch,
+        worker: record.worker.clone().unwrap_or_default(),
+        deduplicated,
+        agent: record.spec.access.agent.clone().unwrap_or_default(),
+        dry_run: record.spec.dry_run,
+        middleware_json: if record.spec.chain.decisions.is_empty() {
+            String::new()
+        } else {
+            serde_json::to_string(&record.spec.chain.decisions).unwrap_or_default()
+        },
+        approval_json: record
+            .approval_json()
+            .map(|v| v.to_string())
+            .unwrap_or_default(),
+    }
+}
+
+impl From<&OplogRecord> for crate::OplogRecord {
+    fn from(entry: &OplogRecord) -> Self {
+        crate::OplogRecord {
+            seq: entry.seq,
+            epoch: entry.epoch,
+            kind: entry.kind.clone(),
+            payload_json: entry.payload.clone(),
+            recorded_at_ms: entry.recorded_at_ms,
         }
     }
 }

@@ -9,8 +9,8 @@ pub mod status;
 pub mod tls;
 
 pub use convert::{
-    LINK_BATCH_BYTES, commit_of, entries_from_wire, entries_to_wire, link_batches, tree_from_wire,
-    tree_to_wire,
+    LINK_BATCH_BYTES, call_to_proto, commit_of, entries_from_wire, entries_to_wire, link_batches,
+    tree_from_wire, tree_to_wire,
 };
 pub use generated::*;
 

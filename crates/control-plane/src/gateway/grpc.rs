@@ -2,7 +2,6 @@
 //! before it reaches the service, which reads the caller from the request's extensions.
 
 use super::authn::{ACT_AS, AUTHORIZATION};
-use super::convert::{call_to_proto, oplog_to_proto};
 use super::{Gateway, Invocation};
 use std::convert::Infallible;
 use std::future::Future;
@@ -14,6 +13,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use toolgrid_core::auth::Principal;
 use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_proto::call_to_proto;
 use toolgrid_proto::status::status_of;
 use toolgrid_proto::{self as proto, tools_server::Tools};
 
@@ -293,7 +293,7 @@ impl Tools for ToolsService {
             .oplog_page(&caller, &call_id, request.from_seq)
             .await
             .map_err(status_of)?;
-        let entries = page.iter().map(oplog_to_proto).collect();
+        let entries = page.iter().map(proto::OplogRecord::from).collect();
         Ok(Response::new(proto::GetOplogResponse {
             call_id,
             entries,
