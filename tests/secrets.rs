@@ -448,8 +448,8 @@ fn new_call(
                 timeout_ms,
                 ..RunLimits::default()
             },
-            effect: "read".into(),
-            command: serde_json::json!({"name": "run"}),
+            effect: toolgrid_core::spec::Effect::Read,
+            command: Some(serde_json::from_value(serde_json::json!({"name": "run"})).unwrap()),
             deadline_ms: toolgrid_core::call::now_ms() + timeout_ms as i64,
             egress: vec![EgressRule {
                 host: "127.0.0.1".into(),

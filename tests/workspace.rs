@@ -529,7 +529,7 @@ spec: {tool: workspace, version: 1.0.0, artifact: {file: workspace.wasm}}
         }
     }
 
-    fn command(name: &str) -> serde_json::Value {
+    fn command(name: &str) -> Option<toolgrid_api::Command> {
         let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(TOOL)
             .map(|d| serde::Deserialize::deserialize(d).unwrap())
             .collect();
@@ -541,7 +541,7 @@ spec: {tool: workspace, version: 1.0.0, artifact: {file: workspace.wasm}}
             .unwrap()
             .clone();
         let command: toolgrid_api::Command = serde_yaml::from_value(command).unwrap();
-        serde_json::to_value(command).unwrap()
+        Some(command)
     }
 
     /// Records a pending call of `workspace COMMAND ARGS...` acting for `agent` with
@@ -569,7 +569,7 @@ spec: {tool: workspace, version: 1.0.0, artifact: {file: workspace.wasm}}
                     timeout_ms: 120_000,
                     ..RunLimits::default()
                 },
-                effect: "write".into(),
+                effect: toolgrid_core::spec::Effect::Write,
                 command: command(&argv[1]),
                 deadline_ms: toolgrid_store::now_ms() + 600_000,
                 access: CallAccess {

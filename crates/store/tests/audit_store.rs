@@ -44,7 +44,7 @@ fn new_call(id: &str, agent: &str, tool: &str) -> NewCall {
         spec: CallSpec {
             pool: "default/default".into(),
             argv: vec![tool.into(), "bump".into()],
-            effect: "read".into(),
+            effect: toolgrid_core::spec::Effect::Read,
             deadline_ms: 1,
             access: CallAccess {
                 agent: Some(agent.into()),

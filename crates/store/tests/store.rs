@@ -78,7 +78,7 @@ fn new_call(id: &str, key: Option<&str>, args: serde_json::Value) -> NewCall {
         spec: CallSpec {
             pool: "default/default".into(),
             argv: vec!["semver".into(), "compare".into()],
-            effect: "read".into(),
+            effect: toolgrid_core::spec::Effect::Read,
             deadline_ms: 1,
             ..CallSpec::default()
         },
@@ -1685,7 +1685,7 @@ async fn a_dry_run_is_recorded_succeeded_with_its_result_and_never_assigned() {
     for (backend, url) in backends(&dir).await {
         let store = toolgrid_store::open(&url).await.unwrap();
         let mut call = new_call("dry", None, json!({"a": 1}));
-        call.spec.effect = "write".into();
+        call.spec.effect = toolgrid_core::spec::Effect::Write;
         call.spec.dry_run = true;
         call.started.dry_run = true;
         call.dry_run_result = Some(json!({"would": "delete 3 rows"}));

@@ -44,7 +44,7 @@ fn waiting_call(id: &str, key: Option<&str>) -> NewCall {
         spec: CallSpec {
             pool: "default/default".into(),
             argv: vec!["semver".into(), "compare".into()],
-            effect: "write".into(),
+            effect: toolgrid_core::spec::Effect::Write,
             deadline_ms: 1,
             limits: RunLimits {
                 timeout_ms: 60_000,

@@ -13,6 +13,7 @@ use tokio::task::AbortHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use toolgrid_core::call::RunLimits;
 use toolgrid_core::call::{OplogEntry, ReplayStarted};
+use toolgrid_core::spec::Effect;
 use toolgrid_proto::{self as proto, WorkerEvent, control_event, worker_event};
 use toolgrid_sandbox::http::AppendError;
 use toolgrid_sandbox::http::OplogSink;
@@ -562,7 +563,7 @@ async fn run_call(
     let request = RunRequest {
         call_id: assign.call_id.clone(),
         attempt,
-        repeatable: matches!(assign.effect.as_str(), "read" | "idempotent"),
+        repeatable: Effect::parse(&assign.effect).is_some_and(Effect::is_repeatable),
         egress,
         sink: Some(sink.clone()),
         prelude,

@@ -442,9 +442,6 @@ impl Gateway {
         let timeout_ms = tool.timeout.as_millis() as u64;
         let id = uuid::Uuid::now_v7().to_string();
         let command_spec = tool.spec.command(&command.name);
-        let command_def = command_spec
-            .map(|c| serde_json::to_value(c).unwrap_or_default())
-            .unwrap_or_default();
         // A dry run of a command that changes the world is answered without running it.
         let dry_run_result = (dry_run && tool.effect != toolgrid_api::Effect::Read).then(|| {
             command_spec
@@ -507,8 +504,8 @@ impl Gateway {
                     request_bytes: release.limits.request_bytes,
                     response_bytes: release.limits.response_bytes,
                 },
-                effect: tool.effect.as_str().into(),
-                command: command_def,
+                effect: tool.effect,
+                command: command_spec.cloned(),
                 deadline_ms: created + timeout_ms as i64,
                 egress: release.network.egress.clone(),
                 access: grant.access,

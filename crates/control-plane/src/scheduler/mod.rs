@@ -1113,9 +1113,12 @@ pub fn replay_of(
 
 /// Compiles the command definition stored with a call.
 pub fn interface_of(record: &CallRecord) -> Result<CommandInterface, String> {
-    let command: toolgrid_api::Command = serde_json::from_value(record.spec.command.clone())
-        .map_err(|e| format!("stored command definition: {e}"))?;
-    CommandInterface::compile(&command, "command").map_err(|e| e.to_string())
+    let command = record
+        .spec
+        .command
+        .as_ref()
+        .ok_or("the call's spec holds no command definition")?;
+    CommandInterface::compile(command, "command").map_err(|e| e.to_string())
 }
 
 /// `TOOLGRID_APPROVED_BY` for a call that waited for approval and was approved: who
@@ -1182,7 +1185,7 @@ fn assign_of(
             max_timeout_ms: max_remaining,
         }),
         replay,
-        effect: spec.effect.clone(),
+        effect: spec.effect.as_str().into(),
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
         attempt,
         egress_json: serde_json::to_string(&spec.egress).unwrap_or_default(),

@@ -90,11 +90,14 @@ pub struct CallSpec {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub limits: RunLimits,
-    pub effect: String,
-    /// The command's definition as the call was admitted (an `api::Command`), so the
-    /// result is judged by the same rules even if the Tool changes meanwhile.
+    /// The Tool's effect when the call was admitted: whether its requests may be re-sent,
+    /// whether it is retried, and whether stopping it leaves its outcome unknown.
+    pub effect: crate::spec::Effect,
+    /// The command's definition as the call was admitted, so the result is judged by the
+    /// same rules even if the Tool changes meanwhile (absent only in a spec built without
+    /// one, such as a benchmark's).
     #[serde(default)]
-    pub command: Value,
+    pub command: Option<crate::spec::Command>,
     /// Unix milliseconds by which the whole call must end.
     #[serde(default)]
     pub deadline_ms: i64,
@@ -192,6 +195,15 @@ pub struct CallRecord {
     pub error: Option<CallError>,
     pub created_at_ms: i64,
     pub finished_at_ms: Option<i64>,
+}
+
+impl CallRecord {
+    /// The approval the call waits for or waited for, and its decision (`{wait, decision}`),
+    /// as the front doors show it; `None` for a call no approval step held.
+    pub fn approval_json(&self) -> Option<Value> {
+        let wait = self.spec.chain.approval.as_ref()?;
+        Some(serde_json::json!({"wait": wait, "decision": self.spec.chain.approved}))
+    }
 }
 
 /// A stored oplog entry, as the store holds it: the payload is kept as written, so an entry

@@ -12,12 +12,12 @@
 //! - one that recorded none ends with the kind it was stopped for: nothing left the sandbox.
 
 use super::{CallError, ErrorKind};
+use crate::spec::Effect;
 
 /// The error of a call stopped for `kind` (`cancelled`, `timeout`) because of `reason`,
 /// whose tool has `effect` and whose oplog records `requests` outgoing requests.
-pub fn stopped_error(kind: ErrorKind, reason: &str, effect: &str, requests: u64) -> CallError {
-    let changes_world = matches!(effect, "write" | "external");
-    if changes_world && requests > 0 {
+pub fn stopped_error(kind: ErrorKind, reason: &str, effect: Effect, requests: u64) -> CallError {
+    if !effect.is_repeatable() && requests > 0 {
         return CallError::new(
             ErrorKind::OutcomeUnknown,
             format!(
@@ -35,11 +35,11 @@ mod tests {
 
     #[test]
     fn only_a_write_or_external_call_with_a_request_is_outcome_unknown() {
-        for effect in ["read", "idempotent"] {
+        for effect in [Effect::Read, Effect::Idempotent] {
             let error = stopped_error(ErrorKind::Cancelled, "by x", effect, 3);
             assert_eq!(error.kind, ErrorKind::Cancelled, "{effect}");
         }
-        for effect in ["write", "external"] {
+        for effect in [Effect::Write, Effect::External] {
             assert_eq!(
                 stopped_error(ErrorKind::Cancelled, "by x", effect, 0).kind,
                 ErrorKind::Cancelled

@@ -8,13 +8,15 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The effect of a tool's calls on the outside world.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+/// The effect of a tool's calls on the outside world. Where none is said (a call spec
+/// built without a Tool, in a benchmark or a test) it is the most careful one, `write`.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Effect {
     /// No effect outside the call: safe to retry and to re-send.
     Read,
     /// Changes the world; never re-sent without an idempotency key.
+    #[default]
     Write,
     /// Changes the world, but repeating a request has the same result.
     Idempotent,
@@ -32,9 +34,27 @@ impl Effect {
         }
     }
 
+    /// The effect named `name` (as [`Effect::as_str`] spells it).
+    pub fn parse(name: &str) -> Option<Effect> {
+        [
+            Effect::Read,
+            Effect::Write,
+            Effect::Idempotent,
+            Effect::External,
+        ]
+        .into_iter()
+        .find(|e| e.as_str() == name)
+    }
+
     /// Whether repeating the tool's requests is harmless.
     pub fn is_repeatable(self) -> bool {
         matches!(self, Effect::Read | Effect::Idempotent)
+    }
+}
+
+impl std::fmt::Display for Effect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -706,7 +706,7 @@ async fn cancel(
     let error = toolgrid_core::call::stopped_error(
         ErrorKind::Cancelled,
         reason,
-        &call.spec.effect,
+        call.spec.effect,
         requests.max(0) as u64,
     );
     fail(conn, call_id, &error).await
