@@ -12,27 +12,42 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 ENV CARGO_TERM_COLOR=never
 
-# Dependencies first, in their own layer: a stub crate with the real manifest, lock
-# file, build script and protos, so that the layer is reused until one of those changes.
-COPY Cargo.toml Cargo.lock build.rs ./
+# Dependencies first, in their own layer: every crate of the workspace as a stub with its
+# real manifest (and the lock file, the proto crate's build script and the protos), so that
+# the layer is reused until one of those changes.
+COPY Cargo.toml Cargo.lock ./
+COPY crates/core/Cargo.toml ./crates/core/Cargo.toml
+COPY crates/api/Cargo.toml ./crates/api/Cargo.toml
+COPY crates/catalog/Cargo.toml ./crates/catalog/Cargo.toml
+COPY crates/proto/Cargo.toml ./crates/proto/Cargo.toml
+COPY crates/store/Cargo.toml ./crates/store/Cargo.toml
+COPY crates/sandbox/Cargo.toml ./crates/sandbox/Cargo.toml
+COPY crates/worker/Cargo.toml ./crates/worker/Cargo.toml
+COPY crates/control-plane/Cargo.toml ./crates/control-plane/Cargo.toml
+COPY crates/controller/Cargo.toml ./crates/controller/Cargo.toml
+COPY crates/testkit/Cargo.toml ./crates/testkit/Cargo.toml
+COPY crates/proto/build.rs ./crates/proto/build.rs
 COPY proto ./proto
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
-    mkdir -p src \
+    for crate in crates/*/; do mkdir -p "$crate/src" && touch "$crate/src/lib.rs"; done \
+ && mkdir -p src \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \
- && cargo build --release --locked \
- && rm -rf src target/release/toolgrid target/release/deps/toolgrid-* \
-           target/release/deps/libtoolgrid-* target/release/.fingerprint/toolgrid-*
+ && cargo build --release --locked -p toolgrid \
+ && rm -rf src crates/*/src target/release/toolgrid target/release/deps/toolgrid-* \
+           target/release/deps/toolgrid_* target/release/deps/libtoolgrid* \
+           target/release/.fingerprint/toolgrid*
 
-# The crate itself (and the WIT the wasm middleware host is generated from). COPY keeps the
-# files' old mtimes, so touch them: cargo must not take the stub's build for up to date.
+# The crates themselves (and the WIT the wasm middleware host is generated from). COPY keeps
+# the files' old mtimes, so touch them: cargo must not take the stubs' build for up to date.
 COPY wit ./wit
+COPY crates ./crates
 COPY src ./src
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
-    find src -name '*.rs' -exec touch {} + \
- && cargo build --release --locked \
+    find src crates -name '*.rs' -exec touch {} + \
+ && cargo build --release --locked -p toolgrid \
  && install -D -m 0755 target/release/toolgrid /out/toolgrid \
  && /out/toolgrid --help > /dev/null
 

@@ -4,7 +4,7 @@
 //! module and a preview 2 component) in the worker's runtime in-process, on a copy of a
 //! given version, and checks the tree it leaves. The store's half (commit with success only,
 //! the base pinned across re-assignment, limits) is in `tests/store.rs`, the scheduler's
-//! one-writer rule in `src/scheduler/state.rs`.
+//! one-writer rule in `crates/core/src/scheduler/mod.rs`.
 //!
 //! The second half runs real control planes and workers: `through_the_platform` writes calls
 //! with a given access straight into the store (to control exactly when a worker dies), and

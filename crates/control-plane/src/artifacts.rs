@@ -4,11 +4,11 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 use toolgrid_catalog::artifacts::{ArtifactOutcome, LoadedArtifact};
-use toolgrid_store::{Store, StoreError};
+use toolgrid_store::{Artifacts, StoreError};
 
 /// Puts Ready artifacts in the store, once per digest: a resource source resolves again on
 /// every change, and an artifact it already stored need not be written again. When
-/// retention has deleted artifacts since ([`Store::artifact_purges`]), every digest is
+/// retention has deleted artifacts since ([`Artifacts::artifact_purges`]), every digest is
 /// stored again once, in case it was one of them.
 #[derive(Debug, Default)]
 pub struct StoredArtifacts {
@@ -26,7 +26,7 @@ impl StoredArtifacts {
     /// Stores `loaded`'s bytes when it is Ready and new, and returns its outcome.
     pub async fn keep(
         &self,
-        store: &dyn Store,
+        store: &dyn Artifacts,
         loaded: LoadedArtifact,
     ) -> Result<ArtifactOutcome, StoreError> {
         if let (ArtifactOutcome::Ready { digest, .. }, Some(bytes)) =

@@ -11,17 +11,17 @@ use toolgrid_core::error::{ApiError, ErrorKind};
 use toolgrid_core::workspace::{self, WorkspaceKey, WorkspacePath};
 use toolgrid_proto::status::status_of;
 use toolgrid_proto::{self as proto, workspaces_server::Workspaces};
-use toolgrid_store::Store;
+use toolgrid_store::Workspaces as WorkspaceStore;
 
 /// Bytes per file chunk.
 const CHUNK: usize = 1 << 20;
 
 pub struct WorkspacesService {
-    store: Arc<dyn Store>,
+    store: Arc<dyn WorkspaceStore>,
 }
 
 impl WorkspacesService {
-    pub fn new(store: Arc<dyn Store>) -> Self {
+    pub fn new(store: Arc<dyn WorkspaceStore>) -> Self {
         WorkspacesService { store }
     }
 }
@@ -60,7 +60,7 @@ fn key_of<T>(request: &Request<T>, namespace: &str, agent: &str) -> Result<Works
 }
 
 async fn version_of(
-    store: &dyn Store,
+    store: &dyn WorkspaceStore,
     key: &WorkspaceKey,
     version: Option<u64>,
 ) -> Result<workspace::Version, ApiError> {

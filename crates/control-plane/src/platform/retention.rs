@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use toolgrid_catalog::Catalog;
-use toolgrid_store::{Store, now_ms};
+use toolgrid_store::{Retention, now_ms};
 
 /// How often retention runs for an age of `retain`: hourly, or more often for short ages
 /// (a quarter of the age, at least once a minute).
@@ -16,7 +16,7 @@ pub fn interval(retain: Duration) -> Duration {
 
 /// Runs retention once now and then every [`interval`], keeping the artifacts of the
 /// catalog's current releases. Call it once the catalog has loaded.
-pub fn spawn(store: Arc<dyn Store>, catalog: Arc<Catalog>, retain: Duration) -> JoinHandle<()> {
+pub fn spawn(store: Arc<dyn Retention>, catalog: Arc<Catalog>, retain: Duration) -> JoinHandle<()> {
     let every = interval(retain);
     tracing::info!(retain = %humantime::format_duration(retain), every = %humantime::format_duration(every), "retention is on");
     tokio::spawn(async move {
@@ -30,7 +30,7 @@ pub fn spawn(store: Arc<dyn Store>, catalog: Arc<Catalog>, retain: Duration) -> 
 }
 
 /// One retention pass; failures are logged and the next pass tries again.
-pub async fn run_once(store: &dyn Store, catalog: &Catalog, retain: Duration) {
+pub async fn run_once(store: &dyn Retention, catalog: &Catalog, retain: Duration) {
     let cutoff = now_ms().saturating_sub(i64::try_from(retain.as_millis()).unwrap_or(i64::MAX));
     let keep: HashSet<String> = catalog
         .current()
