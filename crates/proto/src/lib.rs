@@ -4,7 +4,7 @@
 //! worker's result), the gRPC status of each error kind ([`status`]), and clients' TLS
 //! ([`tls`]).
 
-mod convert;
+pub mod convert;
 pub mod status;
 pub mod tls;
 
@@ -14,8 +14,9 @@ pub use convert::{
 };
 pub use generated::*;
 
-/// The code `tonic` generates, as it generates it.
-#[allow(clippy::all, missing_docs)]
+/// The code `tonic` generates, as it generates it (its docs are the `.proto` files'
+/// comments, written for protobuf readers).
+#[allow(clippy::all, missing_docs, rustdoc::invalid_html_tags)]
 mod generated {
     tonic::include_proto!("toolgrid.v1");
 }

@@ -156,7 +156,7 @@ pub struct NewCall {
     pub dry_run_result: Option<Value>,
 }
 
-/// The answer to [`super::Store::create_call`].
+/// The answer to the store's `create_call` (`toolgrid_store::CallLog::create_call`).
 #[derive(Clone, Debug)]
 pub enum Created {
     New(CallRecord),
