@@ -7,7 +7,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`ids`] | the identifiers passed around: [`ids::ObjectKey`] |
+//! | [`ids`] | the identifiers passed around: [`ids::ObjectKey`], [`ids::CallId`], [`ids::WorkerId`], [`ids::Epoch`] |
 //! | [`spec`] | the value types resources declare (a Tool's commands, a release's limits, a Middleware's steps, units) |
 //! | [`call`] | a call's states, oplog entries, errors, lifecycle transitions, retries and deadlines |
 //! | [`interface`] | a command's typed interface: argv parsing, argument and result validation |

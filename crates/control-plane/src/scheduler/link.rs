@@ -12,6 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_core::ids::{CallId, WorkerId};
 use toolgrid_proto::status::status_of;
 use toolgrid_proto::worker_link_server::WorkerLink;
 use toolgrid_proto::{self as proto, ControlEvent, WorkerEvent, control_event, worker_event};
@@ -117,9 +118,10 @@ impl WorkerLink for WorkerLinkService {
         }
         let (tx, rx) = mpsc::channel(1024);
         let stop = Arc::new(tokio::sync::Notify::new());
+        let worker = WorkerId::from(register.worker_id.as_str());
         let registration = self
             .scheduler
-            .register(&register, tx.clone(), stop.clone())
+            .register(&worker, &register, tx.clone(), stop.clone())
             .await
             .map_err(|error| {
                 status_of(ApiError::new(ErrorKind::WorkerIdInUse, error.to_string()))
@@ -129,7 +131,11 @@ impl WorkerLink for WorkerLinkService {
         let registered = proto::Registered {
             heartbeat_interval_ms: config.heartbeat_interval.as_millis() as u32,
             lease_ms: config.lease.as_millis() as u32,
-            abandon: registration.abandon,
+            abandon: registration
+                .abandon
+                .into_iter()
+                .map(CallId::into_string)
+                .collect(),
             session_secret: registration.secret,
         };
         tx.send(event(control_event::Event::Registered(registered)))
@@ -137,7 +143,6 @@ impl WorkerLink for WorkerLinkService {
             .map_err(|_| Status::unavailable("worker stream closed"))?;
 
         let scheduler = self.scheduler.clone();
-        let worker = register.worker_id.clone();
         tokio::spawn(async move {
             let reason = loop {
                 let next = tokio::select! {

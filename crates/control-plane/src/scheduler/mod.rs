@@ -27,6 +27,7 @@ use tokio::sync::{Notify, mpsc};
 use tonic::Status;
 use toolgrid_core::call::{CallError, EntryKind, OplogEntry, RedactRules, TOOL_PROGRESS};
 use toolgrid_core::completion::{RunReport, judge};
+use toolgrid_core::ids::{CallId, Epoch, WorkerId};
 use toolgrid_core::interface::CommandInterface;
 use toolgrid_core::middleware::redact::Redactor;
 use toolgrid_core::scheduler::{Call, Command, Event, Reported, State, Timing};
@@ -65,7 +66,7 @@ pub struct Registration {
     /// The proof a later session of the same worker presents to replace this one.
     pub secret: String,
     /// In-flight calls the worker reported that it must give up.
-    pub abandon: Vec<String>,
+    pub abandon: Vec<CallId>,
 }
 
 /// A `Register` refused because its worker id has a live session, and the newcomer did not
@@ -104,7 +105,7 @@ pub struct Scheduler {
     calls: Arc<CallWatch>,
     config: SchedulerConfig,
     state: Mutex<State>,
-    sessions: Mutex<HashMap<(String, u64), Session>>,
+    sessions: Mutex<HashMap<(WorkerId, u64), Session>>,
     /// Wakes the timer when an event may have moved the next deadline.
     wake: Notify,
     /// Where the values of the secrets a call is granted are read at each assignment.
@@ -181,7 +182,7 @@ impl Scheduler {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn sessions(&self) -> MutexGuard<'_, HashMap<(String, u64), Session>> {
+    fn sessions(&self) -> MutexGuard<'_, HashMap<(WorkerId, u64), Session>> {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -230,7 +231,7 @@ impl Scheduler {
                 .iter()
                 .filter(|e| e.kind == EntryKind::Progress.as_str())
                 .map(|e| e.recorded_at_ms);
-            deadlines.insert(record.id.clone(), rule.after_all(times));
+            deadlines.insert(CallId::from(record.id.as_str()), rule.after_all(times));
         }
         self.lock().restore_deadlines(deadlines);
         self.on(Event::Recovered(unfinished));
@@ -253,12 +254,12 @@ impl Scheduler {
     /// Reserves a worker slot for a call about to be admitted, so the store can record the
     /// admission and the assignment in one commit.
     pub fn reserve(&self, call: &toolgrid_store::NewCall) -> Option<String> {
-        self.lock().reserve(call)
+        self.lock().reserve(call).map(WorkerId::into_string)
     }
 
     /// Gives a reservation back (the admission did not create the call).
     pub fn unreserve(self: &Arc<Self>, call_id: &str) {
-        self.lock().unreserve(call_id);
+        self.lock().unreserve(&CallId::from(call_id));
         self.on(Event::Tick);
     }
 
@@ -268,7 +269,7 @@ impl Scheduler {
         record: CallRecord,
         interface: Arc<CommandInterface>,
     ) {
-        let epoch = record.epoch;
+        let epoch = Epoch::from(record.epoch);
         let call = Call::new(record, Some(interface));
         self.on(Event::AdmittedAssigned { call, epoch });
     }
@@ -294,7 +295,7 @@ impl Scheduler {
     /// frees its slot, and tells its worker, if it runs, to stop at once.
     pub fn stopped(self: &Arc<Self>, call_id: &str, reason: &str) {
         self.on(Event::Stopped {
-            call_id: call_id.to_string(),
+            call_id: CallId::from(call_id),
             reason: reason.to_string(),
         });
     }
@@ -387,8 +388,8 @@ impl Scheduler {
                 reason,
             } => {
                 let cancel = proto::Cancel {
-                    call_id,
-                    epoch,
+                    call_id: call_id.into_string(),
+                    epoch: epoch.get(),
                     reason,
                 };
                 self.send(&worker, session, control_event::Event::Cancel(cancel));
@@ -414,8 +415,12 @@ impl Scheduler {
                 reason,
             } => {
                 tokio::spawn(async move {
-                    let id = call.record.id.clone();
-                    let event = match this.store.fence_call(&id, epoch, &reason).await {
+                    let id = call.id().clone();
+                    let event = match this
+                        .store
+                        .fence_call(id.as_str(), epoch.get(), &reason)
+                        .await
+                    {
                         Ok(new_epoch) => {
                             crate::metrics::global().failovers.inc();
                             tracing::info!(call = %id, epoch = new_epoch, "call fenced and queued for another worker: {reason}");
@@ -434,7 +439,7 @@ impl Scheduler {
             }
             Command::Fail { call, error } => {
                 tokio::spawn(async move {
-                    let id = call.record.id.clone();
+                    let id = call.id().clone();
                     let kind = error.kind;
                     let mut error = error;
                     match this.redactor(&call.record) {
@@ -443,7 +448,7 @@ impl Scheduler {
                         Err(refusal) => error = refusal,
                     }
                     let sent = error.clone();
-                    let event = match this.store.fail_call(&id, error).await {
+                    let event = match this.store.fail_call(id.as_str(), error).await {
                         Ok(done) => {
                             crate::metrics::call_ended(&done.tool, kind.as_str());
                             // Only when this failure ended it (a call that had ended
@@ -467,14 +472,19 @@ impl Scheduler {
     }
 
     /// The outbound stream of a worker session, while it is open.
-    fn session_tx(&self, worker: &str, session: u64) -> Option<ControlSender> {
+    fn session_tx(&self, worker: &WorkerId, session: u64) -> Option<ControlSender> {
         self.sessions()
-            .get(&(worker.to_string(), session))
+            .get(&(worker.clone(), session))
             .map(|s| s.tx.clone())
     }
 
     /// Sends on a session's stream, waiting for room; false only when the stream is gone.
-    async fn send_in_order(&self, worker: &str, session: u64, event: control_event::Event) -> bool {
+    async fn send_in_order(
+        &self,
+        worker: &WorkerId,
+        session: u64,
+        event: control_event::Event,
+    ) -> bool {
         match self.session_tx(worker, session) {
             Some(tx) => tx
                 .send(Ok(ControlEvent { event: Some(event) }))
@@ -485,7 +495,7 @@ impl Scheduler {
     }
 
     /// Sends on a session's stream if there is room now (a cancel: best effort).
-    fn send(&self, worker: &str, session: u64, event: control_event::Event) -> bool {
+    fn send(&self, worker: &WorkerId, session: u64, event: control_event::Event) -> bool {
         match self.session_tx(worker, session) {
             Some(tx) => tx.try_send(Ok(ControlEvent { event: Some(event) })).is_ok(),
             None => false,
@@ -493,10 +503,10 @@ impl Scheduler {
     }
 
     /// Writes an assignment and sends it with the call's replay.
-    async fn assign(self: Arc<Self>, call: Call, worker: String) {
-        let id = call.record.id.clone();
-        let epoch = match self.store.assign_call(&id, &worker).await {
-            Ok(epoch) => epoch,
+    async fn assign(self: Arc<Self>, call: Call, worker: WorkerId) {
+        let id = call.id().clone();
+        let epoch = match self.store.assign_call(id.as_str(), worker.as_str()).await {
+            Ok(epoch) => Epoch::from(epoch),
             Err(StoreError::StaleEpoch { .. }) | Err(StoreError::NotFound(_)) => {
                 self.on(Event::AssignRefused { call_id: id });
                 return;
@@ -509,8 +519,8 @@ impl Scheduler {
         };
         // Epoch 1 is a call's first assignment; any later one re-runs it from its oplog.
         // Without the oplog it must not run at all.
-        let (replay, attempt) = if epoch > 1 {
-            match self.store.oplog(&id).await {
+        let (replay, attempt) = if epoch > Epoch::FIRST {
+            match self.store.oplog(id.as_str()).await {
                 Ok(records) => match replay_of(&records) {
                     Ok(replay) => {
                         let attempt = records
@@ -556,7 +566,7 @@ impl Scheduler {
                     worker,
                     session,
                     epoch,
-                } if call.record.id == id => {
+                } if call.id() == &id => {
                     self.send_assignment(&call, &worker, session, epoch, replay.clone(), attempt)
                         .await
                 }
@@ -568,9 +578,9 @@ impl Scheduler {
     async fn send_assignment(
         self: &Arc<Self>,
         call: &Call,
-        worker: &str,
+        worker: &WorkerId,
         session: u64,
-        epoch: u64,
+        epoch: Epoch,
         replay: Vec<proto::OplogEntry>,
         attempt: u32,
     ) {
@@ -584,7 +594,7 @@ impl Scheduler {
         ) {
             Ok(delivery) => delivery,
             Err(error) => {
-                tracing::warn!(call = %call.record.id, worker, epoch, %error, "call failed: its secrets cannot be resolved");
+                tracing::warn!(call = %call.record.id, worker = worker.as_str(), epoch = epoch.get(), %error, "call failed: its secrets cannot be resolved");
                 self.execute(Command::Fail {
                     call: call.clone(),
                     error: toolgrid_core::call::CallError::new(
@@ -603,7 +613,7 @@ impl Scheduler {
             for entries in batches {
                 let chunk = proto::ReplayChunk {
                     call_id: call.record.id.clone(),
-                    epoch,
+                    epoch: epoch.get(),
                     entries,
                 };
                 if !self
@@ -619,14 +629,14 @@ impl Scheduler {
         };
         let mut assign = assign_of(call, epoch, attempt, replay, delivery);
         assign.replay_chunks = chunks;
-        tracing::info!(call = %call.record.id, tool = %call.record.tool, worker, epoch, "call assigned");
+        tracing::info!(call = %call.record.id, tool = %call.record.tool, worker = worker.as_str(), epoch = epoch.get(), "call assigned");
         self.calls.progress(
             &call.record.id,
             Progress {
                 stage: "assigned".into(),
                 message: String::new(),
                 worker: worker.to_string(),
-                epoch,
+                epoch: epoch.get(),
             },
         );
         if !self
@@ -634,7 +644,7 @@ impl Scheduler {
             .await
         {
             self.on(Event::Detached {
-                worker: worker.to_string(),
+                worker: worker.clone(),
                 session,
                 reason: "stream closed".into(),
             });
@@ -648,6 +658,7 @@ impl Scheduler {
     /// refusal (nothing changed).
     pub(crate) async fn register(
         self: &Arc<Self>,
+        worker: &WorkerId,
         register: &proto::Register,
         tx: ControlSender,
         stop: Arc<Notify>,
@@ -659,8 +670,8 @@ impl Scheduler {
         for call in &register.in_flight {
             let stored = self.store.get_call(&call.call_id).await.ok().flatten();
             in_flight.push(Reported {
-                call_id: call.call_id.clone(),
-                epoch: call.epoch,
+                call_id: CallId::from(call.call_id.as_str()),
+                epoch: Epoch::from(call.epoch),
                 stored,
             });
         }
@@ -671,7 +682,7 @@ impl Scheduler {
             let mut state = self.lock();
             let commands = state.on(
                 Event::Attach {
-                    worker: register.worker_id.clone(),
+                    worker: worker.clone(),
                     pool: register.pool.clone(),
                     slots: register.slots,
                     cached: register.cached_digests.clone(),
@@ -727,41 +738,42 @@ impl Scheduler {
 
     pub(crate) fn heartbeat(
         self: &Arc<Self>,
-        worker: &str,
+        worker: &WorkerId,
         session: u64,
         heartbeat: &proto::Heartbeat,
     ) {
         self.on(Event::Heartbeat {
-            worker: worker.to_string(),
+            worker: worker.clone(),
             session,
             cached: heartbeat.cached_digests.clone(),
         });
     }
 
-    pub(crate) fn is_current(&self, worker: &str, session: u64) -> bool {
+    pub(crate) fn is_current(&self, worker: &WorkerId, session: u64) -> bool {
         self.lock().is_session(worker, session)
     }
 
     /// Publishes a call's progress, when the session holds the call under that epoch.
     pub(crate) fn progress(
         &self,
-        worker: &str,
+        worker: &WorkerId,
         session: u64,
         progress: &proto::WorkerProgress,
     ) -> Result<(), Refusal> {
+        let call_id = CallId::from(progress.call_id.as_str());
         let holding = {
             let mut state = self.lock();
-            let holding = state.holding(&progress.call_id, worker, session, progress.epoch);
+            let holding = state.holding(&call_id, worker, session, Epoch::from(progress.epoch));
             // The tool's own report restarts the call's idle deadline.
             if holding.is_ok() && progress.stage == TOOL_PROGRESS {
-                state.progressed(&progress.call_id, now_ms());
+                state.progressed(&call_id, now_ms());
             }
             holding
         };
         let call = match holding {
             Ok(call) => call,
             Err(refusal) => {
-                tracing::warn!(call = %progress.call_id, worker, epoch = progress.epoch, %refusal, "progress refused");
+                tracing::warn!(call = %progress.call_id, worker = worker.as_str(), epoch = progress.epoch, %refusal, "progress refused");
                 return Err(refusal);
             }
         };
@@ -791,16 +803,16 @@ impl Scheduler {
     /// another worker takes it without waiting for the deadline.
     pub(crate) fn abandoned(
         self: &Arc<Self>,
-        worker: &str,
+        worker: &WorkerId,
         session: u64,
         abandoned: &proto::Abandoned,
     ) {
-        tracing::warn!(call = %abandoned.call_id, worker, epoch = abandoned.epoch, reason = %abandoned.reason, "worker gave the call up");
+        tracing::warn!(call = %abandoned.call_id, worker = worker.as_str(), epoch = abandoned.epoch, reason = %abandoned.reason, "worker gave the call up");
         self.on(Event::Abandoned {
-            worker: worker.to_string(),
+            worker: worker.clone(),
             session,
-            call_id: abandoned.call_id.clone(),
-            epoch: abandoned.epoch,
+            call_id: CallId::from(abandoned.call_id.as_str()),
+            epoch: Epoch::from(abandoned.epoch),
             reason: abandoned.reason.clone(),
         });
     }
@@ -809,15 +821,18 @@ impl Scheduler {
     /// under that epoch; otherwise refuses them untouched (`AppendAck.error` names why).
     pub(crate) async fn append(
         &self,
-        worker: &str,
+        worker: &WorkerId,
         session: u64,
         append: &proto::OplogAppend,
     ) -> proto::AppendAck {
-        let holding = self
-            .lock()
-            .holding(&append.call_id, worker, session, append.epoch);
+        let holding = self.lock().holding(
+            &CallId::from(append.call_id.as_str()),
+            worker,
+            session,
+            Epoch::from(append.epoch),
+        );
         if let Err(refusal) = holding {
-            tracing::warn!(call = %append.call_id, worker, epoch = append.epoch, %refusal, "oplog append refused");
+            tracing::warn!(call = %append.call_id, worker = worker.as_str(), epoch = append.epoch, %refusal, "oplog append refused");
             return proto::AppendAck {
                 call_id: append.call_id.clone(),
                 request_id: append.request_id,
@@ -853,17 +868,20 @@ impl Scheduler {
     /// result's epoch; otherwise the result is refused and the call is not touched.
     pub(crate) async fn complete(
         self: &Arc<Self>,
-        worker: &str,
+        worker: &WorkerId,
         session: u64,
         result: proto::CallResult,
     ) -> ResultAnswer {
-        let holding = self
-            .lock()
-            .holding(&result.call_id, worker, session, result.epoch);
+        let holding = self.lock().holding(
+            &CallId::from(result.call_id.as_str()),
+            worker,
+            session,
+            Epoch::from(result.epoch),
+        );
         let call = match holding {
             Ok(call) => call,
             Err(refusal) => {
-                tracing::warn!(call = %result.call_id, worker, epoch = result.epoch, %refusal, "result refused");
+                tracing::warn!(call = %result.call_id, worker = worker.as_str(), epoch = result.epoch, %refusal, "result refused");
                 return ResultAnswer::NotHeld(refusal);
             }
         };
@@ -884,7 +902,12 @@ impl Scheduler {
                 return ResultAnswer::Refused;
             }
         };
-        let mut outcome = judge(&interface, &call.record, RunReport::from(&result), worker);
+        let mut outcome = judge(
+            &interface,
+            &call.record,
+            RunReport::from(&result),
+            worker.as_str(),
+        );
         // Redaction, before the result or the error is stored (and so before any caller
         // sees it).
         match self.redactor(&call.record) {
@@ -913,7 +936,7 @@ impl Scheduler {
         {
             Ok(done) => {
                 tracing::info!(
-                    call = %done.id, tool = %done.tool, command = %done.command, worker, epoch = result.epoch,
+                    call = %done.id, tool = %done.tool, command = %done.command, worker = worker.as_str(), epoch = result.epoch,
                     state = done.state.as_str(), "call finished"
                 );
                 crate::metrics::call_ended(
@@ -926,12 +949,12 @@ impl Scheduler {
                 audit_to_stdout(&done);
                 self.calls.finish(done);
                 self.on(Event::Finished {
-                    call_id: result.call_id.clone(),
+                    call_id: call.id().clone(),
                 });
                 ResultAnswer::Stored
             }
             Err(StoreError::StaleEpoch { current, state, .. }) => {
-                tracing::warn!(call = %result.call_id, worker, epoch = result.epoch, current, %state, "result refused: stale epoch");
+                tracing::warn!(call = %result.call_id, worker = worker.as_str(), epoch = result.epoch, current, %state, "result refused: stale epoch");
                 ResultAnswer::Refused
             }
             Err(StoreError::NotFound(_)) => ResultAnswer::Refused,
@@ -952,7 +975,7 @@ impl Scheduler {
         self: &Arc<Self>,
         call: &Call,
         interface: &CommandInterface,
-        worker: &str,
+        worker: &WorkerId,
         session: u64,
         result: &proto::CallResult,
         entries: &[OplogEntry],
@@ -1032,7 +1055,7 @@ impl Scheduler {
             failed + 1,
             backoff.as_millis()
         );
-        tracing::info!(call = %id, worker, epoch = result.epoch, "{reason}");
+        tracing::info!(call = %id, worker = worker.as_str(), epoch = result.epoch, "{reason}");
         self.calls.progress(
             id,
             Progress {
@@ -1043,10 +1066,10 @@ impl Scheduler {
             },
         );
         self.on(Event::Retrying {
-            worker: worker.to_string(),
+            worker: worker.clone(),
             session,
-            call_id: id.clone(),
-            epoch: result.epoch,
+            call_id: call.id().clone(),
+            epoch: Epoch::from(result.epoch),
             backoff,
             reason,
         });
@@ -1054,14 +1077,18 @@ impl Scheduler {
     }
 
     /// A worker's session ended (stream closed or lease lapsed): its calls move on.
-    pub(crate) fn worker_lost(self: &Arc<Self>, worker: &str, session: u64, reason: &str) {
-        tracing::warn!(worker, session, "worker session ended: {reason}");
+    pub(crate) fn worker_lost(self: &Arc<Self>, worker: &WorkerId, session: u64, reason: &str) {
+        tracing::warn!(
+            worker = worker.as_str(),
+            session,
+            "worker session ended: {reason}"
+        );
         self.on(Event::Detached {
-            worker: worker.to_string(),
+            worker: worker.clone(),
             session,
             reason: reason.to_string(),
         });
-        self.sessions().remove(&(worker.to_string(), session));
+        self.sessions().remove(&(worker.clone(), session));
     }
 }
 
@@ -1138,7 +1165,7 @@ fn approved_by(spec: &toolgrid_store::CallSpec) -> Option<(String, String)> {
 
 fn assign_of(
     call: &Call,
-    epoch: u64,
+    epoch: Epoch,
     attempt: u32,
     replay: Vec<proto::OplogEntry>,
     delivery: secrets::Delivery,
@@ -1157,7 +1184,7 @@ fn assign_of(
     };
     proto::Assign {
         call_id: record.id.clone(),
-        epoch,
+        epoch: epoch.get(),
         namespace: record.namespace.clone(),
         tool: record.tool.clone(),
         command: record.command.clone(),

@@ -3,11 +3,14 @@
 //! and readers of the commands that come out.
 //!
 //! Events with many fields take `..` overrides over a default ([`Attaching`]); the others
-//! are one function each, its arguments in the order of the variant's fields.
+//! are one function each, its arguments in the order of the variant's fields. Ids and epochs
+//! are plain literals (`"a"`, `"w1"`, `1`) here and in the queries of [`State`] below; the
+//! builders make the [`CallId`]s, [`WorkerId`]s and [`Epoch`](crate::ids::Epoch)s.
 
-use super::{Call, Command, Event, Reported, State, Timing};
+use super::{Call, Command, Event, Refusal, Reported, State, Timing};
 use crate::call::{CallRecord, CallSpec, CallState, ErrorKind, Filesystem};
 use crate::fixtures;
+use crate::ids::{CallId, WorkerId};
 use std::time::{Duration, Instant};
 
 /// The pool every worker and call of these tests is in unless a test says otherwise.
@@ -64,7 +67,7 @@ pub fn with_fs(id: &str, agent: &str, filesystem: Filesystem) -> Call {
 
 /// The fields of [`Event::Attach`]; [`attaching`] has the defaults, `.into()` makes the event.
 pub struct Attaching {
-    pub worker: String,
+    pub worker: WorkerId,
     pub pool: String,
     pub slots: u32,
     pub cached: Vec<String>,
@@ -105,7 +108,7 @@ impl From<Attaching> for Event {
 pub fn reported(id: &str, epoch: u64, stored: CallRecord) -> Reported {
     Reported {
         call_id: id.into(),
-        epoch,
+        epoch: epoch.into(),
         stored: Some(stored),
     }
 }
@@ -129,7 +132,7 @@ pub fn detached(worker: &str, session: u64, reason: &str) -> Event {
 pub fn assigned(call_id: &str, epoch: u64) -> Event {
     Event::Assigned {
         call_id: call_id.into(),
-        epoch,
+        epoch: epoch.into(),
     }
 }
 
@@ -175,7 +178,7 @@ pub fn abandoned(worker: &str, session: u64, call_id: &str, epoch: u64, reason: 
         worker: worker.into(),
         session,
         call_id: call_id.into(),
-        epoch,
+        epoch: epoch.into(),
         reason: reason.into(),
     }
 }
@@ -187,7 +190,7 @@ pub fn retrying(worker: &str, session: u64, call_id: &str, epoch: u64, backoff: 
         worker: worker.into(),
         session,
         call_id: call_id.into(),
-        epoch,
+        epoch: epoch.into(),
         backoff,
         reason: "attempt 1 failed".into(),
     }
@@ -258,6 +261,44 @@ pub fn submit_ids(state: &mut State, calls: Vec<Call>, now: Instant) -> Vec<Stri
     ids
 }
 
+// Queries.
+
+/// [`State::holding`]: whether `worker`'s session `session` holds call `call_id` under `epoch`.
+pub fn holding(
+    state: &State,
+    call_id: &str,
+    worker: &str,
+    session: u64,
+    epoch: u64,
+) -> Result<Call, Refusal> {
+    state.holding(&call_id.into(), &worker.into(), session, epoch.into())
+}
+
+/// [`State::is_session`].
+pub fn is_session(state: &State, worker: &str, session: u64) -> bool {
+    state.is_session(&worker.into(), session)
+}
+
+/// [`State::deadline_of`].
+pub fn deadline_of(state: &State, call_id: &str) -> Option<i64> {
+    state.deadline_of(&call_id.into())
+}
+
+/// [`State::progressed`].
+pub fn progressed(state: &mut State, call_id: &str, now_ms: i64) {
+    state.progressed(&call_id.into(), now_ms)
+}
+
+/// [`State::unreserve`].
+pub fn unreserve(state: &mut State, call_id: &str) {
+    state.unreserve(&call_id.into())
+}
+
+/// The key the state machine tracks call `id` under (for a test that reaches into it).
+pub fn call_id(id: &str) -> CallId {
+    id.into()
+}
+
 // What comes out.
 
 /// The assignments among `commands`: (call, worker).
@@ -265,7 +306,9 @@ pub fn assigns(commands: &[Command]) -> Vec<(String, String)> {
     commands
         .iter()
         .filter_map(|c| match c {
-            Command::Assign { call, worker, .. } => Some((call.record.id.clone(), worker.clone())),
+            Command::Assign { call, worker, .. } => {
+                Some((call.record.id.clone(), worker.to_string()))
+            }
             _ => None,
         })
         .collect()
@@ -276,7 +319,7 @@ pub fn fences(commands: &[Command]) -> Vec<(String, u64)> {
     commands
         .iter()
         .filter_map(|c| match c {
-            Command::Fence { call, epoch, .. } => Some((call.record.id.clone(), *epoch)),
+            Command::Fence { call, epoch, .. } => Some((call.record.id.clone(), epoch.get())),
             _ => None,
         })
         .collect()

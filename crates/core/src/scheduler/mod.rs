@@ -3,8 +3,9 @@
 //! [`State::on`] takes one [`Event`] (a worker attached, a store write came back, time
 //! passed) and the current time, updates the scheduler's view, and returns the
 //! [`Command`]s that follow (write an assignment, fence a call, send a cancel). It does no IO
-//! and reads no clock: the driver in `super` does the IO, feeds each outcome back as an
-//! event, and sleeps until [`State::next_wake`]. Tests drive it with fake time.
+//! and reads no clock: its driver (`toolgrid_control_plane::scheduler`) does the IO, feeds
+//! each outcome back as an event, and sleeps until [`State::next_wake`]. Tests drive it
+//! with fake time. Calls, workers and epochs are [`CallId`], [`WorkerId`] and [`Epoch`].
 //!
 //! Invariants:
 //! - a call is in exactly one of: the queue, `running`, `fencing`, `failing`, `orphans`;
@@ -20,6 +21,7 @@
 //!   ([`Command::RefuseAttach`]) while the first session lives.
 
 use crate::call::{CallError, CallRecord, CallState, ErrorKind, IdleDeadline, Lifecycle, NewCall};
+use crate::ids::{CallId, Epoch, WorkerId};
 use crate::interface::CommandInterface;
 use crate::secret::secrets_match;
 use crate::workspace::{WorkspaceKey, WriteLocks};
@@ -50,12 +52,15 @@ pub struct Call {
     /// each progress report the tool made, never past the Tool's `maxTimeout`
     /// ([`IdleDeadline`]). It travels with the call through fencing and re-queueing.
     pub deadline_ms: i64,
+    /// `record.id`, as the state machine speaks it.
+    id: CallId,
 }
 
 impl Call {
     pub fn new(record: CallRecord, interface: Option<Arc<CommandInterface>>) -> Self {
         Call {
             deadline_ms: record.spec.deadline_ms,
+            id: CallId::from(record.id.as_str()),
             record: Arc::new(record),
             interface,
         }
@@ -73,8 +78,14 @@ impl Call {
         }
     }
 
-    fn id(&self) -> &str {
-        &self.record.id
+    /// The call's id (its record's).
+    pub fn id(&self) -> &CallId {
+        &self.id
+    }
+
+    /// The call's epoch as the store had it when its record was read (0: never assigned).
+    fn recorded_epoch(&self) -> Epoch {
+        Epoch::from(self.record.epoch)
     }
 
     /// The workspace this call writes, if it is a read-write call of an agent.
@@ -85,8 +96,8 @@ impl Call {
 
 /// A call a worker reported as still running when it attached, with the store's view of it.
 pub struct Reported {
-    pub call_id: String,
-    pub epoch: u64,
+    pub call_id: CallId,
+    pub epoch: Epoch,
     /// The call as the store has it now (`None`: unknown, or the read failed).
     pub stored: Option<CallRecord>,
 }
@@ -125,11 +136,11 @@ pub enum Event {
     /// [`State::reserve`].
     AdmittedAssigned {
         call: Call,
-        epoch: u64,
+        epoch: Epoch,
     },
     /// A worker opened a session.
     Attach {
-        worker: String,
+        worker: WorkerId,
         pool: String,
         slots: u32,
         cached: Vec<String>,
@@ -142,73 +153,73 @@ pub enum Event {
         resume: Option<String>,
     },
     Heartbeat {
-        worker: String,
+        worker: WorkerId,
         session: u64,
         cached: Vec<String>,
     },
     /// A worker's stream ended.
     Detached {
-        worker: String,
+        worker: WorkerId,
         session: u64,
         reason: String,
     },
     /// The store recorded an assignment.
     Assigned {
-        call_id: String,
-        epoch: u64,
+        call_id: CallId,
+        epoch: Epoch,
     },
     /// The store refused an assignment: the call ended or is gone.
     AssignRefused {
-        call_id: String,
+        call_id: CallId,
     },
     /// The assignment could not be written, or its oplog not read: try again later.
     AssignFailed {
-        call_id: String,
+        call_id: CallId,
     },
     /// The call's oplog cannot be replayed: it ends as a divergence.
     ReplayUnreadable {
-        call_id: String,
+        call_id: CallId,
         message: String,
     },
     /// The store fenced a call; it waits for another worker.
     Fenced {
-        call_id: String,
+        call_id: CallId,
     },
     /// A fence was refused (the call moved on meanwhile): forget it.
     FenceRefused {
-        call_id: String,
+        call_id: CallId,
     },
     FenceFailed {
-        call_id: String,
+        call_id: CallId,
     },
     /// The call ended in the store (a completion, or a failure the scheduler wrote).
     Finished {
-        call_id: String,
+        call_id: CallId,
     },
     FailFailed {
-        call_id: String,
+        call_id: CallId,
     },
     /// The store ended the call from outside (its caller cancelled it): forget it, and
     /// tell the worker running it, if any, to stop at once.
     Stopped {
-        call_id: String,
+        call_id: CallId,
         reason: String,
     },
     /// The worker gave the call up (it could not commit): fence it now.
     Abandoned {
-        worker: String,
+        worker: WorkerId,
         session: u64,
-        call_id: String,
-        epoch: u64,
+        call_id: CallId,
+        epoch: Epoch,
         reason: String,
     },
     /// A failed attempt of the call is to run again (its `retry` entry is committed under
     /// `epoch`): take it back now and queue it once `backoff` has passed.
     Retrying {
-        worker: String,
+        worker: WorkerId,
         session: u64,
-        call_id: String,
-        epoch: u64,
+        call_id: CallId,
+        epoch: Epoch,
         backoff: Duration,
         reason: String,
     },
@@ -221,32 +232,32 @@ pub enum Command {
     /// Refuse a worker's `Register`: its id has a live session and it did not present that
     /// session's secret.
     RefuseAttach {
-        worker: String,
+        worker: WorkerId,
         session: u64,
     },
     /// Answer a worker's `Register`.
     Registered {
-        worker: String,
+        worker: WorkerId,
         session: u64,
-        abandon: Vec<String>,
+        abandon: Vec<CallId>,
     },
     /// Write an assignment (bumping the epoch), read the oplog to replay if it is not the
     /// first, and send it to the worker's session.
     Assign {
         call: Call,
-        worker: String,
+        worker: WorkerId,
         session: u64,
     },
     /// Send an assignment already written (admission and assignment in one commit).
     Send {
         call: Call,
-        worker: String,
+        worker: WorkerId,
         session: u64,
-        epoch: u64,
+        epoch: Epoch,
     },
     Fence {
         call: Call,
-        epoch: u64,
+        epoch: Epoch,
         reason: String,
     },
     Fail {
@@ -254,15 +265,15 @@ pub enum Command {
         error: CallError,
     },
     Cancel {
-        worker: String,
+        worker: WorkerId,
         session: u64,
-        call_id: String,
-        epoch: u64,
+        call_id: CallId,
+        epoch: Epoch,
         reason: String,
     },
     /// End a session's stream (its lease lapsed).
     EndSession {
-        worker: String,
+        worker: WorkerId,
         session: u64,
     },
 }
@@ -322,7 +333,7 @@ struct Worker {
     secret: String,
     pool: String,
     slots: u32,
-    busy: HashSet<String>,
+    busy: HashSet<CallId>,
     cached: HashSet<String>,
     lease_until: Instant,
 }
@@ -335,16 +346,16 @@ struct Queued {
 
 struct Running {
     call: Call,
-    worker: String,
+    worker: WorkerId,
     session: u64,
-    /// 0 while the assignment is being written.
-    epoch: u64,
+    /// [`Epoch::ZERO`] while the assignment is being written.
+    epoch: Epoch,
 }
 
 /// A call whose assignment is being taken back (fence in flight, or retried at `retry_at`).
 struct Fencing {
     call: Call,
-    epoch: u64,
+    epoch: Epoch,
     reason: String,
     retry_at: Option<Instant>,
     failures: u32,
@@ -394,7 +405,7 @@ impl<'a> Placement<'a> {
 /// One worker as status reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerInfo {
-    pub id: String,
+    pub id: WorkerId,
     pub pool: String,
     pub slots: u32,
     pub busy: u32,
@@ -402,26 +413,26 @@ pub struct WorkerInfo {
 
 pub struct State {
     timing: Timing,
-    workers: HashMap<String, Worker>,
+    workers: HashMap<WorkerId, Worker>,
     next_session: u64,
     queue: VecDeque<Queued>,
-    running: HashMap<String, Running>,
-    fencing: HashMap<String, Fencing>,
-    failing: HashMap<String, Failing>,
-    orphans: HashMap<String, Orphan>,
+    running: HashMap<CallId, Running>,
+    fencing: HashMap<CallId, Fencing>,
+    failing: HashMap<CallId, Failing>,
+    orphans: HashMap<CallId, Orphan>,
     /// Slots reserved for calls being admitted (call id → worker, session).
-    reserved: HashMap<String, (String, u64)>,
+    reserved: HashMap<CallId, (WorkerId, u64)>,
     /// When the worker port started listening.
     listening_since: Option<Instant>,
     /// Consecutive failed assignment writes of a call, for its backoff.
-    assign_failures: HashMap<String, u32>,
+    assign_failures: HashMap<CallId, u32>,
     /// Which call writes each workspace (from its first assignment until it ends).
     writers: WriteLocks,
     /// Calls being taken back for another attempt, and how long each waits once it is.
-    retry_waits: HashMap<String, Duration>,
+    retry_waits: HashMap<CallId, Duration>,
     /// Deadlines the recorded progress of unfinished calls gave them, applied when they are
     /// recovered (see [`State::restore_deadlines`]).
-    restored: HashMap<String, i64>,
+    restored: HashMap<CallId, i64>,
 }
 
 impl State {
@@ -447,21 +458,21 @@ impl State {
     /// Before [`Event::Recovered`]: the deadlines (Unix ms) the progress recorded in the
     /// oplogs of unfinished calls gave them, so a restart does not cut off a call that was
     /// progressing. A deadline is never moved earlier than the spec's.
-    pub fn restore_deadlines(&mut self, deadlines: HashMap<String, i64>) {
+    pub fn restore_deadlines(&mut self, deadlines: HashMap<CallId, i64>) {
         self.restored = deadlines;
     }
 
     /// A progress report of the tool, accepted from the session holding the call (checked
     /// with [`State::holding`]) at `now_ms`: the call's idle deadline restarts, up to its
     /// `maxTimeout`.
-    pub fn progressed(&mut self, call_id: &str, now_ms: i64) {
+    pub fn progressed(&mut self, call_id: &CallId, now_ms: i64) {
         if let Some(running) = self.running.get_mut(call_id) {
             running.call.progressed(now_ms);
         }
     }
 
     /// The deadline of a call this scheduler tracks as it stands (Unix ms).
-    pub fn deadline_of(&self, call_id: &str) -> Option<i64> {
+    pub fn deadline_of(&self, call_id: &CallId) -> Option<i64> {
         self.running
             .get(call_id)
             .map(|r| r.call.deadline_ms)
@@ -496,13 +507,14 @@ impl State {
                     if let Some(restored) = self.restored.remove(call.id()) {
                         call.deadline_ms = call.deadline_ms.max(restored);
                     }
-                    if call.record.epoch > 0 {
+                    if call.recorded_epoch() > Epoch::ZERO {
                         // Assigned before the restart: it still holds its workspace.
-                        self.writers.take(call.writes().as_ref(), call.id());
+                        self.writers
+                            .take(call.writes().as_ref(), call.id().as_str());
                     }
                     if call.record.state == CallState::Running {
                         self.orphans
-                            .insert(call.id().to_string(), Orphan { call, until });
+                            .insert(call.id().clone(), Orphan { call, until });
                     } else {
                         self.enqueue_back(call);
                     }
@@ -510,7 +522,7 @@ impl State {
             }
             Event::Submitted(call) => self.enqueue_back(call),
             Event::AdmittedAssigned { call, epoch } => {
-                let id = call.id().to_string();
+                let id = call.id().clone();
                 match self.reserved.remove(&id) {
                     Some((worker, session)) if self.is_current(&worker, session) => {
                         self.running.insert(
@@ -595,7 +607,7 @@ impl State {
             }
             Event::AssignRefused { call_id } => {
                 self.release(&call_id);
-                self.writers.release(&call_id);
+                self.writers.release(call_id.as_str());
             }
             Event::AssignFailed { call_id } => {
                 if let Some(running) = self.release(&call_id) {
@@ -627,7 +639,7 @@ impl State {
             Event::FenceRefused { call_id } => {
                 self.retry_waits.remove(&call_id);
                 self.fencing.remove(&call_id);
-                self.writers.release(&call_id);
+                self.writers.release(call_id.as_str());
             }
             Event::FenceFailed { call_id } => {
                 let backoff = self.fencing.get(&call_id).map(|f| self.backoff(f.failures));
@@ -643,12 +655,12 @@ impl State {
                 self.failing.remove(&call_id);
                 self.fencing.remove(&call_id);
                 self.orphans.remove(&call_id);
-                self.queue.retain(|q| q.call.id() != call_id);
-                self.writers.release(&call_id);
+                self.queue.retain(|q| q.call.id() != &call_id);
+                self.writers.release(call_id.as_str());
             }
             Event::Stopped { call_id, reason } => {
                 if let Some(running) = self.release(&call_id)
-                    && running.epoch > 0
+                    && running.epoch > Epoch::ZERO
                     && self.is_current(&running.worker, running.session)
                 {
                     out.push(Command::Cancel {
@@ -663,8 +675,8 @@ impl State {
                 self.failing.remove(&call_id);
                 self.fencing.remove(&call_id);
                 self.orphans.remove(&call_id);
-                self.queue.retain(|q| q.call.id() != call_id);
-                self.writers.release(&call_id);
+                self.queue.retain(|q| q.call.id() != &call_id);
+                self.writers.release(call_id.as_str());
             }
             Event::FailFailed { call_id } => {
                 let backoff = self.failing.get(&call_id).map(|f| self.backoff(f.failures));
@@ -707,7 +719,7 @@ impl State {
         out
     }
 
-    fn is_current(&self, worker: &str, session: u64) -> bool {
+    fn is_current(&self, worker: &WorkerId, session: u64) -> bool {
         self.workers
             .get(worker)
             .is_some_and(|w| w.session == session)
@@ -721,7 +733,7 @@ impl State {
     }
 
     /// Takes a call out of `running`, freeing its slot.
-    fn release(&mut self, call_id: &str) -> Option<Running> {
+    fn release(&mut self, call_id: &CallId) -> Option<Running> {
         let running = self.running.remove(call_id)?;
         if let Some(w) = self.workers.get_mut(&running.worker) {
             w.busy.remove(call_id);
@@ -729,8 +741,8 @@ impl State {
         Some(running)
     }
 
-    fn fence(&mut self, call: Call, epoch: u64, reason: String, out: &mut Vec<Command>) {
-        if epoch == 0 {
+    fn fence(&mut self, call: Call, epoch: Epoch, reason: String, out: &mut Vec<Command>) {
+        if epoch == Epoch::ZERO {
             // Never assigned in the store: it is still pending there.
             self.queue.push_front(Queued {
                 call,
@@ -744,7 +756,7 @@ impl State {
             reason: reason.clone(),
         });
         self.fencing.insert(
-            call.id().to_string(),
+            call.id().clone(),
             Fencing {
                 call,
                 epoch,
@@ -761,7 +773,7 @@ impl State {
             error: error.clone(),
         });
         self.failing.insert(
-            call.id().to_string(),
+            call.id().clone(),
             Failing {
                 call,
                 error,
@@ -774,7 +786,7 @@ impl State {
     #[allow(clippy::too_many_arguments)]
     fn attach(
         &mut self,
-        worker: String,
+        worker: WorkerId,
         pool: String,
         slots: u32,
         cached: Vec<String>,
@@ -818,7 +830,7 @@ impl State {
             // was authorized for (a worker of another pool cannot claim it by its id).
             let agrees = reported.stored.as_ref().is_some_and(|r| {
                 r.state == CallState::Running
-                    && r.epoch == reported.epoch
+                    && Epoch::from(r.epoch) == reported.epoch
                     && r.worker.as_deref() == Some(worker.as_str())
                     && r.spec.pool == pool
             });
@@ -841,7 +853,8 @@ impl State {
                 (None, None, Some(stored)) => Call::new(stored, None),
                 (None, None, None) => continue,
             };
-            self.writers.take(call.writes().as_ref(), call.id());
+            self.writers
+                .take(call.writes().as_ref(), call.id().as_str());
             busy.insert(id.clone());
             adopted.insert(id.clone());
             self.running.insert(
@@ -855,7 +868,7 @@ impl State {
             );
         }
         // Calls of an older session of this worker that it no longer reports are taken back.
-        let stale: Vec<String> = self
+        let stale: Vec<CallId> = self
             .running
             .iter()
             .filter(|(id, r)| r.worker == worker && r.session != session && !adopted.contains(*id))
@@ -886,19 +899,25 @@ impl State {
         }
     }
 
-    fn lose_worker(&mut self, worker: &str, session: u64, reason: &str, out: &mut Vec<Command>) {
+    fn lose_worker(
+        &mut self,
+        worker: &WorkerId,
+        session: u64,
+        reason: &str,
+        out: &mut Vec<Command>,
+    ) {
         if !self.is_current(worker, session) {
             return;
         }
         self.workers.remove(worker);
         out.push(Command::EndSession {
-            worker: worker.to_string(),
+            worker: worker.clone(),
             session,
         });
-        let lost: Vec<String> = self
+        let lost: Vec<CallId> = self
             .running
             .iter()
-            .filter(|(_, r)| r.worker == worker && r.session == session && r.epoch > 0)
+            .filter(|(_, r)| r.worker == *worker && r.session == session && r.epoch > Epoch::ZERO)
             .map(|(id, _)| id.clone())
             .collect();
         for id in lost {
@@ -910,12 +929,12 @@ impl State {
         // Reservations and assignments still being written to this session are settled when
         // their write returns (AdmittedAssigned / Assigned find the session gone).
         self.reserved
-            .retain(|_, (w, s)| !(w == worker && *s == session));
+            .retain(|_, (w, s)| !(*w == *worker && *s == session));
     }
 
     /// Leases, orphans, deadlines, and store writes due to be tried again.
     fn expire(&mut self, now: Instant, out: &mut Vec<Command>) {
-        let lapsed: Vec<(String, u64)> = self
+        let lapsed: Vec<(WorkerId, u64)> = self
             .workers
             .iter()
             .filter(|(_, w)| w.lease_until <= now)
@@ -925,7 +944,7 @@ impl State {
             self.lose_worker(&worker, session, "lease lapsed (no heartbeat)", out);
         }
 
-        let orphans: Vec<String> = self
+        let orphans: Vec<CallId> = self
             .orphans
             .iter()
             .filter(|(_, o)| o.until.is_some_and(|t| t <= now))
@@ -933,7 +952,7 @@ impl State {
             .collect();
         for id in orphans {
             if let Some(orphan) = self.orphans.remove(&id) {
-                let epoch = orphan.call.record.epoch;
+                let epoch = orphan.call.recorded_epoch();
                 let reason = "its worker did not re-attach after a control plane restart".into();
                 self.fence(orphan.call, epoch, reason, out);
             }
@@ -959,7 +978,7 @@ impl State {
             epoch: 1,
             worker: None,
         };
-        let late: Vec<String> = self
+        let late: Vec<CallId> = self
             .running
             .iter()
             .filter(|(_, r)| running.expire(r.call.deadline_ms, grace, wall).is_some())
@@ -1014,8 +1033,9 @@ impl State {
                 continue;
             }
             let record = queued.call.record.clone();
+            let id = queued.call.id().clone();
             let writes = queued.call.writes();
-            if !self.writers.may_assign(writes.as_ref(), &record.id) {
+            if !self.writers.may_assign(writes.as_ref(), id.as_str()) {
                 // Another call writes its workspace: it waits, the calls behind it do not.
                 index += 1;
                 continue;
@@ -1027,8 +1047,7 @@ impl State {
             let Some(queued) = self.queue.remove(index) else {
                 break;
             };
-            let id = record.id.clone();
-            self.writers.take(writes.as_ref(), &id);
+            self.writers.take(writes.as_ref(), id.as_str());
             if let Some(w) = self.workers.get_mut(&worker) {
                 w.busy.insert(id.clone());
                 w.cached.insert(record.release_digest.clone());
@@ -1039,7 +1058,7 @@ impl State {
                     call: queued.call.clone(),
                     worker: worker.clone(),
                     session,
-                    epoch: 0,
+                    epoch: Epoch::ZERO,
                 },
             );
             out.push(Command::Assign {
@@ -1051,11 +1070,11 @@ impl State {
     }
 
     /// The best worker with a free slot for a call, within the release's instance limit.
-    fn pick(&self, record: &CallRecord) -> Option<(String, u64)> {
+    fn pick(&self, record: &CallRecord) -> Option<(WorkerId, u64)> {
         self.place(&Placement::of(record))
     }
 
-    fn place(&self, placement: &Placement<'_>) -> Option<(String, u64)> {
+    fn place(&self, placement: &Placement<'_>) -> Option<(WorkerId, u64)> {
         let limit = placement.instances;
         if limit > 0 {
             let running = self
@@ -1083,7 +1102,7 @@ impl State {
 
     /// Reserves a slot for a call about to be admitted, so that admission and assignment
     /// are one commit. Returns the worker, or `None` when the call must queue.
-    pub fn reserve(&mut self, call: &NewCall) -> Option<String> {
+    pub fn reserve(&mut self, call: &NewCall) -> Option<WorkerId> {
         if !self.queue.is_empty() {
             // Calls already waiting go first.
             return None;
@@ -1100,12 +1119,12 @@ impl State {
         };
         let (worker, session) = self.place(&placement)?;
         self.writers.take(writes.as_ref(), &call.id);
+        let id = CallId::from(call.id.as_str());
         if let Some(w) = self.workers.get_mut(&worker) {
-            w.busy.insert(call.id.clone());
+            w.busy.insert(id.clone());
             w.cached.insert(call.release_digest.clone());
         }
-        self.reserved
-            .insert(call.id.clone(), (worker.clone(), session));
+        self.reserved.insert(id, (worker.clone(), session));
         Some(worker)
     }
 
@@ -1123,8 +1142,8 @@ impl State {
 
     /// Gives back a reservation that was not used (the call was a duplicate, or the write
     /// failed).
-    pub fn unreserve(&mut self, call_id: &str) {
-        self.writers.release(call_id);
+    pub fn unreserve(&mut self, call_id: &CallId) {
+        self.writers.release(call_id.as_str());
         if let Some((worker, _)) = self.reserved.remove(call_id)
             && let Some(w) = self.workers.get_mut(&worker)
         {
@@ -1169,15 +1188,15 @@ impl State {
     /// assigned to that session, and the assignment is written); otherwise why not.
     pub fn holding(
         &self,
-        call_id: &str,
-        worker: &str,
+        call_id: &CallId,
+        worker: &WorkerId,
         session: u64,
-        epoch: u64,
+        epoch: Epoch,
     ) -> Result<Call, Refusal> {
         let running = self
             .running
             .get(call_id)
-            .filter(|r| r.worker == worker && r.session == session && r.epoch > 0)
+            .filter(|r| r.worker == *worker && r.session == session && r.epoch > Epoch::ZERO)
             .filter(|_| self.is_current(worker, session))
             .ok_or(Refusal::NotHeld)?;
         if running.epoch != epoch {
@@ -1186,7 +1205,7 @@ impl State {
         Ok(running.call.clone())
     }
 
-    pub fn is_session(&self, worker: &str, session: u64) -> bool {
+    pub fn is_session(&self, worker: &WorkerId, session: u64) -> bool {
         self.is_current(worker, session)
     }
 

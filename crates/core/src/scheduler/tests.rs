@@ -16,7 +16,13 @@ fn a_call_goes_to_a_free_slot_and_waits_when_there_is_none() {
     let out = state.on(Event::Submitted(pending("b")), t0);
     assert!(assigns(&out).is_empty(), "the only slot is busy");
     let out = state.on(assigned("a", 1), t0);
-    assert!(matches!(out.as_slice(), [Command::Send { epoch: 1, .. }]));
+    assert!(matches!(
+        out.as_slice(),
+        [Command::Send {
+            epoch: Epoch::FIRST,
+            ..
+        }]
+    ));
     let out = state.on(finished("a"), t0);
     assert_eq!(assigns(&out), [("b".to_string(), "w1".to_string())]);
 }
@@ -114,17 +120,16 @@ fn deadlines_fail_queued_calls_and_cancel_running_ones_after_grace() {
 fn a_running_call_past_deadline_and_grace_is_cancelled_and_failed() {
     let (t0, mut state, _) = w1_running_a(1);
     // Age the call: its deadline moves into the past beyond the grace.
-    if let Some(r) = state.running.get_mut("a") {
+    if let Some(r) = state.running.get_mut(&call_id("a")) {
         let mut aged = (*r.call.record).clone();
         aged.spec.deadline_ms = crate::call::now_ms() - 6_000;
         r.call.deadline_ms = aged.spec.deadline_ms;
         r.call.record = Arc::new(aged);
     }
     let out = state.on(Event::Tick, t0);
-    assert!(
-        out.iter()
-            .any(|c| matches!(c, Command::Cancel { call_id, epoch: 1, .. } if call_id == "a"))
-    );
+    assert!(out.iter().any(
+        |c| matches!(c, Command::Cancel { call_id, epoch: Epoch::FIRST, .. } if call_id == "a")
+    ));
     assert_eq!(fails(&out), [("a".to_string(), ErrorKind::Timeout)]);
     assert_eq!(state.workers()[0].busy, 0, "the slot is free again");
 }
@@ -132,18 +137,18 @@ fn a_running_call_past_deadline_and_grace_is_cancelled_and_failed() {
 #[test]
 fn a_late_result_of_a_fenced_call_is_not_held() {
     let (t0, mut state, s1) = w1_running_a(1);
-    assert!(state.holding("a", "w1", s1, 1).is_ok());
+    assert!(holding(&state, "a", "w1", s1, 1).is_ok());
     state.on(detached("w1", s1, "x"), t0);
     assert!(
-        state.holding("a", "w1", s1, 1).err() == Some(Refusal::NotHeld),
+        holding(&state, "a", "w1", s1, 1).err() == Some(Refusal::NotHeld),
         "its result goes to the store, which refuses it"
     );
     state.on(fenced("a"), t0);
     let (s2, _) = attach(&mut state, "w2", 1, t0);
     state.on(assigned("a", 3), t0);
-    assert!(state.holding("a", "w2", s2, 3).is_ok());
+    assert!(holding(&state, "a", "w2", s2, 3).is_ok());
     assert!(
-        state.holding("a", "w2", s2, 2).err() == Some(Refusal::StaleEpoch),
+        holding(&state, "a", "w2", s2, 2).err() == Some(Refusal::StaleEpoch),
         "a stale epoch holds nothing"
     );
 }
@@ -176,7 +181,7 @@ fn recovered_calls_wait_for_their_worker_from_when_the_port_listens() {
         } if abandon.is_empty() => *session,
         other => panic!("{other:?}"),
     };
-    assert!(state.holding("a", "w1", session, 1).is_ok());
+    assert!(holding(&state, "a", "w1", session, 1).is_ok());
     for secs in [2, 4] {
         state.on(heartbeat("w1", session), t1 + Duration::from_secs(secs));
     }
@@ -185,7 +190,7 @@ fn recovered_calls_wait_for_their_worker_from_when_the_port_listens() {
         fences(&out).is_empty(),
         "adopted: the grace no longer applies"
     );
-    assert!(state.holding("a", "w1", session, 1).is_ok());
+    assert!(holding(&state, "a", "w1", session, 1).is_ok());
 }
 
 #[test]
@@ -222,7 +227,7 @@ fn a_worker_of_another_pool_cannot_claim_a_call_by_its_worker_id() {
         other => panic!("{other:?}"),
     };
     assert_eq!(
-        state.holding("a", "w1", session, 1).err(),
+        holding(&state, "a", "w1", session, 1).err(),
         Some(Refusal::NotHeld)
     );
 }
@@ -255,11 +260,11 @@ fn a_second_session_of_a_worker_replaces_the_first_and_takes_back_unreported_cal
             .any(|c| matches!(c, Command::EndSession { session, .. } if *session == s1))
     );
     assert_eq!(fences(&out), [("a".to_string(), 1)]);
-    assert!(!state.is_session("w1", s1));
+    assert!(!is_session(&state, "w1", s1));
     // The old session's end changes nothing now.
     let out = state.on(detached("w1", s1, "closed"), t0);
     assert!(fences(&out).is_empty());
-    assert!(state.is_session("w1", s2));
+    assert!(is_session(&state, "w1", s2));
 }
 
 #[test]
@@ -267,20 +272,26 @@ fn admission_and_assignment_in_one_commit_uses_the_reserved_slot() {
     let (t0, mut state) = start();
     let (session, _) = attach(&mut state, "w1", 1, t0);
     let new = fixtures::new_call(&record("a"));
-    assert_eq!(state.reserve(&new).as_deref(), Some("w1"));
+    assert_eq!(state.reserve(&new), Some("w1".into()));
     let mut other = new.clone();
     other.id = "b".into();
     assert_eq!(state.reserve(&other), None, "the only slot is reserved");
     let out = state.on(
         Event::AdmittedAssigned {
             call: Call::new(running("a", 1, "w1"), None),
-            epoch: 1,
+            epoch: Epoch::FIRST,
         },
         t0,
     );
-    assert!(matches!(out.as_slice(), [Command::Send { epoch: 1, .. }]));
-    assert!(state.holding("a", "w1", session, 1).is_ok());
-    state.unreserve("zzz");
+    assert!(matches!(
+        out.as_slice(),
+        [Command::Send {
+            epoch: Epoch::FIRST,
+            ..
+        }]
+    ));
+    assert!(holding(&state, "a", "w1", session, 1).is_ok());
+    unreserve(&mut state, "zzz");
     assert_eq!(state.workers()[0].busy, 1);
 }
 
@@ -298,33 +309,33 @@ fn a_session_may_act_only_on_calls_it_holds_under_their_epoch() {
         (s2, "w1", s1)
     };
     assert_eq!(
-        state.holding("a", &holder, holder_session, 0).err(),
+        holding(&state, "a", &holder, holder_session, 0).err(),
         Some(Refusal::NotHeld)
     );
     state.on(assigned("a", 1), t0);
-    assert!(state.holding("a", &holder, holder_session, 1).is_ok());
+    assert!(holding(&state, "a", &holder, holder_session, 1).is_ok());
     assert_eq!(
-        state.holding("a", &holder, holder_session, 2).err(),
+        holding(&state, "a", &holder, holder_session, 2).err(),
         Some(Refusal::StaleEpoch)
     );
     assert_eq!(
-        state.holding("a", rogue, rogue_session, 1).err(),
+        holding(&state, "a", rogue, rogue_session, 1).err(),
         Some(Refusal::NotHeld),
         "another worker's call"
     );
     assert_eq!(
-        state.holding("a", &holder, holder_session + 100, 1).err(),
+        holding(&state, "a", &holder, holder_session + 100, 1).err(),
         Some(Refusal::NotHeld),
         "another session of the holder"
     );
     assert_eq!(
-        state.holding("zzz", &holder, holder_session, 1).err(),
+        holding(&state, "zzz", &holder, holder_session, 1).err(),
         Some(Refusal::NotHeld)
     );
     // The rogue cannot give the call up either: nothing is fenced, the holder keeps it.
     let out = state.on(abandoned(rogue, rogue_session, "a", 1, "forged"), t0);
     assert!(fences(&out).is_empty());
-    assert!(state.holding("a", &holder, holder_session, 1).is_ok());
+    assert!(holding(&state, "a", &holder, holder_session, 1).is_ok());
     assert_eq!(Refusal::NotHeld.as_str(), "not-held");
     assert_eq!(Refusal::StaleEpoch.to_string(), "stale-epoch");
 }
@@ -347,8 +358,8 @@ fn a_same_id_newcomer_without_the_session_secret_is_refused_and_changes_nothing(
             matches!(out.as_slice(), [Command::RefuseAttach { session, .. }] if *session == s1),
             "{resume:?}: {out:?}"
         );
-        assert!(state.is_session("w1", s1));
-        assert!(state.holding("a", "w1", s1, 1).is_ok());
+        assert!(is_session(&state, "w1", s1));
+        assert!(holding(&state, "a", "w1", s1, 1).is_ok());
         assert_eq!(state.workers()[0].slots, 1);
     }
     // Once the first session is dead (its lease lapsed), the id is free again.
@@ -356,7 +367,7 @@ fn a_same_id_newcomer_without_the_session_secret_is_refused_and_changes_nothing(
     let (s2, out) = attach(&mut state, "w1", 1, later);
     assert_ne!(s1, s2);
     assert_eq!(fences(&out), [("a".to_string(), 1)]);
-    assert!(state.is_session("w1", s2));
+    assert!(is_session(&state, "w1", s2));
 }
 
 #[test]
@@ -414,7 +425,7 @@ fn admission_does_not_reserve_a_slot_for_a_second_writer() {
     assert!(state.reserve(&new("one", ReadWrite)).is_some());
     assert!(state.reserve(&new("two", ReadWrite)).is_none());
     assert!(state.reserve(&new("reader", ReadOnly)).is_some());
-    state.unreserve("one");
+    unreserve(&mut state, "one");
     assert!(state.reserve(&new("two", ReadWrite)).is_some());
 }
 
@@ -493,7 +504,7 @@ fn a_call_waiting_out_its_backoff_keeps_its_deadline() {
 fn progressing(state: &mut State, id: &str, t0: Instant) -> i64 {
     running_on(state, id, "w1", t0);
     let now = crate::call::now_ms();
-    if let Some(r) = state.running.get_mut(id) {
+    if let Some(r) = state.running.get_mut(&call_id(id)) {
         let mut record = (*r.call.record).clone();
         record.spec.limits.timeout_ms = 10_000;
         record.spec.limits.max_timeout_ms = 60_000;
@@ -508,17 +519,17 @@ fn progress_moves_a_running_calls_deadline_up_to_its_max_timeout() {
     let (t0, mut state) = start();
     attach(&mut state, "w1", 2, t0);
     let now = progressing(&mut state, "a", t0);
-    state.progressed("a", now);
-    assert_eq!(state.deadline_of("a"), Some(now + 10_000));
+    progressed(&mut state, "a", now);
+    assert_eq!(deadline_of(&state, "a"), Some(now + 10_000));
     // Progressing, it is not cut off at its first deadline.
     let out = state.on(Event::Tick, t0);
     assert!(fails(&out).is_empty(), "{out:?}");
     // However much it reports, never past started + maxTimeout.
-    state.progressed("a", now + 1_000_000);
-    assert_eq!(state.deadline_of("a"), Some(now - 16_000 + 60_000));
+    progressed(&mut state, "a", now + 1_000_000);
+    assert_eq!(deadline_of(&state, "a"), Some(now - 16_000 + 60_000));
     // An older report does not move it back.
-    state.progressed("a", now);
-    assert_eq!(state.deadline_of("a"), Some(now + 44_000));
+    progressed(&mut state, "a", now);
+    assert_eq!(deadline_of(&state, "a"), Some(now + 44_000));
     // The same call without progress is cut off.
     let _ = progressing(&mut state, "b", t0);
     let out = state.on(Event::Tick, t0);
@@ -538,11 +549,11 @@ fn a_restart_keeps_the_deadline_recorded_progress_gave_a_call() {
     pending.spec.deadline_ms = now - 1_000;
     let mut late = pending.clone();
     late.id = "late".into();
-    state.restore_deadlines([("p".to_string(), now + 9_000)].into());
+    state.restore_deadlines([(call_id("p"), now + 9_000)].into());
     let out = state.on(Event::Recovered(vec![pending, late]), t0);
     // Without its progress the call would have expired already; with it, it queues.
     assert_eq!(fails(&out), [("late".to_string(), ErrorKind::Timeout)]);
-    assert_eq!(state.deadline_of("p"), Some(now + 9_000));
+    assert_eq!(deadline_of(&state, "p"), Some(now + 9_000));
 }
 
 #[test]
@@ -553,8 +564,9 @@ fn a_stopped_call_is_forgotten_and_its_worker_told_to_stop() {
     assert!(assigns(&out).is_empty());
     let out = state.on(stopped("a", "cancelled by operator:x"), t0);
     assert!(
-        out.iter()
-            .any(|c| matches!(c, Command::Cancel { call_id, epoch: 1, .. } if call_id == "a")),
+        out.iter().any(
+            |c| matches!(c, Command::Cancel { call_id, epoch: Epoch::FIRST, .. } if call_id == "a")
+        ),
         "{out:?}"
     );
     // Its slot goes to the next call at once.
