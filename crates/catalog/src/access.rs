@@ -150,7 +150,7 @@ pub fn decide(
     let bindings: Vec<&ResolvedBinding> = snapshot
         .bindings
         .values()
-        .filter(|b| b.binds(agent, tool_name))
+        .filter(|b| b.binds(agent, &tool.key))
         .map(|b| &**b)
         .collect();
     if bindings.is_empty() {

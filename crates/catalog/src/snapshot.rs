@@ -105,10 +105,12 @@ impl ResolvedBinding {
         self.ready.status && self.release.is_some()
     }
 
-    /// Whether it names `agent` (in its own namespace) and `tool`.
-    pub fn binds(&self, agent: &ObjectKey, tool: &str) -> bool {
+    /// Whether it names `agent` and `tool`, all three in its own namespace: a binding
+    /// never reaches across a namespace, for the agent nor for the tool.
+    pub fn binds(&self, agent: &ObjectKey, tool: &ObjectKey) -> bool {
         self.key.namespace == agent.namespace
-            && self.spec.tool == tool
+            && self.key.namespace == tool.namespace
+            && self.spec.tool == tool.name
             && self.spec.agents.iter().any(|a| a == &agent.name)
     }
 }

@@ -230,15 +230,25 @@ impl Gateway {
         key: &str,
     ) -> Result<CallRecord, ApiError> {
         let namespace = Self::namespace(caller, namespace);
-        self.store
+        let not_found = || {
+            ApiError::new(
+                ErrorKind::NotFound,
+                format!("no call with idempotency key {key:?} in {namespace:?}"),
+            )
+        };
+        // The key's scope is the agent's name; the namespace came from the request, so the
+        // record found is checked like a lookup by id: another namespace's agent of the
+        // same name is another agent, and its call is not found.
+        let record = self
+            .store
             .find_call_by_key(&namespace, authz::agent_scope(caller), key)
             .await?
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorKind::NotFound,
-                    format!("no call with idempotency key {key:?} in {namespace:?}"),
-                )
-            })
+            .ok_or_else(not_found)?;
+        if authz::may_read_call(caller, &record) {
+            Ok(record)
+        } else {
+            Err(not_found())
+        }
     }
 
     /// Recent calls: every call for an operator, an agent's own for an agent.
