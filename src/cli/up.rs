@@ -83,6 +83,19 @@ pub struct McpArgs {
     /// --mcp-public-url followed by /mcp).
     #[arg(long, env = "TOOLGRID_OAUTH_AUDIENCE")]
     oauth_audience: Option<String>,
+    /// The namespace whose Agents the issuer's subjects are (`spec.oauthSubjects` of Agents
+    /// elsewhere never match its tokens).
+    #[arg(
+        long,
+        env = "TOOLGRID_OAUTH_NAMESPACE",
+        default_value = "default",
+        conflicts_with = "oauth_namespace_claim"
+    )]
+    oauth_namespace: String,
+    /// Instead: the claim of each access token that names its namespace (for an issuer
+    /// several tenants share); a token without it is refused.
+    #[arg(long, env = "TOOLGRID_OAUTH_NAMESPACE_CLAIM")]
+    oauth_namespace_claim: Option<String>,
 }
 
 impl McpArgs {
@@ -112,9 +125,20 @@ impl McpArgs {
             .with_context(|| format!("cannot read the JWKS {}", jwks.display()))?;
         let document: serde_json::Value = serde_json::from_str(&text)
             .with_context(|| format!("the JWKS {} is not JSON", jwks.display()))?;
-        let issuer =
-            toolgrid_control_plane::auth::oauth::OAuthIssuer::new(issuer, &audience, &document)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", jwks.display()))?;
+        use toolgrid_control_plane::auth::oauth::{NamespaceTrust, OAuthIssuer, is_namespace_name};
+        let trust = match &self.oauth_namespace_claim {
+            Some(claim) => NamespaceTrust::Claim(claim.clone()),
+            None if is_namespace_name(&self.oauth_namespace) => {
+                NamespaceTrust::Namespace(self.oauth_namespace.clone())
+            }
+            None => anyhow::bail!(
+                "--oauth-namespace {:?} is not a namespace name",
+                self.oauth_namespace
+            ),
+        };
+        let issuer = OAuthIssuer::new(issuer, &audience, &document)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", jwks.display()))?
+            .with_trust(trust);
         Ok(Some(issuer))
     }
 }

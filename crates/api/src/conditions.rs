@@ -92,6 +92,9 @@ reasons! {
     // Ready=False, only a change to the object helps: Stalled
     InvalidSpec: stalled,
     DuplicateName: stalled,
+    /// An Agent lists an OAuth subject that an older Agent of its namespace already lists
+    /// (the older keeps the user; this one serves no one until the subject is removed).
+    DuplicateOAuthSubject: stalled,
     DuplicateVersion: stalled,
     ImmutableRelease: stalled,
     InvalidArtifact: stalled,

@@ -13,15 +13,29 @@ use toolgrid_core::secret::SecretValue;
 
 impl<'a> Resolver<'a> {
     pub(super) fn agents(&mut self) -> BTreeMap<ObjectKey, &'a Agent> {
+        let declared = self.declared(Kind::Agent, &self.input.set.agents);
+        let checked: Vec<_> = declared
+            .into_iter()
+            .map(|d| {
+                let verdict = check_agent(d.object).map(|()| {
+                    self.input
+                        .identities
+                        .and_then(|ids| missing_reference(d.object, ids))
+                });
+                (d, verdict)
+            })
+            .collect();
+        let later = later_oauth_claims(
+            checked
+                .iter()
+                .filter(|(_, verdict)| matches!(verdict, Ok(None)))
+                .map(|(d, _)| (&d.id.key, d.object)),
+        );
         let mut valid = BTreeMap::new();
-        for d in self.declared(Kind::Agent, &self.input.set.agents) {
-            let missing = self
-                .input
-                .identities
-                .and_then(|ids| missing_reference(d.object, ids));
-            match (check_agent(d.object), missing) {
-                (Err(e), _) => self.invalid(&d, e),
-                (Ok(()), Some((reason, message))) => {
+        for (d, verdict) in checked {
+            match verdict {
+                Err(e) => self.invalid(&d, e),
+                Ok(Some((reason, message))) => {
                     self.record_declared(
                         &d,
                         Desired::not_ready(reason, message),
@@ -29,14 +43,31 @@ impl<'a> Resolver<'a> {
                         Vec::new(),
                     );
                 }
-                (Ok(()), None) => {
+                Ok(None) if later.contains_key(&d.id.key) => {
+                    let (subject, owner) = &later[&d.id.key];
+                    self.record_declared(
+                        &d,
+                        Desired::not_ready(
+                            Reason::DuplicateOAuthSubject,
+                            format!(
+                                "spec.oauthSubjects: {subject:?} is already Agent {}'s; \
+                                 an OAuth subject is one Agent of a namespace",
+                                owner.name
+                            ),
+                        ),
+                        KindStatus::empty(Kind::Agent),
+                        Vec::new(),
+                    );
+                }
+                Ok(None) => {
                     let identity = d
                         .object
                         .spec
                         .service_account
                         .as_ref()
                         .map(|sa| format!("serviceAccount {sa}"))
-                        .unwrap_or_else(|| "token".into());
+                        .or_else(|| d.object.spec.token_secret_ref.as_ref().map(|_| "token".into()))
+                        .unwrap_or_else(|| "OAuth subjects".into());
                     self.record_declared(
                         &d,
                         Desired::ready(Reason::Resolved, format!("identity: {identity}")),
@@ -80,6 +111,47 @@ impl<'a> Resolver<'a> {
             }
         }
     }
+}
+
+/// The Agents that list an OAuth subject an older Agent of the same namespace lists, each
+/// with that subject and the older Agent. Older: the earlier `creationTimestamp`, then (a
+/// manifest directory has none) the name. The older keeps the user: a later Agent cannot
+/// take over a subject, and a duplicate is the later Agent's fault, not a failed login.
+pub(crate) fn later_oauth_claims<'x>(
+    agents: impl Iterator<Item = (&'x ObjectKey, &'x Agent)>,
+) -> BTreeMap<ObjectKey, (String, ObjectKey)> {
+    let mut ordered: Vec<_> = agents.collect();
+    ordered.sort_by(|(a_key, a), (b_key, b)| {
+        let created = |agent: &Agent| agent.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        (&a_key.namespace, created(a).is_none(), created(a), &a_key.name).cmp(&(
+            &b_key.namespace,
+            created(b).is_none(),
+            created(b),
+            &b_key.name,
+        ))
+    });
+    let mut owners: BTreeMap<(&str, &str), &ObjectKey> = BTreeMap::new();
+    let mut later = BTreeMap::new();
+    for (key, agent) in ordered {
+        let subjects = &agent.spec.oauth_subjects;
+        let taken = subjects.iter().find_map(|subject| {
+            owners
+                .get(&(key.namespace.as_str(), subject.as_str()))
+                .filter(|owner| **owner != key)
+                .map(|owner| (subject.clone(), (*owner).clone()))
+        });
+        match taken {
+            Some(duplicate) => {
+                later.insert(key.clone(), duplicate);
+            }
+            None => {
+                for subject in subjects {
+                    owners.insert((key.namespace.as_str(), subject.as_str()), key);
+                }
+            }
+        }
+    }
+    later
 }
 
 /// The first reference of an Agent to something missing (a ServiceAccount, Secret,
@@ -173,10 +245,19 @@ fn resolved_agent(
 
 fn check_agent(agent: &Agent) -> Result<(), FieldError> {
     let spec = &agent.spec;
-    if spec.service_account.is_none() && spec.token_secret_ref.is_none() {
+    if spec.service_account.is_none()
+        && spec.token_secret_ref.is_none()
+        && spec.oauth_subjects.is_empty()
+    {
         return Err(FieldError::new(
             "spec",
-            "name an identity: serviceAccount or tokenSecretRef",
+            "name an identity: serviceAccount, tokenSecretRef or oauthSubjects",
+        ));
+    }
+    if let Some(i) = spec.oauth_subjects.iter().position(String::is_empty) {
+        return Err(FieldError::new(
+            format!("spec.oauthSubjects[{i}]"),
+            "an OAuth subject is not empty",
         ));
     }
     for (i, p) in spec.permissions.iter().enumerate() {

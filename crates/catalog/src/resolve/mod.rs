@@ -9,7 +9,7 @@
 //! kind shares: a declaration's generation, recording its status, names declared twice
 //! and documents that did not parse.
 
-mod agent;
+pub(crate) mod agent;
 mod binding;
 mod declared;
 mod middleware;

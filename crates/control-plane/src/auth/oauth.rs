@@ -6,7 +6,9 @@
 //! Pure: the JWKS is read once at start; no clock but the `now` passed in. Algorithms:
 //! `ES256` (P-256) and `RS256` (RSA PKCS#1 v1.5 with SHA-256, 2048 bits and more); `none`
 //! and anything else is refused. The subject is mapped to an Agent by the caller (an Agent's
-//! `oauthSubjects`).
+//! `oauthSubjects`), and only within the namespace the issuer is trusted for
+//! ([`NamespaceTrust`]): one configured namespace, or the namespace a claim of the token
+//! names. An Agent elsewhere that lists the same subject is never that user.
 
 use base64::Engine as _;
 use serde::Deserialize;
@@ -31,6 +33,24 @@ pub enum TokenError {
     Audience(Vec<String>),
     #[error("it has no subject")]
     NoSubject,
+    #[error("its claim {0:?} names no namespace")]
+    NoNamespace(String),
+}
+
+/// Which namespace an issuer's subjects are Agents of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NamespaceTrust {
+    /// Every subject is an Agent of this one namespace.
+    Namespace(String),
+    /// Each token names its namespace in this claim (a string, a Kubernetes namespace
+    /// name); a token without it is refused.
+    Claim(String),
+}
+
+impl Default for NamespaceTrust {
+    fn default() -> Self {
+        NamespaceTrust::Namespace("default".into())
+    }
 }
 
 /// One public key of a JWKS.
@@ -83,12 +103,21 @@ pub struct OAuthIssuer {
     pub issuer: String,
     /// The resource identifier (`https://tools.example.com/mcp`) tokens must be minted for.
     pub audience: String,
+    /// The namespace its subjects are Agents of.
+    pub trust: NamespaceTrust,
     keys: Vec<Key>,
 }
 
 /// An accepted access token's subject.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Subject(pub String);
+
+/// An accepted access token: its subject, and the namespace that subject is an Agent of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verified {
+    pub subject: Subject,
+    pub namespace: String,
+}
 
 impl OAuthIssuer {
     /// An issuer with the keys of a JWKS document (`{"keys": [...]}`); keys of other types
@@ -122,8 +151,15 @@ impl OAuthIssuer {
         Ok(OAuthIssuer {
             issuer: issuer.to_string(),
             audience: audience.to_string(),
+            trust: NamespaceTrust::default(),
             keys,
         })
+    }
+
+    /// The same issuer, its subjects Agents of the namespace `trust` gives.
+    pub fn with_trust(mut self, trust: NamespaceTrust) -> Self {
+        self.trust = trust;
+        self
     }
 
     /// Whether `token` looks like a JWT at all (three base64url parts), so other tokens
@@ -133,8 +169,29 @@ impl OAuthIssuer {
         parts.len() == 3 && parts[0].starts_with("eyJ")
     }
 
-    /// The subject of a valid access token at `now_s` (Unix seconds).
-    pub fn verify(&self, token: &str, now_s: i64) -> Result<Subject, TokenError> {
+    /// Whether `token` is a JWT that says this issuer issued it (read before any check:
+    /// it only routes the token; [`OAuthIssuer::verify`] decides). A JWT of another issuer
+    /// (a ServiceAccount token names the cluster's) goes elsewhere.
+    pub fn claims_to_be_mine(&self, token: &str) -> bool {
+        if !Self::looks_like_jwt(token) {
+            return false;
+        }
+        let Some(payload) = token.split('.').nth(1).and_then(b64) else {
+            return false;
+        };
+        #[derive(Deserialize)]
+        struct Iss {
+            #[serde(default)]
+            iss: Option<String>,
+        }
+        serde_json::from_slice::<Iss>(&payload)
+            .ok()
+            .and_then(|claims| claims.iss)
+            .is_some_and(|iss| iss == self.issuer)
+    }
+
+    /// The subject of a valid access token at `now_s` (Unix seconds), and its namespace.
+    pub fn verify(&self, token: &str, now_s: i64) -> Result<Verified, TokenError> {
         let mut parts = token.split('.');
         let (Some(h), Some(p), Some(s), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -188,8 +245,32 @@ impl OAuthIssuer {
         let claims: Value = b64(p)
             .and_then(|b| serde_json::from_slice(&b).ok())
             .ok_or(TokenError::Malformed)?;
-        check_claims(&claims, &self.issuer, &self.audience, now_s)
+        let subject = check_claims(&claims, &self.issuer, &self.audience, now_s)?;
+        let namespace = namespace_of(&claims, &self.trust)?;
+        Ok(Verified { subject, namespace })
     }
+}
+
+/// The namespace a verified token's subject is an Agent of.
+fn namespace_of(claims: &Value, trust: &NamespaceTrust) -> Result<String, TokenError> {
+    match trust {
+        NamespaceTrust::Namespace(namespace) => Ok(namespace.clone()),
+        NamespaceTrust::Claim(claim) => match claims[claim.as_str()].as_str() {
+            Some(namespace) if is_namespace_name(namespace) => Ok(namespace.to_string()),
+            _ => Err(TokenError::NoNamespace(claim.clone())),
+        },
+    }
+}
+
+/// A Kubernetes namespace name: an RFC 1123 label.
+pub fn is_namespace_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
 }
 
 /// The claims checks, after the signature.
@@ -230,29 +311,30 @@ fn check_claims(
     }
 }
 
+/// Keys and signed tokens for tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod test_tokens {
+    use base64::Engine as _;
     use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair as _};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
-    fn enc(bytes: &[u8]) -> String {
+    pub(crate) fn enc(bytes: &[u8]) -> String {
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
     }
 
-    fn keypair() -> EcdsaKeyPair {
+    pub(crate) fn keypair() -> EcdsaKeyPair {
         let rng = ring::rand::SystemRandom::new();
         let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
         EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap()
     }
 
-    fn jwks(key: &EcdsaKeyPair) -> Value {
+    pub(crate) fn jwks(key: &EcdsaKeyPair) -> Value {
         let point = key.public_key().as_ref();
         json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "k1",
             "x": enc(&point[1..33]), "y": enc(&point[33..65])}]})
     }
 
-    fn sign(key: &EcdsaKeyPair, claims: &Value) -> String {
+    pub(crate) fn sign(key: &EcdsaKeyPair, claims: &Value) -> String {
         let header = enc(br#"{"alg":"ES256","kid":"k1","typ":"at+jwt"}"#);
         let payload = enc(claims.to_string().as_bytes());
         let signed = format!("{header}.{payload}");
@@ -260,6 +342,13 @@ mod tests {
         let sig = key.sign(&rng, signed.as_bytes()).unwrap();
         format!("{signed}.{}", enc(sig.as_ref()))
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_tokens::{enc, jwks, keypair, sign};
+    use super::*;
+    use serde_json::json;
 
     const ISS: &str = "https://auth.example.com";
     const AUD: &str = "http://127.0.0.1:9/mcp";
@@ -271,7 +360,13 @@ mod tests {
         let good = json!({"iss": ISS, "aud": AUD, "sub": "user-1", "exp": 2000});
         let token = sign(&key, &good);
         assert!(OAuthIssuer::looks_like_jwt(&token));
-        assert_eq!(issuer.verify(&token, 1000), Ok(Subject("user-1".into())));
+        assert_eq!(
+            issuer.verify(&token, 1000),
+            Ok(Verified {
+                subject: Subject("user-1".into()),
+                namespace: "default".into()
+            })
+        );
         assert_eq!(issuer.verify(&token, 2000), Err(TokenError::Expired));
         let wrong_aud = sign(
             &key,
@@ -303,5 +398,47 @@ mod tests {
             issuer.verify(&none, 1000),
             Err(TokenError::Algorithm("none".into()))
         );
+    }
+
+    #[test]
+    fn the_namespace_is_the_configured_one_or_the_tokens_claim() {
+        let key = keypair();
+        let claims = |tenant: Value| {
+            json!({"iss": ISS, "aud": AUD, "sub": "alice", "exp": 2000, "tenant": tenant})
+        };
+        let fixed = OAuthIssuer::new(ISS, AUD, &jwks(&key))
+            .unwrap()
+            .with_trust(NamespaceTrust::Namespace("team-a".into()));
+        // The configured namespace, whatever the token claims.
+        let token = sign(&key, &claims(json!("team-b")));
+        assert_eq!(fixed.verify(&token, 1000).unwrap().namespace, "team-a");
+        let by_claim = OAuthIssuer::new(ISS, AUD, &jwks(&key))
+            .unwrap()
+            .with_trust(NamespaceTrust::Claim("tenant".into()));
+        assert_eq!(by_claim.verify(&token, 1000).unwrap().namespace, "team-b");
+        for bad in [json!(null), json!(""), json!(7), json!("Team_B"), json!("a/b")] {
+            let token = sign(&key, &claims(bad.clone()));
+            assert_eq!(
+                by_claim.verify(&token, 1000),
+                Err(TokenError::NoNamespace("tenant".into())),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn tokens_are_routed_by_the_issuer_they_name() {
+        let key = keypair();
+        let issuer = OAuthIssuer::new(ISS, AUD, &jwks(&key)).unwrap();
+        let mine = sign(&key, &json!({"iss": ISS, "sub": "u"}));
+        assert!(issuer.claims_to_be_mine(&mine));
+        // A ServiceAccount token names the cluster as its issuer.
+        let cluster = sign(
+            &key,
+            &json!({"iss": "https://kubernetes.default.svc", "sub": "system:serviceaccount:a:b"}),
+        );
+        assert!(!issuer.claims_to_be_mine(&cluster));
+        assert!(!issuer.claims_to_be_mine("opaque-token"));
+        assert!(!issuer.claims_to_be_mine("eyJhbGciOiJub25lIn0.!!!.x"));
     }
 }

@@ -9,9 +9,15 @@
 //!    [`CALLER_AUDIENCE`]: a ServiceAccount that an Agent names in `spec.serviceAccount`
 //!    is that Agent; otherwise a subject RBAC lets operate toolgrid is an Operator.
 //!
-//! 4. with an [`OAuthIssuer`]: an OAuth access token (a JWT) it signed for this resource,
-//!    whose subject an Agent lists in `spec.oauthSubjects` (a valid token of no Agent, a
-//!    wrong audience, an expired one: unauthenticated).
+//! 4. with an [`OAuthIssuer`]: a JWT that names it as its issuer is an OAuth access token
+//!    (checked before 3, so it is never sent to the cluster): it must be signed by the
+//!    issuer for this resource, and its subject is the Agent that lists it in
+//!    `spec.oauthSubjects` in the namespace the issuer is trusted for
+//!    ([`crate::auth::oauth::NamespaceTrust`]); Agents of other namespaces are never
+//!    considered (a valid token of no Agent, a wrong audience, an expired one:
+//!    unauthenticated). Any other JWT (a ServiceAccount token names the cluster as its
+//!    issuer) goes on to 3, so ServiceAccount agents, RBAC operators and OAuth users work
+//!    side by side.
 //!
 //! Anything else is [`ErrorKind::Unauthenticated`]. An operator may then act as an agent
 //! (`toolgrid-as: AGENT` or `NAMESPACE/AGENT`); an agent that asks to is refused.
@@ -140,7 +146,7 @@ impl Authenticator {
         let principal = match match_token(token, self.admin.as_ref(), snapshot) {
             Some(principal) => principal,
             None => match &self.oauth {
-                Some(issuer) if OAuthIssuer::looks_like_jwt(token) => {
+                Some(issuer) if issuer.claims_to_be_mine(token) => {
                     oauth_agent(issuer, token, snapshot)?
                 }
                 _ => self.review(token, snapshot).await?,
@@ -257,13 +263,15 @@ pub fn match_token(
     found
 }
 
-/// The Agent an OAuth access token is: its subject listed in one Agent's `oauthSubjects`.
+/// The Agent an OAuth access token is: its subject listed in `oauthSubjects` by an Agent of
+/// the namespace the issuer is trusted for. The catalog keeps a subject to one Agent per
+/// namespace (a later Agent listing it again is not Ready), so there is at most one.
 fn oauth_agent(
     issuer: &OAuthIssuer,
     token: &str,
     snapshot: &Snapshot,
 ) -> Result<Principal, ApiError> {
-    let subject = issuer
+    let verified = issuer
         .verify(token, toolgrid_core::call::now_ms() / 1000)
         .map_err(|e| {
             ApiError::new(
@@ -271,29 +279,25 @@ fn oauth_agent(
                 format!("access token refused: {e}"),
             )
         })?;
-    let mut agents = snapshot
+    let subject = &verified.subject.0;
+    snapshot
         .agents
         .values()
-        .filter(|a| a.spec.oauth_subjects.contains(&subject.0));
-    match (agents.next(), agents.next()) {
-        (Some(agent), None) => Ok(Principal::Agent {
+        .find(|a| {
+            a.key.namespace == verified.namespace && a.spec.oauth_subjects.contains(subject)
+        })
+        .map(|agent| Principal::Agent {
             agent: agent.key.clone(),
-        }),
-        (None, _) => Err(ApiError::new(
-            ErrorKind::Unauthenticated,
-            format!(
-                "access token refused: no Agent lists subject {:?} in oauthSubjects",
-                subject.0
-            ),
-        )),
-        (Some(_), Some(_)) => Err(ApiError::new(
-            ErrorKind::Unauthenticated,
-            format!(
-                "access token refused: several Agents list subject {:?}",
-                subject.0
-            ),
-        )),
-    }
+        })
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::Unauthenticated,
+                format!(
+                    "access token refused: no Agent of namespace {:?} lists subject {subject:?} in oauthSubjects",
+                    verified.namespace
+                ),
+            )
+        })
 }
 
 /// The Agent whose `spec.serviceAccount` is the reviewed ServiceAccount (same namespace).
@@ -397,6 +401,8 @@ mod tests {
                 "sa-other" => "system:serviceaccount:default:other",
                 "alice" => "alice",
                 "down" => return Err(ReviewError::Unavailable("api server down".into())),
+                // Every JWT that reaches the cluster here is robot's ServiceAccount token.
+                jwt if jwt.starts_with("eyJ") => "system:serviceaccount:default:robot-sa",
                 _ => return Ok(None),
             };
             Ok(Some(ReviewedToken {
@@ -547,5 +553,123 @@ mod tests {
                 .await;
         }
         assert_eq!(count(), 3, "refusals are asked again");
+    }
+
+    fn with_oauth_subject(snapshot: &mut Snapshot, namespace: &str, name: &str, subject: &str) {
+        let mut a = agent(name, None, None);
+        a.key = ObjectKey::new(namespace, name);
+        a.spec.oauth_subjects = vec![subject.into()];
+        snapshot.agents.insert(a.key.clone(), Arc::new(a));
+    }
+
+    const ISS: &str = "https://auth.example.com";
+    const AUD: &str = "https://tools.example.com/mcp";
+
+    fn token(key: &ring::signature::EcdsaKeyPair, claims: serde_json::Value) -> String {
+        let mut claims = claims;
+        claims["exp"] = serde_json::json!(toolgrid_core::call::now_ms() / 1000 + 600);
+        crate::auth::oauth::test_tokens::sign(key, &claims)
+    }
+
+    #[tokio::test]
+    async fn an_oauth_subject_is_an_agent_of_the_trusted_namespace_only() {
+        use crate::auth::oauth::{NamespaceTrust, test_tokens};
+        use serde_json::json;
+        let key = test_tokens::keypair();
+        let mut snapshot = snapshot();
+        // team-b's agent lists the same subject as team-a's: it captures nobody.
+        with_oauth_subject(&mut snapshot, "team-a", "alice-agent", "alice");
+        with_oauth_subject(&mut snapshot, "team-b", "thief", "alice");
+        let issuer = OAuthIssuer::new(ISS, AUD, &test_tokens::jwks(&key)).unwrap();
+        let fixed = Authenticator::new()
+            .with_oauth(issuer.clone().with_trust(NamespaceTrust::Namespace("team-a".into())));
+        let alice = token(&key, json!({"iss": ISS, "aud": AUD, "sub": "alice"}));
+        let bearer = format!("Bearer {alice}");
+        assert_eq!(
+            fixed.authenticate(Some(&bearer), None, &snapshot).await.unwrap(),
+            Principal::Agent {
+                agent: ObjectKey::new("team-a", "alice-agent")
+            }
+        );
+        // Trusted for team-b, the issuer's alice is team-b's agent, never team-a's.
+        let for_b = Authenticator::new()
+            .with_oauth(issuer.clone().with_trust(NamespaceTrust::Namespace("team-b".into())));
+        assert_eq!(
+            for_b.authenticate(Some(&bearer), None, &snapshot).await.unwrap(),
+            Principal::Agent {
+                agent: ObjectKey::new("team-b", "thief")
+            }
+        );
+        // By claim: the token names its namespace; without the claim it is refused.
+        let by_claim = Authenticator::new()
+            .with_oauth(issuer.with_trust(NamespaceTrust::Claim("tenant".into())));
+        let in_a = token(&key, json!({"iss": ISS, "aud": AUD, "sub": "alice", "tenant": "team-a"}));
+        assert_eq!(
+            by_claim
+                .authenticate(Some(&format!("Bearer {in_a}")), None, &snapshot)
+                .await
+                .unwrap(),
+            Principal::Agent {
+                agent: ObjectKey::new("team-a", "alice-agent")
+            }
+        );
+        assert_eq!(kind(by_claim.authenticate(Some(&bearer), None, &snapshot).await), ErrorKind::Unauthenticated);
+        let in_c = token(&key, json!({"iss": ISS, "aud": AUD, "sub": "alice", "tenant": "team-c"}));
+        let refused = by_claim
+            .authenticate(Some(&format!("Bearer {in_c}")), None, &snapshot)
+            .await
+            .expect_err("no agent of team-c lists alice");
+        assert_eq!(refused.kind, ErrorKind::Unauthenticated);
+        assert!(refused.message.contains("team-c"), "{}", refused.message);
+    }
+
+    #[tokio::test]
+    async fn oauth_and_service_account_tokens_work_side_by_side() {
+        use crate::auth::oauth::test_tokens;
+        use serde_json::json;
+        let key = test_tokens::keypair();
+        let mut snapshot = snapshot();
+        with_oauth_subject(&mut snapshot, "default", "mcp-user", "alice");
+        let reviewer = Arc::new(FakeReviewer::default());
+        let auth = Authenticator::new()
+            .with_reviewer(reviewer.clone(), "toolgrid")
+            .with_oauth(OAuthIssuer::new(ISS, AUD, &test_tokens::jwks(&key)).unwrap());
+        let reviews = || reviewer.reviews.load(std::sync::atomic::Ordering::SeqCst);
+        let who = |token: String| {
+            let auth = auth.clone();
+            let snapshot = &snapshot;
+            async move {
+                auth.authenticate(Some(&format!("Bearer {token}")), None, snapshot)
+                    .await
+            }
+        };
+        // The issuer's token is OAuth's, and is never sent to the cluster.
+        let oauth = token(&key, json!({"iss": ISS, "aud": AUD, "sub": "alice"}));
+        assert_eq!(
+            who(oauth).await.unwrap(),
+            Principal::Agent {
+                agent: ObjectKey::new("default", "mcp-user")
+            }
+        );
+        let stranger = token(&key, json!({"iss": ISS, "aud": AUD, "sub": "mallory"}));
+        assert_eq!(kind(who(stranger).await), ErrorKind::Unauthenticated);
+        assert_eq!(reviews(), 0, "the issuer's tokens are not reviewed by the cluster");
+        // A ServiceAccount token (a JWT the cluster issued) still reaches the cluster.
+        let service_account = token(
+            &key,
+            json!({"iss": "https://kubernetes.default.svc", "sub": "system:serviceaccount:default:robot-sa"}),
+        );
+        assert_eq!(
+            who(service_account).await.unwrap(),
+            Principal::Agent {
+                agent: ObjectKey::new("default", "robot")
+            }
+        );
+        assert_eq!(reviews(), 1);
+        // And so do an operator's and the admin's.
+        assert!(matches!(
+            who("alice".into()).await.unwrap(),
+            Principal::Operator { .. }
+        ));
     }
 }

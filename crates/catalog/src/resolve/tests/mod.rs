@@ -1,6 +1,7 @@
 //! The reconcile's tests, by kind (as the code is), with the fixtures they share: a base
 //! of a pool and a tool, releases of it, and one round of [`resolve`] at a time.
 
+mod agent;
 mod binding;
 mod declared;
 mod middleware;
