@@ -66,7 +66,13 @@ impl<'a> Resolver<'a> {
                         .service_account
                         .as_ref()
                         .map(|sa| format!("serviceAccount {sa}"))
-                        .or_else(|| d.object.spec.token_secret_ref.as_ref().map(|_| "token".into()))
+                        .or_else(|| {
+                            d.object
+                                .spec
+                                .token_secret_ref
+                                .as_ref()
+                                .map(|_| "token".into())
+                        })
                         .unwrap_or_else(|| "OAuth subjects".into());
                     self.record_declared(
                         &d,
@@ -123,12 +129,18 @@ pub(crate) fn later_oauth_claims<'x>(
     let mut ordered: Vec<_> = agents.collect();
     ordered.sort_by(|(a_key, a), (b_key, b)| {
         let created = |agent: &Agent| agent.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        (&a_key.namespace, created(a).is_none(), created(a), &a_key.name).cmp(&(
-            &b_key.namespace,
-            created(b).is_none(),
-            created(b),
-            &b_key.name,
-        ))
+        (
+            &a_key.namespace,
+            created(a).is_none(),
+            created(a),
+            &a_key.name,
+        )
+            .cmp(&(
+                &b_key.namespace,
+                created(b).is_none(),
+                created(b),
+                &b_key.name,
+            ))
     });
     let mut owners: BTreeMap<(&str, &str), &ObjectKey> = BTreeMap::new();
     let mut later = BTreeMap::new();

@@ -403,9 +403,7 @@ mod tests {
     #[test]
     fn the_namespace_is_the_configured_one_or_the_tokens_claim() {
         let key = keypair();
-        let claims = |tenant: Value| {
-            json!({"iss": ISS, "aud": AUD, "sub": "alice", "exp": 2000, "tenant": tenant})
-        };
+        let claims = |tenant: Value| json!({"iss": ISS, "aud": AUD, "sub": "alice", "exp": 2000, "tenant": tenant});
         let fixed = OAuthIssuer::new(ISS, AUD, &jwks(&key))
             .unwrap()
             .with_trust(NamespaceTrust::Namespace("team-a".into()));
@@ -416,7 +414,13 @@ mod tests {
             .unwrap()
             .with_trust(NamespaceTrust::Claim("tenant".into()));
         assert_eq!(by_claim.verify(&token, 1000).unwrap().namespace, "team-b");
-        for bad in [json!(null), json!(""), json!(7), json!("Team_B"), json!("a/b")] {
+        for bad in [
+            json!(null),
+            json!(""),
+            json!(7),
+            json!("Team_B"),
+            json!("a/b"),
+        ] {
             let token = sign(&key, &claims(bad.clone()));
             assert_eq!(
                 by_claim.verify(&token, 1000),

@@ -581,21 +581,33 @@ mod tests {
         with_oauth_subject(&mut snapshot, "team-a", "alice-agent", "alice");
         with_oauth_subject(&mut snapshot, "team-b", "thief", "alice");
         let issuer = OAuthIssuer::new(ISS, AUD, &test_tokens::jwks(&key)).unwrap();
-        let fixed = Authenticator::new()
-            .with_oauth(issuer.clone().with_trust(NamespaceTrust::Namespace("team-a".into())));
+        let fixed = Authenticator::new().with_oauth(
+            issuer
+                .clone()
+                .with_trust(NamespaceTrust::Namespace("team-a".into())),
+        );
         let alice = token(&key, json!({"iss": ISS, "aud": AUD, "sub": "alice"}));
         let bearer = format!("Bearer {alice}");
         assert_eq!(
-            fixed.authenticate(Some(&bearer), None, &snapshot).await.unwrap(),
+            fixed
+                .authenticate(Some(&bearer), None, &snapshot)
+                .await
+                .unwrap(),
             Principal::Agent {
                 agent: ObjectKey::new("team-a", "alice-agent")
             }
         );
         // Trusted for team-b, the issuer's alice is team-b's agent, never team-a's.
-        let for_b = Authenticator::new()
-            .with_oauth(issuer.clone().with_trust(NamespaceTrust::Namespace("team-b".into())));
+        let for_b = Authenticator::new().with_oauth(
+            issuer
+                .clone()
+                .with_trust(NamespaceTrust::Namespace("team-b".into())),
+        );
         assert_eq!(
-            for_b.authenticate(Some(&bearer), None, &snapshot).await.unwrap(),
+            for_b
+                .authenticate(Some(&bearer), None, &snapshot)
+                .await
+                .unwrap(),
             Principal::Agent {
                 agent: ObjectKey::new("team-b", "thief")
             }
@@ -603,7 +615,10 @@ mod tests {
         // By claim: the token names its namespace; without the claim it is refused.
         let by_claim = Authenticator::new()
             .with_oauth(issuer.with_trust(NamespaceTrust::Claim("tenant".into())));
-        let in_a = token(&key, json!({"iss": ISS, "aud": AUD, "sub": "alice", "tenant": "team-a"}));
+        let in_a = token(
+            &key,
+            json!({"iss": ISS, "aud": AUD, "sub": "alice", "tenant": "team-a"}),
+        );
         assert_eq!(
             by_claim
                 .authenticate(Some(&format!("Bearer {in_a}")), None, &snapshot)
@@ -613,8 +628,14 @@ mod tests {
                 agent: ObjectKey::new("team-a", "alice-agent")
             }
         );
-        assert_eq!(kind(by_claim.authenticate(Some(&bearer), None, &snapshot).await), ErrorKind::Unauthenticated);
-        let in_c = token(&key, json!({"iss": ISS, "aud": AUD, "sub": "alice", "tenant": "team-c"}));
+        assert_eq!(
+            kind(by_claim.authenticate(Some(&bearer), None, &snapshot).await),
+            ErrorKind::Unauthenticated
+        );
+        let in_c = token(
+            &key,
+            json!({"iss": ISS, "aud": AUD, "sub": "alice", "tenant": "team-c"}),
+        );
         let refused = by_claim
             .authenticate(Some(&format!("Bearer {in_c}")), None, &snapshot)
             .await
@@ -653,7 +674,11 @@ mod tests {
         );
         let stranger = token(&key, json!({"iss": ISS, "aud": AUD, "sub": "mallory"}));
         assert_eq!(kind(who(stranger).await), ErrorKind::Unauthenticated);
-        assert_eq!(reviews(), 0, "the issuer's tokens are not reviewed by the cluster");
+        assert_eq!(
+            reviews(),
+            0,
+            "the issuer's tokens are not reviewed by the cluster"
+        );
         // A ServiceAccount token (a JWT the cluster issued) still reaches the cluster.
         let service_account = token(
             &key,

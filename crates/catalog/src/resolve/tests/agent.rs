@@ -44,7 +44,12 @@ fn later(text: &str) -> Vec<(String, String, String)> {
 fn the_older_agent_keeps_a_subject_within_its_namespace() {
     // By creation time: the newer one loses, whatever its name.
     let text = agent("team-a", "aaa", Some("2026-02-01T00:00:00Z"), &["alice"])
-        + &agent("team-a", "zzz", Some("2026-01-01T00:00:00Z"), &["alice", "bob"]);
+        + &agent(
+            "team-a",
+            "zzz",
+            Some("2026-01-01T00:00:00Z"),
+            &["alice", "bob"],
+        );
     assert_eq!(
         later(&text),
         vec![("team-a/aaa".into(), "alice".into(), "team-a/zzz".into())]
@@ -71,15 +76,32 @@ fn the_older_agent_keeps_a_subject_within_its_namespace() {
 
 #[test]
 fn a_duplicate_subject_is_not_ready_on_the_newer_agent_only() {
-    let text = agent("default", "first", None, &["alice"])
-        + &agent("default", "second", None, &["alice"]);
+    let text =
+        agent("default", "first", None, &["alice"]) + &agent("default", "second", None, &["alice"]);
     let snapshot = run(&set_of(&text), &HashMap::new(), &HashMap::new(), T0);
     let first = state(&snapshot, Kind::Agent, "first");
-    assert_eq!(first.ready.reason, Reason::Resolved, "{}", first.ready.message);
+    assert_eq!(
+        first.ready.reason,
+        Reason::Resolved,
+        "{}",
+        first.ready.message
+    );
     let second = state(&snapshot, Kind::Agent, "second");
     assert!(!second.ready.status);
     assert_eq!(second.ready.reason, Reason::DuplicateOAuthSubject);
-    assert!(second.ready.message.contains("first"), "{}", second.ready.message);
-    assert!(snapshot.agents.contains_key(&ObjectKey::new("default", "first")));
-    assert!(!snapshot.agents.contains_key(&ObjectKey::new("default", "second")));
+    assert!(
+        second.ready.message.contains("first"),
+        "{}",
+        second.ready.message
+    );
+    assert!(
+        snapshot
+            .agents
+            .contains_key(&ObjectKey::new("default", "first"))
+    );
+    assert!(
+        !snapshot
+            .agents
+            .contains_key(&ObjectKey::new("default", "second"))
+    );
 }
