@@ -403,12 +403,75 @@ async fn an_authenticated_rogue_cannot_append_to_or_complete_a_call_it_does_not_
         }))
         .await;
 
+    // Artifacts: only the digest of a call running in a pool it may serve (the join
+    // secret serves every pool); any other digest is not found, whether it exists or not.
+    let held = platform
+        .client()
+        .await
+        .get_call(proto::GetCallRequest {
+            id: call_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("the held call")
+        .into_inner();
+    let fetch = |digest: String| {
+        let token = token.clone();
+        let platform = &platform;
+        async move {
+            let mut request = tonic::Request::new(proto::FetchArtifactRequest { digest });
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+            let mut stream = WorkerLinkClient::new(channel(platform).await)
+                .fetch_artifact(request)
+                .await?
+                .into_inner();
+            let mut bytes = 0;
+            while let Some(chunk) = stream.message().await? {
+                bytes += chunk.data.len();
+            }
+            Ok::<usize, tonic::Status>(bytes)
+        }
+    };
+    assert!(
+        fetch(held.release_digest.clone())
+            .await
+            .expect("a running call's artifact")
+            > 0
+    );
+    let not_running = platform
+        .resources("releases")
+        .await
+        .into_iter()
+        .flat_map(|row| row.columns)
+        .filter(|c| c.value.starts_with("sha256:"))
+        .map(|c| c.value)
+        .find(|digest| *digest != held.release_digest);
+    for digest in not_running
+        .into_iter()
+        .chain([format!("sha256:{}", "0".repeat(64))])
+    {
+        let refused = refusal(fetch(digest.clone()).await, &digest);
+        assert_eq!(
+            kind_of(&refused),
+            ErrorKind::NotFound,
+            "{digest}: {refused:?}"
+        );
+    }
+
     open.send_replace(true);
     let call = tokio::time::timeout(Duration::from_secs(120), done)
         .await
         .expect("the call ends")
         .expect("the call's stream");
     assert_eq!(result_of(&call)["run"], "genuine", "the real result wins");
+    // Its call ended: the same artifact, which the store still holds, is no longer given.
+    let refused = refusal(
+        fetch(held.release_digest.clone()).await,
+        "an ended call's artifact",
+    );
+    assert_eq!(kind_of(&refused), ErrorKind::NotFound, "{refused:?}");
     assert_eq!(call.worker, "real");
     let oplog = platform.oplog(&call_id).await;
     assert!(

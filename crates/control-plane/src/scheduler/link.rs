@@ -212,8 +212,21 @@ impl WorkerLink for WorkerLinkService {
         &self,
         request: Request<proto::FetchArtifactRequest>,
     ) -> Result<Response<Self::FetchArtifactStream>, Status> {
-        self.authenticate(request.metadata()).await?;
+        let identity = self.authenticate(request.metadata()).await?;
         let digest = request.into_inner().digest;
+        // Only for a call running in a pool this worker may serve: a worker of one tenant's
+        // pool cannot read another tenant's tools by digest. Refused as not found, naming
+        // nothing about the artifact.
+        let pools = self.scheduler.pools_running(&digest);
+        if !pools
+            .iter()
+            .any(|pool| self.auth.authorize_pool(&identity, pool).is_ok())
+        {
+            return Err(status_of(ApiError::new(
+                ErrorKind::NotFound,
+                format!("no artifact {digest} for a call this worker may run"),
+            )));
+        }
         let bytes = self
             .store
             .get_artifact(&digest)

@@ -310,6 +310,11 @@ impl Scheduler {
         self.lock().calls_of_release(namespace, release)
     }
 
+    /// The pools of the calls running now on artifact `digest`.
+    pub fn pools_running(&self, digest: &str) -> std::collections::BTreeSet<String> {
+        self.lock().pools_running(digest)
+    }
+
     /// Calls waiting for a slot, by pool.
     pub fn queued(&self) -> HashMap<String, usize> {
         self.lock().queued()

@@ -25,7 +25,7 @@ use crate::ids::{CallId, Epoch, WorkerId};
 use crate::interface::CommandInterface;
 use crate::secret::secrets_match;
 use crate::workspace::{WorkspaceKey, WriteLocks};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -1240,6 +1240,17 @@ impl State {
             + self.running.values().filter(|r| matches(&r.call)).count()
             + self.orphans.values().filter(|o| matches(&o.call)).count()
             + self.fencing.values().filter(|f| matches(&f.call)).count()
+    }
+
+    /// The pools of the calls running now on artifact `digest`: a worker fetches an
+    /// artifact only to run a call assigned to it, so only a worker that may serve one of
+    /// these pools has a reason to fetch it.
+    pub fn pools_running(&self, digest: &str) -> BTreeSet<String> {
+        self.running
+            .values()
+            .filter(|r| r.call.record.release_digest == digest)
+            .map(|r| r.call.record.spec.pool.clone())
+            .collect()
     }
 
     /// Whether workers of a previous control plane may still be re-attaching.
