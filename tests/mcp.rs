@@ -885,6 +885,22 @@ async fn oauth_access_tokens_for_this_resource_only() {
     let http = format!("127.0.0.1:{port}");
     let resource = format!("http://{http}/mcp");
     let manifests = manifests(root.path(), 9);
+    // Another tenant's Agent of the same name lists the same subject, and so does a newer
+    // Agent of default: neither takes the user over.
+    std::fs::write(
+        manifests.join("oauth-rivals.yaml"),
+        r#"apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {name: mcp-agent, namespace: team-b}
+spec: {oauthSubjects: [mcp-user], permissions: [{tools: ["*"]}]}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {name: mcp-zz-rival}
+spec: {oauthSubjects: [mcp-user], permissions: [{tools: ["*"]}]}
+"#,
+    )
+    .unwrap();
     let jwks_arg = jwks.to_string_lossy().to_string();
     let platform = Platform::start(
         root.path(),
@@ -938,6 +954,16 @@ async fn oauth_access_tokens_for_this_resource_only() {
     assert!(
         names.contains(&"semver__compare") && !names.contains(&"uuid"),
         "{names:?}"
+    );
+    let rival = platform
+        .resource("agents", "mcp-zz-rival")
+        .await
+        .expect("the rival agent is listed");
+    assert_eq!(
+        (rival.ready.as_str(), rival.reason.as_str()),
+        ("False", "DuplicateOAuthSubject"),
+        "{}",
+        rival.message
     );
     // The wrong audience, an expired token, an unmapped subject, another issuer's key: all
     // unauthenticated, with the challenge.
