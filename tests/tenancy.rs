@@ -381,7 +381,6 @@ async fn every_door_refuses_the_other_tenant() {
             .list_workspace_versions(proto::ListWorkspaceVersionsRequest {
                 namespace: "default".into(),
                 agent: "reporter".into(),
-                ..Default::default()
             })
             .await
             .map_err(|s| error_of(&s));
