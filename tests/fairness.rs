@@ -254,17 +254,22 @@ async fn one_agents_flood_does_not_starve_another_and_its_queue_is_capped() {
     // queued ones (her turn came first), ahead of the other CAP - 1.
     let bob_at = assigned_at(&platform, &bob_id).await;
     let mut before = Vec::new();
-    for id in &alice_ids {
-        if assigned_at(&platform, id).await < bob_at {
-            before.push(id.clone());
+    let mut order = vec![(bob_at, "b0".to_string())];
+    for (i, id) in alice_ids.iter().enumerate() {
+        let at = assigned_at(&platform, id).await;
+        order.push((at, format!("a{i}")));
+        if at < bob_at {
+            before.push(format!("a{i}"));
         }
     }
+    order.sort();
     assert!(
         before.len() <= 2,
-        "bob's call started after {} of alice's {} calls: {before:?}",
+        "bob's call started after {} of alice's {} calls: {before:?} (order {order:?})",
         before.len(),
         alice_ids.len()
     );
+    eprintln!("assigned in order: {order:?}");
 
     // The refused call was not recorded: alice has exactly her CAP + 1 calls, and the key
     // she was refused under makes a new call now that her queue has drained.
