@@ -206,9 +206,20 @@ async fn callers_are_authenticated_and_authorized() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
-    // Refusals are counted for operators to alert on.
+    // Refusals are counted for operators to alert on; `/metrics` answers operators only.
+    let metrics_url = format!("http://{}/metrics", platform.http);
+    let (status, error) = http_status(http.get(&metrics_url)).await;
+    assert_eq!(status, 401);
+    assert_eq!(error["error"]["kind"], "unauthenticated");
+    let (status, error) = http_status(http.get(&metrics_url).bearer_auth("wrong")).await;
+    assert_eq!(status, 401);
+    assert_eq!(error["error"]["kind"], "unauthenticated");
+    let (status, error) = http_status(http.get(&metrics_url).bearer_auth(REPORTER)).await;
+    assert_eq!(status, 403);
+    assert_eq!(error["error"]["kind"], "permission-denied");
     let metrics = http
-        .get(format!("http://{}/metrics", platform.http))
+        .get(&metrics_url)
+        .header("authorization", platform.bearer())
         .send()
         .await
         .unwrap()

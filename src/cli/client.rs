@@ -145,9 +145,10 @@ fn exit_code_of(kind: ErrorKind) -> u8 {
         | ErrorKind::Denied
         | ErrorKind::ApprovalTimeout
         | ErrorKind::RepeatedCall => exit::DENIED,
-        ErrorKind::Unavailable | ErrorKind::RateLimited | ErrorKind::MiddlewareFailed => {
-            exit::UNAVAILABLE
-        }
+        ErrorKind::Unavailable
+        | ErrorKind::RateLimited
+        | ErrorKind::QueueFull
+        | ErrorKind::MiddlewareFailed => exit::UNAVAILABLE,
         ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => exit::NOT_FOUND,
         ErrorKind::Internal => exit::INTERNAL,
         _ => exit::CALL_FAILED,

@@ -40,6 +40,10 @@ pub struct ControllerArgs {
     /// How often workers heartbeat.
     #[arg(long, default_value = "500ms")]
     heartbeat: GoDuration,
+    /// How many calls of one agent may wait for a worker of one pool; more are refused
+    /// `queue-full` (HTTP 429 with `Retry-After`) and not recorded.
+    #[arg(long, env = "TOOLGRID_MAX_QUEUED_PER_AGENT", default_value_t = toolgrid_core::scheduler::DEFAULT_MAX_PER_AGENT, value_parser = clap::value_parser!(u32).range(1..))]
+    max_queued_per_agent: u32,
     /// This replica's identity in the leader election.
     #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
@@ -114,6 +118,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         control_plane_address,
         worker_lease: args.lease.get(),
         heartbeat: args.heartbeat.get(),
+        max_queued_per_agent: args.max_queued_per_agent,
         pod_name,
         pod_namespace: args.pod_namespace,
         lease_name: args.lease_name,

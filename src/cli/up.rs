@@ -41,6 +41,10 @@ pub struct UpArgs {
     /// How often workers heartbeat.
     #[arg(long, default_value = "500ms")]
     heartbeat: GoDuration,
+    /// How many calls of one agent may wait for a worker of one pool; more are refused
+    /// `queue-full` (HTTP 429 with `Retry-After`) and not recorded.
+    #[arg(long, env = "TOOLGRID_MAX_QUEUED_PER_AGENT", default_value_t = toolgrid_core::scheduler::DEFAULT_MAX_PER_AGENT, value_parser = clap::value_parser!(u32).range(1..))]
+    max_queued_per_agent: u32,
     /// How long to wait for every pool's first worker before saying ready anyway.
     #[arg(long, default_value = "60s")]
     ready_timeout: GoDuration,
@@ -192,6 +196,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         heartbeat_interval: args.heartbeat.get(),
         lease: args.lease.get(),
         reattach_grace: (args.lease.get() * 2).max(Duration::from_secs(2)),
+        max_queued_per_agent: args.max_queued_per_agent,
         ..SchedulerConfig::default()
     };
     let admin = admin_token(&data)?;

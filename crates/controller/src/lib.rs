@@ -45,6 +45,8 @@ pub struct Settings {
     pub control_plane_address: String,
     pub worker_lease: Duration,
     pub heartbeat: Duration,
+    /// How many calls of one agent may wait for a worker of one pool.
+    pub max_queued_per_agent: u32,
     pub pod_name: String,
     pub pod_namespace: String,
     pub lease_name: String,
@@ -175,6 +177,7 @@ async fn lead(
             heartbeat_interval: settings.heartbeat,
             lease: settings.worker_lease,
             reattach_grace: (settings.worker_lease * 2).max(Duration::from_secs(5)),
+            max_queued_per_agent: settings.max_queued_per_agent,
             ..SchedulerConfig::default()
         },
         // Agent tokens, ServiceAccount tokens the cluster reviews, operators by RBAC, and the

@@ -15,7 +15,7 @@ pub fn grpc_code(kind: ErrorKind) -> Code {
         | ErrorKind::EgressDenied
         | ErrorKind::UnknownSecret
         | ErrorKind::ApprovalTimeout => Code::PermissionDenied,
-        ErrorKind::RateLimited => Code::ResourceExhausted,
+        ErrorKind::RateLimited | ErrorKind::QueueFull => Code::ResourceExhausted,
         ErrorKind::RepeatedCall => Code::AlreadyExists,
         ErrorKind::NotAwaitingApproval | ErrorKind::NotCancellable => Code::FailedPrecondition,
         ErrorKind::MiddlewareFailed => Code::Unavailable,

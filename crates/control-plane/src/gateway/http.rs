@@ -26,9 +26,10 @@
 //!   `not-cancellable` when it has ended).
 //! - The `:call` route with `Accept: text/event-stream` answers a stream of server-sent
 //!   events (progress, then the call record; see [`super::sse`]).
-//! - `/healthz`, `/readyz` (probes) and `/metrics` (aggregate counters, no call data) are
-//!   open; every `/v1` route authenticates first (`Authorization: Bearer TOKEN`, an
-//!   operator may add `Toolgrid-As: AGENT`): 401 without a valid token.
+//! - `/healthz`, `/readyz` (probes) are open; `/metrics` (aggregate counters, no call
+//!   data) answers operators only ([`metrics`]); every `/v1` route authenticates first
+//!   (`Authorization: Bearer TOKEN`, an operator may add `Toolgrid-As: AGENT`): 401 without
+//!   a valid token.
 //! - `/mcp`: the MCP server ([`super::mcp`]), with its protected-resource metadata at
 //!   `/.well-known/oauth-protected-resource[/mcp]`.
 //! - `/ui`: the console ([`super::console`]), authenticated by a session cookie.
@@ -81,10 +82,7 @@ pub fn router_with(
     axum::Router::new()
         .merge(api)
         .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/metrics",
-            get(|| async { crate::metrics::global().encode() }),
-        )
+        .route("/metrics", get(metrics))
         .route(
             "/readyz",
             get(move || {
@@ -101,6 +99,22 @@ pub fn router_with(
         .with_state(gateway.clone())
         .merge(super::mcp::routes(gateway.clone(), mcp))
         .merge(super::console::routes(gateway))
+}
+
+/// `GET /metrics`: the Prometheus figures, for an operator's bearer token only (they name
+/// every namespace's tools, agents and pools): 401 `unauthenticated` without a valid token,
+/// 403 `permission-denied` for an agent's. `Toolgrid-As` is not honoured here.
+async fn metrics(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let authorization = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+    match gateway.authenticate(authorization, None).await {
+        Ok(Principal::Operator { .. }) => crate::metrics::global().encode().into_response(),
+        Ok(Principal::Agent { agent }) => HttpError(ApiError::new(
+            ErrorKind::PermissionDenied,
+            format!("agent {agent} may not read /metrics: it is for operators"),
+        ))
+        .into_response(),
+        Err(error) => HttpError(error).into_response(),
+    }
 }
 
 /// Authenticates a `/v1` request and hands the [`Principal`] on in its extensions.

@@ -18,7 +18,7 @@ pub fn http_status(kind: ErrorKind) -> StatusCode {
         | ErrorKind::EgressDenied
         | ErrorKind::UnknownSecret
         | ErrorKind::ApprovalTimeout => 403,
-        ErrorKind::RateLimited => 429,
+        ErrorKind::RateLimited | ErrorKind::QueueFull => 429,
         ErrorKind::MiddlewareFailed => 503,
         ErrorKind::UnknownTool | ErrorKind::UnknownCommand | ErrorKind::NotFound => 404,
         ErrorKind::IdempotencyConflict
@@ -90,6 +90,10 @@ mod tests {
         );
         assert_eq!(
             http_status(ErrorKind::RateLimited),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            http_status(ErrorKind::QueueFull),
             StatusCode::TOO_MANY_REQUESTS
         );
         assert_eq!(http_status(ErrorKind::ToolError).as_u16(), 422);

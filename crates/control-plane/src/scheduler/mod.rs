@@ -1,7 +1,9 @@
 //! The scheduler: worker sessions, slots, leases, epochs and failover.
 //!
-//! Calls wait in one queue and go to a worker of their release's pool with a free slot,
-//! preferring one that has the release compiled. Every assignment bumps the call's epoch
+//! Calls wait in their agent's lane of their pool's queue (the lanes take turns; each holds
+//! at most [`SchedulerConfig::max_queued_per_agent`] calls admission put there) and go to a
+//! worker of their release's pool with a free slot, preferring one that has the release
+//! compiled. Every assignment bumps the call's epoch
 //! in the store; a worker whose stream breaks, whose lease lapses, or who gives a call up
 //! loses its calls, which are fenced (so its late appends are refused) and handed to
 //! another worker to replay.
@@ -17,7 +19,7 @@ mod watch;
 
 pub use link::WorkerLinkService;
 pub use secrets::{SecretError, SecretSource, StaticSecrets};
-pub use toolgrid_core::scheduler::{Refusal, WorkerInfo};
+pub use toolgrid_core::scheduler::{QueueFull, Refusal, WorkerInfo};
 pub use watch::{CallUpdate, CallWatch, Progress};
 
 use std::collections::HashMap;
@@ -46,6 +48,9 @@ pub struct SchedulerConfig {
     pub reattach_grace: Duration,
     /// How long past its deadline a running call may go unreported before it is failed.
     pub deadline_grace: Duration,
+    /// How many calls of one agent may wait for a worker of one pool; admission refuses
+    /// more with `queue-full`.
+    pub max_queued_per_agent: u32,
 }
 
 impl Default for SchedulerConfig {
@@ -55,6 +60,7 @@ impl Default for SchedulerConfig {
             lease: Duration::from_secs(2),
             reattach_grace: Duration::from_secs(5),
             deadline_grace: Duration::from_secs(5),
+            max_queued_per_agent: toolgrid_core::scheduler::DEFAULT_MAX_PER_AGENT,
         }
     }
 }
@@ -130,7 +136,7 @@ impl Scheduler {
             store,
             calls,
             config,
-            state: Mutex::new(State::new(timing)),
+            state: Mutex::new(State::new(timing).with_max_per_agent(config.max_queued_per_agent)),
             sessions: Mutex::default(),
             wake: Notify::new(),
             secrets: std::sync::RwLock::new(None),
@@ -252,9 +258,11 @@ impl Scheduler {
     }
 
     /// Reserves a worker slot for a call about to be admitted, so the store can record the
-    /// admission and the assignment in one commit.
-    pub fn reserve(&self, call: &toolgrid_store::NewCall) -> Option<String> {
-        self.lock().reserve(call).map(WorkerId::into_string)
+    /// admission and the assignment in one commit (`Ok(None)`: it will queue, and holds a
+    /// place in its agent's lane until it is submitted or unreserved). [`QueueFull`]: the
+    /// agent has as many calls waiting in the pool as it may; the call must not be recorded.
+    pub fn reserve(&self, call: &toolgrid_store::NewCall) -> Result<Option<String>, QueueFull> {
+        Ok(self.lock().reserve(call)?.map(WorkerId::into_string))
     }
 
     /// Gives a reservation back (the admission did not create the call).

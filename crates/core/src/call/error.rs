@@ -69,6 +69,10 @@ pub enum ErrorKind {
     WorkspaceInvalid,
     /// A rate limit's bucket is empty: try again after the retry-after the refusal carries.
     RateLimited,
+    /// The caller's queue of calls waiting for a worker of the pool is full (the scheduler's
+    /// per-agent cap): the call was not recorded; try again after the retry-after the refusal
+    /// carries.
+    QueueFull,
     /// The agent made the same call (tool, command, arguments, stdin) within the Tool's
     /// repeat window, without the first call's idempotency key.
     RepeatedCall,
@@ -88,7 +92,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 36] = [
+    pub const ALL: [ErrorKind; 37] = [
         ErrorKind::InvalidArgument,
         ErrorKind::UnknownTool,
         ErrorKind::UnknownCommand,
@@ -118,6 +122,7 @@ impl ErrorKind {
         ErrorKind::WorkspaceConflict,
         ErrorKind::WorkspaceInvalid,
         ErrorKind::RateLimited,
+        ErrorKind::QueueFull,
         ErrorKind::RepeatedCall,
         ErrorKind::ApprovalTimeout,
         ErrorKind::MiddlewareFailed,
@@ -158,6 +163,7 @@ impl ErrorKind {
             ErrorKind::WorkspaceConflict => "workspace-conflict",
             ErrorKind::WorkspaceInvalid => "workspace-invalid",
             ErrorKind::RateLimited => "rate-limited",
+            ErrorKind::QueueFull => "queue-full",
             ErrorKind::RepeatedCall => "repeated-call",
             ErrorKind::ApprovalTimeout => "approval-timeout",
             ErrorKind::MiddlewareFailed => "middleware-failed",

@@ -63,6 +63,13 @@ pub fn with_fs(id: &str, agent: &str, filesystem: Filesystem) -> Call {
     Call::new(r, None)
 }
 
+/// [`pending`], acting for `agent` (namespace `default`), no filesystem.
+pub fn of_agent(id: &str, agent: &str) -> Call {
+    let mut r = record(id);
+    r.spec.access.agent = Some(agent.into());
+    Call::new(r, None)
+}
+
 // Events.
 
 /// The fields of [`Event::Attach`]; [`attaching`] has the defaults, `.into()` makes the event.

@@ -7,6 +7,9 @@
 //! each outcome back as an event, and sleeps until [`State::next_wake`]. Tests drive it
 //! with fake time. Calls, workers and epochs are [`CallId`], [`WorkerId`] and [`Epoch`].
 //!
+//! The queue is fair between agents ([`queue`]): a lane per agent per pool, served in
+//! turns, each lane capped at admission ([`State::reserve`] refuses with [`QueueFull`]).
+//!
 //! Invariants:
 //! - a call is in exactly one of: the queue, `running`, `fencing`, `failing`, `orphans`;
 //! - a running call's slot is counted in its worker's `busy` set while the worker's session
@@ -25,7 +28,9 @@ use crate::ids::{CallId, Epoch, WorkerId};
 use crate::interface::CommandInterface;
 use crate::secret::secrets_match;
 use crate::workspace::{WorkspaceKey, WriteLocks};
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use queue::Queued;
+pub use queue::{DEFAULT_MAX_PER_AGENT, Lane, Party, QUEUE_FULL_RETRY_AFTER_MS, QueueFull};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -338,12 +343,6 @@ struct Worker {
     lease_until: Instant,
 }
 
-struct Queued {
-    call: Call,
-    /// Not before this (a store write for it failed).
-    not_before: Option<Instant>,
-}
-
 struct Running {
     call: Call,
     worker: WorkerId,
@@ -415,7 +414,12 @@ pub struct State {
     timing: Timing,
     workers: HashMap<WorkerId, Worker>,
     next_session: u64,
-    queue: VecDeque<Queued>,
+    queue: queue::Queue,
+    /// How many calls admission may put in one lane.
+    max_per_agent: u32,
+    /// Calls being admitted that will queue (no slot was free): each counts in its lane
+    /// until it is [`Event::Submitted`] (or [`State::unreserve`]d).
+    admitting: HashMap<CallId, Lane>,
     running: HashMap<CallId, Running>,
     fencing: HashMap<CallId, Fencing>,
     failing: HashMap<CallId, Failing>,
@@ -441,7 +445,9 @@ impl State {
             timing,
             workers: HashMap::new(),
             next_session: 0,
-            queue: VecDeque::new(),
+            queue: queue::Queue::default(),
+            max_per_agent: DEFAULT_MAX_PER_AGENT,
+            admitting: HashMap::new(),
             running: HashMap::new(),
             fencing: HashMap::new(),
             failing: HashMap::new(),
@@ -453,6 +459,13 @@ impl State {
             retry_waits: HashMap::new(),
             restored: HashMap::new(),
         }
+    }
+
+    /// At most `max` calls of one agent (one [`Lane`]) wait in a pool's queue; admission
+    /// refuses more ([`State::reserve`]). At least 1.
+    pub fn with_max_per_agent(mut self, max: u32) -> Self {
+        self.max_per_agent = max.max(1);
+        self
     }
 
     /// Before [`Event::Recovered`]: the deadlines (Unix ms) the progress recorded in the
@@ -477,12 +490,7 @@ impl State {
             .get(call_id)
             .map(|r| r.call.deadline_ms)
             .or_else(|| self.orphans.get(call_id).map(|o| o.call.deadline_ms))
-            .or_else(|| {
-                self.queue
-                    .iter()
-                    .find(|q| q.call.id() == call_id)
-                    .map(|q| q.call.deadline_ms)
-            })
+            .or_else(|| self.queue.find(call_id).map(|q| q.call.deadline_ms))
     }
 
     fn backoff(&self, failures: u32) -> Duration {
@@ -520,7 +528,10 @@ impl State {
                     }
                 }
             }
-            Event::Submitted(call) => self.enqueue_back(call),
+            Event::Submitted(call) => {
+                self.admitting.remove(call.id());
+                self.enqueue_back(call)
+            }
             Event::AdmittedAssigned { call, epoch } => {
                 let id = call.id().clone();
                 match self.reserved.remove(&id) {
@@ -1024,49 +1035,69 @@ impl State {
     }
 
     /// Hands queued calls to free slots, preferring a worker that has the release compiled.
+    /// Each pool's lanes take turns ([`queue`]): the next call is the first one that may go
+    /// now of the lane whose turn it is; a lane none of whose calls may go (backoff, a
+    /// workspace another call writes, the release's instance limit) passes its turn.
     fn dispatch(&mut self, now: Instant, out: &mut Vec<Command>) {
-        let mut index = 0;
-        while index < self.queue.len() {
-            let queued = &self.queue[index];
-            if queued.not_before.is_some_and(|t| t > now) {
-                index += 1;
-                continue;
-            }
-            let record = queued.call.record.clone();
-            let id = queued.call.id().clone();
-            let writes = queued.call.writes();
-            if !self.writers.may_assign(writes.as_ref(), id.as_str()) {
-                // Another call writes its workspace: it waits, the calls behind it do not.
-                index += 1;
-                continue;
-            }
-            let Some((worker, session)) = self.pick(&record) else {
-                index += 1;
-                continue;
-            };
-            let Some(queued) = self.queue.remove(index) else {
-                break;
-            };
-            self.writers.take(writes.as_ref(), id.as_str());
-            if let Some(w) = self.workers.get_mut(&worker) {
-                w.busy.insert(id.clone());
-                w.cached.insert(record.release_digest.clone());
-            }
-            self.running.insert(
-                id,
-                Running {
-                    call: queued.call.clone(),
-                    worker: worker.clone(),
+        for pool in self.queue.pools() {
+            while self.has_free_slot(&pool) {
+                let Some((party, index, worker, session)) = self.next_offer(&pool, now) else {
+                    break;
+                };
+                let Some(queued) = self.queue.served(&pool, &party, index) else {
+                    break;
+                };
+                let id = queued.call.id().clone();
+                let record = queued.call.record.clone();
+                self.writers
+                    .take(queued.call.writes().as_ref(), id.as_str());
+                if let Some(w) = self.workers.get_mut(&worker) {
+                    w.busy.insert(id.clone());
+                    w.cached.insert(record.release_digest.clone());
+                }
+                self.running.insert(
+                    id,
+                    Running {
+                        call: queued.call.clone(),
+                        worker: worker.clone(),
+                        session,
+                        epoch: Epoch::ZERO,
+                    },
+                );
+                out.push(Command::Assign {
+                    call: queued.call,
+                    worker,
                     session,
-                    epoch: Epoch::ZERO,
-                },
-            );
-            out.push(Command::Assign {
-                call: queued.call,
-                worker,
-                session,
-            });
+                });
+            }
         }
+    }
+
+    /// Whether a worker of `pool` has a free slot.
+    fn has_free_slot(&self, pool: &str) -> bool {
+        self.workers
+            .values()
+            .any(|w| w.pool == pool && (w.busy.len() as u32) < w.slots)
+    }
+
+    /// The call of `pool` that goes to a worker next, if any may go now: its lane's party,
+    /// its place in the lane, and the worker's session.
+    fn next_offer(&self, pool: &str, now: Instant) -> Option<(Party, usize, WorkerId, u64)> {
+        self.queue.offers(pool).find_map(|(party, index, queued)| {
+            if queued.not_before.is_some_and(|t| t > now) {
+                return None;
+            }
+            let writes = queued.call.writes();
+            if !self
+                .writers
+                .may_assign(writes.as_ref(), queued.call.id().as_str())
+            {
+                // Another call writes its workspace: it waits, the calls behind it do not.
+                return None;
+            }
+            let (worker, session) = self.pick(&queued.call.record)?;
+            Some((party.clone(), index, worker, session))
+        })
     }
 
     /// The best worker with a free slot for a call, within the release's instance limit.
@@ -1101,10 +1132,35 @@ impl State {
     }
 
     /// Reserves a slot for a call about to be admitted, so that admission and assignment
-    /// are one commit. Returns the worker, or `None` when the call must queue.
-    pub fn reserve(&mut self, call: &NewCall) -> Option<WorkerId> {
-        if !self.queue.is_empty() {
-            // Calls already waiting go first.
+    /// are one commit. `Ok(Some(worker))`: the slot; `Ok(None)`: the call must queue, and
+    /// counts in its lane until it is submitted (or unreserved); [`QueueFull`]: its lane
+    /// holds the most calls it may, and the call must not be recorded.
+    pub fn reserve(&mut self, call: &NewCall) -> Result<Option<WorkerId>, QueueFull> {
+        match self.reserve_slot(call) {
+            Some(worker) => Ok(Some(worker)),
+            None => {
+                let lane = Lane {
+                    pool: call.spec.pool.clone(),
+                    party: Party::of(&call.namespace, call.spec.access.agent.as_deref()),
+                };
+                let queued = self.queue.len_of(&lane)
+                    + self.admitting.values().filter(|l| **l == lane).count();
+                if queued >= self.max_per_agent as usize {
+                    return Err(QueueFull {
+                        lane,
+                        queued,
+                        max: self.max_per_agent,
+                    });
+                }
+                self.admitting.insert(CallId::from(call.id.as_str()), lane);
+                Ok(None)
+            }
+        }
+    }
+
+    fn reserve_slot(&mut self, call: &NewCall) -> Option<WorkerId> {
+        if self.queue.has_waiting(&call.spec.pool) {
+            // Calls already waiting for this pool go first (in their turns).
             return None;
         }
         let writes = WorkspaceKey::written_by(&call.namespace, &call.spec.access);
@@ -1141,8 +1197,9 @@ impl State {
     }
 
     /// Gives back a reservation that was not used (the call was a duplicate, or the write
-    /// failed).
+    /// failed): its slot, or its place in its lane.
     pub fn unreserve(&mut self, call_id: &CallId) {
+        self.admitting.remove(call_id);
         self.writers.release(call_id.as_str());
         if let Some((worker, _)) = self.reserved.remove(call_id)
             && let Some(w) = self.workers.get_mut(&worker)
@@ -1227,10 +1284,15 @@ impl State {
     /// Calls waiting for a slot, by pool.
     pub fn queued(&self) -> HashMap<String, usize> {
         let mut out = HashMap::new();
-        for q in &self.queue {
+        for q in self.queue.iter() {
             *out.entry(q.call.record.spec.pool.clone()).or_default() += 1;
         }
         out
+    }
+
+    /// Calls waiting in one lane (an agent's calls in a pool).
+    pub fn queued_in(&self, lane: &Lane) -> usize {
+        self.queue.len_of(lane)
     }
 
     /// Calls of a release not yet ended that this scheduler tracks.
@@ -1261,6 +1323,8 @@ impl State {
         }
     }
 }
+
+mod queue;
 
 #[cfg(test)]
 mod fixtures;

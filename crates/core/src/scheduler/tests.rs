@@ -1,7 +1,9 @@
 use super::fixtures::*;
 use super::*;
 use crate::call::{CallRecord, ErrorKind};
+use crate::error::ApiError;
 use crate::fixtures;
+use crate::ids::ObjectKey;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -272,10 +274,10 @@ fn admission_and_assignment_in_one_commit_uses_the_reserved_slot() {
     let (t0, mut state) = start();
     let (session, _) = attach(&mut state, "w1", 1, t0);
     let new = fixtures::new_call(&record("a"));
-    assert_eq!(state.reserve(&new), Some("w1".into()));
+    assert_eq!(state.reserve(&new), Ok(Some("w1".into())));
     let mut other = new.clone();
     other.id = "b".into();
-    assert_eq!(state.reserve(&other), None, "the only slot is reserved");
+    assert_eq!(state.reserve(&other), Ok(None), "the only slot is reserved");
     let out = state.on(
         Event::AdmittedAssigned {
             call: Call::new(running("a", 1, "w1"), None),
@@ -422,11 +424,27 @@ fn admission_does_not_reserve_a_slot_for_a_second_writer() {
     let (t0, mut state) = start();
     attach(&mut state, "w1", 4, t0);
     let new = |id: &str, fs| fixtures::new_call(&with_fs(id, "a", fs).record);
-    assert!(state.reserve(&new("one", ReadWrite)).is_some());
-    assert!(state.reserve(&new("two", ReadWrite)).is_none());
-    assert!(state.reserve(&new("reader", ReadOnly)).is_some());
+    assert!(
+        state
+            .reserve(&new("one", ReadWrite))
+            .is_ok_and(|w| w.is_some())
+    );
+    assert!(
+        state
+            .reserve(&new("two", ReadWrite))
+            .is_ok_and(|w| w.is_none())
+    );
+    assert!(
+        state
+            .reserve(&new("reader", ReadOnly))
+            .is_ok_and(|w| w.is_some())
+    );
     unreserve(&mut state, "one");
-    assert!(state.reserve(&new("two", ReadWrite)).is_some());
+    assert!(
+        state
+            .reserve(&new("two", ReadWrite))
+            .is_ok_and(|w| w.is_some())
+    );
 }
 
 #[test]
@@ -577,4 +595,148 @@ fn a_stopped_call_is_forgotten_and_its_worker_told_to_stop() {
     let out = state.on(stopped("c", "cancelled"), t0);
     assert!(!out.iter().any(|c| matches!(c, Command::Cancel { .. })));
     assert_eq!(state.queued().values().sum::<usize>(), 0);
+}
+
+// Fair share between agents.
+
+#[test]
+fn agents_with_queued_calls_take_turns_for_a_slot() {
+    let (t0, mut state) = start();
+    attach(&mut state, "w1", 1, t0);
+    let calls = vec![
+        of_agent("a1", "alice"),
+        of_agent("a2", "alice"),
+        of_agent("a3", "alice"),
+        of_agent("a4", "alice"),
+        of_agent("b1", "bob"),
+        of_agent("b2", "bob"),
+        of_agent("c1", "carol"),
+    ];
+    assert_eq!(submit_ids(&mut state, calls, t0), ["a1"]);
+    let mut order = Vec::new();
+    let mut running = "a1".to_string();
+    for step in 1..=6u64 {
+        let now = t0 + Duration::from_millis(step);
+        let out = state.on(finished(&running), now);
+        let assigned = assigns(&out);
+        assert_eq!(
+            assigned.len(),
+            1,
+            "one slot frees, one call goes: {assigned:?}"
+        );
+        running = assigned[0].0.clone();
+        order.push(running.clone());
+    }
+    // alice's flood does not hold bob and carol back: each lane gets one call per turn.
+    assert_eq!(order, ["a2", "b1", "c1", "a3", "b2", "a4"]);
+    assert_eq!(state.queued().values().sum::<usize>(), 0);
+}
+
+#[test]
+fn a_lane_that_cannot_go_passes_its_turn() {
+    let (t0, mut state) = start();
+    attach(&mut state, "w1", 1, t0);
+    // alice's only queued call waits out a store retry backoff; bob's goes meanwhile.
+    state.on(Event::Submitted(of_agent("a1", "alice")), t0);
+    state.on(assign_failed("a1"), t0);
+    let out = state.on(Event::Submitted(of_agent("b1", "bob")), t0);
+    assert_eq!(assigns(&out), [("b1".to_string(), "w1".to_string())]);
+    state.on(finished("b1"), t0 + Duration::from_millis(1));
+    let out = state.on(Event::Tick, t0 + Duration::from_millis(200));
+    assert_eq!(assigns(&out), [("a1".to_string(), "w1".to_string())]);
+}
+
+#[test]
+fn admission_refuses_a_call_past_its_agents_cap_and_only_that_agents() {
+    let (_, state) = start();
+    let mut state = state.with_max_per_agent(2);
+    let new = |id: &str, agent: Option<&str>| {
+        let mut r = record(id);
+        r.spec.access.agent = agent.map(String::from);
+        fixtures::new_call(&r)
+    };
+    // No worker: every call queues, and counts in its lane from its admission on.
+    assert_eq!(state.reserve(&new("a1", Some("alice"))), Ok(None));
+    assert_eq!(state.reserve(&new("a2", Some("alice"))), Ok(None));
+    let full = state
+        .reserve(&new("a3", Some("alice")))
+        .expect_err("alice's lane is full");
+    assert_eq!(
+        (full.lane.party.clone(), full.queued, full.max),
+        (Party::Agent(ObjectKey::new("default", "alice")), 2, 2)
+    );
+    assert_eq!(
+        ApiError::from(full).kind,
+        crate::error::ErrorKind::QueueFull
+    );
+    // Another agent, and operators' own calls, have lanes of their own.
+    assert_eq!(state.reserve(&new("b1", Some("bob"))), Ok(None));
+    assert_eq!(state.reserve(&new("op1", None)), Ok(None));
+    // Submitted, a call still counts; a call whose admission did not record it does not.
+    let (t0, _) = start();
+    state.on(Event::Submitted(of_agent("a1", "alice")), t0);
+    assert!(state.reserve(&new("a3", Some("alice"))).is_err());
+    unreserve(&mut state, "a2");
+    assert_eq!(state.reserve(&new("a3", Some("alice"))), Ok(None));
+    state.on(Event::Submitted(of_agent("a3", "alice")), t0);
+    assert!(state.reserve(&new("a4", Some("alice"))).is_err());
+    // A call that starts frees its place in the lane.
+    let (_, out) = attach(&mut state, "w1", 1, t0);
+    assert_eq!(assigns(&out).len(), 1);
+    assert_eq!(state.reserve(&new("a4", Some("alice"))), Ok(None));
+}
+
+#[test]
+fn a_call_taken_back_from_a_lost_worker_keeps_its_place_in_its_lane() {
+    let (t0, mut state) = start();
+    let (s1, _) = attach(&mut state, "w1", 1, t0);
+    let calls = vec![
+        of_agent("a1", "alice"),
+        of_agent("a2", "alice"),
+        of_agent("b1", "bob"),
+    ];
+    assert_eq!(submit_ids(&mut state, calls, t0), ["a1"]);
+    state.on(assigned("a1", 1), t0);
+    // The cap is for admission: a call coming back is never refused, even into a full lane.
+    let mut state = state.with_max_per_agent(1);
+    let out = state.on(detached("w1", s1, "stream closed"), t0);
+    assert_eq!(fences(&out), [("a1".to_string(), 1)]);
+    state.on(fenced("a1"), t0);
+    let new_a = fixtures::new_call(&of_agent("a9", "alice").record);
+    assert!(
+        state.reserve(&new_a).is_err(),
+        "alice has two calls waiting"
+    );
+    let t1 = t0 + Duration::from_secs(1);
+    let (_, out) = attach(&mut state, "w2", 1, t1);
+    assert_eq!(
+        assigns(&out),
+        [("a1".to_string(), "w2".to_string())],
+        "the call taken back goes before alice's later one"
+    );
+    let mut order = Vec::new();
+    let mut running = "a1".to_string();
+    for step in 1..=2u64 {
+        let out = state.on(finished(&running), t1 + Duration::from_millis(step));
+        running = assigns(&out)[0].0.clone();
+        order.push(running.clone());
+    }
+    assert_eq!(order, ["b1", "a2"]);
+}
+
+#[test]
+fn a_waiting_call_of_one_pool_does_not_keep_another_pools_call_from_a_free_slot() {
+    let (t0, mut state) = start();
+    state.on(Event::Submitted(of_agent("a1", "alice")), t0);
+    let other = Attaching {
+        pool: "default/other".into(),
+        ..attaching("w9", 1)
+    };
+    state.on(other.into(), t0);
+    let mut r = of_agent("o1", "alice").record.as_ref().clone();
+    r.spec.pool = "default/other".into();
+    assert_eq!(
+        state.reserve(&fixtures::new_call(&r)),
+        Ok(Some("w9".into()))
+    );
 }

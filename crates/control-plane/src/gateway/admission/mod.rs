@@ -12,8 +12,9 @@
 //!    call for approval;
 //! 7. the release's pool is ready;
 //! 8. the record ([`record::new_call`], pure);
-//! 9. recorded, with a worker slot reserved when one is free, and handed to the scheduler
-//!    ([`Gateway::record_call`]).
+//! 9. recorded, with a worker slot reserved when one is free (else a place in the agent's
+//!    queue: `queue-full` when it holds as many calls as it may), and handed to the
+//!    scheduler ([`Gateway::record_call`]).
 //!
 //! Every refusal, at any step, gets an audit record ([`Gateway::audit_refusal`]).
 
@@ -399,19 +400,24 @@ impl Gateway {
         let awaiting = new.spec.chain.approval.is_some();
         let queued = !awaiting && new.dry_run_result.is_none();
         if queued {
-            new.assign_to = self.scheduler.reserve(&new);
+            // A slot, or a place in the agent's lane: a full lane refuses the call before
+            // it is recorded, so the same key may be tried again later.
+            match self.scheduler.reserve(&new) {
+                Ok(worker) => new.assign_to = worker,
+                Err(full) => return Err(refused.with(full.into())),
+            }
         }
         let reserved = new.assign_to.is_some();
         let created = match self.store.create_call(new).await {
             Ok(created) => created,
             Err(error) => {
-                if reserved {
+                if queued {
                     self.scheduler.unreserve(&call_id);
                 }
                 return Err(refused.with(error.into()));
             }
         };
-        if reserved && !matches!(created, Created::New(_)) {
+        if queued && !matches!(created, Created::New(_)) {
             self.scheduler.unreserve(&call_id);
         }
         match created {

@@ -749,3 +749,23 @@ async fn delete_session(State(mcp): State<Arc<Mcp>>, headers: HeaderMap) -> Resp
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_refuses_the_call_as_an_is_error_result_naming_its_kind() {
+        let full = ApiError::new(
+            ErrorKind::QueueFull,
+            "agent default/alice has 4 calls waiting",
+        )
+        .with_retry_after(1000);
+        let result = refusal(full).expect("a refusal of the call, not a JSON-RPC error");
+        assert_eq!(result["isError"], true);
+        let text = result["content"][0]["text"].as_str().unwrap_or_default();
+        assert!(text.starts_with("queue-full: "), "{text}");
+        let bad = refusal(ApiError::new(ErrorKind::InvalidArgument, "no such option"));
+        assert!(bad.is_err(), "a bad request stays a JSON-RPC error");
+    }
+}
