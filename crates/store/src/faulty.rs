@@ -11,7 +11,7 @@
 //! - `OP:delay=DURATION` delays every call of OP (a humantime duration).
 //!
 //! OP is one of the names of [`Op`] (`create`, `assign`, `fence`, `append`, `complete`,
-//! `fail`, `get`, `find`, `list`, `unfinished`, `oplog`, `put-artifact`, `get-artifact`,
+//! `fail`, `get`, `find`, `list`, `unfinished`, `oplog`, `oplog-page`, `put-artifact`, `get-artifact`,
 //! `load-resources`, `save-resources`, `retention`).
 
 use super::{
@@ -38,6 +38,7 @@ pub enum Op {
     List,
     Unfinished,
     Oplog,
+    OplogPage,
     PutArtifact,
     GetArtifact,
     LoadResources,
@@ -49,7 +50,7 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 19] = [
+    pub const ALL: [Op; 20] = [
         Op::Create,
         Op::Assign,
         Op::Fence,
@@ -61,6 +62,7 @@ impl Op {
         Op::List,
         Op::Unfinished,
         Op::Oplog,
+        Op::OplogPage,
         Op::PutArtifact,
         Op::GetArtifact,
         Op::LoadResources,
@@ -84,6 +86,7 @@ impl Op {
             Op::List => "list",
             Op::Unfinished => "unfinished",
             Op::Oplog => "oplog",
+            Op::OplogPage => "oplog-page",
             Op::PutArtifact => "put-artifact",
             Op::GetArtifact => "get-artifact",
             Op::LoadResources => "load-resources",
@@ -346,6 +349,19 @@ impl CallLog for FaultyStore {
 
     async fn oplog(&self, call_id: &str) -> Result<Vec<OplogRecord>, StoreError> {
         self.run(Op::Oplog, self.inner.oplog(call_id)).await
+    }
+
+    async fn oplog_page(
+        &self,
+        call_id: &str,
+        from_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<OplogRecord>, StoreError> {
+        self.run(
+            Op::OplogPage,
+            self.inner.oplog_page(call_id, from_seq, limit),
+        )
+        .await
     }
 }
 

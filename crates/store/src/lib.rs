@@ -17,6 +17,9 @@ mod sql;
 mod traits;
 
 pub use faulty::{FaultyStore, Op};
+
+/// Entries one [`CallLog::oplog_page`] returns at most, whatever its caller asks for.
+pub const MAX_OPLOG_PAGE_ENTRIES: u32 = 1000;
 pub use sql::{OpenOptions, RetryPolicy, SCHEMA_VERSION, SqlStore, is_transient};
 pub use toolgrid_core::call::{
     CallError, CallFilter, CallRecord, CallSpec, CallState, Created, NewCall, OplogEntry,

@@ -106,7 +106,18 @@ pub trait CallLog: Send + Sync {
     async fn list_calls(&self, filter: &CallFilter) -> Result<Vec<CallRecord>, StoreError>;
     /// Calls not yet ended, oldest first (for a restarting control plane).
     async fn unfinished_calls(&self) -> Result<Vec<CallRecord>, StoreError>;
+    /// A call's whole oplog, in order: for replay, failover and retries, which need all of
+    /// it. A reader that shows entries pages with [`CallLog::oplog_page`].
     async fn oplog(&self, call_id: &str) -> Result<Vec<OplogRecord>, StoreError>;
+    /// At most `limit` entries of a call's oplog with `seq >= from_seq`, in order, read by
+    /// the query (the rest of the oplog is never loaded). `limit` is capped at
+    /// [`crate::MAX_OPLOG_PAGE_ENTRIES`]; `0` reads nothing.
+    async fn oplog_page(
+        &self,
+        call_id: &str,
+        from_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<OplogRecord>, StoreError>;
 }
 
 /// Durable approval: the one decision on a call held by an approval step.

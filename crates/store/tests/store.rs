@@ -1723,3 +1723,80 @@ async fn a_dry_run_is_recorded_succeeded_with_its_result_and_never_assigned() {
         assert_eq!(store.oplog("dry2").await.unwrap().len(), 2);
     }
 }
+
+#[tokio::test]
+async fn an_oplog_page_is_read_by_the_query_with_its_limit_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let store = toolgrid_store::open(&url).await.unwrap();
+        store
+            .create_call(new_call("p1", None, json!({})))
+            .await
+            .unwrap();
+        store
+            .create_call(new_call("p2", None, json!({})))
+            .await
+            .unwrap();
+        let epoch = store.assign_call("p1", "w1").await.unwrap();
+        // More entries than one page may hold.
+        let extra = toolgrid_store::MAX_OPLOG_PAGE_ENTRIES as u64 + 200;
+        let entries: Vec<OplogEntry> = (0..extra)
+            .map(|ns| OplogEntry::MonotonicClock(MonotonicClock { ns }))
+            .collect();
+        store.append_oplog("p1", epoch, 0, entries).await.unwrap();
+        let all = store.oplog("p1").await.unwrap();
+        assert!(all.len() as u64 > extra, "{backend}: {}", all.len());
+        let last = all.last().unwrap().seq;
+
+        // From the start, in order, exactly `limit`.
+        let first = store.oplog_page("p1", 0, 3).await.unwrap();
+        assert_eq!(first, all[..3], "{backend}");
+        // From a seq in the middle: that entry first.
+        let middle = all[10].seq;
+        let page = store.oplog_page("p1", middle, 5).await.unwrap();
+        assert_eq!(page, all[10..15], "{backend}");
+        // The last entry alone, then nothing after it.
+        let tail = store.oplog_page("p1", last, 5).await.unwrap();
+        assert_eq!(tail, all[all.len() - 1..], "{backend}");
+        assert!(
+            store
+                .oplog_page("p1", last + 1, 5)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{backend}"
+        );
+        assert!(
+            store
+                .oplog_page("p1", u64::MAX, 5)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{backend}"
+        );
+        // A limit of 0 reads nothing; a huge one is capped.
+        assert!(
+            store.oplog_page("p1", 0, 0).await.unwrap().is_empty(),
+            "{backend}"
+        );
+        let capped = store.oplog_page("p1", 0, u32::MAX).await.unwrap();
+        assert_eq!(
+            capped.len(),
+            toolgrid_store::MAX_OPLOG_PAGE_ENTRIES as usize,
+            "{backend}"
+        );
+        assert_eq!(capped, all[..capped.len()], "{backend}");
+        // Only the call's own entries, and nothing for a call that does not exist.
+        let other = store.oplog_page("p2", 0, 100).await.unwrap();
+        assert_eq!(other, store.oplog("p2").await.unwrap(), "{backend}");
+        assert!(other.len() < 3, "{backend}: {other:?}");
+        assert!(
+            store
+                .oplog_page("no-such-call", 0, 10)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{backend}"
+        );
+    }
+}

@@ -37,6 +37,7 @@ use toolgrid_api::WorkerPoolStatus;
 use toolgrid_catalog::pool_health::{LivePool, pool_ready};
 use toolgrid_catalog::{Catalog, ResourceState, Snapshot};
 use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_core::middleware::redact::Redactor;
 use toolgrid_proto as proto;
 use toolgrid_store::{CallFilter, CallRecord, OplogRecord, Store, now_ms};
 
@@ -52,6 +53,52 @@ pub fn caller_name(caller: &Principal) -> String {
 /// Bytes of entries one page of an oplog carries, within any gRPC client's default 4 MiB
 /// message limit.
 pub const OPLOG_PAGE_BYTES: usize = 2 << 20;
+
+/// Entries one page of an oplog carries at most (within the store's
+/// [`toolgrid_store::MAX_OPLOG_PAGE_ENTRIES`], which the gateway asks one more of to know
+/// whether there is a next page).
+pub const OPLOG_PAGE_ENTRIES: u32 = 500;
+
+/// `fetched` (consecutive entries, one more than a page when there are more) cut to one
+/// page: at most [`OPLOG_PAGE_ENTRIES`] entries and [`OPLOG_PAGE_BYTES`] (a larger single
+/// entry travels alone), and the seq the next page starts at, if any.
+fn page_of(fetched: Vec<OplogRecord>) -> (Vec<OplogRecord>, Option<u64>) {
+    let mut page = Vec::new();
+    let mut bytes = 0;
+    for record in fetched {
+        let size = record.payload.len() + record.kind.len() + 64;
+        if page.len() >= OPLOG_PAGE_ENTRIES as usize
+            || (!page.is_empty() && bytes + size > OPLOG_PAGE_BYTES)
+        {
+            return (page, Some(record.seq));
+        }
+        bytes += size;
+        page.push(record);
+    }
+    (page, None)
+}
+
+/// Oplog entries as an agent reads them: through the call's redaction, if it has one;
+/// withheld ([`ErrorKind::MiddlewareFailed`]) when its rules do not compile.
+fn agent_view(
+    redactor: Result<Option<Arc<Redactor>>, toolgrid_core::call::CallError>,
+    entries: &mut [OplogRecord],
+) -> Result<(), ApiError> {
+    match redactor {
+        Ok(Some(redactor)) => {
+            entries.iter_mut().for_each(|e| redactor.redact_record(e));
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(error) => Err(ApiError::new(
+            ErrorKind::MiddlewareFailed,
+            format!(
+                "the call's redaction does not compile, so its oplog is withheld: {}",
+                error.message
+            ),
+        )),
+    }
+}
 
 pub struct Gateway {
     catalog: Arc<Catalog>,
@@ -293,39 +340,42 @@ impl Gateway {
         Ok(self.store.list_calls(&filter).await?)
     }
 
-    /// A call's oplog, when `caller` may read the call.
-    pub async fn oplog(
-        &self,
-        caller: &Principal,
-        call_id: &str,
-    ) -> Result<Vec<OplogRecord>, ApiError> {
-        self.get_call(caller, call_id).await?;
-        Ok(self.store.oplog(call_id).await?)
-    }
-
-    /// One page of a call's oplog from `from_seq`: entries while the page stays within
-    /// [`OPLOG_PAGE_BYTES`] (a larger single entry travels alone), and the seq the next page
-    /// starts at, if any.
+    /// One page of a call's oplog from `from_seq`, as `caller` may read it: the entries
+    /// while the page stays within [`OPLOG_PAGE_BYTES`] and [`OPLOG_PAGE_ENTRIES`] (a larger
+    /// single entry travels alone), and the seq the next page starts at, if any. The store
+    /// reads only this page ([`toolgrid_store::CallLog::oplog_page`]), and the page passes
+    /// [`Gateway::readable_oplog`]: every front door (gRPC, HTTP, the console, the CLI
+    /// through gRPC) reads an oplog here and nowhere else.
     pub async fn oplog_page(
         &self,
         caller: &Principal,
         call_id: &str,
         from_seq: u64,
     ) -> Result<(Vec<OplogRecord>, Option<u64>), ApiError> {
-        let mut page = Vec::new();
-        let mut bytes = 0;
-        for record in self.oplog(caller, call_id).await? {
-            if record.seq < from_seq {
-                continue;
-            }
-            let size = record.payload.len() + record.kind.len() + 64;
-            if !page.is_empty() && bytes + size > OPLOG_PAGE_BYTES {
-                return Ok((page, Some(record.seq)));
-            }
-            bytes += size;
-            page.push(record);
+        let record = self.get_call(caller, call_id).await?;
+        let mut fetched = self
+            .store
+            .oplog_page(call_id, from_seq, OPLOG_PAGE_ENTRIES + 1)
+            .await?;
+        self.readable_oplog(caller, &record, &mut fetched)?;
+        Ok(page_of(fetched))
+    }
+
+    /// Oplog entries of `record` as `caller` may read them. An operator reads the oplog
+    /// as recorded (raw: what a replay uses). An agent reads it through the call's
+    /// redaction (its redact steps, fixed at admission), the same the call's result and
+    /// progress passed ([`Redactor::redact_record`]); a call whose redaction does not
+    /// compile has its oplog withheld ([`ErrorKind::MiddlewareFailed`]).
+    fn readable_oplog(
+        &self,
+        caller: &Principal,
+        record: &CallRecord,
+        entries: &mut [OplogRecord],
+    ) -> Result<(), ApiError> {
+        match caller {
+            Principal::Operator { .. } => Ok(()),
+            Principal::Agent { .. } => agent_view(self.scheduler.redactor(record), entries),
         }
-        Ok((page, None))
     }
 
     /// The tools of a namespace with their commands' schemas: every tool for an operator,
@@ -797,4 +847,102 @@ fn not_cancellable(record: &CallRecord) -> ApiError {
             record.id, record.state
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolgrid_core::call::{CallError, HttpResponse, OplogEntry, ProgressReport, RedactRules};
+
+    fn record(seq: u64, entry: &OplogEntry) -> OplogRecord {
+        let (kind, payload) = entry.to_parts();
+        OplogRecord {
+            seq,
+            epoch: 1,
+            kind: kind.as_str().to_string(),
+            payload: payload.to_string(),
+            recorded_at_ms: 0,
+        }
+    }
+
+    fn progress(seq: u64, message: &str) -> OplogRecord {
+        record(
+            seq,
+            &OplogEntry::Progress(ProgressReport {
+                message: message.into(),
+            }),
+        )
+    }
+
+    #[test]
+    fn a_page_stops_at_its_entry_count_or_its_bytes_and_names_the_next_seq() {
+        // One more than a page: the page, and the next one starts at the extra entry.
+        let fetched: Vec<_> = (0..=u64::from(OPLOG_PAGE_ENTRIES))
+            .map(|seq| progress(seq + 7, "x"))
+            .collect();
+        let (page, next) = page_of(fetched.clone());
+        assert_eq!(page, fetched[..OPLOG_PAGE_ENTRIES as usize]);
+        assert_eq!(next, Some(7 + u64::from(OPLOG_PAGE_ENTRIES)));
+        // Fewer: all of them, and no next page.
+        let (page, next) = page_of(fetched[..3].to_vec());
+        assert_eq!((page.len(), next), (3, None));
+        // Bytes: two entries of more than half a page do not share one; one larger than a
+        // page travels alone.
+        let big = "b".repeat(OPLOG_PAGE_BYTES / 2 + 1);
+        let (page, next) = page_of(vec![progress(1, &big), progress(2, &big)]);
+        assert_eq!((page.len(), next), (1, Some(2)));
+        let huge = "h".repeat(OPLOG_PAGE_BYTES + 1);
+        let (page, next) = page_of(vec![progress(5, &huge)]);
+        assert_eq!((page.len(), next), (1, None));
+    }
+
+    #[test]
+    fn an_agent_reads_the_oplog_through_the_calls_redaction_or_not_at_all() {
+        let rules = RedactRules {
+            paths: vec![],
+            patterns: vec![r"sk-[a-z0-9]+".into()],
+            replacement: "[REDACTED]".into(),
+        };
+        let raw = vec![
+            progress(1, "found sk-abc1"),
+            record(
+                2,
+                &OplogEntry::HttpResponse(HttpResponse {
+                    seq: 1,
+                    status: 200,
+                    headers: vec![],
+                    body: b"token sk-def2".to_vec(),
+                }),
+            ),
+        ];
+        let mut entries = raw.clone();
+        agent_view(
+            Ok(Some(Arc::new(Redactor::new(&rules).unwrap()))),
+            &mut entries,
+        )
+        .unwrap();
+        assert_eq!(entries[0], progress(1, "found [REDACTED]"));
+        let OplogEntry::HttpResponse(response) = entries[1].entry().unwrap() else {
+            panic!("{:?}", entries[1])
+        };
+        assert_eq!(response.body, b"token [REDACTED]");
+
+        // No redaction: as recorded.
+        let mut entries = raw.clone();
+        agent_view(Ok(None), &mut entries).unwrap();
+        assert_eq!(entries, raw);
+
+        // Rules that do not compile: withheld, with the kind the call itself fails with.
+        let mut entries = raw.clone();
+        let refused = agent_view(
+            Err(CallError::new(
+                toolgrid_core::call::ErrorKind::MiddlewareFailed,
+                "bad pattern",
+            )),
+            &mut entries,
+        )
+        .unwrap_err();
+        assert_eq!(refused.kind, ErrorKind::MiddlewareFailed);
+        assert!(refused.message.contains("withheld"), "{}", refused.message);
+    }
 }

@@ -148,7 +148,7 @@ impl Scheduler {
     /// once per set of rules. Rules that do not compile (admission checked them, so only a
     /// spec stored by another version) fail the call with the reason instead of letting its
     /// result through unredacted.
-    fn redactor(&self, record: &CallRecord) -> Result<Option<Arc<Redactor>>, CallError> {
+    pub(crate) fn redactor(&self, record: &CallRecord) -> Result<Option<Arc<Redactor>>, CallError> {
         let Some(rules) = record.spec.chain.redact.as_ref().filter(|r| !r.is_empty()) else {
             return Ok(None);
         };

@@ -11,11 +11,13 @@
 //!   text: [`CallError::message`] and [`CallError::stderr_tail`]. Every match becomes the
 //!   replacement, taken literally (`$1` is not expanded).
 //!
-//! Only results and error text are redacted: the arguments a call was made with, and the
-//! oplog entries a worker records of a tool's host calls (HTTP responses), are kept as they
-//! are.
+//! What is *stored* redacted is the result and the error text. The oplog is stored raw (a
+//! replay needs the exact responses and reports), and every copy of it an agent reads
+//! passes [`Redactor::redact_record`] on the way out (see [`Redactor::redact_entry`] for
+//! which fields). The arguments a call was made with are kept and shown as the caller sent
+//! them.
 
-use crate::call::{CallError, RedactRules};
+use crate::call::{CallError, OplogEntry, OplogRecord, RedactRules};
 use serde_json::{Map, Value};
 
 /// Replacement text of a redact step that names none.
@@ -130,6 +132,79 @@ impl Redactor {
             Err(error) => self.redact_error(error),
         }
     }
+
+    /// Redacts, with the patterns, the text of an oplog entry that a tool or a peer wrote:
+    /// HTTP URLs, header values and response bodies (a body is read as UTF-8, invalid bytes
+    /// as U+FFFD; one a pattern matches is replaced by its redacted text), progress
+    /// messages, HTTP error and refusal messages, fence reasons, approval reasons, and the
+    /// errors of retries and of the outcome. The paths name parts of the result, so they
+    /// do not apply here. The call's arguments (`call-started`) and the entries' structure
+    /// (kinds, numbers, digests) are kept.
+    pub fn redact_entry(&self, entry: &mut OplogEntry) {
+        if self.patterns.is_empty() {
+            return;
+        }
+        let text = |s: &mut String| {
+            if let Some(redacted) = self.changed(s) {
+                *s = redacted;
+            }
+        };
+        let headers = |headers: &mut Vec<(String, String)>| {
+            for (_, value) in headers.iter_mut() {
+                text(value);
+            }
+        };
+        match entry {
+            OplogEntry::HttpRequest(request) => {
+                text(&mut request.url);
+                headers(&mut request.headers);
+            }
+            OplogEntry::HttpResponse(response) => {
+                headers(&mut response.headers);
+                let body = String::from_utf8_lossy(&response.body);
+                if let Some(redacted) = self.changed(&body) {
+                    response.body = redacted.into_bytes();
+                }
+            }
+            OplogEntry::HttpError(error) => text(&mut error.message),
+            OplogEntry::HttpDenied(denied) => text(&mut denied.message),
+            OplogEntry::Progress(report) => text(&mut report.message),
+            OplogEntry::Fenced(fenced) => text(&mut fenced.reason),
+            OplogEntry::Approval(decision) => text(&mut decision.reason),
+            OplogEntry::Retry(retry) => self.redact_error(&mut retry.error),
+            OplogEntry::Outcome(outcome) => {
+                if let Some(error) = &mut outcome.error {
+                    self.redact_error(error);
+                }
+            }
+            OplogEntry::CallStarted(_)
+            | OplogEntry::Assigned(_)
+            | OplogEntry::Replay(_)
+            | OplogEntry::WallClock(_)
+            | OplogEntry::MonotonicClock(_)
+            | OplogEntry::Random(_) => {}
+        }
+    }
+
+    /// A stored oplog record as an agent may read it: its entry redacted
+    /// ([`Redactor::redact_entry`]). A payload that does not parse as its kind (a corrupted
+    /// row) has the patterns applied to its whole text instead.
+    pub fn redact_record(&self, record: &mut OplogRecord) {
+        if self.patterns.is_empty() {
+            return;
+        }
+        match record.entry() {
+            Ok(mut entry) => {
+                self.redact_entry(&mut entry);
+                record.payload = entry.payload_text();
+            }
+            Err(_) => {
+                if let Some(redacted) = self.changed(&record.payload) {
+                    record.payload = redacted;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -220,6 +295,137 @@ mod tests {
             compile_pattern(r"\w{1000}\w{1000}\w{1000}"),
             Err(regex::Error::CompiledTooBig(_))
         ));
+    }
+
+    fn oplog_record(seq: u64, entry: &OplogEntry) -> OplogRecord {
+        let (kind, payload) = entry.to_parts();
+        OplogRecord {
+            seq,
+            epoch: 1,
+            kind: kind.as_str().to_string(),
+            payload: payload.to_string(),
+            recorded_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn oplog_entries_lose_what_the_patterns_match_and_keep_their_structure() {
+        use crate::call::{HttpRequest, HttpResponse, ProgressReport, Retry};
+        let r = Redactor::new(&rules(&["/body"], &[r"sk-[a-z0-9]+"])).unwrap();
+        let mut response = OplogEntry::HttpResponse(HttpResponse {
+            seq: 1,
+            status: 200,
+            headers: vec![("x-key".into(), "sk-head1".into())],
+            body: b"{\"token\":\"sk-body2\",\"n\":1}".to_vec(),
+        });
+        r.redact_entry(&mut response);
+        let OplogEntry::HttpResponse(response) = &response else {
+            unreachable!()
+        };
+        assert_eq!(response.headers, [("x-key".into(), "[REDACTED]".into())]);
+        assert_eq!(response.body, b"{\"token\":\"[REDACTED]\",\"n\":1}");
+        assert_eq!((response.seq, response.status), (1, 200));
+
+        // A binary body is read lossily: the secret in it goes, the entry still parses.
+        let mut binary = OplogEntry::HttpResponse(HttpResponse {
+            seq: 2,
+            status: 200,
+            headers: vec![],
+            body: [&[0xff, 0xfe][..], b"sk-bin3"].concat(),
+        });
+        r.redact_entry(&mut binary);
+        let OplogEntry::HttpResponse(binary) = &binary else {
+            unreachable!()
+        };
+        assert!(!contains(&binary.body, "sk-bin3"), "{:?}", binary.body);
+        // A body nothing matches is left byte for byte.
+        let mut clean = OplogEntry::HttpResponse(HttpResponse {
+            seq: 3,
+            status: 200,
+            headers: vec![],
+            body: vec![0xff, 0x00, b'a'],
+        });
+        let before = clean.clone();
+        r.redact_entry(&mut clean);
+        assert_eq!(clean, before);
+
+        let mut progress = OplogEntry::Progress(ProgressReport {
+            message: "fetched sk-prog4".into(),
+        });
+        r.redact_entry(&mut progress);
+        assert_eq!(
+            progress,
+            OplogEntry::Progress(ProgressReport {
+                message: "fetched [REDACTED]".into()
+            })
+        );
+
+        let mut request = OplogEntry::HttpRequest(HttpRequest {
+            seq: 1,
+            method: "GET".into(),
+            url: "http://x/?k=sk-url5".into(),
+            headers: vec![("x".into(), "sk-h6".into())],
+            digested: vec![],
+            body_sha256: "sha256:00".into(),
+            body_bytes: 0,
+            idempotency_key: "k".into(),
+            attempt: 1,
+        });
+        r.redact_entry(&mut request);
+        let text = request.payload_text();
+        assert!(!text.contains("sk-"), "{text}");
+        assert!(text.contains("sha256:00"), "{text}");
+
+        let mut retry = OplogEntry::Retry(Retry {
+            attempt: 1,
+            error: CallError::new(ErrorKind::ToolError, "upstream said sk-err7"),
+            backoff_ms: 10,
+        });
+        r.redact_entry(&mut retry);
+        assert!(!retry.payload_text().contains("sk-err7"));
+    }
+
+    #[test]
+    fn a_record_is_redacted_through_its_entry_or_as_text_when_it_does_not_parse() {
+        use crate::call::HttpResponse;
+        let r = Redactor::new(&rules(&[], &[r"sk-[a-z0-9]+"])).unwrap();
+        let entry = OplogEntry::HttpResponse(HttpResponse {
+            seq: 1,
+            status: 200,
+            headers: vec![],
+            body: b"sk-body1".to_vec(),
+        });
+        let mut record = oplog_record(4, &entry);
+        // Stored as base64, the secret is not visible in the text: only decoding finds it.
+        assert!(!record.payload.contains("sk-body1"));
+        r.redact_record(&mut record);
+        let OplogEntry::HttpResponse(redacted) = record.entry().unwrap() else {
+            panic!("{record:?}")
+        };
+        assert_eq!(redacted.body, b"[REDACTED]");
+        assert_eq!((record.seq, record.kind.as_str()), (4, "http-response"));
+
+        let mut broken = OplogRecord {
+            seq: 5,
+            epoch: 1,
+            kind: "progress".into(),
+            payload: "not json sk-raw2".into(),
+            recorded_at_ms: 0,
+        };
+        r.redact_record(&mut broken);
+        assert_eq!(broken.payload, "not json [REDACTED]");
+
+        // Without patterns, nothing changes (paths are about the result).
+        let paths_only = Redactor::new(&rules(&["/body"], &[])).unwrap();
+        let mut same = oplog_record(4, &entry);
+        paths_only.redact_record(&mut same);
+        assert_eq!(same, oplog_record(4, &entry));
+    }
+
+    fn contains(haystack: &[u8], needle: &str) -> bool {
+        haystack
+            .windows(needle.len())
+            .any(|w| w == needle.as_bytes())
     }
 
     #[test]

@@ -882,16 +882,42 @@ impl CallLog for SqlStore {
         .bind(call_id)
         .fetch_all(&self.reads)
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(OplogRecord {
-                    seq: row.try_get::<i64, _>("seq")? as u64,
-                    epoch: row.try_get::<i64, _>("epoch")? as u64,
-                    kind: row.try_get("kind")?,
-                    payload: row.try_get("payload")?,
-                    recorded_at_ms: row.try_get("recorded_at_ms")?,
-                })
-            })
-            .collect()
+        rows.iter().map(oplog_from_row).collect()
     }
+
+    async fn oplog_page(
+        &self,
+        call_id: &str,
+        from_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<OplogRecord>, StoreError> {
+        let limit = limit.min(crate::MAX_OPLOG_PAGE_ENTRIES);
+        // Past any seq the store holds (seqs are i64 in SQL): nothing.
+        let Ok(from_seq) = i64::try_from(from_seq) else {
+            return Ok(Vec::new());
+        };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            "SELECT seq, epoch, kind, payload, recorded_at_ms FROM oplog \
+             WHERE call_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(call_id)
+        .bind(from_seq)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reads)
+        .await?;
+        rows.iter().map(oplog_from_row).collect()
+    }
+}
+
+fn oplog_from_row(row: &sqlx::any::AnyRow) -> Result<OplogRecord, StoreError> {
+    Ok(OplogRecord {
+        seq: row.try_get::<i64, _>("seq")? as u64,
+        epoch: row.try_get::<i64, _>("epoch")? as u64,
+        kind: row.try_get("kind")?,
+        payload: row.try_get("payload")?,
+        recorded_at_ms: row.try_get("recorded_at_ms")?,
+    })
 }

@@ -410,11 +410,15 @@ async fn render_call(
         Ok(record) => record,
         Err(error) => return session.error_page(&title, &error),
     };
-    let oplog = match console.gateway.oplog(&session.principal, id).await {
-        Ok(oplog) => oplog,
+    // The first page of the oplog (the CLI and the API read the rest).
+    let (oplog, next) = match console.gateway.oplog_page(&session.principal, id, 0).await {
+        Ok(page) => page,
         Err(error) => return session.error_page(&title, &error),
     };
-    let lines = timeline::timeline(record.created_at_ms, &oplog);
+    let mut lines = timeline::timeline(record.created_at_ms, &oplog);
+    if let Some(next) = next {
+        lines.push(timeline::more(next, lines.last()));
+    }
     html(
         status,
         pages::page(

@@ -44,6 +44,19 @@ pub fn timeline(created_at_ms: i64, records: &[OplogRecord]) -> Vec<Line> {
         .collect()
 }
 
+/// The line that ends a timeline cut at one page: the entries from seq `next` on are
+/// not shown here.
+pub fn more(next: u64, last: Option<&Line>) -> Line {
+    Line {
+        seq: next,
+        offset_ms: last.map_or(0, |l| l.offset_ms),
+        kind: "more".to_string(),
+        summary: format!(
+            "the timeline shows the oplog's first page; read entries from seq {next} on with `toolgrid oplog` or the API"
+        ),
+    }
+}
+
 fn request_name(requests: &HashMap<u64, (String, String)>, seq: u64) -> String {
     match requests.get(&seq) {
         Some((method, url)) => format!("HTTP {method} {url}"),
