@@ -313,6 +313,13 @@ impl Authenticator {
     }
 }
 
+/// The client's address of an HTTP request (its connection's, which the server records).
+pub fn peer_of(extensions: &axum::http::Extensions) -> Option<std::net::IpAddr> {
+    extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0.ip())
+}
+
 fn unknown_token() -> ApiError {
     ApiError::new(ErrorKind::Unauthenticated, "the bearer token is not valid")
 }

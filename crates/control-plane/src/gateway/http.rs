@@ -103,13 +103,6 @@ pub fn router_with(
         .merge(super::console::routes(gateway))
 }
 
-/// The client's address of an HTTP request (its connection's, which the server records).
-pub fn peer_of(extensions: &axum::http::Extensions) -> Option<std::net::IpAddr> {
-    extensions
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map(|info| info.0.ip())
-}
-
 /// Authenticates a `/v1` request and hands the [`Principal`] on in its extensions.
 async fn authenticate(
     State(gateway): State<Arc<Gateway>>,
@@ -124,7 +117,7 @@ async fn authenticate(
     };
     let authorization = header(request.headers(), AUTHORIZATION);
     let act_as = header(request.headers(), ACT_AS);
-    let peer = peer_of(request.extensions());
+    let peer = super::authn::peer_of(request.extensions());
     match gateway
         .authenticate(authorization.as_deref(), act_as.as_deref(), peer)
         .await

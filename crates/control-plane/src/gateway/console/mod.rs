@@ -344,7 +344,7 @@ async fn login(
     }
     let token = form.token.trim();
     let authorization = format!("Bearer {token}");
-    let peer = super::http::peer_of(&extensions);
+    let peer = super::authn::peer_of(&extensions);
     let refused = |error: ApiError| {
         html(
             status_of(error.kind),

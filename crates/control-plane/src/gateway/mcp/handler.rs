@@ -259,7 +259,7 @@ async fn post(
     body: axum::body::Body,
 ) -> Response {
     let caller =
-        match admit_request(&mcp, &headers, crate::gateway::http::peer_of(&extensions)).await {
+        match admit_request(&mcp, &headers, crate::gateway::authn::peer_of(&extensions)).await {
             Ok(caller) => caller,
             Err(response) => return response,
         };
@@ -691,7 +691,7 @@ async fn get_stream(
     extensions: axum::http::Extensions,
 ) -> Response {
     let caller =
-        match admit_request(&mcp, &headers, crate::gateway::http::peer_of(&extensions)).await {
+        match admit_request(&mcp, &headers, crate::gateway::authn::peer_of(&extensions)).await {
             Ok(caller) => caller,
             Err(response) => return response,
         };
@@ -745,7 +745,7 @@ async fn delete_session(
     extensions: axum::http::Extensions,
 ) -> Response {
     let caller =
-        match admit_request(&mcp, &headers, crate::gateway::http::peer_of(&extensions)).await {
+        match admit_request(&mcp, &headers, crate::gateway::authn::peer_of(&extensions)).await {
             Ok(caller) => caller,
             Err(response) => return response,
         };
