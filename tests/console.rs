@@ -520,3 +520,168 @@ async fn over_tls_the_session_cookie_is_secure() {
         assert!(set_cookie.contains(attribute), "{set_cookie}");
     }
 }
+
+/// The session id a `name=value` cookie holds.
+fn cookie_value(cookie: &str) -> &str {
+    cookie.split_once('=').map(|(_, v)| v).unwrap_or_default()
+}
+
+/// `GET /ui` with `cookie`: its status and where it redirects.
+async fn front_page(base: &str, cookie: &str) -> (u16, String) {
+    let response = bare_client()
+        .get(format!("{base}/ui"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    let location = response
+        .headers()
+        .get("location")
+        .and_then(|l| l.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    (response.status().as_u16(), location)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_live_in_the_store_end_at_logout_and_are_shared_by_replicas() {
+    let root = tempfile::tempdir().unwrap();
+    let platform = start(root.path());
+    let base = format!("http://{}", platform.http);
+    let http = bare_client();
+    let admin = platform.admin_token();
+
+    // The cookie is a fresh random id per login: not the token, not derived from it.
+    let first = login(&platform, &admin).await;
+    let second = login(&platform, &admin).await;
+    for cookie in [&first, &second] {
+        let value = cookie_value(cookie);
+        assert_eq!(value.len(), 64, "{cookie}");
+        assert!(value.bytes().all(|b| b.is_ascii_hexdigit()), "{cookie}");
+        assert!(!value.contains(&admin), "{cookie}");
+        assert!(!value.contains(&hex_of(&admin)), "{cookie}");
+    }
+    assert_ne!(first, second, "two logins, two sessions");
+    assert_eq!(front_page(&base, &first).await.0, 200);
+
+    // A second control plane on the same store accepts the session, and its forms carry
+    // the same CSRF token.
+    let replica_root = root.path().join("replica");
+    std::fs::create_dir_all(&replica_root).unwrap();
+    let store = format!("sqlite://{}", platform.data.join("toolgrid.db").display());
+    let replica = Platform::start(
+        &replica_root,
+        &platform.manifests,
+        &["--store", &store, "--no-workers"],
+    );
+    let replica_base = format!("http://{}", replica.http);
+    assert_eq!(
+        front_page(&replica_base, &first).await.0,
+        200,
+        "the replica knows the session; log:\n{}",
+        replica.logs()
+    );
+    let csrf = csrf_of(&http, &base, &first).await;
+    assert_eq!(csrf_of(&http, &replica_base, &first).await, csrf);
+
+    // Logout on the replica revokes the session on both at once; the replayed cookie is
+    // refused (sent to the login form), and the other session lives on.
+    let logout = post_form(
+        &http,
+        format!("{replica_base}/ui/logout"),
+        Some(&first),
+        &[("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(logout.status(), 303);
+    assert_eq!(logout.headers()["location"], "/ui/login");
+    for base in [&base, &replica_base] {
+        assert_eq!(
+            front_page(base, &first).await,
+            (303, "/ui/login".to_string()),
+            "{base}"
+        );
+    }
+    let replayed = post_form(
+        &http,
+        decide_url(&base, "any"),
+        Some(&first),
+        &[("csrf", &csrf), ("decision", "approve")],
+    )
+    .await;
+    assert_eq!(replayed.status(), 303, "a replayed cookie decides nothing");
+    assert_eq!(front_page(&base, &second).await.0, 200);
+
+    // An agent's session ends when the Agent is removed from the catalog.
+    let agent = login(&platform, ASKER).await;
+    assert_eq!(front_page(&base, &agent).await.0, 200);
+    let without_agent: String = MANIFESTS
+        .split("\n---\n")
+        .filter(|doc| !doc.contains("kind: Agent") && !doc.contains("kind: Secret"))
+        .collect::<Vec<_>>()
+        .join("\n---\n");
+    std::fs::write(platform.manifests.join("console.yaml"), without_agent).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match front_page(&base, &agent).await {
+            (303, location) => {
+                assert_eq!(location, "/ui/login");
+                break;
+            }
+            (status, _) => assert_eq!(status, 200),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the removed agent's session still works; log:\n{}",
+            platform.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(front_page(&base, &second).await.0, 200, "operators stay");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_lapse_when_idle_and_at_their_absolute_expiry() {
+    let root = tempfile::tempdir().unwrap();
+    let manifests = fixtures::examples(root.path());
+    let platform = Platform::start(
+        root.path(),
+        &manifests,
+        &[
+            "--no-workers",
+            "--console-idle-timeout",
+            "3s",
+            "--console-session-lifetime",
+            "8s",
+        ],
+    );
+    let base = format!("http://{}", platform.http);
+    let admin = platform.admin_token();
+
+    // Idle: unused for longer than 3 s, the session sends the browser to the login form.
+    let idle = login(&platform, &admin).await;
+    assert_eq!(front_page(&base, &idle).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let (status, location) = front_page(&base, &idle).await;
+    assert_eq!((status, location.as_str()), (303, "/ui/login"), "idle");
+    assert_eq!(front_page(&base, &idle).await.0, 303, "and stays refused");
+
+    // Absolute: used every 300 ms it lives on past the idle timeout, then ends at 8 s.
+    let busy = login(&platform, &admin).await;
+    let logged_in = std::time::Instant::now();
+    let mut refused_at = None;
+    while logged_in.elapsed() < Duration::from_secs(20) {
+        let (status, _) = front_page(&base, &busy).await;
+        if status == 303 {
+            refused_at = Some(logged_in.elapsed());
+            break;
+        }
+        assert_eq!(status, 200);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let refused_at = refused_at.expect("the busy session never ended");
+    assert!(
+        refused_at >= Duration::from_secs(6),
+        "a busy session outlived its idle timeout (ended after {refused_at:?})"
+    );
+}

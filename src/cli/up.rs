@@ -62,6 +62,12 @@ pub struct UpArgs {
     /// certificate chain itself, for a self-signed certificate).
     #[arg(long, env = "TOOLGRID_TLS_CA")]
     tls_ca: Option<PathBuf>,
+    /// A console session unused this long ends (the browser must log in again).
+    #[arg(long, env = "TOOLGRID_CONSOLE_IDLE_TIMEOUT", default_value = "30m", value_parser = humantime::parse_duration)]
+    console_idle_timeout: Duration,
+    /// A console session ends this long after login, however busy.
+    #[arg(long, env = "TOOLGRID_CONSOLE_SESSION_LIFETIME", default_value = "12h", value_parser = humantime::parse_duration)]
+    console_session_lifetime: Duration,
     #[command(flatten)]
     mcp: McpArgs,
 }
@@ -205,6 +211,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         auth = auth.with_oauth(issuer);
     }
     let control_plane = ControlPlane::start(store.clone(), config, auth).await?;
+    control_plane
+        .gateway
+        .set_console_limits(toolgrid_core::auth::SessionLimits {
+            idle: args.console_idle_timeout,
+            lifetime: args.console_session_lifetime,
+        });
     let source = ManifestSource::new(
         manifests.clone(),
         store.clone(),

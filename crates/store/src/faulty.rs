@@ -19,10 +19,12 @@ use super::{
     Created, NewCall, OplogEntry, OplogRecord, RateBuckets, ResourceRecord, Resources, Retention,
     RetentionReport, Store, StoreError, Workspaces,
 };
+use crate::ConsoleSessions;
 use async_trait::async_trait;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use toolgrid_core::auth::ConsoleSession;
 
 /// An operation of the store (see [`Store`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -505,6 +507,37 @@ impl Workspaces for FaultyStore {
 
     async fn blobs(&self, digests: &[String]) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         self.inner.blobs(digests).await
+    }
+}
+
+/// Console sessions pass through (no faults are injected into them).
+#[async_trait]
+impl ConsoleSessions for FaultyStore {
+    async fn create_console_session(&self, session: ConsoleSession) -> Result<(), StoreError> {
+        self.inner.create_console_session(session).await
+    }
+
+    async fn console_session(
+        &self,
+        id_hash: &[u8; 32],
+    ) -> Result<Option<ConsoleSession>, StoreError> {
+        self.inner.console_session(id_hash).await
+    }
+
+    async fn touch_console_session(
+        &self,
+        id_hash: &[u8; 32],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.inner.touch_console_session(id_hash, now_ms).await
+    }
+
+    async fn delete_console_session(&self, id_hash: &[u8; 32]) -> Result<bool, StoreError> {
+        self.inner.delete_console_session(id_hash).await
+    }
+
+    async fn purge_console_sessions(&self, now_ms: i64) -> Result<u64, StoreError> {
+        self.inner.purge_console_sessions(now_ms).await
     }
 }
 

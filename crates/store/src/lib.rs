@@ -1,7 +1,8 @@
 //! Durable state: calls, their oplogs, artifacts and resource bookkeeping.
 //!
 //! One trait per concern ([`CallLog`], [`Approvals`], [`AuditLog`], [`RateBuckets`],
-//! [`Artifacts`], [`Resources`], [`Retention`], [`Workspaces`]), [`Store`] for all of them,
+//! [`Artifacts`], [`Resources`], [`Retention`], [`Workspaces`], [`ConsoleSessions`]),
+//! [`Store`] for all of them,
 //! and one SQL implementation over two backends: SQLite (the embedded
 //! default: WAL, every commit fsynced) and PostgreSQL. Writes go through a single writer
 //! task that commits whatever is queued in one transaction (group commit), so a burst of
@@ -31,7 +32,8 @@ pub use toolgrid_core::call::{
 };
 pub use toolgrid_core::completion::CallOutcome;
 pub use traits::{
-    Approvals, Artifacts, AuditLog, CallLog, RateBuckets, Resources, Retention, Store, Workspaces,
+    Approvals, Artifacts, AuditLog, CallLog, ConsoleSessions, RateBuckets, Resources, Retention,
+    Store, Workspaces,
 };
 
 use std::sync::Arc;

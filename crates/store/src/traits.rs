@@ -24,6 +24,7 @@ pub trait Store:
     + Resources
     + Retention
     + Workspaces
+    + ConsoleSessions
     + Send
     + Sync
     + 'static
@@ -39,6 +40,7 @@ impl<T> Store for T where
         + Resources
         + Retention
         + Workspaces
+        + ConsoleSessions
         + Send
         + Sync
         + 'static
@@ -237,4 +239,31 @@ pub trait Workspaces: Send + Sync {
     ) -> Result<Option<u64>, StoreError>;
     /// The blobs among `digests` the store has, as `(digest, bytes)`.
     async fn blobs(&self, digests: &[String]) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+}
+
+/// The console's sessions, shared by every replica on the store: a session is known by the
+/// SHA-256 of its id only.
+#[async_trait]
+pub trait ConsoleSessions: Send + Sync {
+    /// Records a new session.
+    async fn create_console_session(
+        &self,
+        session: toolgrid_core::auth::ConsoleSession,
+    ) -> Result<(), StoreError>;
+    /// The session whose id hashes to `id_hash`, lapsed or not (`None`: no such session,
+    /// or it was deleted).
+    async fn console_session(
+        &self,
+        id_hash: &[u8; 32],
+    ) -> Result<Option<toolgrid_core::auth::ConsoleSession>, StoreError>;
+    /// Records a use of the session at `now_ms` (never moves its last use backwards).
+    async fn touch_console_session(
+        &self,
+        id_hash: &[u8; 32],
+        now_ms: i64,
+    ) -> Result<(), StoreError>;
+    /// Deletes the session (logout): whether there was one.
+    async fn delete_console_session(&self, id_hash: &[u8; 32]) -> Result<bool, StoreError>;
+    /// Deletes every session lapsed at `now_ms` (idle or past its expiry): how many.
+    async fn purge_console_sessions(&self, now_ms: i64) -> Result<u64, StoreError>;
 }

@@ -440,6 +440,104 @@ async fn artifacts_and_resource_records_round_trip() {
 }
 
 #[tokio::test]
+async fn console_sessions_are_shared_touched_deleted_and_purged() {
+    use toolgrid_core::auth::{ConsoleSession, Principal, SessionCheck, SessionLimits};
+    use toolgrid_core::ids::ObjectKey;
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let store = toolgrid_store::open(&url).await.unwrap();
+        // A second opening of the same database: another replica.
+        let replica = toolgrid_store::open(&url).await.unwrap();
+        let limits = SessionLimits {
+            idle: Duration::from_secs(60),
+            lifetime: Duration::from_secs(600),
+        };
+        let t0 = 1_700_000_000_000i64;
+        let agent = ConsoleSession::new(
+            [7; 32],
+            Principal::Agent {
+                agent: ObjectKey::new("team", "bot"),
+            },
+            limits,
+            t0,
+        );
+        let operator = ConsoleSession::new(
+            [8; 32],
+            Principal::Operator {
+                subject: "system:serviceaccount:ops:alice".into(),
+            },
+            limits,
+            t0,
+        );
+        store.create_console_session(agent.clone()).await.unwrap();
+        store
+            .create_console_session(operator.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            replica.console_session(&[7; 32]).await.unwrap(),
+            Some(agent.clone()),
+            "{backend}: another replica reads the session"
+        );
+        assert_eq!(
+            replica.console_session(&[8; 32]).await.unwrap(),
+            Some(operator.clone()),
+            "{backend}"
+        );
+        assert_eq!(store.console_session(&[9; 32]).await.unwrap(), None);
+
+        // A use recorded on one replica is seen on the other, and never moves back.
+        replica
+            .touch_console_session(&[7; 32], t0 + 50_000)
+            .await
+            .unwrap();
+        store
+            .touch_console_session(&[7; 32], t0 + 40_000)
+            .await
+            .unwrap();
+        let touched = store.console_session(&[7; 32]).await.unwrap().unwrap();
+        assert_eq!(touched.last_seen_ms, t0 + 50_000, "{backend}");
+        assert_eq!(
+            touched.check(t0 + 100_000),
+            SessionCheck::Valid { touch: true },
+            "{backend}"
+        );
+
+        // Purging at t0 + 70 s: the untouched operator session is idle, the agent's is not.
+        assert_eq!(
+            store.purge_console_sessions(t0 + 70_000).await.unwrap(),
+            1,
+            "{backend}"
+        );
+        assert_eq!(store.console_session(&[8; 32]).await.unwrap(), None);
+        assert!(store.console_session(&[7; 32]).await.unwrap().is_some());
+
+        // Logout on one replica: gone on the other at once.
+        assert!(replica.delete_console_session(&[7; 32]).await.unwrap());
+        assert_eq!(
+            store.console_session(&[7; 32]).await.unwrap(),
+            None,
+            "{backend}"
+        );
+        assert!(!store.delete_console_session(&[7; 32]).await.unwrap());
+
+        // Past its absolute expiry a session is purged however recently used.
+        let busy = ConsoleSession::new([10; 32], operator.principal.clone(), limits, t0);
+        store.create_console_session(busy).await.unwrap();
+        store
+            .touch_console_session(&[10; 32], t0 + 599_000)
+            .await
+            .unwrap();
+        assert_eq!(store.purge_console_sessions(t0 + 599_500).await.unwrap(), 0);
+        assert_eq!(
+            store.purge_console_sessions(t0 + 600_000).await.unwrap(),
+            1,
+            "{backend}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn concurrent_appends_are_group_committed_in_order_per_call() {
     let dir = tempfile::tempdir().unwrap();
     for (backend, url) in backends(&dir).await {

@@ -8,6 +8,11 @@
 //! 3. with a [`TokenReviewer`] (a cluster): a token the cluster accepts for the audience
 //!    [`CALLER_AUDIENCE`]: a ServiceAccount that an Agent names in `spec.serviceAccount`
 //!    is that Agent; otherwise a subject RBAC lets operate toolgrid is an Operator.
+//!    The cluster's answers are remembered by the token's SHA-256, acceptances for
+//!    [`REVIEW_TTL`] and refusals for [`REFUSAL_TTL`]; a client address may have at most
+//!    [`REVIEW_BURST`] tokens reviewed at once (refilled at [`REVIEWS_PER_SECOND`]),
+//!    beyond which a token not remembered is refused as [`ErrorKind::RateLimited`]
+//!    without asking the cluster.
 //!
 //! 4. with an [`OAuthIssuer`]: a JWT that names it as its issuer is an OAuth access token
 //!    (checked before 3, so it is never sent to the cluster): it must be signed by the
@@ -25,6 +30,7 @@
 use crate::auth::oauth::OAuthIssuer;
 use crate::auth::{BearerError, CALLER_AUDIENCE, ReviewedToken, TokenReviewer};
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use toolgrid_catalog::Snapshot;
@@ -41,8 +47,68 @@ pub use crate::auth::MAX_TOKEN_BYTES;
 /// How long the cluster's answer about a token is reused before it is asked again (a
 /// revoked token keeps working at most this long).
 pub const REVIEW_TTL: Duration = Duration::from_secs(10);
+/// How long the cluster's refusal of a token is reused (a token the cluster starts
+/// accepting works after at most this long).
+pub const REFUSAL_TTL: Duration = Duration::from_secs(5);
 /// Most reviewed tokens remembered at once; beyond it the oldest answers are dropped.
 pub const REVIEW_CACHE_ENTRIES: usize = 1024;
+/// Reviews one client address may have at once (its token bucket's capacity).
+pub const REVIEW_BURST: u32 = 20;
+/// Reviews a client address gets back per second.
+pub const REVIEWS_PER_SECOND: f64 = 1.0;
+/// Most client addresses whose review buckets are remembered at once; beyond it full
+/// buckets are forgotten first, then the longest unused.
+pub const REVIEW_CLIENTS: usize = 4096;
+
+/// Where the authenticator reads the time (injectable for tests).
+pub type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
+/// Review token buckets per client address (a request of no known address shares one).
+#[derive(Default)]
+struct ReviewLimiter {
+    buckets: Mutex<HashMap<Option<IpAddr>, (f64, Instant)>>,
+}
+
+impl ReviewLimiter {
+    /// Takes a review from `peer`'s bucket: `Err(ms)` when it is empty (one is back in `ms`).
+    fn take(&self, peer: Option<IpAddr>, now: Instant) -> Result<(), u64> {
+        use toolgrid_core::middleware::bucket::take;
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let elapsed = |at: Instant| {
+            i64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(i64::MAX)
+        };
+        if buckets.len() >= REVIEW_CLIENTS && !buckets.contains_key(&peer) {
+            // Forget the buckets that are full again: they hold nothing a new one would not.
+            buckets.retain(|_, (tokens, at)| {
+                take(*tokens, 0, REVIEW_BURST, REVIEWS_PER_SECOND, elapsed(*at)).tokens + 1.0
+                    < f64::from(REVIEW_BURST)
+            });
+            if buckets.len() >= REVIEW_CLIENTS
+                && let Some(oldest) = buckets
+                    .iter()
+                    .min_by_key(|(_, (_, at))| *at)
+                    .map(|(k, _)| *k)
+            {
+                buckets.remove(&oldest);
+            }
+        }
+        let (tokens, at) = buckets
+            .get(&peer)
+            .copied()
+            .unwrap_or((f64::from(REVIEW_BURST), now));
+        let taken = take(tokens, 0, REVIEW_BURST, REVIEWS_PER_SECOND, elapsed(at));
+        // A refused take changes nothing: keep the bucket's own time.
+        if taken.retry_after_ms.is_none() {
+            buckets.insert(peer, (taken.tokens, now));
+        } else {
+            buckets.insert(peer, (tokens, at));
+        }
+        match taken.retry_after_ms {
+            None => Ok(()),
+            Some(ms) => Err(ms),
+        }
+    }
+}
 
 /// The cluster's recent answers, by the SHA-256 of the token (never the token).
 #[derive(Default)]
@@ -53,25 +119,35 @@ struct ReviewCache {
 #[derive(Clone)]
 struct Reviewed {
     at: Instant,
-    token: ReviewedToken,
+    /// Who the cluster says holds the token; `None`: it refused the token.
+    token: Option<ReviewedToken>,
     /// `is_operator`'s answer, once asked.
     operator: Option<bool>,
+}
+
+impl Reviewed {
+    /// Whether the answer may still be used at `now`.
+    fn fresh(&self, now: Instant) -> bool {
+        let ttl = if self.token.is_some() {
+            REVIEW_TTL
+        } else {
+            REFUSAL_TTL
+        };
+        now.saturating_duration_since(self.at) < ttl
+    }
 }
 
 impl ReviewCache {
     fn get(&self, digest: &[u8; 32], now: Instant) -> Option<Reviewed> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries
-            .get(digest)
-            .filter(|r| now.duration_since(r.at) < REVIEW_TTL)
-            .cloned()
+        entries.get(digest).filter(|r| r.fresh(now)).cloned()
     }
 
     fn put(&self, digest: [u8; 32], reviewed: Reviewed) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if entries.len() >= REVIEW_CACHE_ENTRIES && !entries.contains_key(&digest) {
             let now = reviewed.at;
-            entries.retain(|_, r| now.duration_since(r.at) < REVIEW_TTL);
+            entries.retain(|_, r| r.fresh(now));
             if entries.len() >= REVIEW_CACHE_ENTRIES
                 && let Some(oldest) = entries.iter().min_by_key(|(_, r)| r.at).map(|(k, _)| *k)
             {
@@ -91,6 +167,9 @@ pub struct Authenticator {
     /// Where `is_operator` asks RBAC about reviewed subjects (the controller's namespace).
     operator_namespace: String,
     reviews: Arc<ReviewCache>,
+    limiter: Arc<ReviewLimiter>,
+    /// `None`: the system's monotonic clock.
+    clock: Option<Clock>,
     oauth: Option<Arc<OAuthIssuer>>,
 }
 
@@ -129,17 +208,32 @@ impl Authenticator {
         self
     }
 
+    /// Reads the time from `clock` (tests: a fake one).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    fn now(&self) -> Instant {
+        match &self.clock {
+            Some(clock) => clock(),
+            None => Instant::now(),
+        }
+    }
+
     /// Accepts OAuth access tokens `issuer` signed (see [`crate::auth::oauth`]).
     pub fn with_oauth(mut self, issuer: OAuthIssuer) -> Self {
         self.oauth = Some(Arc::new(issuer));
         self
     }
 
-    /// The caller behind `authorization` (the header's value), acting as `act_as` if given.
+    /// The caller behind `authorization` (the header's value), acting as `act_as` if given;
+    /// `peer` is the client's address (reviews are rate-limited per address).
     pub async fn authenticate(
         &self,
         authorization: Option<&str>,
         act_as: Option<&str>,
+        peer: Option<IpAddr>,
         snapshot: &Snapshot,
     ) -> Result<Principal, ApiError> {
         let token = bearer_token(authorization)?;
@@ -149,29 +243,41 @@ impl Authenticator {
                 Some(issuer) if issuer.claims_to_be_mine(token) => {
                     oauth_agent(issuer, token, snapshot)?
                 }
-                _ => self.review(token, snapshot).await?,
+                _ => self.review(token, peer, snapshot).await?,
             },
         };
         apply_act_as(principal, act_as)
     }
 
-    /// Asks the cluster (or its answer of the last [`REVIEW_TTL`]) who holds `token`.
-    /// Refusals are not remembered, so a token the cluster starts accepting works at once.
-    async fn review(&self, token: &str, snapshot: &Snapshot) -> Result<Principal, ApiError> {
+    /// Asks the cluster (or its answer of the last [`REVIEW_TTL`], its refusal of the last
+    /// [`REFUSAL_TTL`]) who holds `token`. A token not remembered is reviewed only while
+    /// `peer`'s review bucket has a token: otherwise [`ErrorKind::RateLimited`].
+    async fn review(
+        &self,
+        token: &str,
+        peer: Option<IpAddr>,
+        snapshot: &Snapshot,
+    ) -> Result<Principal, ApiError> {
         let Some(reviewer) = &self.reviewer else {
             return Err(unknown_token());
         };
         let digest = sha256(token.as_bytes());
-        let mut cached = match self.reviews.get(&digest, Instant::now()) {
+        let mut cached = match self.reviews.get(&digest, self.now()) {
             Some(cached) => cached,
             None => {
+                if let Err(ms) = self.limiter.take(peer, self.now()) {
+                    return Err(ApiError::new(
+                        ErrorKind::RateLimited,
+                        "too many unknown bearer tokens from this address: try again later",
+                    )
+                    .with_retry_after(ms));
+                }
                 let token = reviewer
                     .review(token, CALLER_AUDIENCE)
                     .await
-                    .map_err(|e| ApiError::new(ErrorKind::Unavailable, e.to_string()))?
-                    .ok_or_else(unknown_token)?;
+                    .map_err(|e| ApiError::new(ErrorKind::Unavailable, e.to_string()))?;
                 let reviewed = Reviewed {
-                    at: Instant::now(),
+                    at: self.now(),
                     token,
                     operator: None,
                 };
@@ -179,7 +285,9 @@ impl Authenticator {
                 reviewed
             }
         };
-        let reviewed = cached.token.clone();
+        let Some(reviewed) = cached.token.clone() else {
+            return Err(unknown_token());
+        };
         if let Some(agent) = agent_of_service_account(&reviewed, snapshot) {
             return Ok(Principal::Agent { agent });
         }
@@ -209,6 +317,13 @@ impl Authenticator {
             ))
         }
     }
+}
+
+/// The client's address of an HTTP request (its connection's, which the server records).
+pub fn peer_of(extensions: &axum::http::Extensions) -> Option<std::net::IpAddr> {
+    extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0.ip())
 }
 
 fn unknown_token() -> ApiError {
@@ -502,7 +617,7 @@ mod tests {
             let auth = auth.clone();
             let header = format!("Bearer {token}");
             let snapshot = &snapshot;
-            async move { auth.authenticate(Some(&header), None, snapshot).await }
+            async move { auth.authenticate(Some(&header), None, None, snapshot).await }
         };
         assert_eq!(
             who("sa-robot").await.unwrap(),
@@ -528,31 +643,146 @@ mod tests {
         assert_eq!(
             kind(
                 local
-                    .authenticate(Some("Bearer sa-robot"), None, &snapshot)
+                    .authenticate(Some("Bearer sa-robot"), None, None, &snapshot)
                     .await
             ),
             ErrorKind::Unauthenticated
         );
     }
 
+    /// A clock the test moves by hand.
+    fn fake_clock() -> (Clock, Arc<Mutex<Instant>>) {
+        let now = Arc::new(Mutex::new(Instant::now()));
+        let read = now.clone();
+        let clock: Clock = Arc::new(move || *read.lock().unwrap());
+        (clock, now)
+    }
+
+    fn advance(now: &Mutex<Instant>, by: Duration) {
+        let mut now = now.lock().unwrap();
+        *now += by;
+    }
+
+    fn peer(last: u8) -> Option<IpAddr> {
+        Some(IpAddr::from([10, 0, 0, last]))
+    }
+
     #[tokio::test]
-    async fn the_clusters_answers_are_reused_briefly_and_refusals_never() {
+    async fn the_clusters_answers_and_refusals_are_reused_for_their_ttls() {
         let snapshot = snapshot();
         let reviewer = Arc::new(FakeReviewer::default());
-        let auth = Authenticator::new().with_reviewer(reviewer.clone(), "toolgrid");
+        let (clock, now) = fake_clock();
+        let auth = Authenticator::new()
+            .with_reviewer(reviewer.clone(), "toolgrid")
+            .with_clock(clock);
         let count = || reviewer.reviews.load(std::sync::atomic::Ordering::SeqCst);
+        let who = |token: &str| {
+            let header = format!("Bearer {token}");
+            let (auth, snapshot) = (&auth, &snapshot);
+            async move {
+                auth.authenticate(Some(&header), None, peer(1), snapshot)
+                    .await
+            }
+        };
         for _ in 0..3 {
-            auth.authenticate(Some("Bearer alice"), None, &snapshot)
-                .await
-                .unwrap();
+            who("alice").await.unwrap();
         }
         assert_eq!(count(), 1, "one TokenReview for repeated calls");
-        for _ in 0..2 {
-            let _ = auth
-                .authenticate(Some("Bearer expired"), None, &snapshot)
-                .await;
+        for _ in 0..5 {
+            assert_eq!(kind(who("expired").await), ErrorKind::Unauthenticated);
         }
-        assert_eq!(count(), 3, "refusals are asked again");
+        assert_eq!(count(), 2, "a refusal is remembered too");
+        advance(&now, REFUSAL_TTL - Duration::from_millis(1));
+        assert_eq!(kind(who("expired").await), ErrorKind::Unauthenticated);
+        assert_eq!(count(), 2, "within its TTL");
+        advance(&now, Duration::from_millis(1));
+        assert_eq!(kind(who("expired").await), ErrorKind::Unauthenticated);
+        assert_eq!(count(), 3, "asked again once the refusal's TTL passed");
+        who("alice").await.unwrap();
+        assert_eq!(count(), 3, "the acceptance lives longer");
+        advance(&now, REVIEW_TTL);
+        who("alice").await.unwrap();
+        assert_eq!(count(), 4, "asked again once the acceptance's TTL passed");
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_bad_tokens_from_one_address_is_rate_limited() {
+        let snapshot = snapshot();
+        let reviewer = Arc::new(FakeReviewer::default());
+        let (clock, now) = fake_clock();
+        let auth = Authenticator::new()
+            .with_admin_token("admin-token")
+            .with_reviewer(reviewer.clone(), "toolgrid")
+            .with_clock(clock);
+        let count = || reviewer.reviews.load(std::sync::atomic::Ordering::SeqCst);
+        let from = |token: String, address| {
+            let (auth, snapshot) = (&auth, &snapshot);
+            async move {
+                auth.authenticate(Some(&format!("Bearer {token}")), None, address, snapshot)
+                    .await
+            }
+        };
+        // A good token, reviewed and remembered before the flood.
+        from("alice".into(), peer(1)).await.unwrap();
+        let mut limited = None;
+        for i in 0..200 {
+            match from(format!("bad-{i}"), peer(1)).await {
+                Err(error) if error.kind == ErrorKind::RateLimited => {
+                    limited = Some(error);
+                    break;
+                }
+                other => assert_eq!(kind(other), ErrorKind::Unauthenticated),
+            }
+        }
+        let limited = limited.expect("the flood was never limited");
+        let retry = limited.retry_after_ms.expect("a retry-after");
+        assert!(retry > 0 && retry <= 1000, "{retry}");
+        assert_eq!(
+            count(),
+            REVIEW_BURST as usize,
+            "at most the bucket reviewed"
+        );
+        for i in 0..50 {
+            assert_eq!(
+                kind(from(format!("more-{i}"), peer(1)).await),
+                ErrorKind::RateLimited
+            );
+        }
+        assert_eq!(count(), REVIEW_BURST as usize, "no review while limited");
+        // The cached good token, the admin token and an Agent's token still work.
+        from("alice".into(), peer(1)).await.unwrap();
+        from("admin-token".into(), peer(1)).await.unwrap();
+        from("reporter-token".into(), peer(1)).await.unwrap();
+        // A remembered refusal is still answered as such, not as rate-limited.
+        assert_eq!(
+            kind(from("bad-0".into(), peer(1)).await),
+            ErrorKind::Unauthenticated
+        );
+        // Another address is still reviewed.
+        assert_eq!(
+            kind(from("bad-other".into(), peer(2)).await),
+            ErrorKind::Unauthenticated
+        );
+        assert_eq!(count(), REVIEW_BURST as usize + 1);
+        // The bucket refills with time.
+        advance(&now, Duration::from_millis(retry));
+        assert_eq!(
+            kind(from("late".into(), peer(1)).await),
+            ErrorKind::Unauthenticated
+        );
+        assert_eq!(count(), REVIEW_BURST as usize + 2);
+    }
+
+    #[test]
+    fn the_limiters_map_is_bounded() {
+        let limiter = ReviewLimiter::default();
+        let start = Instant::now();
+        for i in 0..(REVIEW_CLIENTS as u32 + 100) {
+            let address = IpAddr::from(std::net::Ipv4Addr::from(i));
+            assert!(limiter.take(Some(address), start).is_ok());
+        }
+        let held = limiter.buckets.lock().unwrap().len();
+        assert!(held <= REVIEW_CLIENTS, "{held}");
     }
 
     fn with_oauth_subject(snapshot: &mut Snapshot, namespace: &str, name: &str, subject: &str) {

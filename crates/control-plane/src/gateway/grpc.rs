@@ -77,8 +77,9 @@ where
                 }
                 (a, b) => (a.and_then(Result::ok), b.and_then(Result::ok)),
             };
+            let peer = peer_of(request.extensions());
             match gateway
-                .authenticate(authorization.as_deref(), act_as.as_deref())
+                .authenticate(authorization.as_deref(), act_as.as_deref(), peer)
                 .await
             {
                 Ok(principal) => {
@@ -89,6 +90,20 @@ where
             }
         })
     }
+}
+
+/// The client's address of a gRPC request (as `tonic::Request::remote_addr` reads it).
+fn peer_of(extensions: &http::Extensions) -> Option<std::net::IpAddr> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    extensions
+        .get::<TcpConnectInfo>()
+        .and_then(TcpConnectInfo::remote_addr)
+        .or_else(|| {
+            extensions
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(|info| info.get_ref().remote_addr())
+        })
+        .map(|addr| addr.ip())
 }
 
 /// The caller [`AuthenticatedTools`] put in the request.

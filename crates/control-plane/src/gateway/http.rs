@@ -131,8 +131,9 @@ async fn authenticate(
     };
     let authorization = header(request.headers(), AUTHORIZATION);
     let act_as = header(request.headers(), ACT_AS);
+    let peer = super::authn::peer_of(request.extensions());
     match gateway
-        .authenticate(authorization.as_deref(), act_as.as_deref())
+        .authenticate(authorization.as_deref(), act_as.as_deref(), peer)
         .await
     {
         Ok(principal) => {

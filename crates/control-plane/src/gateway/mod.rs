@@ -110,6 +110,8 @@ pub struct Gateway {
     /// Unix milliseconds by which the approval timer must look at the store again: the
     /// earliest approval deadline it knows of (see [`Gateway::apply_approval_timeouts`]).
     approval_wake_ms: std::sync::atomic::AtomicI64,
+    /// How long console sessions opened here live.
+    console_limits: std::sync::RwLock<toolgrid_core::auth::SessionLimits>,
 }
 
 impl Gateway {
@@ -130,21 +132,40 @@ impl Gateway {
             auth,
             wasm: toolgrid_sandbox::middleware::WasmRunner::new(),
             approval_wake_ms: std::sync::atomic::AtomicI64::new(0),
+            console_limits: Default::default(),
         })
+    }
+
+    /// Sets how long console sessions opened from now on live (idle, and in all).
+    pub fn set_console_limits(&self, limits: toolgrid_core::auth::SessionLimits) {
+        *self
+            .console_limits
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = limits;
+    }
+
+    /// How long console sessions opened now live.
+    pub fn console_limits(&self) -> toolgrid_core::auth::SessionLimits {
+        *self
+            .console_limits
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The caller behind a request's `authorization` value, acting as `act_as` (the
     /// `toolgrid-as` header) if given: [`ErrorKind::Unauthenticated`] for no token or an
-    /// unknown one.
+    /// unknown one, [`ErrorKind::RateLimited`] for too many unknown tokens from `peer`, the
+    /// client's address.
     pub async fn authenticate(
         &self,
         authorization: Option<&str>,
         act_as: Option<&str>,
+        peer: Option<std::net::IpAddr>,
     ) -> Result<Principal, ApiError> {
         let snapshot = self.catalog.current();
         let result = self
             .auth
-            .authenticate(authorization, act_as, &snapshot)
+            .authenticate(authorization, act_as, peer, &snapshot)
             .await;
         if let Err(error) = &result {
             tracing::debug!(kind = %error.kind, "request refused: {}", error.message);

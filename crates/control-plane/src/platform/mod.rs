@@ -137,6 +137,7 @@ impl ControlPlane {
             auth,
         );
         tokio::spawn(approval_timer(gateway.clone()));
+        retention::spawn_session_purge(store.clone());
         Ok(ControlPlane {
             store,
             catalog,
@@ -205,7 +206,11 @@ impl ControlPlane {
                     let router = router.layer(axum::Extension(crate::gateway::console::Tls));
                     Box::pin(async move { tls.serve_http(listeners.http, router).await })
                 }
-                None => Box::pin(async move { axum::serve(listeners.http, router).await }),
+                None => Box::pin(async move {
+                    // Client addresses for the per-address limits (see `gateway::authn`).
+                    let service = router.into_make_service_with_connect_info::<SocketAddr>();
+                    axum::serve(listeners.http, service).await
+                }),
             };
         let handle = tokio::spawn(async move {
             tokio::select! {

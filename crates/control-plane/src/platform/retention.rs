@@ -1,12 +1,13 @@
 //! Retention: a background task that deletes calls that ended longer ago than the
-//! configured age, their oplogs, and artifacts nothing uses any more.
+//! configured age, their oplogs, and artifacts nothing uses any more; and one that deletes
+//! lapsed console sessions.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use toolgrid_catalog::Catalog;
-use toolgrid_store::{Retention, now_ms};
+use toolgrid_store::{ConsoleSessions, Retention, now_ms};
 
 /// How often retention runs for an age of `retain`: hourly, or more often for short ages
 /// (a quarter of the age, at least once a minute).
@@ -57,6 +58,26 @@ pub async fn run_once(store: &dyn Retention, catalog: &Catalog, retain: Duration
         }
         Err(error) => tracing::error!(%error, "retention failed; it runs again later"),
     }
+}
+
+/// How often lapsed console sessions (idle, or past their expiry) are deleted. A lapsed
+/// session is refused at once anyway; this only keeps its row from staying.
+pub const SESSION_PURGE_EVERY: Duration = Duration::from_secs(60);
+
+/// Deletes lapsed console sessions now and every [`SESSION_PURGE_EVERY`].
+pub fn spawn_session_purge(store: Arc<dyn ConsoleSessions>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(SESSION_PURGE_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            match store.purge_console_sessions(now_ms()).await {
+                Ok(0) => {}
+                Ok(purged) => tracing::debug!(purged, "deleted lapsed console sessions"),
+                Err(error) => tracing::warn!(%error, "cannot delete lapsed console sessions"),
+            }
+        }
+    })
 }
 
 #[cfg(test)]

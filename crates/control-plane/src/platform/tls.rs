@@ -94,7 +94,7 @@ impl ServerTls {
         use hyper_util::rt::{TokioExecutor, TokioIo};
         let acceptor = tokio_rustls::TlsAcceptor::from(self.http.clone());
         loop {
-            let (tcp, _) = match listener.accept().await {
+            let (tcp, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of file descriptors and the like: wait and go on.
@@ -104,7 +104,11 @@ impl ServerTls {
                 }
             };
             let _ = tcp.set_nodelay(true);
-            let (acceptor, router) = (acceptor.clone(), router.clone());
+            // The client's address, as `axum::serve` records it over plain HTTP.
+            let router = router
+                .clone()
+                .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
+            let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 let stream =
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {

@@ -99,10 +99,31 @@ const MIGRATIONS: &[Migration] = &[
             ]
         },
     },
+    // Console sessions: the SHA-256 of each session id, who it is, when it lapses.
+    Migration {
+        version: 7,
+        statements: |_| {
+            vec![
+                "CREATE TABLE IF NOT EXISTS console_sessions (
+                    id_hash TEXT PRIMARY KEY,
+                    principal_kind TEXT NOT NULL,
+                    principal_namespace TEXT NOT NULL,
+                    principal_name TEXT NOT NULL,
+                    created_at_ms BIGINT NOT NULL,
+                    last_seen_ms BIGINT NOT NULL,
+                    idle_timeout_ms BIGINT NOT NULL,
+                    expires_at_ms BIGINT NOT NULL
+                )"
+                .into(),
+                "CREATE INDEX IF NOT EXISTS console_sessions_by_expiry ON console_sessions (expires_at_ms)"
+                    .into(),
+            ]
+        },
+    },
 ];
 
 /// The schema version this binary writes; a store at a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 fn schema_v5(backend: Backend) -> Vec<String> {
     let blob = match backend {

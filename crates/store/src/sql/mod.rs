@@ -6,7 +6,7 @@
 //! through one group-commit writer ([`writer`]); each concern has its module: [`calls`]
 //! (calls and their oplogs), [`workspaces`], [`approvals`] (approvals and audit),
 //! [`buckets`] (rate limits), [`resources`] (artifacts and resource bookkeeping),
-//! [`retention`]; [`migrations`] is the schema, [`rows`] the helpers they share.
+//! [`retention`], [`sessions`] (the console's); [`migrations`] is the schema, [`rows`] the helpers they share.
 
 mod approvals;
 mod buckets;
@@ -15,6 +15,7 @@ mod migrations;
 mod resources;
 mod retention;
 mod rows;
+mod sessions;
 mod workspaces;
 mod writer;
 

@@ -4,15 +4,18 @@
 //!
 //! - Login: `GET /ui/login` is a form for a token (the admin token or an agent's);
 //!   `POST /ui/login` checks it with [`Gateway::authenticate`], exactly like a bearer token,
+//!   opens a server-side session ([`ConsoleSession`]: who the caller is, never the token)
 //!   and sets the cookie [`COOKIE`] (`HttpOnly; SameSite=Strict; Path=/ui`, and `Secure`
-//!   on an HTTPS port) holding the token (hex). Every other page authenticates that cookie
-//!   per request, as a bearer token; without a valid one it redirects to the login form and
-//!   shows no data. `POST /ui/logout` clears it.
+//!   on an HTTPS port) to the session's id: 32 random bytes (hex), not derived from the
+//!   token. The store keeps only the id's SHA-256, so every replica on the store knows the
+//!   session. Every other page looks the session up per request; a session idle longer
+//!   than its idle timeout, past its absolute expiry, deleted, or of an Agent that no
+//!   longer exists sends the browser to the login form and shows no data.
+//!   `POST /ui/logout` deletes the session: its cookie is refused everywhere at once.
 //! - CSRF: besides `SameSite=Strict`, every form carries a token derived from the session's
-//!   token by HMAC-SHA256 under a secret the process draws at start; a POST without the
-//!   right one is refused (403, `permission-denied`), and so is any POST (the login's
-//!   too) whose `Origin` names another site. A restart draws a new secret, so an
-//!   old page's forms need a reload.
+//!   id by HMAC-SHA256 (so any replica computes it, and the store, holding only the id's
+//!   hash, cannot); a POST without the right one is refused (403, `permission-denied`),
+//!   and so is any POST (the login's too) whose `Origin` names another site.
 //! - What a caller sees is what the API gives it: operators everything, an agent its own
 //!   calls and its own tools.
 //! - Pages carry no script; every value is escaped ([`pages::escape`]); responses say
@@ -29,8 +32,9 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::sync::Arc;
-use toolgrid_core::auth::Principal;
+use toolgrid_core::auth::{ConsoleSession, Principal, SessionCheck};
 use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_core::secret::sha256;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "toolgrid_console";
@@ -43,18 +47,11 @@ pub struct Tls;
 #[derive(Clone)]
 struct Console {
     gateway: Arc<Gateway>,
-    /// The key of the forms' CSRF tokens.
-    secret: Arc<[u8; 32]>,
 }
 
 /// The console's routes (all under `/ui`), for merging into the HTTP router.
 pub fn routes(gateway: Arc<Gateway>) -> axum::Router {
-    let mut secret = [0u8; 32];
-    rand::fill(&mut secret);
-    let console = Console {
-        gateway,
-        secret: Arc::new(secret),
-    };
+    let console = Console { gateway };
     axum::Router::new()
         .route("/ui", get(awaiting_page))
         .route("/ui/", get(|| async { Redirect::to("/ui") }))
@@ -112,11 +109,18 @@ fn hmac_sha256(key: &[u8; 32], message: &[u8]) -> [u8; 32] {
         .into()
 }
 
-/// The CSRF token of a session holding `token`.
-fn csrf_token(secret: &[u8; 32], token: &str) -> String {
-    let mut message = b"toolgrid-console-csrf\0".to_vec();
-    message.extend_from_slice(token.as_bytes());
-    hex::encode(hmac_sha256(secret, &message))
+/// A session id: 32 bytes from the operating system's CSPRNG.
+type SessionId = [u8; 32];
+
+fn new_session_id() -> SessionId {
+    let mut id = [0u8; 32];
+    rand::fill(&mut id);
+    id
+}
+
+/// The CSRF token of the session `id`.
+fn csrf_token(id: &SessionId) -> String {
+    hex::encode(hmac_sha256(id, b"toolgrid-console-csrf"))
 }
 
 /// Whether a form's CSRF token is the session's (constant time).
@@ -162,9 +166,9 @@ fn cross_site(message: &str) -> Response {
     )
 }
 
-/// The token a request's session cookie holds, if any (hex-decoded; a cookie that is not
-/// hex or not UTF-8 is no session).
-fn cookie_token(headers: &HeaderMap) -> Option<String> {
+/// The session id a request's cookie holds, if any (a cookie that is not 32 bytes in hex
+/// is no session).
+fn cookie_session(headers: &HeaderMap) -> Option<SessionId> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -173,24 +177,35 @@ fn cookie_token(headers: &HeaderMap) -> Option<String> {
         .filter_map(|pair| pair.trim().split_once('='))
         .find(|(name, _)| *name == COOKIE)
         .and_then(|(_, value)| hex::decode(value.trim()).ok())
-        .and_then(|bytes| String::from_utf8(bytes).ok())
-        .filter(|token| !token.is_empty())
+        .and_then(|bytes| SessionId::try_from(bytes.as_slice()).ok())
 }
 
-/// The `Set-Cookie` value for a session holding `token` (`None`: clears it).
-fn session_cookie(token: Option<&str>, secure: bool) -> String {
+/// The `Set-Cookie` value for the session `id`, kept by the browser for `max_age_s`
+/// (`None`: clears it).
+fn session_cookie(id: Option<(&SessionId, u64)>, secure: bool) -> String {
     let secure = if secure { "; Secure" } else { "" };
-    match token {
-        Some(token) => format!(
-            "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/ui{secure}",
-            hex::encode(token)
+    match id {
+        Some((id, max_age_s)) => format!(
+            "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/ui; Max-Age={max_age_s}{secure}",
+            hex::encode(id)
         ),
         None => format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/ui; Max-Age=0{secure}"),
     }
 }
 
+/// A redirect to the login form that also clears the session cookie.
+fn to_login(secure: bool) -> Response {
+    let mut response = Redirect::to("/ui/login").into_response();
+    if let Ok(cookie) = HeaderValue::from_str(&session_cookie(None, secure)) {
+        response.headers_mut().insert(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
 /// A signed-in caller.
 struct Session {
+    /// SHA-256 of the session's id.
+    id_hash: [u8; 32],
     principal: Principal,
     who: String,
     csrf: String,
@@ -238,22 +253,72 @@ fn html(status: StatusCode, body: String) -> Response {
     (status, Html(body)).into_response()
 }
 
+/// Why a stored session is no longer accepted at `now_ms` (`None`: it is, and whether to
+/// record this use). An Agent's session ends when the Agent is gone from the catalog.
+fn session_refusal(
+    session: &ConsoleSession,
+    agent_exists: impl Fn(&toolgrid_core::ids::ObjectKey) -> bool,
+    now_ms: i64,
+) -> Result<bool, &'static str> {
+    match session.check(now_ms) {
+        SessionCheck::Expired => Err("past its absolute expiry"),
+        SessionCheck::Idle => Err("idle too long"),
+        SessionCheck::Valid { touch } => match &session.principal {
+            Principal::Agent { agent } if !agent_exists(agent) => Err("its agent no longer exists"),
+            _ => Ok(touch),
+        },
+    }
+}
+
 impl Console {
-    /// The session of a request: its cookie's token authenticated like a bearer token; a
-    /// redirect to the login form without one.
-    async fn session(&self, headers: &HeaderMap) -> Result<Session, Response> {
-        let to_login = || Redirect::to("/ui/login").into_response();
-        let Some(token) = cookie_token(headers) else {
-            return Err(to_login());
+    /// The session of a request: its cookie's id looked up in the store; a redirect to the
+    /// login form (clearing the cookie) without a valid one.
+    async fn session(
+        &self,
+        headers: &HeaderMap,
+        extensions: &axum::http::Extensions,
+    ) -> Result<Session, Response> {
+        let secure = extensions.get::<Tls>().is_some();
+        let Some(id) = cookie_session(headers) else {
+            return Err(to_login(secure));
         };
-        let authorization = format!("Bearer {token}");
-        match self.gateway.authenticate(Some(&authorization), None).await {
-            Ok(principal) => Ok(Session {
-                who: super::caller_name(&principal),
-                csrf: csrf_token(&self.secret, &token),
-                principal,
-            }),
-            Err(_) => Err(to_login()),
+        let id_hash = sha256(&id);
+        let store = &self.gateway.store;
+        let stored = match store.console_session(&id_hash).await {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return Err(to_login(secure)),
+            Err(error) => {
+                let error = ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("cannot read the session: {error}"),
+                );
+                return Err(html(
+                    status_of(error.kind),
+                    pages::login(Some(&format!("{}: {}", error.kind.as_str(), error.message))),
+                ));
+            }
+        };
+        let snapshot = self.gateway.catalog.current();
+        let now = toolgrid_store::now_ms();
+        match session_refusal(&stored, |agent| snapshot.agents.contains_key(agent), now) {
+            Ok(touch) => {
+                if touch && let Err(error) = store.touch_console_session(&id_hash, now).await {
+                    tracing::warn!(%error, "cannot record a console session's use");
+                }
+                Ok(Session {
+                    id_hash,
+                    who: super::caller_name(&stored.principal),
+                    csrf: csrf_token(&id),
+                    principal: stored.principal,
+                })
+            }
+            Err(why) => {
+                tracing::debug!(why, "console session refused");
+                if let Err(error) = store.delete_console_session(&id_hash).await {
+                    tracing::warn!(%error, "cannot delete a lapsed console session");
+                }
+                Err(to_login(secure))
+            }
         }
     }
 }
@@ -279,26 +344,36 @@ async fn login(
     }
     let token = form.token.trim();
     let authorization = format!("Bearer {token}");
+    let peer = super::authn::peer_of(&extensions);
+    let refused = |error: ApiError| {
+        html(
+            status_of(error.kind),
+            pages::login(Some(&format!("{}: {}", error.kind.as_str(), error.message))),
+        )
+    };
     match console
         .gateway
-        .authenticate(Some(&authorization), None)
+        .authenticate(Some(&authorization), None, peer)
         .await
     {
-        Ok(_) => {
+        Ok(principal) => {
             let secure = extensions.get::<Tls>().is_some();
-            let mut response = Redirect::to("/ui").into_response();
-            match HeaderValue::from_str(&session_cookie(Some(token), secure)) {
-                Ok(cookie) => {
-                    response.headers_mut().insert(header::SET_COOKIE, cookie);
-                    response
-                }
-                Err(_) => html(
-                    StatusCode::BAD_REQUEST,
-                    pages::login(Some(
-                        "invalid-argument: the token cannot be kept in a cookie",
-                    )),
-                ),
+            let limits = console.gateway.console_limits();
+            let id = new_session_id();
+            let session =
+                ConsoleSession::new(sha256(&id), principal, limits, toolgrid_store::now_ms());
+            if let Err(error) = console.gateway.store.create_console_session(session).await {
+                return refused(ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("cannot open a session: {error}"),
+                ));
             }
+            let mut response = Redirect::to("/ui").into_response();
+            let cookie = session_cookie(Some((&id, limits.lifetime.as_secs())), secure);
+            if let Ok(cookie) = HeaderValue::from_str(&cookie) {
+                response.headers_mut().insert(header::SET_COOKIE, cookie);
+            }
+            response
         }
         Err(error) => html(
             status_of(error.kind),
@@ -319,19 +394,26 @@ async fn logout(
     extensions: axum::http::Extensions,
     axum::Form(form): axum::Form<CsrfForm>,
 ) -> Response {
-    let session = match console.session(&headers).await {
+    let session = match console.session(&headers, &extensions).await {
         Ok(session) => session,
         Err(redirect) => return redirect,
     };
     if let Some(refused) = session.refuse_forged(&headers, &form.csrf) {
         return refused;
     }
-    let secure = extensions.get::<Tls>().is_some();
-    let mut response = Redirect::to("/ui/login").into_response();
-    if let Ok(cookie) = HeaderValue::from_str(&session_cookie(None, secure)) {
-        response.headers_mut().insert(header::SET_COOKIE, cookie);
+    if let Err(error) = console
+        .gateway
+        .store
+        .delete_console_session(&session.id_hash)
+        .await
+    {
+        let error = ApiError::new(
+            ErrorKind::Unavailable,
+            format!("the session was not ended: {error}"),
+        );
+        return session.error_page("Logout failed", &error);
     }
-    response
+    to_login(extensions.get::<Tls>().is_some())
 }
 
 #[derive(Deserialize)]
@@ -344,9 +426,10 @@ struct NamespaceQuery {
 async fn awaiting_page(
     State(console): State<Console>,
     headers: HeaderMap,
+    extensions: axum::http::Extensions,
     Query(query): Query<NamespaceQuery>,
 ) -> Response {
-    let session = match console.session(&headers).await {
+    let session = match console.session(&headers, &extensions).await {
         Ok(session) => session,
         Err(redirect) => return redirect,
     };
@@ -373,9 +456,10 @@ async fn awaiting_page(
 async fn calls_page(
     State(console): State<Console>,
     headers: HeaderMap,
+    extensions: axum::http::Extensions,
     Query(query): Query<NamespaceQuery>,
 ) -> Response {
-    let session = match console.session(&headers).await {
+    let session = match console.session(&headers, &extensions).await {
         Ok(session) => session,
         Err(redirect) => return redirect,
     };
@@ -434,9 +518,10 @@ async fn render_call(
 async fn call_page(
     State(console): State<Console>,
     headers: HeaderMap,
+    extensions: axum::http::Extensions,
     Path(id): Path<String>,
 ) -> Response {
-    match console.session(&headers).await {
+    match console.session(&headers, &extensions).await {
         Ok(session) => render_call(&console, &session, &id, StatusCode::OK, None).await,
         Err(redirect) => redirect,
     }
@@ -468,10 +553,11 @@ fn approves(decision: &str) -> Result<bool, ApiError> {
 async fn decide(
     State(console): State<Console>,
     headers: HeaderMap,
+    extensions: axum::http::Extensions,
     Path(id): Path<String>,
     axum::Form(form): axum::Form<DecideForm>,
 ) -> Response {
-    let session = match console.session(&headers).await {
+    let session = match console.session(&headers, &extensions).await {
         Ok(session) => session,
         Err(redirect) => return redirect,
     };
@@ -504,8 +590,12 @@ async fn decide(
 }
 
 /// `/ui/agents`: every agent for an operator; an agent goes to its own page.
-async fn agents_page(State(console): State<Console>, headers: HeaderMap) -> Response {
-    let session = match console.session(&headers).await {
+async fn agents_page(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    extensions: axum::http::Extensions,
+) -> Response {
+    let session = match console.session(&headers, &extensions).await {
         Ok(session) => session,
         Err(redirect) => return redirect,
     };
@@ -544,9 +634,10 @@ async fn agents_page(State(console): State<Console>, headers: HeaderMap) -> Resp
 async fn agent_page(
     State(console): State<Console>,
     headers: HeaderMap,
+    extensions: axum::http::Extensions,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
-    let session = match console.session(&headers).await {
+    let session = match console.session(&headers, &extensions).await {
         Ok(session) => session,
         Err(redirect) => return redirect,
     };
@@ -585,39 +676,80 @@ mod tests {
     }
 
     #[test]
-    fn csrf_tokens_belong_to_one_session_and_one_secret() {
-        let secret = [7u8; 32];
-        let a = csrf_token(&secret, "token-a");
-        assert_eq!(a, csrf_token(&secret, "token-a"));
-        assert_ne!(a, csrf_token(&secret, "token-b"));
-        assert_ne!(a, csrf_token(&[8u8; 32], "token-a"));
+    fn csrf_tokens_belong_to_one_session() {
+        let a = csrf_token(&[7u8; 32]);
+        assert_eq!(a, csrf_token(&[7u8; 32]), "any replica computes it");
+        assert_ne!(a, csrf_token(&[8u8; 32]));
+        assert_ne!(a, hex::encode(sha256(&[7u8; 32])), "not the stored hash");
         assert!(csrf_matches(&a, &a));
         assert!(!csrf_matches(&a, ""));
         assert!(!csrf_matches(&a, &a[1..]));
     }
 
     #[test]
-    fn the_cookie_holds_the_token_and_is_read_back() {
-        let cookie = session_cookie(Some("s3cret; x=y"), true);
+    fn the_cookie_holds_a_random_session_id_and_is_read_back() {
+        let id = new_session_id();
+        assert_ne!(id, new_session_id(), "every login draws a new id");
+        let cookie = session_cookie(Some((&id, 3600)), true);
         assert!(cookie.contains("HttpOnly"));
         assert!(cookie.contains("SameSite=Strict"));
         assert!(cookie.contains("Path=/ui"));
+        assert!(cookie.contains("Max-Age=3600"));
         assert!(cookie.ends_with("; Secure"));
-        assert!(!session_cookie(Some("t"), false).contains("Secure"));
+        assert!(!session_cookie(Some((&id, 1)), false).contains("Secure"));
         let value = cookie.split(';').next().unwrap();
         let mut headers = HeaderMap::new();
         headers.insert(
             header::COOKIE,
             HeaderValue::from_str(&format!("other=1; {value}")).unwrap(),
         );
-        assert_eq!(cookie_token(&headers).as_deref(), Some("s3cret; x=y"));
-        let mut bad = HeaderMap::new();
-        bad.insert(
-            header::COOKIE,
-            HeaderValue::from_static("toolgrid_console=zz"),
-        );
-        assert_eq!(cookie_token(&bad), None);
+        assert_eq!(cookie_session(&headers), Some(id));
+        for bad in [
+            "toolgrid_console=zz",
+            "toolgrid_console=abcd",
+            "toolgrid_console=",
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::COOKIE, HeaderValue::from_static(bad));
+            assert_eq!(cookie_session(&headers), None, "{bad}");
+        }
         assert!(session_cookie(None, false).contains("Max-Age=0"));
+    }
+
+    #[test]
+    fn a_session_is_refused_when_lapsed_or_its_agent_is_gone() {
+        use std::time::Duration;
+        use toolgrid_core::auth::SessionLimits;
+        use toolgrid_core::ids::ObjectKey;
+        let limits = SessionLimits {
+            idle: Duration::from_secs(60),
+            lifetime: Duration::from_secs(600),
+        };
+        let bot = ObjectKey::new("team", "bot");
+        let session =
+            ConsoleSession::new([1; 32], Principal::Agent { agent: bot.clone() }, limits, 0);
+        let exists = |agent: &ObjectKey| *agent == bot;
+        assert_eq!(session_refusal(&session, exists, 1_000), Ok(false));
+        assert_eq!(session_refusal(&session, exists, 30_000), Ok(true));
+        assert!(session_refusal(&session, exists, 60_000).is_err(), "idle");
+        assert!(
+            session_refusal(&session, |_| false, 1_000).is_err(),
+            "agent gone"
+        );
+        let busy = ConsoleSession {
+            last_seen_ms: 599_000,
+            ..session
+        };
+        assert!(session_refusal(&busy, exists, 600_000).is_err(), "expired");
+        let operator = ConsoleSession::new(
+            [2; 32],
+            Principal::Operator {
+                subject: "admin".into(),
+            },
+            limits,
+            0,
+        );
+        assert_eq!(session_refusal(&operator, |_| false, 1_000), Ok(false));
     }
 
     #[test]

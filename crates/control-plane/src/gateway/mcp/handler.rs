@@ -163,7 +163,11 @@ struct McpQuery {
 }
 
 /// The checks before any message is read: the `Origin`, then the bearer token.
-async fn admit_request(mcp: &Mcp, headers: &HeaderMap) -> Result<Principal, Response> {
+async fn admit_request(
+    mcp: &Mcp,
+    headers: &HeaderMap,
+    peer: Option<std::net::IpAddr>,
+) -> Result<Principal, Response> {
     let origin = header_str(headers, header::ORIGIN.as_str());
     if !auth::origin_allowed(&mcp.config, origin.as_deref()) {
         let error = RpcError::new(
@@ -179,7 +183,7 @@ async fn admit_request(mcp: &Mcp, headers: &HeaderMap) -> Result<Principal, Resp
     let act_as = header_str(headers, ACT_AS);
     match mcp
         .gateway
-        .authenticate(authorization.as_deref(), act_as.as_deref())
+        .authenticate(authorization.as_deref(), act_as.as_deref(), peer)
         .await
     {
         Ok(principal) => Ok(principal),
@@ -251,12 +255,14 @@ async fn post(
     State(mcp): State<Arc<Mcp>>,
     Query(query): Query<McpQuery>,
     headers: HeaderMap,
+    extensions: axum::http::Extensions,
     body: axum::body::Body,
 ) -> Response {
-    let caller = match admit_request(&mcp, &headers).await {
-        Ok(caller) => caller,
-        Err(response) => return response,
-    };
+    let caller =
+        match admit_request(&mcp, &headers, crate::gateway::authn::peer_of(&extensions)).await {
+            Ok(caller) => caller,
+            Err(response) => return response,
+        };
     let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(body) => body,
         Err(_) => {
@@ -679,11 +685,16 @@ fn refusal(error: ApiError) -> Result<Value, RpcError> {
 }
 
 /// A legacy session's stream of server notifications (`tools/list_changed`).
-async fn get_stream(State(mcp): State<Arc<Mcp>>, headers: HeaderMap) -> Response {
-    let caller = match admit_request(&mcp, &headers).await {
-        Ok(caller) => caller,
-        Err(response) => return response,
-    };
+async fn get_stream(
+    State(mcp): State<Arc<Mcp>>,
+    headers: HeaderMap,
+    extensions: axum::http::Extensions,
+) -> Response {
+    let caller =
+        match admit_request(&mcp, &headers, crate::gateway::authn::peer_of(&extensions)).await {
+            Ok(caller) => caller,
+            Err(response) => return response,
+        };
     let Some(session) = header_str(&headers, era::HEADER_SESSION) else {
         let error = RpcError::new(
             jsonrpc::INVALID_REQUEST,
@@ -728,11 +739,16 @@ async fn get_stream(State(mcp): State<Arc<Mcp>>, headers: HeaderMap) -> Response
 }
 
 /// Ends a legacy session.
-async fn delete_session(State(mcp): State<Arc<Mcp>>, headers: HeaderMap) -> Response {
-    let caller = match admit_request(&mcp, &headers).await {
-        Ok(caller) => caller,
-        Err(response) => return response,
-    };
+async fn delete_session(
+    State(mcp): State<Arc<Mcp>>,
+    headers: HeaderMap,
+    extensions: axum::http::Extensions,
+) -> Response {
+    let caller =
+        match admit_request(&mcp, &headers, crate::gateway::authn::peer_of(&extensions)).await {
+            Ok(caller) => caller,
+            Err(response) => return response,
+        };
     let Some(session) = header_str(&headers, era::HEADER_SESSION) else {
         let error = RpcError::new(
             jsonrpc::INVALID_REQUEST,
