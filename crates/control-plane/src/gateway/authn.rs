@@ -820,7 +820,7 @@ mod tests {
         let bearer = format!("Bearer {alice}");
         assert_eq!(
             fixed
-                .authenticate(Some(&bearer), None, &snapshot)
+                .authenticate(Some(&bearer), None, None, &snapshot)
                 .await
                 .unwrap(),
             Principal::Agent {
@@ -835,7 +835,7 @@ mod tests {
         );
         assert_eq!(
             for_b
-                .authenticate(Some(&bearer), None, &snapshot)
+                .authenticate(Some(&bearer), None, None, &snapshot)
                 .await
                 .unwrap(),
             Principal::Agent {
@@ -851,7 +851,7 @@ mod tests {
         );
         assert_eq!(
             by_claim
-                .authenticate(Some(&format!("Bearer {in_a}")), None, &snapshot)
+                .authenticate(Some(&format!("Bearer {in_a}")), None, None, &snapshot)
                 .await
                 .unwrap(),
             Principal::Agent {
@@ -859,7 +859,7 @@ mod tests {
             }
         );
         assert_eq!(
-            kind(by_claim.authenticate(Some(&bearer), None, &snapshot).await),
+            kind(by_claim.authenticate(Some(&bearer), None, None, &snapshot).await),
             ErrorKind::Unauthenticated
         );
         let in_c = token(
@@ -867,7 +867,7 @@ mod tests {
             json!({"iss": ISS, "aud": AUD, "sub": "alice", "tenant": "team-c"}),
         );
         let refused = by_claim
-            .authenticate(Some(&format!("Bearer {in_c}")), None, &snapshot)
+            .authenticate(Some(&format!("Bearer {in_c}")), None, None, &snapshot)
             .await
             .expect_err("no agent of team-c lists alice");
         assert_eq!(refused.kind, ErrorKind::Unauthenticated);
@@ -890,7 +890,7 @@ mod tests {
             let auth = auth.clone();
             let snapshot = &snapshot;
             async move {
-                auth.authenticate(Some(&format!("Bearer {token}")), None, snapshot)
+                auth.authenticate(Some(&format!("Bearer {token}")), None, None, snapshot)
                     .await
             }
         };

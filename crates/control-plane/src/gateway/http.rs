@@ -104,9 +104,14 @@ pub fn router_with(
 /// `GET /metrics`: the Prometheus figures, for an operator's bearer token only (they name
 /// every namespace's tools, agents and pools): 401 `unauthenticated` without a valid token,
 /// 403 `permission-denied` for an agent's. `Toolgrid-As` is not honoured here.
-async fn metrics(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+async fn metrics(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    extensions: axum::http::Extensions,
+) -> Response {
     let authorization = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-    match gateway.authenticate(authorization, None).await {
+    let peer = super::authn::peer_of(&extensions);
+    match gateway.authenticate(authorization, None, peer).await {
         Ok(Principal::Operator { .. }) => crate::metrics::global().encode().into_response(),
         Ok(Principal::Agent { agent }) => HttpError(ApiError::new(
             ErrorKind::PermissionDenied,
