@@ -224,8 +224,8 @@ mod tests {
     /// the names asked for, and not for others.
     #[test]
     fn a_self_signed_certificate_verifies_against_its_ca() {
-        use rustls::pki_types::pem::PemObject;
         use rustls::client::danger::ServerCertVerifier;
+        use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
         let names = vec![
             "toolgrid.tg.svc".to_string(),
