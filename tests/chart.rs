@@ -47,7 +47,8 @@ fn parse_typed(object: &Value) -> String {
             serde_json::from_value::<CustomResourceDefinition>(value).map(|_| ())
         }
         "WorkerPool" => serde_json::from_value::<toolgrid_api::WorkerPool>(value).map(|_| ()),
-        "Kustomization" => Ok(()),
+        // cert-manager's kinds (no Rust types here): checked by tests/helm/check_chart.py.
+        "Kustomization" | "Issuer" | "Certificate" => Ok(()),
         other => panic!("{other} {name}: an object of a kind this test does not know"),
     };
     if let Err(error) = parsed {
@@ -83,17 +84,23 @@ fn check_controller_args(deployment: &Value) {
     assert_eq!(probes("readinessProbe"), "/ready");
 }
 
-#[test]
-fn the_chart_renders_with_real_helm_into_valid_kubernetes_objects() {
+/// Renders the chart with `values` (JSON; `None`: every check of check_chart.py on the
+/// defaults) into a fake cluster, with or without cert-manager: the objects, or `None` when
+/// the tools are missing outside CI.
+fn render(values: Option<&str>, cert_manager: bool) -> Option<Vec<Value>> {
     let output = tempfile::NamedTempFile::new().unwrap();
-    let Some(run) = common::run_python_check(
-        Command::new("python3")
-            .arg(repo().join("tests/helm/check_chart.py"))
-            .args(["--format", "json", "--output"])
-            .arg(output.path()),
-    ) else {
-        return;
-    };
+    let mut command = Command::new("python3");
+    command
+        .arg(repo().join("tests/helm/check_chart.py"))
+        .args(["--format", "json", "--output"])
+        .arg(output.path());
+    if let Some(values) = values {
+        command.args(["--values", values]);
+    }
+    if cert_manager {
+        command.arg("--cert-manager");
+    }
+    let run = common::run_python_check(&mut command)?;
     assert!(
         run.status.success(),
         "the chart checks failed:\n{}\n{}",
@@ -102,6 +109,117 @@ fn the_chart_renders_with_real_helm_into_valid_kubernetes_objects() {
     );
     let objects: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(output.path()).unwrap()).unwrap();
+    objects.iter().for_each(|o| {
+        parse_typed(o);
+    });
+    let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+    check_controller_args(deployment);
+    Some(objects)
+}
+
+/// The controller container's arguments.
+fn controller_args(objects: &[Value]) -> Vec<String> {
+    let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The Secret volume mounted at /etc/toolgrid/tls, if any.
+fn tls_volume(objects: &[Value]) -> Option<String> {
+    let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+    let pod = &deployment["spec"]["template"]["spec"];
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()?
+        .iter()
+        .find(|m| m["mountPath"] == "/etc/toolgrid/tls")?["name"]
+        .clone();
+    pod["volumes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == mount)
+        .and_then(|v| v["secret"]["secretName"].as_str())
+        .map(str::to_string)
+}
+
+#[test]
+fn the_default_install_serves_tls_made_by_the_controller() {
+    let Some(objects) = render(Some("{}"), false) else {
+        return;
+    };
+    let args = controller_args(&objects);
+    assert!(
+        args.contains(&"--tls-self-signed=true".to_string()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--control-plane-address=https://toolgrid.toolgrid.svc:7070".to_string()),
+        "workers dial https: {args:?}"
+    );
+    assert!(
+        !args.iter().any(|a| a.starts_with("--tls-cert")),
+        "{args:?}"
+    );
+    assert!(!objects.iter().any(|o| o["kind"] == "Certificate"));
+}
+
+#[test]
+fn with_cert_manager_the_default_install_serves_its_certificate() {
+    let Some(objects) = render(Some("{}"), true) else {
+        return;
+    };
+    let args = controller_args(&objects);
+    for want in [
+        "--tls-cert=/etc/toolgrid/tls/tls.crt",
+        "--tls-key=/etc/toolgrid/tls/tls.key",
+        "--worker-tls-ca=/etc/toolgrid/tls/ca.crt",
+        "--control-plane-address=https://toolgrid.toolgrid.svc:7070",
+    ] {
+        assert!(args.contains(&want.to_string()), "{want}: {args:?}");
+    }
+    assert!(!args.iter().any(|a| a.starts_with("--tls-self-signed")));
+    let certificate = objects
+        .iter()
+        .find(|o| o["kind"] == "Certificate" && o["metadata"]["name"] == "toolgrid-tls")
+        .expect("a serving Certificate");
+    assert_eq!(certificate["spec"]["secretName"], "toolgrid-tls");
+    assert!(
+        certificate["spec"]["dnsNames"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("toolgrid.toolgrid.svc"))
+    );
+    assert_eq!(tls_volume(&objects).as_deref(), Some("toolgrid-tls"));
+    assert!(
+        objects
+            .iter()
+            .any(|o| o["kind"] == "Issuer" && o["spec"]["ca"]["secretName"] == "toolgrid-ca")
+    );
+}
+
+#[test]
+fn plaintext_needs_tls_enabled_false() {
+    let Some(objects) = render(Some(r#"{"tls": {"enabled": false}}"#), true) else {
+        return;
+    };
+    let args = controller_args(&objects);
+    assert!(
+        args.contains(&"--control-plane-address=http://toolgrid.toolgrid.svc:7070".to_string()),
+        "{args:?}"
+    );
+    assert!(!args.iter().any(|a| a.starts_with("--tls")), "{args:?}");
+    assert_eq!(tls_volume(&objects), None);
+    assert!(!objects.iter().any(|o| o["kind"] == "Certificate"));
+}
+
+#[test]
+fn the_chart_renders_with_real_helm_into_valid_kubernetes_objects() {
+    let Some(objects) = render(None, false) else {
+        return;
+    };
     let kinds: Vec<String> = objects.iter().map(parse_typed).collect();
     for expected in [
         "CustomResourceDefinition",

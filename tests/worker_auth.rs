@@ -553,6 +553,36 @@ async fn a_rogue_with_the_id_of_a_live_worker_does_not_evict_it() {
 }
 
 /// A self-signed certificate for `localhost` and 127.0.0.1: (cert.pem, key.pem).
+/// `toolgrid up` (like `toolgrid controller`: the same `ControlPlane::serve`) warns for every
+/// port it serves without TLS on an address other than loopback, and for no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_on_a_non_loopback_address_is_warned_about() {
+    const WARNING: &str = "without TLS on a non-loopback address";
+    let root = tempfile::tempdir().unwrap();
+    let manifests = fixtures::examples(root.path());
+    let (exposed_root, local_root) = (root.path().join("exposed"), root.path().join("local"));
+    std::fs::create_dir_all(&exposed_root).unwrap();
+    std::fs::create_dir_all(&local_root).unwrap();
+    let exposed = Platform::start(&exposed_root, &manifests, &["--http-listen", "0.0.0.0:0"]);
+    let logs = exposed.logs();
+    let warnings: Vec<&str> = logs.lines().filter(|l| l.contains(WARNING)).collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "HTTP only (gRPC is on 127.0.0.1): {logs}"
+    );
+    assert!(
+        warnings[0].contains("HTTP") && warnings[0].contains("0.0.0.0:"),
+        "{}",
+        warnings[0]
+    );
+    assert!(warnings[0].contains("WARN"), "{}", warnings[0]);
+    let local = Platform::start(&local_root, &manifests, &[]);
+    let logs = local.logs();
+    assert!(logs.contains("toolgrid is ready:"), "{logs}");
+    assert!(!logs.contains(WARNING), "{logs}");
+}
+
 fn certificate(dir: &Path) -> (PathBuf, PathBuf) {
     let made = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
         .expect("a certificate");

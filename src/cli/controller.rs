@@ -28,7 +28,8 @@ pub struct ControllerArgs {
     /// Image of the worker pods (default: `TOOLGRID_IMAGE`, the controller's own).
     #[arg(long, env = "TOOLGRID_WORKER_IMAGE")]
     worker_image: Option<String>,
-    /// What worker pods dial (default: `http://toolgrid.<POD_NAMESPACE>.svc:7070`).
+    /// What worker pods dial (default: `http(s)://toolgrid.<POD_NAMESPACE>.svc:7070`,
+    /// `https` with TLS).
     #[arg(long, env = "TOOLGRID_CONTROL_PLANE_ADDRESS")]
     control_plane_address: Option<String>,
     /// OpenTelemetry traces over OTLP/gRPC to this endpoint.
@@ -65,6 +66,18 @@ pub struct ControllerArgs {
     /// The certificate's private key (PEM).
     #[arg(long, env = "TOOLGRID_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// Without --tls-cert: make a CA and a serving certificate at start, in memory, for the
+    /// host of --control-plane-address (and its shorter and `.cluster.local` forms), and
+    /// hand the CA to worker pods. Both are made again at every start (valid one year).
+    /// The chart sets this when TLS is on and cert-manager is absent.
+    #[arg(
+        long,
+        env = "TOOLGRID_TLS_SELF_SIGNED",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        conflicts_with = "tls_cert"
+    )]
+    tls_self_signed: bool,
     /// The CA certificate (PEM) worker pods trust to reach an `https://` control plane;
     /// handed to them inline (`TOOLGRID_TLS_CA_PEM`). Default: the system's roots.
     #[arg(long, env = "TOOLGRID_WORKER_TLS_CA")]
@@ -73,6 +86,19 @@ pub struct ControllerArgs {
     /// lets operate toolgrid. Optional.
     #[arg(long, env = "TOOLGRID_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Hosts artifact URLs (and their redirects) may name, as globs (`*` matches any
+    /// characters: `*.example.org`), comma-separated; the chart sets it from
+    /// `artifacts.allowedHosts`. Default: any host with public addresses.
+    #[arg(long, env = "TOOLGRID_ARTIFACT_HOSTS", value_delimiter = ',')]
+    artifact_hosts: Vec<String>,
+    /// Download artifacts from loopback, private, link-local and other non-public addresses
+    /// too (off: a ToolRelease's author could make the controller probe internal URLs).
+    #[arg(long, env = "TOOLGRID_ARTIFACT_ALLOW_PRIVATE")]
+    artifact_allow_private: bool,
+    /// Download artifacts through this HTTP(S) proxy. The environment's HTTP_PROXY,
+    /// HTTPS_PROXY and ALL_PROXY are never used for artifacts.
+    #[arg(long, env = "TOOLGRID_ARTIFACT_PROXY")]
+    artifact_proxy: Option<String>,
     #[command(flatten)]
     mcp: crate::cli::up::McpArgs,
 }
@@ -93,20 +119,34 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         .clone()
         .or_else(|| std::env::var("TOOLGRID_IMAGE").ok())
         .unwrap_or_else(|| format!("ghcr.io/toolgrid/toolgrid:{}", env!("CARGO_PKG_VERSION")));
-    let control_plane_address = args
-        .control_plane_address
-        .clone()
-        .unwrap_or_else(|| format!("http://toolgrid.{}.svc:7070", args.pod_namespace));
+    let control_plane_address = args.control_plane_address.clone().unwrap_or_else(|| {
+        let scheme = if args.tls_cert.is_some() || args.tls_self_signed {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://toolgrid.{}.svc:7070", args.pod_namespace)
+    });
     let tls = toolgrid_control_plane::platform::tls::ServerTls::from_args(
         args.tls_cert.as_deref(),
         args.tls_key.as_deref(),
     )?;
-    let worker_tls_ca = match &args.worker_tls_ca {
+    let mut worker_tls_ca = match &args.worker_tls_ca {
         Some(path) => Some(
             std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?,
         ),
         None => None,
+    };
+    let tls = match tls {
+        None if args.tls_self_signed => {
+            let names = self_signed_names(&control_plane_address);
+            let (tls, ca) = toolgrid_control_plane::platform::tls::ServerTls::self_signed(&names)?;
+            tracing::info!(?names, "serving with a CA and certificate made at start");
+            worker_tls_ca = Some(ca);
+            Some(tls)
+        }
+        tls => tls,
     };
     toolgrid_controller::run(Settings {
         listen: args.listen,
@@ -132,6 +172,71 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             .map(|t| toolgrid_core::secret::SecretValue::new(t.into_bytes())),
         mcp: args.mcp.config(),
         oauth: args.mcp.oauth()?,
+        artifact_fetch: toolgrid_controller::fetch::FetchPolicy {
+            allowed_hosts: args
+                .artifact_hosts
+                .iter()
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty())
+                .collect(),
+            allow_private: args.artifact_allow_private,
+            proxy: match args.artifact_proxy.as_deref().filter(|p| !p.is_empty()) {
+                Some(proxy) => Some(
+                    proxy
+                        .parse()
+                        .map_err(|e| anyhow::anyhow!("--artifact-proxy {proxy:?}: {e}"))?,
+                ),
+                None => None,
+            },
+        },
     })
     .await
+}
+
+/// The names a self-made serving certificate covers: the control plane address's host and,
+/// for a Service name `NAME.NAMESPACE.svc`, `NAME`, `NAME.NAMESPACE` and
+/// `NAME.NAMESPACE.svc.cluster.local`.
+fn self_signed_names(control_plane_address: &str) -> Vec<String> {
+    let host = control_plane_address
+        .split_once("://")
+        .map_or(control_plane_address, |(_, rest)| rest)
+        .split(['/', ':'])
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let mut names = vec![host.clone()];
+    if let Some(service) = host.strip_suffix(".svc") {
+        names.push(format!("{host}.cluster.local"));
+        names.push(service.to_string());
+        if let Some((name, _)) = service.split_once('.') {
+            names.push(name.to_string());
+        }
+    }
+    names.push("localhost".into());
+    names.retain(|n| !n.is_empty());
+    names.dedup();
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::self_signed_names;
+
+    #[test]
+    fn a_self_made_certificate_names_the_service_in_every_form() {
+        assert_eq!(
+            self_signed_names("https://toolgrid.tg.svc:7070"),
+            [
+                "toolgrid.tg.svc",
+                "toolgrid.tg.svc.cluster.local",
+                "toolgrid.tg",
+                "toolgrid",
+                "localhost"
+            ]
+        );
+        assert_eq!(
+            self_signed_names("https://cp.example.org"),
+            ["cp.example.org", "localhost"]
+        );
+    }
 }

@@ -37,7 +37,7 @@ enum Commands {
     Worker(worker::WorkerArgs),
     /// Run the control plane in a Kubernetes cluster: watch the CRDs, write status, own the
     /// worker Deployments, leader-elected.
-    Controller(controller::ControllerArgs),
+    Controller(Box<controller::ControllerArgs>),
     /// Call a tool: `toolgrid call TOOL [COMMAND] [ARGS...] [--stdin FILE|-]
     /// [--idempotency-key K] [--endpoint ADDR]`. Prints the result as JSON.
     Call(client::CallArgs),
@@ -117,7 +117,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             Commands::Up(args) => report(up::run(args).await),
             Commands::Worker(args) => report(worker::run(args).await),
-            Commands::Controller(args) => report(controller::run(args).await),
+            Commands::Controller(args) => report(controller::run(*args).await),
             Commands::Call(args) => client::call(args).await,
             Commands::Get(args) => client::get(args).await,
             Commands::Calls(args) => client::calls(args).await,

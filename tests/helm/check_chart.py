@@ -154,12 +154,12 @@ class Cluster:
     """A fake API server and a Helm configuration pointing at it."""
 
     def __init__(self, namespace: str, extra_namespaces=(), preinstalled_crds=False,
-                 monitoring=False):
+                 monitoring=False, cert_manager=False):
         self.namespace = namespace
         self.fake = fakekube.FakeKube(
             namespaces=[namespace, *extra_namespaces],
             crds=load_crds() if preinstalled_crds else (),
-            monitoring=monitoring, validate_crs=HAVE_JSONSCHEMA,
+            monitoring=monitoring, cert_manager=cert_manager, validate_crs=HAVE_JSONSCHEMA,
             log=(lambda m: log("    api: " + m)) if VERBOSE else None)
         url = self.fake.start()
         fd, self.kubeconfig = tempfile.mkstemp(prefix="kubeconfig-", dir=WORK)
@@ -282,7 +282,7 @@ class Checker:
 
 
 def check_objects(objs: list[dict], overrides: dict, release: str, namespace: str, *,
-                  monitoring=False, first_install=True) -> list[str]:
+                  monitoring=False, cert_manager=False, first_install=True) -> list[str]:
     v = deep_merge(DEFAULTS, overrides or {})
     c = Checker("")
     fn = fullname(v, release)
@@ -291,7 +291,18 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
     watch = v.get("watchNamespace") or ""
     pool_ns = watch or namespace
     sqlite = v["store"]["type"] == "sqlite"
-    tls = (v.get("tls") or {}).get("secretName") or ""
+    # TLS: off (tls.enabled=false), an existing Secret, cert-manager's Secret, or made by
+    # the controller at start (--tls-self-signed)
+    if not v["tls"]["enabled"]:
+        tls_mode = "off"
+    elif v["tls"].get("secretName"):
+        tls_mode = "secret"
+    elif cert_manager:
+        tls_mode = "cert-manager"
+    else:
+        tls_mode = "self-signed"
+    tls = {"secret": v["tls"].get("secretName"), "cert-manager": f"{fullname(v, release)}-tls"}.get(tls_mode, "")
+    ca_key = "ca.crt" if tls_mode == "cert-manager" else v["tls"]["caKey"]
     image = (f"{v['image']['repository']}@{v['image']['digest']}" if v["image"].get("digest")
              else f"{v['image']['repository']}:{v['image'].get('tag') or APP_VERSION}")
 
@@ -338,6 +349,9 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
         want.add(("WorkerPool", pool_ns, v["defaultWorkerPool"]["name"]))
     if v["serviceMonitor"]["enabled"] and monitoring:
         want.add(("ServiceMonitor", namespace, fn))
+    if tls_mode == "cert-manager":
+        want |= {("Issuer", namespace, f"{fn}-selfsigned"), ("Certificate", namespace, f"{fn}-ca"),
+                 ("Issuer", namespace, f"{fn}-ca"), ("Certificate", namespace, f"{fn}-tls")}
     got = set(by)
     c.check(got == want, f"objects: missing {sorted(want - got)}, unexpected {sorted(got - want)}")
 
@@ -377,7 +391,7 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
                 "listen": "0.0.0.0:7070", "http-listen": "0.0.0.0:7071",
                 "metrics-listen": "0.0.0.0:9090",
                 "worker-image": v.get("workerImage") or image,
-                "control-plane-address": f"{'https' if tls else 'http'}://{fn}.{namespace}.svc:{v['service']['grpcPort']}",
+                "control-plane-address": f"{'http' if tls_mode == 'off' else 'https'}://{fn}.{namespace}.svc:{v['service']['grpcPort']}",
                 "lease": v["workerLease"],
             }
             if sqlite:
@@ -391,7 +405,16 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
             if tls:
                 want_flags["tls-cert"] = "/etc/toolgrid/tls/tls.crt"
                 want_flags["tls-key"] = "/etc/toolgrid/tls/tls.key"
-                want_flags["worker-tls-ca"] = f"/etc/toolgrid/tls/{v['tls']['caKey']}"
+                want_flags["worker-tls-ca"] = f"/etc/toolgrid/tls/{ca_key}"
+            if tls_mode == "self-signed":
+                want_flags["tls-self-signed"] = "true"
+            art = v["artifacts"]
+            if art.get("allowedHosts"):
+                want_flags["artifact-hosts"] = ",".join(art["allowedHosts"])
+            if art.get("allowPrivate"):
+                want_flags["artifact-allow-private"] = "true"
+            if art.get("proxy"):
+                want_flags["artifact-proxy"] = art["proxy"]
             c.eq(flags, want_flags, "controller flags")
             env = ct.get("env") or []
             names = [e["name"] for e in env]
@@ -435,6 +458,18 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
             if tls:
                 c.eq(vols.get(mounts.get("/etc/toolgrid/tls"), {}).get("secret", {}).get("secretName"),
                      tls, "TLS volume")
+    if tls_mode == "cert-manager":
+        cert = by.get(("Certificate", namespace, f"{fn}-tls")) or {"spec": {}}
+        cs = cert["spec"]
+        c.eq(cs.get("secretName"), tls, "Certificate secretName")
+        c.eq(cs.get("dnsNames"), [fn, f"{fn}.{namespace}", f"{fn}.{namespace}.svc",
+                                  f"{fn}.{namespace}.svc.cluster.local"], "Certificate dnsNames")
+        c.eq(cs.get("issuerRef"), {"group": "cert-manager.io", "kind": "Issuer", "name": f"{fn}-ca"},
+             "Certificate issuer")
+        ca = (by.get(("Certificate", namespace, f"{fn}-ca")) or {"spec": {}})["spec"]
+        c.eq(ca.get("isCA"), True, "CA Certificate isCA")
+        c.eq((by.get(("Issuer", namespace, f"{fn}-ca")) or {"spec": {}})["spec"].get("ca"),
+             {"secretName": f"{fn}-ca"}, "CA Issuer")
     if svc:
         s = svc["spec"]
         if dep:
@@ -517,6 +552,10 @@ CASES = [
                     "defaultWorkerPool": {"replicas": 5, "slotsPerWorker": 64}}, {}),
     ("client-side-apply", {}, {"ssa": False}),
     ("tls", {"tls": {"secretName": "toolgrid-tls", "caKey": "tls.crt"}}, {}),
+    ("tls-cert-manager", {}, {"cert_manager": True}),
+    ("tls-off", {"tls": {"enabled": False}}, {}),
+    ("artifacts", {"artifacts": {"allowedHosts": ["*.example.org", "ghcr.io"], "allowPrivate": True,
+                                 "proxy": "http://proxy.infra:3128"}}, {}),
 ]
 BAD = [
     ("sqlite-replicas", {"replicaCount": 2}, ["replicaCount"],
@@ -530,12 +569,13 @@ def render_case(name, values, opts, release, namespace):
     v = deep_merge(DEFAULTS, values)
     extra = [v["watchNamespace"]] if v.get("watchNamespace") else []
     cluster = Cluster(namespace, extra, preinstalled_crds=opts.get("preinstalled_crds", False),
-                      monitoring=opts.get("monitoring", False))
+                      monitoring=opts.get("monitoring", False),
+                      cert_manager=opts.get("cert_manager", False))
     try:
         res = cluster.install(release, values, ssa=opts.get("ssa", True))
         objs = cluster.chart_objects()
         errs = check_objects(objs, values, release, namespace, monitoring=opts.get("monitoring", False),
-                             first_install=True)
+                             cert_manager=opts.get("cert_manager", False), first_install=True)
         notes = (res.get("info") or {}).get("notes") or ""
         if v["serviceMonitor"]["enabled"] and not opts.get("monitoring"):
             if "WARNING: serviceMonitor.enabled" not in notes:
@@ -989,6 +1029,8 @@ def main():
     ap.add_argument("--format", choices=("yaml", "json"), default="yaml")
     ap.add_argument("--release", default="toolgrid")
     ap.add_argument("--namespace", default="toolgrid")
+    ap.add_argument("--cert-manager", action="store_true",
+                    help="with --values: the fake cluster serves cert-manager.io/v1")
     ap.add_argument("--write-deploy", action="store_true", help="regenerate deploy/*.yaml")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args()
@@ -1052,7 +1094,7 @@ def main():
         return step(f"lint + install: {name}", fn)
 
     if a.values is not None:
-        install_step("--values", values, {}, keep=True)
+        install_step("--values", values, {"cert_manager": a.cert_manager}, keep=True)
     else:
         log("check_chart.py: lint and install each case into a fresh fake cluster")
         for name, values, opts in CASES:

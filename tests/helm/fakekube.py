@@ -121,6 +121,15 @@ MONITORING = {
     ],
 }
 
+# cert-manager's kinds, served only when asked for (`cert_manager=True`).
+CERT_MANAGER = {
+    ("cert-manager.io", "v1"): [
+        ("issuers", "Issuer", True),
+        ("clusterissuers", "ClusterIssuer", False),
+        ("certificates", "Certificate", True),
+    ],
+}
+
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
 
@@ -628,7 +637,7 @@ def validate_builtin(group: str, kind: str, obj: dict, current: dict | None) -> 
 class FakeKube:
     """The API server state and an HTTP server serving it in a background thread."""
 
-    def __init__(self, namespaces=("default",), crds=(), monitoring=False,
+    def __init__(self, namespaces=("default",), crds=(), monitoring=False, cert_manager=False,
                  version=(1, 31, 0), log=None, validate_crs=True, bookmark_interval=3.0,
                  max_watch_seconds=None):
         self.lock = threading.RLock()
@@ -647,6 +656,8 @@ class FakeKube:
         self.groups = copy.deepcopy(BUILTIN)
         if monitoring:
             self.groups.update(copy.deepcopy(MONITORING))
+        if cert_manager:
+            self.groups.update(copy.deepcopy(CERT_MANAGER))
         self.objects: dict[tuple, dict] = {}  # (group, plural, namespace, name) -> object
         self.created: list[dict] = []  # every object created, as sent
         self.updated: list[tuple] = []  # (key, before, after) of every real change

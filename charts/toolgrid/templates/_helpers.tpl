@@ -77,8 +77,36 @@ The controller image: repository@digest, or repository:tag (tag defaults to appV
 The address worker pods dial: the Service's gRPC port.
 */}}
 {{- define "toolgrid.controlPlaneAddress" -}}
-{{- $scheme := ternary "https" "http" (not (empty .Values.tls.secretName)) -}}
+{{- $scheme := ternary "http" "https" (eq (include "toolgrid.tlsMode" .) "off") -}}
 {{- printf "%s://%s.%s.svc:%v" $scheme (include "toolgrid.fullname" .) .Release.Namespace .Values.service.grpcPort }}
+{{- end }}
+
+{{/*
+Where the controller's serving certificate comes from:
+  off           tls.enabled=false: plaintext;
+  secret        tls.secretName: an existing kubernetes.io/tls Secret;
+  cert-manager  the cluster serves cert-manager.io/v1: the chart's Issuers and Certificate
+                (certificate.yaml) write the Secret <fullname>-tls;
+  self-signed   otherwise: the controller makes a CA and certificate at start.
+*/}}
+{{- define "toolgrid.tlsMode" -}}
+{{- if not .Values.tls.enabled }}off
+{{- else if .Values.tls.secretName }}secret
+{{- else if .Capabilities.APIVersions.Has "cert-manager.io/v1" }}cert-manager
+{{- else }}self-signed
+{{- end }}
+{{- end }}
+
+{{/*
+The Secret the controller serves with (modes secret and cert-manager), and its CA key.
+*/}}
+{{- define "toolgrid.tlsSecret" -}}
+{{- if eq (include "toolgrid.tlsMode" .) "secret" }}{{ .Values.tls.secretName }}
+{{- else if eq (include "toolgrid.tlsMode" .) "cert-manager" }}{{ include "toolgrid.fullname" . }}-tls
+{{- end }}
+{{- end }}
+{{- define "toolgrid.tlsCaKey" -}}
+{{- if eq (include "toolgrid.tlsMode" .) "cert-manager" }}ca.crt{{ else }}{{ .Values.tls.caKey }}{{ end }}
 {{- end }}
 
 {{/*

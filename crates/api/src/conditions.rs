@@ -103,6 +103,13 @@ reasons! {
     InvalidDigest: stalled,
     DigestMismatch: stalled,
     UnsupportedSource: stalled,
+    /// An artifact URL (or a redirect) names a host outside the controller's
+    /// `--artifact-hosts`.
+    ArtifactHostNotAllowed: stalled,
+    /// An artifact URL's host (or a redirect's) is or resolves to a loopback, private,
+    /// link-local or other non-public address, and the controller was not started with
+    /// `--artifact-allow-private`.
+    ArtifactAddressRestricted: stalled,
     /// A Middleware with a CEL expression that does not compile (the message is the
     /// compiler's).
     InvalidExpression: stalled,

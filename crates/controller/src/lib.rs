@@ -6,6 +6,7 @@
 
 pub mod agent_data;
 pub mod deployment;
+pub mod fetch;
 pub mod health;
 pub mod leader;
 #[cfg(test)]
@@ -62,6 +63,8 @@ pub struct Settings {
     pub mcp: toolgrid_control_plane::gateway::mcp::McpConfig,
     /// The OAuth authorization server whose access tokens are accepted.
     pub oauth: Option<toolgrid_control_plane::auth::oauth::OAuthIssuer>,
+    /// Where ToolRelease and Middleware artifacts may be downloaded from.
+    pub artifact_fetch: fetch::FetchPolicy,
 }
 
 /// Who may attach as a worker: a worker pod's projected ServiceAccount token (audience
@@ -200,6 +203,7 @@ async fn lead(
         settings.watch_namespace.as_deref(),
         control_plane.catalog.clone(),
         store.clone(),
+        settings.artifact_fetch.clone(),
     );
     source.wait_synced().await?;
     let snapshot = source.resolve_once().await?;

@@ -2,6 +2,7 @@
 //! Secrets and ServiceAccounts they refer to, resolved by the same reconcile logic as a
 //! manifest directory ([`toolgrid_catalog::resolve`]) whenever anything changes.
 
+use crate::fetch::{FetchPolicy, fetch};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use kube::api::{Api, PartialObjectMeta};
@@ -17,8 +18,8 @@ use tokio::sync::Notify;
 use toolgrid_api::conditions::Reason;
 use toolgrid_api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
 use toolgrid_catalog::artifacts::{
-    ArtifactOutcome, LoadedArtifact, MAX_ARTIFACT_BYTES, WasmArtifact, check_bytes,
-    check_middleware_bytes, config_map_key, source_kind,
+    ArtifactOutcome, LoadedArtifact, WasmArtifact, check_bytes, check_middleware_bytes,
+    config_map_key, source_kind,
 };
 use toolgrid_catalog::manifest::{ResourceSet, Source, Sourced};
 use toolgrid_catalog::resolve::{PreviousState, ResolveInput, resolve};
@@ -32,8 +33,6 @@ use toolgrid_store::Store;
 const DEBOUNCE: Duration = Duration::from_millis(100);
 /// How long a failed URL fetch is remembered before it is tried again.
 const FETCH_RETRY: Duration = Duration::from_secs(60);
-/// Redirects a URL fetch follows at most.
-const MAX_REDIRECTS: usize = 5;
 
 /// An API for a kind, in one namespace or all.
 pub fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -106,6 +105,8 @@ pub struct ClusterSource {
     /// them; they are not put in the store).
     fetched_wasm: FetchCache<WasmArtifact>,
     stored: StoredArtifacts,
+    /// Where artifacts may be downloaded from ([`crate::fetch`]).
+    fetch_policy: FetchPolicy,
 }
 
 fn reflect<K>(api: Api<K>, changed: Arc<Notify>) -> Cache<K>
@@ -183,6 +184,7 @@ impl ClusterSource {
         namespace: Option<&str>,
         catalog: Arc<Catalog>,
         store: Arc<dyn Store>,
+        fetch_policy: FetchPolicy,
     ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let caches = Caches {
@@ -212,6 +214,7 @@ impl ClusterSource {
             fetched: FetchCache::new(|o| matches!(o, ArtifactOutcome::Ready { .. })),
             fetched_wasm: FetchCache::new(|w| matches!(w, WasmArtifact::Ready { .. })),
             stored: StoredArtifacts::default(),
+            fetch_policy,
         })
     }
 
@@ -435,12 +438,11 @@ impl ClusterSource {
                 if let Some(known) = self.fetched_wasm.get(&key) {
                     return Some(known);
                 }
-                let loaded = match fetch(&url).await {
+                let loaded = match fetch(&url, &self.fetch_policy).await {
                     Ok(bytes) => check_middleware_bytes(bytes, Some(digest)),
-                    Err(message) => failed(
-                        Reason::ArtifactNotFound,
-                        format!("spec.wasm.artifact.url: {message}"),
-                    ),
+                    Err(error) => {
+                        failed(error.reason(), format!("spec.wasm.artifact.url: {error}"))
+                    }
                 };
                 self.fetched_wasm.put(key, loaded.clone());
                 loaded
@@ -507,12 +509,9 @@ impl ClusterSource {
                         bytes: None,
                     };
                 }
-                let loaded = match fetch(&url).await {
+                let loaded = match fetch(&url, &self.fetch_policy).await {
                     Ok(bytes) => check_bytes(bytes, Some(digest)),
-                    Err(message) => failed(
-                        Reason::ArtifactNotFound,
-                        format!("spec.artifact.url: {message}"),
-                    ),
+                    Err(error) => failed(error.reason(), format!("spec.artifact.url: {error}")),
                 };
                 self.fetched.put(key, loaded.outcome.clone());
                 loaded
@@ -522,149 +521,6 @@ impl ClusterSource {
                 "spec.artifact.file is for manifest directories; in a cluster use configMap or url"
                     .into(),
             ),
-        }
-    }
-}
-
-/// Downloads an artifact (the digest is checked by the caller). The URL itself may name an
-/// in-cluster address, but a redirect is followed only to a public one: its host is resolved,
-/// every address checked (no loopback, private, link-local or other reserved address), and
-/// the connection made to exactly those addresses.
-pub async fn fetch(url: &str) -> Result<Vec<u8>, String> {
-    let mut url = url::Url::parse(url).map_err(|e| format!("bad URL {url:?}: {e}"))?;
-    let mut pinned: Option<(String, Vec<std::net::SocketAddr>)> = None;
-    for _ in 0..=MAX_REDIRECTS {
-        let mut builder = reqwest::Client::builder()
-            .timeout(Duration::from_secs(120))
-            .redirect(reqwest::redirect::Policy::none());
-        if let Some((host, addrs)) = &pinned {
-            builder = builder.resolve_to_addrs(host, addrs);
-        }
-        let client = builder.build().map_err(|e| e.to_string())?;
-        let mut response = client
-            .get(url.clone())
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        if response.status().is_redirection() {
-            let location = response
-                .headers()
-                .get(reqwest::header::LOCATION)
-                .and_then(|v| v.to_str().ok())
-                .ok_or_else(|| {
-                    format!(
-                        "GET {url} answered {} without a Location",
-                        response.status()
-                    )
-                })?;
-            let next = url
-                .join(location)
-                .map_err(|e| format!("GET {url} redirects to a bad URL {location:?}: {e}"))?;
-            pinned = Some(redirect_target(&next).await?);
-            url = next;
-            continue;
-        }
-        if !response.status().is_success() {
-            return Err(format!("GET {url} answered {}", response.status()));
-        }
-        if let Some(length) = response.content_length()
-            && length > MAX_ARTIFACT_BYTES
-        {
-            return Err(format!(
-                "the artifact is larger than {MAX_ARTIFACT_BYTES} bytes"
-            ));
-        }
-        let mut bytes = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
-            bytes.extend_from_slice(&chunk);
-            if bytes.len() as u64 > MAX_ARTIFACT_BYTES {
-                return Err(format!(
-                    "the artifact is larger than {MAX_ARTIFACT_BYTES} bytes"
-                ));
-            }
-        }
-        return Ok(bytes);
-    }
-    Err(format!("more than {MAX_REDIRECTS} redirects"))
-}
-
-/// The host and checked addresses a redirect may go to, or why it may not.
-async fn redirect_target(url: &url::Url) -> Result<(String, Vec<std::net::SocketAddr>), String> {
-    use toolgrid_core::net::is_restricted;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!(
-            "a redirect to {url} is not followed (not http or https)"
-        ));
-    }
-    let host = url
-        .host_str()
-        .ok_or_else(|| format!("a redirect to {url} has no host"))?
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string();
-    let port = url
-        .port_or_known_default()
-        .ok_or_else(|| format!("a redirect to {url} has no port"))?;
-    let addrs: Vec<std::net::SocketAddr> = match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => vec![std::net::SocketAddr::new(ip, port)],
-        Err(_) => tokio::net::lookup_host((host.as_str(), port))
-            .await
-            .map_err(|e| format!("a redirect to {url}: cannot resolve {host}: {e}"))?
-            .collect(),
-    };
-    if addrs.is_empty() {
-        return Err(format!(
-            "a redirect to {url}: {host} resolves to no address"
-        ));
-    }
-    if let Some(bad) = addrs.iter().find(|a| is_restricted(a.ip())) {
-        return Err(format!(
-            "a redirect to {url} is not followed: {host} is {}, a loopback, private, link-local \
-             or reserved address",
-            bad.ip()
-        ));
-    }
-    Ok((host, addrs))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_url_fetch_follows_no_redirect_to_a_private_address() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let app = axum::Router::new()
-            .route("/tool.wasm", axum::routing::get(|| async { "\0asm" }))
-            .route(
-                "/loopback",
-                axum::routing::get(|| async { axum::response::Redirect::temporary("/tool.wasm") }),
-            )
-            .route(
-                "/metadata",
-                axum::routing::get(|| async {
-                    axum::response::Redirect::temporary("http://169.254.169.254/latest/meta-data")
-                }),
-            )
-            .route(
-                "/private",
-                axum::routing::get(|| async {
-                    axum::response::Redirect::permanent("http://10.0.0.1/tool.wasm")
-                }),
-            );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        // The URL an operator names may be in-cluster; a redirect may not lead there.
-        assert_eq!(
-            fetch(&format!("http://{addr}/tool.wasm")).await.unwrap(),
-            b"\0asm"
-        );
-        for path in ["loopback", "metadata", "private"] {
-            let error = fetch(&format!("http://{addr}/{path}")).await.unwrap_err();
-            assert!(error.contains("is not followed"), "{path}: {error}");
         }
     }
 }

@@ -7,7 +7,7 @@
 //! `allowPrivate`.
 
 use std::net::{IpAddr, SocketAddr};
-use toolgrid_core::net::is_restricted;
+use toolgrid_core::net::{Class, classify};
 use toolgrid_core::spec::EgressRule;
 
 /// Where a request may go, decided before it leaves.
@@ -98,12 +98,14 @@ impl Egress {
             return Verdict::Unresolved(format!("{host} resolves to no address"));
         }
         if !rule.allow_private
-            && let Some(bad) = addrs.iter().find(|a| is_restricted(a.ip()))
+            && let Some((bad, name)) = addrs.iter().find_map(|a| match classify(a.ip()) {
+                Class::Restricted { name } => Some((a.ip(), name)),
+                Class::Public => None,
+            })
         {
             return Verdict::Denied(format!(
-                "{host} resolves to {}, a loopback, private, link-local or reserved address \
-                 (allow it with allowPrivate on its egress rule)",
-                bad.ip()
+                "{host} resolves to {bad} ({name}), a loopback, private, link-local or reserved \
+                 address (allow it with allowPrivate on its egress rule)"
             ));
         }
         Verdict::Allowed { host, addrs }

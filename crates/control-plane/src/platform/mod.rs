@@ -155,6 +155,17 @@ impl ControlPlane {
     ) -> anyhow::Result<(SocketAddr, SocketAddr, JoinHandle<()>)> {
         let grpc_addr = listeners.grpc.local_addr()?;
         let http_addr = listeners.http.local_addr()?;
+        if security.tls.is_none() {
+            for (port, addr) in [("gRPC", grpc_addr), ("HTTP", http_addr)] {
+                if tls::plaintext_exposed(addr) {
+                    tracing::warn!(
+                        %addr,
+                        "serving {port} without TLS on a non-loopback address: tokens and \
+                         results cross the network in plaintext (give --tls-cert/--tls-key)"
+                    );
+                }
+            }
+        }
         // Every Tools RPC is authenticated before it reaches the service. (The worker link
         // authenticates workers on its own.)
         let tools = AuthenticatedTools::new(
