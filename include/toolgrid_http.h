@@ -5,8 +5,9 @@
  * HTTP in WASI, import these two functions from the module "toolgrid". The full ABI is in
  * docs/host-abi.md.
  *
- * A URL or header value may hold ${secret:NAME} references to the call's secrets: the host
- * substitutes them as the request leaves, and the tool never sees the values (docs/host-abi.md).
+ * Secrets are used by reference only in headers the release declares on an egress rule
+ * (network.egress[].headers): the host sets them as the request leaves, and the tool never
+ * sees the values. ${secret:NAME} that the tool writes is sent as written (docs/host-abi.md).
  *
  * Every request goes through the release's egress policy and the call's oplog: its start is
  * committed before it leaves the sandbox, it carries an Idempotency-Key header derived from
@@ -26,8 +27,9 @@ extern "C" {
 enum {
     TOOLGRID_HTTP_OK = 0,        /* a response (any HTTP status) is ready to take */
     TOOLGRID_HTTP_DENIED = 1,    /* refused before it left: the egress policy refused the
-                                    destination (kind "egress-denied"), or it refers to a
-                                    secret the call may not use (kind "unknown-secret") */
+                                    destination (kind "egress-denied"), or a header the
+                                    release declares refers to a secret the call may not
+                                    use (kind "unknown-secret") */
     TOOLGRID_HTTP_INVALID = 2,   /* the request JSON is malformed, or sets Host,
                                     Content-Length or a hop-by-hop header */
     TOOLGRID_HTTP_FAILED = 3,    /* DNS, connection, TLS or protocol failure */

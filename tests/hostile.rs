@@ -264,6 +264,7 @@ async fn run(runtime: &Runtime, wat: &str, server: &Server, limits: RunLimits) -
                     host: "127.0.0.1".into(),
                     ports: vec![server.addr.port()],
                     allow_private: true,
+                    headers: Default::default(),
                 }],
                 ..Default::default()
             },

@@ -59,6 +59,7 @@ fn slow_request(witness: &Witness, args: &[&str], sink: Arc<MemorySink>) -> RunR
             host: "127.0.0.1".into(),
             ports: vec![witness.addr.port()],
             allow_private: true,
+            headers: Default::default(),
         }],
         sink: Some(sink),
         idle_timeout_ms: 60_000,

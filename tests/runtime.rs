@@ -318,6 +318,7 @@ async fn outgoing_requests_are_committed_first_carry_keys_and_replay_from_the_op
         host: "127.0.0.1".into(),
         ports: vec![witness.addr.port()],
         allow_private: true,
+        headers: Default::default(),
     }];
     let sink = Arc::new(MemorySink::default());
     // On arrival, before it is answered, a request's `http-request` entry (with its key) is
@@ -466,6 +467,7 @@ async fn a_refused_commit_stops_the_guest_before_the_request_leaves() {
         host: "127.0.0.1".into(),
         ports: vec![witness.addr.port()],
         allow_private: true,
+        headers: Default::default(),
     }];
     fenced.sink = Some(Arc::new(Refusing));
     let outcome = runtime.run(&compiled, fenced).await;
@@ -492,11 +494,13 @@ async fn egress_refusals_reach_the_guest_and_the_oplog() {
             host: "localhost".into(),
             ports: vec![9],
             allow_private: false,
+            headers: Default::default(),
         },
         EgressRule {
             host: "10.11.12.13".into(),
             ports: vec![],
             allow_private: false,
+            headers: Default::default(),
         },
     ];
     let outcome = runtime.run(&compiled, run).await;

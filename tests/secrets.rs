@@ -1,7 +1,9 @@
 //! Config and secrets reach a tool only as granted: config and revealable secrets as
-//! environment variables, readable secrets only by reference (`${secret:NAME}` in an
-//! outgoing request, substituted as it leaves), and no secret value in the tool's view of a
-//! response, its result, the oplog, the store file or the logs.
+//! environment variables, readable secrets only by reference (`${secret:NAME}` in a header
+//! the release declares on its egress rule, substituted as the request leaves; what the
+//! tool writes, `${secret:NAME}` included, is sent as written), and no secret value in the
+//! tool's view of a response, its result, the oplog, the store file or the logs. What an
+//! agent can do with arguments against this is tests/secret_exfiltration.rs.
 //!
 //! On the `secrets` fixture (tests/fixtures/tools/secrets, a C tool built with zig) and the
 //! loopback witness, which echoes what it received. Three levels: the worker runtime
@@ -78,13 +80,23 @@ fn assigned(
             timeout_ms: 30_000,
             ..RunLimits::default()
         },
-        egress: vec![EgressRule {
-            host: "127.0.0.1".into(),
-            ports: vec![witness.addr.port()],
-            allow_private: true,
-        }],
+        egress: vec![declared_rule(witness.addr.port())],
         secrets,
         ..RunRequest::default()
+    }
+}
+
+/// The witness's egress rule, declaring the header that carries the readable secret.
+fn declared_rule(port: u16) -> EgressRule {
+    EgressRule {
+        host: "127.0.0.1".into(),
+        ports: vec![port],
+        allow_private: true,
+        headers: [(
+            "authorization".to_string(),
+            "Bearer ${secret:api-token}".to_string(),
+        )]
+        .into(),
     }
 }
 
@@ -153,7 +165,8 @@ async fn the_destination_sees_the_values_the_tool_and_the_oplog_only_references(
         String::from_utf8_lossy(&outcome.stderr_tail)
     );
 
-    // The request left with the values substituted.
+    // The request left with the declared header substituted (replacing the one the tool
+    // wrote), and the reference the tool wrote in its URL as written.
     let seen = witness.seen();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].path, "/echo");
@@ -161,7 +174,7 @@ async fn the_destination_sees_the_values_the_tool_and_the_oplog_only_references(
         seen[0].authorization.as_deref(),
         Some(&*format!("Bearer {TOKEN}"))
     );
-    assert_eq!(seen[0].query.as_deref(), Some(&*format!("k={TOKEN}")));
+    assert_eq!(seen[0].query.as_deref(), Some("k=${secret:api-token}"));
     assert_eq!(seen[0].revealed.as_deref(), Some(REVEALED));
 
     // The tool got the response redacted, and its printed revealed value is redacted too.
@@ -179,14 +192,15 @@ async fn the_destination_sees_the_values_the_tool_and_the_oplog_only_references(
         request.url
     );
     assert_eq!(
-        request.headers[0],
+        request.headers[1],
         (
             "authorization".to_string(),
             header_digest("Bearer ${secret:api-token}")
-        )
+        ),
+        "the declared header, as the digest of its template"
     );
     assert_eq!(
-        request.headers[1],
+        request.headers[0],
         (
             "x-revealed".to_string(),
             header_digest("${secret:signing-key}")
@@ -253,7 +267,11 @@ async fn a_replay_matches_credential_headers_by_digest_across_a_rotation() {
     let mut tampered = recorded.clone();
     for entry in &mut tampered {
         if let OplogEntry::HttpRequest(request) = entry {
-            request.headers[0].1 = header_digest("Bearer ${secret:other}");
+            for (name, value) in &mut request.headers {
+                if name == "authorization" {
+                    *value = header_digest("Bearer ${secret:other}");
+                }
+            }
         }
     }
     let mut diverging = assigned(&witness, &[], granted(TOKEN));
@@ -277,7 +295,9 @@ async fn an_unknown_reference_is_refused_before_it_leaves() {
     let runtime = runtime(cache.path());
     let (digest, bytes) = fixture();
     let compiled = runtime.compile(&digest, bytes).await.unwrap();
-    // Only `signing-key` is granted; the tool refers to `api-token`.
+    // Only `signing-key` is granted; the release's declared header refers to `api-token`
+    // (a binding like this is not Ready: UngrantedSecretReference; this is the worker's
+    // own check).
     let only_revealed: BTreeMap<String, SecretValue> =
         [("signing-key".to_string(), SecretValue::new(REVEALED))].into();
     let outcome = runtime
@@ -331,7 +351,7 @@ async fn a_response_that_grows_past_its_limit_once_redacted_is_response_limit() 
     // value is replaced by its (longer) reference.
     let echoed = serde_json::json!({
         "authorization": format!("Bearer {TOKEN}"),
-        "query": format!("k={TOKEN}"),
+        "query": "k=${secret:api-token}",
         "revealed": REVEALED,
         "body": "",
     })
@@ -451,11 +471,9 @@ fn new_call(
             effect: toolgrid_core::spec::Effect::Read,
             command: Some(serde_json::from_value(serde_json::json!({"name": "run"})).unwrap()),
             deadline_ms: toolgrid_core::call::now_ms() + timeout_ms as i64,
-            egress: vec![EgressRule {
-                host: "127.0.0.1".into(),
-                ports: vec![base.rsplit(':').next().unwrap().parse().unwrap()],
-                allow_private: true,
-            }],
+            egress: vec![declared_rule(
+                base.rsplit(':').next().unwrap().parse().unwrap(),
+            )],
             access,
             ..Default::default()
         },
@@ -618,7 +636,7 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
             s.authorization.as_deref(),
             Some(&*format!("Bearer {token}"))
         );
-        assert_eq!(s.query.as_deref(), Some(&*format!("k={token}")));
+        assert_eq!(s.query.as_deref(), Some("k=${secret:api-token}"));
         assert_eq!(s.revealed.as_deref(), Some(REVEALED));
     }
     assert_eq!(seen[0].key, seen[1].key);
@@ -634,7 +652,7 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
     );
     let request = http_request(&entries);
     assert_eq!(
-        request.headers[0],
+        request.headers[1],
         (
             "authorization".to_string(),
             header_digest("Bearer ${secret:api-token}")
@@ -738,7 +756,12 @@ spec:
   tool: secrets
   version: 1.0.0
   artifact: {{file: {wasm}}}
-  network: {{egress: [{{host: 127.0.0.1, ports: [{port}], allowPrivate: true}}]}}
+  network:
+    egress:
+    - host: 127.0.0.1
+      ports: [{port}]
+      allowPrivate: true
+      headers: {{authorization: "Bearer ${{secret:api-token}}"}}
 ---
 apiVersion: v1
 kind: Secret

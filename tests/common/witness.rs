@@ -8,6 +8,10 @@
 //! (`authorization`, `query`, `revealed` from `X-Revealed`, `body`): a destination that
 //! echoes credentials back, for the secret-redaction tests.
 //!
+//! A request to `/echo-all` is answered with the whole request as it arrived, raw and
+//! base64-encoded (`{"raw": "METHOD URI\nname: value\n...\n\nbody", "base64": ..}`): an
+//! upstream that reflects everything, encoded too, for the exfiltration tests.
+//!
 //! A request to `/flaky/N/...` is answered 503 while the witness has seen fewer than N
 //! earlier requests to the same path with the same `Idempotency-Key` (then as any other):
 //! a destination that is briefly unavailable, for the retry tests.
@@ -34,6 +38,10 @@ pub struct Seen {
     pub query: Option<String>,
     /// The `X-Revealed` header.
     pub revealed: Option<String>,
+    /// The request target (path and query) as it arrived.
+    pub uri: String,
+    /// Every header as it arrived, in order.
+    pub headers: Vec<(String, String)>,
     pub at: Instant,
     /// What the probe found on arrival (`None` without a probe).
     pub probe: Option<Result<(), String>>,
@@ -155,6 +163,16 @@ async fn record(
         authorization: header("authorization"),
         query: uri.query().map(String::from),
         revealed: header("x-revealed"),
+        uri: uri.to_string(),
+        headers: headers
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
         at: Instant::now(),
         probe: None,
     };
@@ -191,6 +209,20 @@ async fn record(
             "query": seen.query,
             "revealed": seen.revealed,
             "body": seen.body,
+        });
+        return (StatusCode::OK, echo.to_string());
+    }
+    if seen.path == "/echo-all" {
+        use base64::Engine as _;
+        let mut raw = format!("{} {}\n", seen.method, seen.uri);
+        for (name, value) in &seen.headers {
+            raw.push_str(&format!("{name}: {value}\n"));
+        }
+        raw.push('\n');
+        raw.push_str(&seen.body);
+        let echo = serde_json::json!({
+            "raw": raw,
+            "base64": base64::engine::general_purpose::STANDARD.encode(&raw),
         });
         return (StatusCode::OK, echo.to_string());
     }

@@ -113,6 +113,9 @@ reasons! {
     /// A Middleware with a CEL expression that does not compile (the message is the
     /// compiler's).
     InvalidExpression: stalled,
+    /// A binding's release declares egress headers that refer to a secret key the binding
+    /// makes neither readable nor revealable (`network.egress[].headers`).
+    UngrantedSecretReference: stalled,
 }
 
 impl std::fmt::Display for Reason {

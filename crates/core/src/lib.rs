@@ -16,7 +16,7 @@
 //! | [`workspace`] | workspace trees, paths, diffs, limits, the one-writer rule |
 //! | [`scheduler`] | the scheduler's decisions: `State::on(event, now) -> commands` |
 //! | [`auth`] | who calls ([`auth::Principal`]) |
-//! | [`secret`] | secret values in memory (never printed), compared in constant time |
+//! | [`secret`] | secret values in memory (never printed), compared in constant time; references in declared headers; scrubbing values and their encodings |
 //! | [`net`] | the addresses egress treats as private |
 //! | [`artifact`] | what a release's or a middleware's WebAssembly must be |
 //! | [`error`] | [`error::ApiError`], a refusal at a front door |

@@ -6,6 +6,9 @@
 //! them out of logs by accident: its `Debug` and `Display` print a placeholder. Secrets
 //! (and tokens) are compared in constant time ([`bytes_equal`], [`secrets_match`]).
 
+pub mod reference;
+pub mod scrub;
+
 use sha2::{Digest as _, Sha256};
 use std::fmt;
 use std::sync::Arc;

@@ -54,6 +54,14 @@ impl Egress {
         self.rule_of(url).map(|_| ())
     }
 
+    /// The headers the release declares for the URL's destination (`network.egress[].headers`
+    /// of the first rule that admits it): the only text the host substitutes references in.
+    pub fn declared_headers(&self, url: &url::Url) -> std::collections::BTreeMap<String, String> {
+        self.rule_of(url)
+            .map(|(_, _, rule)| rule.headers.clone())
+            .unwrap_or_default()
+    }
+
     fn rule_of(&self, url: &url::Url) -> Result<(String, u16, &EgressRule), String> {
         let scheme = url.scheme();
         if scheme != "http" && scheme != "https" {
@@ -138,6 +146,7 @@ mod tests {
             host: host.into(),
             ports: ports.to_vec(),
             allow_private,
+            headers: Default::default(),
         }
     }
 
@@ -152,6 +161,26 @@ mod tests {
         assert!(!host_matches("*.example.org", "badexample.org"));
         assert!(host_matches("*", "anything.test"));
         assert!(host_matches("10.0.0.1", "10.0.0.1"));
+    }
+
+    #[test]
+    fn declared_headers_belong_to_the_rule_that_admits_the_destination() {
+        let mut api = rule("api.example.org", &[443], false);
+        api.headers
+            .insert("authorization".into(), "Bearer ${secret:t}".into());
+        let egress = Egress::new(vec![api, rule("*.example.org", &[443], false)]);
+        let headers = |u: &str| egress.declared_headers(&url::Url::parse(u).unwrap());
+        assert_eq!(
+            headers("https://api.example.org/x")
+                .get("authorization")
+                .map(String::as_str),
+            Some("Bearer ${secret:t}")
+        );
+        assert!(headers("https://other.example.org/").is_empty());
+        assert!(
+            headers("http://api.example.org/").is_empty(),
+            "port 80: no rule"
+        );
     }
 
     #[tokio::test]

@@ -8,10 +8,13 @@
 //! but whose response was not is sent again only when that is safe (an idempotent method, or
 //! a `read`/`idempotent` tool), with the same key; otherwise the call ends `outcome-unknown`.
 //!
-//! Secret references (`${secret:NAME}`, see [`super::secrets`]) in the URL and header
-//! values are substituted only as the request leaves; the oplog records the request as the
-//! tool wrote it (credential headers as digests), and a response is redacted of every secret
-//! value of the call before it is recorded or handed to the guest.
+//! Secret references (`${secret:NAME}`, see [`super::secrets`]) are substituted only in the
+//! headers the release declares for the destination (`network.egress[].headers`), as the
+//! request leaves; what the tool writes (URL, headers, body) is sent as written, never
+//! substituted. The oplog records the request as written plus the declared headers, every
+//! credential header as a digest (a declared one as the digest of its template), and a
+//! response is redacted of every secret value of the call before it is recorded or handed
+//! to the guest.
 
 use super::egress::{Egress, Verdict};
 use super::limits::CallMemory;
@@ -77,8 +80,8 @@ pub struct Response {
 pub enum HttpFailure {
     /// The egress policy refused it (told to the guest).
     Denied(String),
-    /// It refers to a secret the call may not use, or holds a malformed reference (told to
-    /// the guest, as `unknown-secret`).
+    /// A header the release declares for its destination refers to a secret the call may
+    /// not use, or holds a malformed reference (told to the guest, as `unknown-secret`).
     UnknownSecret(String),
     /// The request itself is malformed (told to the guest).
     Invalid(String),
@@ -140,7 +143,7 @@ pub struct HttpHost {
     secrets: Arc<CallSecrets>,
 }
 
-/// A request as it leaves: its references substituted, its destination the written one's.
+/// A request as it leaves: its URL as written, the declared headers set (substituted).
 struct Sending {
     url: String,
     headers: Vec<(String, String)>,
@@ -153,9 +156,10 @@ enum Gate {
         host: String,
         addrs: Vec<std::net::SocketAddr>,
     },
-    /// Refused: by the egress policy (`kind` absent, told to the guest), for a secret
-    /// reference (`unknown-secret`, told to the guest), or because its references' values
-    /// pass the substitution allowance (`request-limit`: the call ends).
+    /// Refused: by the egress policy (`kind` absent, told to the guest), for a declared
+    /// header's secret reference the call lacks (`unknown-secret`, told to the guest), or
+    /// because the declared values pass the substitution allowance (`request-limit`: the
+    /// call ends).
     Refused {
         message: String,
         kind: Option<ErrorKind>,
@@ -291,7 +295,11 @@ impl HttpHost {
         // The request as the oplog records it (and as a replay compares it): as written,
         // secret values redacted, credential headers digested.
         let url = self.secrets.redact_text(&request.url).into_owned();
-        let (headers, digested) = secrets::recorded_headers(&request.headers, &self.secrets);
+        let declared = url::Url::parse(&request.url)
+            .map(|written| self.egress.declared_headers(&written))
+            .unwrap_or_default();
+        let (headers, digested) =
+            secrets::recorded_headers(&request.headers, &declared, &self.secrets);
 
         if let Some(recorded) = self.log.take_http(seq) {
             let was = &recorded.request;
@@ -398,16 +406,22 @@ impl HttpHost {
         self.transmit_to(seq, &method, &request, &url, gate).await
     }
 
-    /// Decides whether a request may leave: its secret references must all be the call's,
-    /// substituting them may not change its destination (scheme, host, port), and the
-    /// egress policy must admit that destination (checked once: it is the same for the URL
-    /// as written and as substituted).
+    /// Decides whether a request may leave: the egress policy must admit its destination,
+    /// and the references in the headers the release declares for it must all be the
+    /// call's. The URL and the tool's headers are sent as written.
     async fn gate(&self, request: &OutgoingRequest) -> Gate {
-        let (url, headers) = match self
-            .secrets
-            .substitute_request(&request.url, &request.headers)
-        {
-            Ok(sending) => sending,
+        let written = match url::Url::parse(&request.url) {
+            Ok(written) => written,
+            Err(e) => {
+                return Gate::Refused {
+                    message: format!("the URL does not parse: {e}"),
+                    kind: None,
+                };
+            }
+        };
+        let declared = self.egress.declared_headers(&written);
+        let headers = match self.secrets.sending_headers(&request.headers, &declared) {
+            Ok(headers) => headers,
             Err(error) => {
                 let kind = match error {
                     secrets::ReferenceError::TooLarge(_) => ErrorKind::RequestLimit,
@@ -419,25 +433,7 @@ impl HttpHost {
                 };
             }
         };
-        let written = match url::Url::parse(&request.url) {
-            Ok(written) => written,
-            Err(e) => {
-                return Gate::Refused {
-                    message: format!("the URL does not parse: {e}"),
-                    kind: None,
-                };
-            }
-        };
-        let destination_kept =
-            url::Url::parse(&url).is_ok_and(|sent| secrets::same_destination(&written, &sent));
-        if !destination_kept {
-            return Gate::Refused {
-                message: "a secret reference in the URL may change its path or query, never \
-                          its scheme, host or port"
-                    .into(),
-                kind: None,
-            };
-        }
+        let url = request.url.clone();
         match self.egress.check(&written).await {
             Verdict::Allowed { host, addrs } => Gate::Go {
                 sending: Sending { url, headers },

@@ -7,7 +7,9 @@
 //!   past that, a report is dropped (the guest gets code 1) and neither recorded, streamed
 //!   nor counted as progress. Both caps count the same way live and in a replay, so a
 //!   replay drops exactly what the live run dropped;
-//! - **redacted**: secret values of the call are replaced by their references;
+//! - **redacted**: secret values of the call are replaced by their references, and their
+//!   encodings (hex, base64, percent-encoding) by `[secret]` (see
+//!   [`crate::secrets::CallSecrets::scrub_output`]);
 //! - **recorded** as a `progress` oplog entry, buffered like clock readings and committed
 //!   with the next commit (before the next outgoing request, or with the result);
 //! - **streamed** to the control plane as a `WorkerProgress` with stage `progress`, once,
@@ -146,10 +148,8 @@ impl CallProgress {
         if self.reports.fetch_add(1, Ordering::SeqCst) >= MAX_EVENTS {
             return Reported::Dropped;
         }
-        let message = self
-            .secrets
-            .redact_text(&bounded_message(bytes))
-            .into_owned();
+        // Scrubbed before it is cut, so that a cut cannot leave part of a value unmatched.
+        let message = bounded_message(&self.secrets.scrub_output(bytes));
         match self.log.replay_next(EntryKind::Progress) {
             Replayed::Recorded(OplogEntry::Progress(recorded)) if recorded.message == message => {
                 Reported::Accepted

@@ -826,10 +826,11 @@ impl Runtime {
             Some((AbortKind::Fenced | AbortKind::Unacknowledged, _))
         );
         // No secret value leaves the sandbox in what the tool wrote (a revealed value it
-        // printed) or in a message: each is replaced by its reference. The output stays
-        // within its limit once redacted, or the call fails `output-limit`.
+        // printed, a declared header an upstream echoed) or in a message: each is replaced
+        // by its reference, and its encodings by `[secret]`. The output stays within its
+        // limit once redacted, or the call fails `output-limit`.
         let output_limit = request.limits.effective_output_bytes();
-        let mut stdout = Bytes::from(secrets.redact(&stdout.contents()).into_owned());
+        let mut stdout = Bytes::from(secrets.scrub_output(&stdout.contents()).into_owned());
         if stdout.len() as u64 > output_limit && failure.is_none() {
             exit_code = -1;
             failure = Some(Failure {
@@ -842,9 +843,9 @@ impl Runtime {
             });
             stdout = Bytes::new();
         }
-        let stderr_tail = Bytes::from(secrets.redact(&stderr.contents()).into_owned());
+        let stderr_tail = Bytes::from(secrets.scrub_output(&stderr.contents()).into_owned());
         if let Some(failure) = &mut failure {
-            failure.message = secrets.redact_text(&failure.message).into_owned();
+            failure.message = secrets.scrub_output_text(&failure.message).into_owned();
         }
         RunOutcome {
             exit_code,
@@ -1460,6 +1461,7 @@ mod tests {
             host: "127.0.0.1".into(),
             ports: vec![9],
             allow_private: true,
+            headers: Default::default(),
         };
         let mut hooks = hooks(vec![rule], 1 << 20);
         let polls = Arc::new(AtomicUsize::new(0));
@@ -1578,6 +1580,11 @@ mod tests {
             host: "127.0.0.1".into(),
             ports: vec![port],
             allow_private: true,
+            headers: [(
+                "authorization".to_string(),
+                "Bearer ${secret:api-token}".to_string(),
+            )]
+            .into(),
         };
         let log = HostLog::new(Vec::new());
         let mut hooks = hooks_on(log.clone(), vec![rule], 1 << 20);
@@ -1606,17 +1613,19 @@ mod tests {
             .uri(format!(
                 "http://127.0.0.1:{port}/echo?k=${{secret:api-token}}"
             ))
-            .header("authorization", "Bearer ${secret:api-token}")
+            .header("authorization", "Bearer guest-written")
             .body(empty_body())
             .unwrap();
         let future = hooks.send_request(request, None, Box::new(async { Ok(()) }));
         let (response, _) = std::pin::Pin::from(future).await.unwrap();
         use http_body_util::BodyExt;
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        // The destination got the value; the guest sees the references.
+        // The destination got the value in the declared header only (the guest's header of
+        // that name replaced), the guest-written reference in the URL as written; the guest
+        // sees the references.
         assert_eq!(
             *received.lock().unwrap(),
-            "Bearer s3cr3t-value|k=s3cr3t-value"
+            "Bearer s3cr3t-value|k=${secret:api-token}"
         );
         assert_eq!(
             &body[..],

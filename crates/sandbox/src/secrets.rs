@@ -1,13 +1,23 @@
-//! Secrets inside a call: references a tool writes, values it never sees.
+//! Secrets inside a call: references the release declares, values the tool never sees.
 //!
-//! A tool uses a readable secret by reference: it writes `${secret:NAME}` in an outgoing
-//! request's URL or in a header value, and the host substitutes the value as the request
-//! leaves ([`CallSecrets::substitute`]). Every value of the call, readable or revealable, is
-//! kept out of what the tool reads back and of everything recorded: a response, the tool's
-//! output and every recorded message have each occurrence replaced by its reference
-//! ([`CallSecrets::redact`]). Headers that carry credentials are recorded as a digest of
-//! what the tool wrote ([`recorded_headers`]), so the oplog never holds them and a replay
-//! still matches them, across a rotation of the secret too.
+//! A tool uses a readable secret by reference, and only through its release: an egress rule
+//! declares headers the host sets on every request to its destination
+//! (`network.egress[].headers`, e.g. `authorization: "Bearer ${secret:api-token}"`), and the
+//! host substitutes the references in those templates, and nowhere else, as the request
+//! leaves ([`CallSecrets::sending_headers`]). Text the tool writes into a request (its URL,
+//! headers and body, which may carry what its caller passed) is sent exactly as written:
+//! `${secret:NAME}` there is not a reference, so a caller cannot make the host put a value
+//! where the caller's text goes. A header of a declared name the tool writes is dropped; the
+//! declared one is sent.
+//!
+//! Every value of the call, readable or revealable, is kept out of what the tool reads back
+//! and of everything recorded: a response, the tool's output and every recorded message have
+//! each occurrence replaced by its reference ([`CallSecrets::redact`]); what the call returns
+//! to its caller is also scrubbed of the values' encodings ([`CallSecrets::scrub_output`],
+//! [`toolgrid_core::secret::scrub`]). Headers that carry credentials are recorded as a digest
+//! of what was written ([`recorded_headers`]): the declared template, not its value, so the
+//! oplog never holds them and a replay still matches them, across a rotation of the secret
+//! too.
 //!
 //! These are pure functions over the call's secrets; [`super::http`] applies them.
 
@@ -15,9 +25,9 @@ use sha2::{Digest as _, Sha256};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use toolgrid_core::secret::SecretValue;
+use toolgrid_core::secret::scrub::Scrubber;
 
-/// What opens a reference: `${secret:NAME}`.
-pub const REFERENCE_OPEN: &str = "${secret:";
+pub use toolgrid_core::secret::reference::REFERENCE_OPEN;
 
 /// Headers always recorded as a digest, whatever they hold.
 pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
@@ -27,29 +37,29 @@ pub fn reference(name: &str) -> String {
     format!("{REFERENCE_OPEN}{name}}}")
 }
 
-/// A reference the host will not substitute: unknown to the call, or malformed. The
-/// request is refused and never leaves (it is never sent with the reference in it either).
+/// A declared header's reference the host cannot substitute: unknown to the call, or
+/// malformed. The request is refused and never leaves.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ReferenceError {
     #[error(
-        "the request refers to ${{secret:{0}}}, which is not a secret this call may use \
-         (its binding grants no such key)"
+        "the release's egress headers refer to ${{secret:{0}}}, which is not a secret this \
+         call may use (its binding grants no such key)"
     )]
     Unknown(String),
     #[error(
-        "the request holds a malformed secret reference at byte {0} (write ${{secret:NAME}}, \
-         NAME of letters, digits, '-', '_' and '.')"
+        "a header the release declares holds a malformed secret reference at byte {0} \
+         (write ${{secret:NAME}}, NAME of letters, digits, '-', '_' and '.')"
     )]
     Malformed(usize),
     #[error(
-        "the request's secret references would add more than {0} bytes to its URL and \
-         headers"
+        "the release's declared headers would add more than {0} bytes to the request once \
+         their secret references are substituted"
     )]
     TooLarge(usize),
 }
 
-/// The most bytes substituting references may add to one request's URL and headers
-/// together: what a tool can make the host build from a small document is bounded.
+/// The most bytes substituting references may add to one request's declared headers
+/// together.
 pub const SUBSTITUTION_ALLOWANCE: usize = 1 << 20;
 
 /// Whether `text` holds anything that looks like a reference (well-formed or not).
@@ -71,11 +81,7 @@ pub fn header_digest(written: &str) -> String {
 }
 
 fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    toolgrid_core::secret::reference::valid_key(name)
 }
 
 /// The secret values of one call: every key its binding grants, readable or revealable.
@@ -86,6 +92,8 @@ pub struct CallSecrets {
     /// Non-empty values with their references, longest value first, so that a value that
     /// contains another is replaced whole.
     redactions: Vec<(Vec<u8>, String)>,
+    /// The values and their encodings, for what the call returns to its caller.
+    scrubber: Scrubber,
 }
 
 impl std::fmt::Debug for CallSecrets {
@@ -104,7 +112,12 @@ impl CallSecrets {
             .map(|(name, value)| (value.expose().to_vec(), reference(name)))
             .collect();
         redactions.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.1.cmp(&b.1)));
-        CallSecrets { values, redactions }
+        let scrubber = Scrubber::new(values.values());
+        CallSecrets {
+            values,
+            redactions,
+            scrubber,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -182,6 +195,29 @@ impl CallSecrets {
         Cow::Owned(out)
     }
 
+    /// What the call returns to its caller (output, error messages, progress): every value
+    /// replaced by its reference ([`CallSecrets::redact`]), then every encoded form of a value
+    /// (hex, base64, percent-encoding) replaced by `[secret]`
+    /// ([`toolgrid_core::secret::scrub`]). Longer than `bytes` by at most
+    /// [`CallSecrets::growth_bound`].
+    pub fn scrub_output<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {
+        match self.redact(bytes) {
+            Cow::Borrowed(bytes) => self.scrubber.scrub(bytes),
+            Cow::Owned(redacted) => Cow::Owned(self.scrubber.scrub(&redacted).into_owned()),
+        }
+    }
+
+    /// [`CallSecrets::scrub_output`] for text.
+    pub fn scrub_output_text<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        match self.scrub_output(text.as_bytes()) {
+            Cow::Borrowed(_) => Cow::Borrowed(text),
+            Cow::Owned(bytes) => Cow::Owned(
+                String::from_utf8(bytes)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+            ),
+        }
+    }
+
     /// [`CallSecrets::redact`] for text.
     pub fn redact_text<'a>(&self, text: &'a str) -> Cow<'a, str> {
         match self.redact(text.as_bytes()) {
@@ -220,45 +256,63 @@ impl CallSecrets {
         })
     }
 
-    /// The URL and headers of a request as they are sent: every reference substituted.
-    pub fn substitute_request(
+    /// The headers of a request as they are sent: the tool's `written` headers as written
+    /// (`${secret:...}` in them is not substituted), except those of a name the release
+    /// `declared` for the destination, then the declared ones with their references
+    /// substituted.
+    pub fn sending_headers(
         &self,
-        url: &str,
-        headers: &[(String, String)],
-    ) -> Result<(String, Vec<(String, String)>), ReferenceError> {
+        written: &[(String, String)],
+        declared: &BTreeMap<String, String>,
+    ) -> Result<Vec<(String, String)>, ReferenceError> {
         let mut budget = SUBSTITUTION_ALLOWANCE;
-        let url = self.substitute_within(url, &mut budget)?.into_owned();
-        let headers = headers
+        let mut headers: Vec<(String, String)> = written
             .iter()
-            .map(|(name, value)| {
-                Ok((
-                    name.clone(),
-                    self.substitute_within(value, &mut budget)?.into_owned(),
-                ))
-            })
-            .collect::<Result<_, ReferenceError>>()?;
-        Ok((url, headers))
+            .filter(|(name, _)| !is_declared(declared, name))
+            .cloned()
+            .collect();
+        for (name, template) in declared {
+            headers.push((
+                name.clone(),
+                self.substitute_within(template, &mut budget)?.into_owned(),
+            ));
+        }
+        Ok(headers)
     }
 }
 
-/// A request's headers as the oplog records them, and which of them are digests: a
-/// credential header, or one whose value holds a reference (or a value, once redacted), is
-/// recorded as [`header_digest`] of what the tool wrote; any other header as written, with
-/// secret values redacted.
+/// Whether the release declares a header of this name (names compare case-insensitively).
+fn is_declared(declared: &BTreeMap<String, String>, name: &str) -> bool {
+    declared.keys().any(|d| d.eq_ignore_ascii_case(name))
+}
+
+/// A request's headers as the oplog records them, and which of them are digests: what is
+/// sent ([`CallSecrets::sending_headers`]), but each declared header as [`header_digest`] of
+/// its template (never its value); a credential header the tool wrote, or one whose value
+/// holds reference text (or a value, once redacted), as [`header_digest`] of what the tool
+/// wrote; any other header as written, with secret values redacted.
 pub fn recorded_headers(
     headers: &[(String, String)],
+    declared: &BTreeMap<String, String>,
     secrets: &CallSecrets,
 ) -> (Vec<(String, String)>, Vec<u32>) {
-    let mut recorded = Vec::with_capacity(headers.len());
+    let mut recorded = Vec::with_capacity(headers.len() + declared.len());
     let mut digested = Vec::new();
-    for (index, (name, value)) in headers.iter().enumerate() {
+    for (name, value) in headers
+        .iter()
+        .filter(|(name, _)| !is_declared(declared, name))
+    {
         let written = secrets.redact_text(value);
         if is_credential_header(name) || has_reference(&written) {
+            digested.push(recorded.len() as u32);
             recorded.push((name.clone(), header_digest(&written)));
-            digested.push(index as u32);
         } else {
             recorded.push((name.clone(), written.into_owned()));
         }
+    }
+    for (name, template) in declared {
+        digested.push(recorded.len() as u32);
+        recorded.push((name.clone(), header_digest(template)));
     }
     (recorded, digested)
 }
@@ -280,14 +334,6 @@ pub fn credential_digests(headers: &[(String, String)], digested: &[u32]) -> Vec
             }
         })
         .collect()
-}
-
-/// Whether two URLs go to the same place (scheme, host and port): a substituted reference
-/// may change a path or a query, never the destination the egress policy checked.
-pub fn same_destination(written: &url::Url, sent: &url::Url) -> bool {
-    written.scheme() == sent.scheme()
-        && written.host_str() == sent.host_str()
-        && written.port_or_known_default() == sent.port_or_known_default()
 }
 
 #[cfg(test)]
@@ -361,28 +407,85 @@ mod tests {
         );
     }
 
+    fn declared(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     #[test]
     fn what_references_add_to_a_request_is_bounded() {
         let big = "x".repeat(300 << 10);
         let s = secrets(&[("big", &big)]);
         let three = "${secret:big}".repeat(3);
-        let (url, _) = s
-            .substitute_request("http://h/", &[("a".into(), three)])
-            .unwrap();
-        assert_eq!(url, "http://h/");
-        let four = "${secret:big}".repeat(4);
+        let headers = s.sending_headers(&[], &declared(&[("a", &three)])).unwrap();
+        assert_eq!(headers[0].1.len(), 3 * big.len());
+        // The budget is per request, over all declared headers together.
         assert_eq!(
-            s.substitute_request(&format!("http://h/?{four}"), &[]),
+            s.sending_headers(&[], &declared(&[("a", &three), ("b", "${secret:big}")])),
             Err(ReferenceError::TooLarge(SUBSTITUTION_ALLOWANCE))
         );
-        // The budget is per request, URL and headers together.
-        assert!(matches!(
-            s.substitute_request(
-                "http://h/?${secret:big}${secret:big}",
-                &[("a".into(), "${secret:big}${secret:big}".into())]
+    }
+
+    #[test]
+    fn only_declared_headers_are_substituted_and_they_win_over_written_ones() {
+        let s = secrets(&[("api-token", "s3cr3t-token")]);
+        let written = vec![
+            // What a caller smuggled through the tool: sent as written.
+            ("x-input".to_string(), "${secret:api-token}".to_string()),
+            // A header of the declared name the tool wrote: dropped.
+            (
+                "Authorization".to_string(),
+                "Bearer ${secret:api-token}".to_string(),
             ),
-            Err(ReferenceError::TooLarge(_))
-        ));
+            ("accept".to_string(), "text/plain".to_string()),
+        ];
+        let sent = s
+            .sending_headers(
+                &written,
+                &declared(&[("authorization", "Bearer ${secret:api-token}")]),
+            )
+            .unwrap();
+        assert_eq!(
+            sent,
+            vec![
+                ("x-input".to_string(), "${secret:api-token}".to_string()),
+                ("accept".to_string(), "text/plain".to_string()),
+                (
+                    "authorization".to_string(),
+                    "Bearer s3cr3t-token".to_string()
+                ),
+            ]
+        );
+        // Without a declaration nothing is substituted, whatever the tool wrote.
+        assert_eq!(
+            s.sending_headers(&written, &BTreeMap::new()).unwrap(),
+            written
+        );
+        // A declared reference the call does not have refuses the request.
+        assert_eq!(
+            s.sending_headers(&[], &declared(&[("x-key", "${secret:other}")])),
+            Err(ReferenceError::Unknown("other".into()))
+        );
+    }
+
+    #[test]
+    fn output_is_scrubbed_of_values_and_their_encodings() {
+        let s = secrets(&[("api-token", "s3cr3t-token"), ("short", "abc")]);
+        let text = format!(
+            "raw s3cr3t-token hex {} b64 {} short abc",
+            hex::encode("s3cr3t-token"),
+            "czNjcjN0LXRva2Vu"
+        );
+        assert_eq!(
+            s.scrub_output_text(&text),
+            "raw ${secret:api-token} hex [secret] b64 [secret] short ${secret:short}"
+        );
+        let worst = "s3cr3t-token".repeat(50);
+        assert!(
+            s.scrub_output(worst.as_bytes()).len() <= worst.len() + s.growth_bound(worst.len())
+        );
     }
 
     #[test]
@@ -424,7 +527,7 @@ mod tests {
             ("X-Shown".to_string(), "v4lue".to_string()),
             ("Content-Type".to_string(), "text/plain".to_string()),
         ];
-        let (recorded, digested) = recorded_headers(&headers, &s);
+        let (recorded, digested) = recorded_headers(&headers, &BTreeMap::new(), &s);
         assert_eq!(digested, [0, 1, 2, 3]);
         assert_eq!(recorded[0].1, header_digest("Bearer ${secret:api-token}"));
         assert_eq!(recorded[1].1, header_digest("plain=1"));
@@ -439,7 +542,10 @@ mod tests {
 
         // Rotated values record the same.
         let rotated = secrets(&[("api-token", "n3w"), ("shown", "v4lue")]);
-        assert_eq!(recorded_headers(&headers, &rotated).0, recorded);
+        assert_eq!(
+            recorded_headers(&headers, &BTreeMap::new(), &rotated).0,
+            recorded
+        );
 
         // What a replay matches: credential headers only, by digest; an old oplog's
         // plaintext credential header is digested the same way.
@@ -454,27 +560,24 @@ mod tests {
     }
 
     #[test]
-    fn a_substitution_may_not_move_the_destination() {
-        let url = |s: &str| url::Url::parse(s).unwrap();
-        assert!(same_destination(
-            &url("http://127.0.0.1:8080/x?k=${secret:a}"),
-            &url("http://127.0.0.1:8080/x?k=v")
-        ));
-        assert!(same_destination(
-            &url("https://example.org/a"),
-            &url("https://example.org:443/b")
-        ));
-        assert!(!same_destination(
-            &url("http://a.example/"),
-            &url("http://b.example/")
-        ));
-        assert!(!same_destination(
-            &url("http://a.example/"),
-            &url("http://a.example:81/")
-        ));
-        assert!(!same_destination(
-            &url("http://a.example/"),
-            &url("https://a.example/")
-        ));
+    fn declared_headers_are_recorded_as_digests_of_their_templates() {
+        let s = secrets(&[("api-token", "s3cr3t-token")]);
+        let written = vec![
+            ("authorization".to_string(), "Bearer mine".to_string()),
+            ("x-plain".to_string(), "1".to_string()),
+        ];
+        let declared = declared(&[("Authorization", "Bearer ${secret:api-token}")]);
+        let (recorded, digested) = recorded_headers(&written, &declared, &s);
+        assert_eq!(
+            recorded,
+            vec![
+                ("x-plain".to_string(), "1".to_string()),
+                (
+                    "Authorization".to_string(),
+                    header_digest("Bearer ${secret:api-token}")
+                ),
+            ]
+        );
+        assert_eq!(digested, [1]);
     }
 }

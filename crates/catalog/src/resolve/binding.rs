@@ -54,7 +54,12 @@ impl<'a> Resolver<'a> {
                         .identities
                         .and_then(|_| missing_binding_key(spec, &ns, &self.snapshot.agents))
                 });
-            let resolved = resolve_binding_release(d.object, &self.snapshot.releases);
+            let resolved = resolve_binding_release(d.object, &self.snapshot.releases).and_then(
+                |key| match self.snapshot.releases.get(key) {
+                    Some(release) => ungranted_secret_reference(spec, release).map_or(Ok(key), Err),
+                    None => Ok(key),
+                },
+            );
             let mut status = ToolBindingStatus::default();
             let mut release = None;
             let ready = match (problem, resolved) {
@@ -171,6 +176,29 @@ impl<'a> Resolver<'a> {
             .bindings
             .insert(d.id.key.clone(), Arc::new(binding));
     }
+}
+
+/// A secret key the release's declared egress headers refer to that the binding makes
+/// neither readable nor revealable: its calls could not send those headers, and the
+/// release could use no other key.
+fn ungranted_secret_reference(
+    spec: &toolgrid_api::ToolBindingSpec,
+    release: &ResolvedRelease,
+) -> Option<(Reason, String)> {
+    let key = super::release::declared_secret_keys(&release.network)
+        .into_iter()
+        .find(|key| {
+            !spec.secret_keys_readable.contains(key) && !spec.secret_keys_revealable.contains(key)
+        })?;
+    Some((
+        Reason::UngrantedSecretReference,
+        format!(
+            "release {} declares egress headers that refer to ${{secret:{key}}}, which neither \
+             spec.secretKeysReadable nor spec.secretKeysRevealable lists (a release uses a secret only as its \
+             binding grants it)",
+            release.key.name
+        ),
+    ))
 }
 
 /// The first config or secret key a binding lists that one of its agents does not have:

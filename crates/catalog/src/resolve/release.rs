@@ -67,6 +67,14 @@ impl<'a> Resolver<'a> {
                             "must not be empty",
                         )));
                     }
+                    for (name, template) in &rule.headers {
+                        check_declared_header(name, template).map_err(|m| {
+                            spec_error(FieldError::new(
+                                format!("spec.network.egress[{i}].headers.{name}"),
+                                m,
+                            ))
+                        })?;
+                    }
                 }
                 let tool_key = ObjectKey::new(ns.clone(), spec.tool.clone());
                 if !tools.contains_key(&tool_key) {
@@ -298,4 +306,59 @@ fn release_limits(release: &ToolRelease) -> Result<(Limits, Vec<String>), FieldE
         },
         notes,
     ))
+}
+
+/// Headers the host sets itself or that the request framing owns: a release cannot declare
+/// them.
+const UNDECLARABLE_HEADERS: [&str; 11] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "idempotency-key",
+    "toolgrid-attempt",
+];
+
+/// Whether a header a release declares on an egress rule is one the host can set: a token
+/// name the host does not own, a value without control characters whose secret references
+/// are well-formed (which keys they name is the binding's to grant).
+pub fn check_declared_header(name: &str, template: &str) -> Result<(), String> {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || !name.bytes().all(token) {
+        return Err(format!("{name:?} is not a header name"));
+    }
+    if UNDECLARABLE_HEADERS
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(name))
+    {
+        return Err(format!(
+            "{name:?} is set by the host or the request framing and cannot be declared"
+        ));
+    }
+    if template.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+        return Err("a header value cannot hold control characters".into());
+    }
+    toolgrid_core::secret::reference::template_keys(template)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// The secret keys a release's declared egress headers refer to, each once.
+pub fn declared_secret_keys(network: &toolgrid_core::spec::NetworkPolicy) -> Vec<String> {
+    let mut keys: Vec<String> = network
+        .egress
+        .iter()
+        .flat_map(|rule| rule.headers.values())
+        .filter_map(|template| toolgrid_core::secret::reference::template_keys(template).ok())
+        .flatten()
+        .map(str::to_string)
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
 }

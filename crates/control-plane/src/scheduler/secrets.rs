@@ -135,6 +135,32 @@ pub fn delivery(
     Ok(delivery)
 }
 
+/// What scrubs a call's secret values, as they are now, out of what a front door shows a
+/// caller of that call (its oplog above all, whose recorded responses are kept raw for
+/// replay): [`toolgrid_core::secret::scrub::Scrubber`] over every secret key `access` grants
+/// (readable and revealable), resolved through `source` like an assignment's. A call that
+/// is granted no secret key gets a scrubber that changes nothing. Values rotated since the
+/// call ran are not known here: what was recorded with an old value is not scrubbed of it.
+pub fn scrubber(
+    access: &CallAccess,
+    namespace: &str,
+    source: Option<&dyn SecretSource>,
+) -> Result<toolgrid_core::secret::scrub::Scrubber, SecretError> {
+    let keys: Vec<String> = access
+        .secret_keys()
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if keys.is_empty() {
+        return Ok(Default::default());
+    }
+    let agent = access.agent.as_deref().ok_or(SecretError::NoAgent)?;
+    let source = source.ok_or(SecretError::NoSource)?;
+    let values = source.values(namespace, agent, &keys)?;
+    Ok(toolgrid_core::secret::scrub::Scrubber::new(values.values()))
+}
+
 /// A fixed set of Secrets, by namespace and agent: for tests, and for a control plane fed
 /// by something other than the catalog.
 #[derive(Clone, Default)]
@@ -234,6 +260,28 @@ mod tests {
         };
         let got = delivery(&access(&["api-token"], &[]), "default", Some(&fixed)).unwrap();
         assert_eq!(got.secrets["api-token"], "v");
+    }
+
+    #[test]
+    fn a_calls_scrubber_knows_every_value_it_was_granted_and_no_other() {
+        let source = source().with("default", "reporter", "unrelated", "unrelated-value");
+        let scrub = scrubber(
+            &access(&["api-token"], &["signing-key"]),
+            "default",
+            Some(&source),
+        )
+        .unwrap();
+        // `s3cr3t-value` and its base64; `k3y` is too short to scrub.
+        assert_eq!(
+            scrub.scrub_text("s3cr3t-value czNjcjN0LXZhbHVl k3y unrelated-value"),
+            "[secret] [secret] k3y unrelated-value"
+        );
+        let none = scrubber(&access(&[], &[]), "default", None).unwrap();
+        assert!(!none.is_armed());
+        assert_eq!(
+            scrubber(&access(&["api-token"], &[]), "default", None).unwrap_err(),
+            SecretError::NoSource
+        );
     }
 
     #[test]

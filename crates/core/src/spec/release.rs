@@ -76,4 +76,11 @@ pub struct EgressRule {
     /// Allow loopback, private, link-local and metadata addresses for this host.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_private: bool,
+    /// Headers the host sets on every request to this destination, by name: the one place
+    /// a secret is used by reference. A value may hold `${secret:NAME}` references (keys
+    /// the binding makes readable or revealable), substituted as the request leaves. A
+    /// header of the same name the tool writes is replaced; `${secret:...}` text the tool
+    /// writes anywhere is sent as written, never substituted.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub headers: std::collections::BTreeMap<String, String>,
 }

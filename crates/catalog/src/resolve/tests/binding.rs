@@ -72,3 +72,63 @@ spec: {{agents: [nobody], tool: echo}}
     );
     assert_eq!(reason(Kind::ToolBinding, "stranger"), Reason::UnknownAgent);
 }
+
+#[test]
+fn a_release_uses_by_reference_only_the_secrets_its_binding_grants() {
+    let text = format!(
+        r#"{BASE}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolRelease
+metadata: {{name: echo-1.0.0}}
+spec:
+  tool: echo
+  version: "1.0.0"
+  artifact: {{file: x.wasm}}
+  network:
+    egress:
+    - host: api.example.com
+      headers: {{authorization: "Bearer ${{secret:api-token}}", x-plain: "1"}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {{name: reporter}}
+spec: {{serviceAccount: reporter, permissions: [{{tools: [echo]}}]}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: granted}}
+spec: {{agents: [reporter], tool: echo, secretKeysReadable: [api-token]}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: revealed}}
+spec: {{agents: [reporter], tool: echo, secretKeysRevealable: [api-token]}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: ungranted}}
+spec: {{agents: [reporter], tool: echo, secretKeysReadable: [other]}}
+"#
+    );
+    let set = set_of(&text);
+    assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+    let snapshot = run(
+        &set,
+        &ready_artifacts(&set, "sha256:a"),
+        &HashMap::new(),
+        T0,
+    );
+    let ready = |name: &str| state(&snapshot, Kind::ToolBinding, name).ready.clone();
+    assert_eq!(ready("granted").reason, Reason::Resolved);
+    assert_eq!(ready("revealed").reason, Reason::Resolved);
+    let ungranted = ready("ungranted");
+    assert!(!ungranted.status);
+    assert_eq!(ungranted.reason, Reason::UngrantedSecretReference);
+    assert!(Reason::UngrantedSecretReference.stalled());
+    assert!(
+        ungranted.message.contains("${secret:api-token}"),
+        "{}",
+        ungranted.message
+    );
+}

@@ -88,3 +88,38 @@ fn a_ready_release_is_immutable() {
     );
     assert!(second.tool("default", "echo").unwrap().release.is_none());
 }
+
+#[test]
+fn declared_egress_headers_are_checked() {
+    let with_headers = |name: &str, headers: &str| {
+        format!(
+            "---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: {name}}}\nspec: {{tool: echo, version: \"1.0.{}\", artifact: {{file: x.wasm}}, network: {{egress: [{{host: api.example.com, headers: {headers}}}]}}}}\n",
+            name.len()
+        )
+    };
+    let text = format!(
+        "{BASE}{}{}{}{}",
+        with_headers("fine", r#"{authorization: "Bearer ${secret:t}"}"#),
+        with_headers("malformed", r#"{authorization: "Bearer ${secret:t"}"#),
+        with_headers("host-owned", r#"{idempotency-key: "x"}"#),
+        with_headers("bad-name-xx", r#"{"a b": "x"}"#),
+    );
+    let set = set_of(&text);
+    let snapshot = run(
+        &set,
+        &ready_artifacts(&set, "sha256:a"),
+        &HashMap::new(),
+        T0,
+    );
+    let ready = |name: &str| state(&snapshot, Kind::ToolRelease, name).ready.clone();
+    assert!(ready("fine").status, "{:?}", ready("fine"));
+    for name in ["malformed", "host-owned", "bad-name-xx"] {
+        let ready = ready(name);
+        assert_eq!(ready.reason, Reason::InvalidSpec, "{name}: {ready:?}");
+        assert!(
+            ready.message.contains("spec.network.egress[0].headers."),
+            "{name}: {}",
+            ready.message
+        );
+    }
+}
