@@ -221,10 +221,30 @@ async fn an_agent_cannot_get_a_secret_back_through_arguments_even_encoded_by_an_
             .unwrap();
         assert!(call.contains(&id), "{call}");
         assert_no_value("the stored call the agent reads", &call);
-        // The agent's oplog read (`GET /v1/calls/{id}/oplog`) shows the recorded response
-        // bodies raw, so replay keeps them: the gateway's single agent-facing oplog read
-        // path scrubs them (`toolgrid_core::secret::scrub`); once it does, the same
-        // `assert_no_value` applies to that read here.
+        // The oplog keeps the echoed responses raw (a replay returns them as recorded):
+        // the operator reads the value in them, the agent reads them scrubbed.
+        let oplog = |token: String| {
+            let http = http.clone();
+            let url = format!("http://{}/v1/calls/{id}/oplog", platform.http);
+            async move {
+                let answer = http.get(url).bearer_auth(token).send().await.unwrap();
+                assert_eq!(answer.status(), 200);
+                let oplog: serde_json::Value = answer.json().await.unwrap();
+                with_bodies_decoded(&oplog)
+            }
+        };
+        let raw = oplog(platform.admin_token()).await;
+        assert!(
+            raw.contains("http-response")
+                && forms_of_the_value().iter().any(|form| raw.contains(form)),
+            "the operator's raw oplog holds the echoed value (encoded as echoed): {raw}"
+        );
+        let agents = oplog(AGENT_TOKEN.to_string()).await;
+        assert!(
+            agents.contains("http-response") && agents.contains("[secret]"),
+            "the agent's oplog holds the echo, scrubbed: {agents}"
+        );
+        assert_no_value("the oplog the agent reads", &agents);
     }
 
     // The upstream: the caller's text arrived as written wherever the tool put it (URL,
@@ -275,4 +295,30 @@ fn streamed_call_id(body: &str) -> String {
                 .and_then(|call| call["id"].as_str().map(str::to_string))
         })
         .unwrap_or_else(|| panic!("no result event in the stream: {body}"))
+}
+
+/// `oplog` as text, followed by every recorded response body (`bodyBase64`) decoded: what
+/// the reader can see once it decodes what it was given.
+fn with_bodies_decoded(oplog: &serde_json::Value) -> String {
+    fn bodies(value: &serde_json::Value, out: &mut String) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, value) in map {
+                    match (key.as_str(), value) {
+                        ("bodyBase64", serde_json::Value::String(body)) => {
+                            let bytes = STANDARD.decode(body).expect("bodyBase64 is base64");
+                            out.push('\n');
+                            out.push_str(&String::from_utf8_lossy(&bytes));
+                        }
+                        _ => bodies(value, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| bodies(v, out)),
+            _ => {}
+        }
+    }
+    let mut text = oplog.to_string();
+    bodies(oplog, &mut text);
+    text
 }

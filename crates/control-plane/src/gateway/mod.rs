@@ -100,6 +100,25 @@ fn agent_view(
     }
 }
 
+/// Oplog entries as an agent reads them, scrubbed of the call's secret values; withheld
+/// ([`ErrorKind::SecretUnavailable`]) when those values cannot be read, since what they
+/// would scrub cannot be known.
+fn scrubbed_view(
+    scrubber: Result<toolgrid_core::secret::scrub::Scrubber, crate::scheduler::SecretError>,
+    entries: &mut [OplogRecord],
+) -> Result<(), ApiError> {
+    match scrubber {
+        Ok(scrubber) => {
+            entries.iter_mut().for_each(|e| scrubber.scrub_record(e));
+            Ok(())
+        }
+        Err(error) => Err(ApiError::new(
+            ErrorKind::SecretUnavailable,
+            format!("the call's secrets cannot be read, so its oplog is withheld: {error}"),
+        )),
+    }
+}
+
 pub struct Gateway {
     catalog: Arc<Catalog>,
     store: Arc<dyn Store>,
@@ -385,8 +404,11 @@ impl Gateway {
     /// Oplog entries of `record` as `caller` may read them. An operator reads the oplog
     /// as recorded (raw: what a replay uses). An agent reads it through the call's
     /// redaction (its redact steps, fixed at admission), the same the call's result and
-    /// progress passed ([`Redactor::redact_record`]); a call whose redaction does not
-    /// compile has its oplog withheld ([`ErrorKind::MiddlewareFailed`]).
+    /// progress passed ([`Redactor::redact_record`]), and scrubbed of the values of the
+    /// secrets the call was granted, as the worker scrubbed its result (an upstream that
+    /// echoes a credential records it in a response); a call whose redaction does not
+    /// compile has its oplog withheld ([`ErrorKind::MiddlewareFailed`]), and so does one
+    /// whose secrets cannot be read now ([`ErrorKind::SecretUnavailable`]).
     fn readable_oplog(
         &self,
         caller: &Principal,
@@ -395,7 +417,10 @@ impl Gateway {
     ) -> Result<(), ApiError> {
         match caller {
             Principal::Operator { .. } => Ok(()),
-            Principal::Agent { .. } => agent_view(self.scheduler.redactor(record), entries),
+            Principal::Agent { .. } => {
+                agent_view(self.scheduler.redactor(record), entries)?;
+                scrubbed_view(self.scheduler.scrubber(record), entries)
+            }
         }
     }
 
@@ -965,5 +990,37 @@ mod tests {
         .unwrap_err();
         assert_eq!(refused.kind, ErrorKind::MiddlewareFailed);
         assert!(refused.message.contains("withheld"), "{}", refused.message);
+    }
+
+    #[test]
+    fn an_agent_reads_the_oplog_scrubbed_of_its_secrets_or_not_at_all() {
+        use toolgrid_core::secret::{SecretValue, scrub::Scrubber};
+        let raw = vec![
+            progress(1, "echoed tok-7f3a9c2e1d"),
+            record(
+                2,
+                &OplogEntry::HttpResponse(HttpResponse {
+                    seq: 1,
+                    status: 200,
+                    headers: vec![("authorization".into(), "Bearer tok-7f3a9c2e1d".into())],
+                    body: b"{\"auth\":\"Bearer tok-7f3a9c2e1d\"}".to_vec(),
+                }),
+            ),
+        ];
+        let mut entries = raw.clone();
+        let scrubber = Scrubber::new(&[SecretValue::new("tok-7f3a9c2e1d")]);
+        scrubbed_view(Ok(scrubber), &mut entries).unwrap();
+        assert_eq!(entries[0], progress(1, "echoed [secret]"));
+        let OplogEntry::HttpResponse(response) = entries[1].entry().unwrap() else {
+            panic!("{:?}", entries[1])
+        };
+        assert_eq!(response.headers[0].1, "Bearer [secret]");
+        assert_eq!(response.body, br#"{"auth":"Bearer [secret]"}"#);
+
+        // Secrets that cannot be read now: withheld, never shown unscrubbed.
+        let mut entries = raw.clone();
+        let refused =
+            scrubbed_view(Err(crate::scheduler::SecretError::NoSource), &mut entries).unwrap_err();
+        assert_eq!(refused.kind, ErrorKind::SecretUnavailable);
     }
 }

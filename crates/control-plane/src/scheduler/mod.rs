@@ -171,6 +171,16 @@ impl Scheduler {
         Ok(Some(compiled))
     }
 
+    /// What scrubs `record`'s secret values (as they are now) out of what an agent reads of
+    /// it ([`secrets::scrubber`]).
+    pub(crate) fn scrubber(
+        &self,
+        record: &CallRecord,
+    ) -> Result<toolgrid_core::secret::scrub::Scrubber, SecretError> {
+        let source = self.secret_source();
+        secrets::scrubber(&record.spec.access, &record.namespace, source.as_deref())
+    }
+
     /// Sets where secret values are read when a call is assigned. Without one, a call
     /// granted any secret fails `secret-unavailable` when it is assigned.
     pub fn set_secret_source(&self, source: Arc<dyn SecretSource>) {

@@ -393,6 +393,50 @@ impl OplogEntry {
         }
     }
 
+    /// Visits the text of this entry that a tool or a peer wrote, for a reader's filter
+    /// (redaction, secret scrubbing): HTTP URLs and header values, response bodies (through
+    /// `body`), HTTP error and refusal messages, progress messages, fence and approval
+    /// reasons, and the messages and stderr tails of retries and of the outcome. The call's
+    /// arguments (`call-started`) and the entries' structure (kinds, numbers, digests) are
+    /// not visited.
+    pub fn visit_written_text(
+        &mut self,
+        text: &mut dyn FnMut(&mut String),
+        body: &mut dyn FnMut(&mut Vec<u8>),
+    ) {
+        let error = |error: &mut CallError, text: &mut dyn FnMut(&mut String)| {
+            text(&mut error.message);
+            text(&mut error.stderr_tail);
+        };
+        match self {
+            OplogEntry::HttpRequest(request) => {
+                text(&mut request.url);
+                request.headers.iter_mut().for_each(|(_, v)| text(v));
+            }
+            OplogEntry::HttpResponse(response) => {
+                response.headers.iter_mut().for_each(|(_, v)| text(v));
+                body(&mut response.body);
+            }
+            OplogEntry::HttpError(e) => text(&mut e.message),
+            OplogEntry::HttpDenied(denied) => text(&mut denied.message),
+            OplogEntry::Progress(report) => text(&mut report.message),
+            OplogEntry::Fenced(fenced) => text(&mut fenced.reason),
+            OplogEntry::Approval(decision) => text(&mut decision.reason),
+            OplogEntry::Retry(retry) => error(&mut retry.error, text),
+            OplogEntry::Outcome(outcome) => {
+                if let Some(e) = &mut outcome.error {
+                    error(e, text);
+                }
+            }
+            OplogEntry::CallStarted(_)
+            | OplogEntry::Assigned(_)
+            | OplogEntry::Replay(_)
+            | OplogEntry::WallClock(_)
+            | OplogEntry::MonotonicClock(_)
+            | OplogEntry::Random(_) => {}
+        }
+    }
+
     /// The request number of an HTTP entry.
     pub fn http_seq(&self) -> Option<u64> {
         match self {

@@ -144,46 +144,19 @@ impl Redactor {
         if self.patterns.is_empty() {
             return;
         }
-        let text = |s: &mut String| {
-            if let Some(redacted) = self.changed(s) {
-                *s = redacted;
-            }
-        };
-        let headers = |headers: &mut Vec<(String, String)>| {
-            for (_, value) in headers.iter_mut() {
-                text(value);
-            }
-        };
-        match entry {
-            OplogEntry::HttpRequest(request) => {
-                text(&mut request.url);
-                headers(&mut request.headers);
-            }
-            OplogEntry::HttpResponse(response) => {
-                headers(&mut response.headers);
-                let body = String::from_utf8_lossy(&response.body);
-                if let Some(redacted) = self.changed(&body) {
-                    response.body = redacted.into_bytes();
+        entry.visit_written_text(
+            &mut |s: &mut String| {
+                if let Some(redacted) = self.changed(s) {
+                    *s = redacted;
                 }
-            }
-            OplogEntry::HttpError(error) => text(&mut error.message),
-            OplogEntry::HttpDenied(denied) => text(&mut denied.message),
-            OplogEntry::Progress(report) => text(&mut report.message),
-            OplogEntry::Fenced(fenced) => text(&mut fenced.reason),
-            OplogEntry::Approval(decision) => text(&mut decision.reason),
-            OplogEntry::Retry(retry) => self.redact_error(&mut retry.error),
-            OplogEntry::Outcome(outcome) => {
-                if let Some(error) = &mut outcome.error {
-                    self.redact_error(error);
+            },
+            &mut |body: &mut Vec<u8>| {
+                let text = String::from_utf8_lossy(body);
+                if let Some(redacted) = self.changed(&text) {
+                    *body = redacted.into_bytes();
                 }
-            }
-            OplogEntry::CallStarted(_)
-            | OplogEntry::Assigned(_)
-            | OplogEntry::Replay(_)
-            | OplogEntry::WallClock(_)
-            | OplogEntry::MonotonicClock(_)
-            | OplogEntry::Random(_) => {}
-        }
+            },
+        );
     }
 
     /// A stored oplog record as an agent may read it: its entry redacted

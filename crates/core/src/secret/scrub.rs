@@ -21,6 +21,7 @@
 //! else it shows a caller (`Scrubber::new(values).scrub(bytes)`).
 
 use super::SecretValue;
+use crate::call::{OplogEntry, OplogRecord};
 use base64::Engine as _;
 use std::borrow::Cow;
 
@@ -164,6 +165,47 @@ impl Scrubber {
     }
 }
 
+impl Scrubber {
+    /// Scrubs the text of an oplog entry that a tool or a peer wrote
+    /// ([`OplogEntry::visit_written_text`]): a response body as bytes, the rest as text.
+    pub fn scrub_entry(&self, entry: &mut OplogEntry) {
+        if !self.is_armed() {
+            return;
+        }
+        entry.visit_written_text(
+            &mut |text: &mut String| {
+                if let Cow::Owned(scrubbed) = self.scrub_text(text) {
+                    *text = scrubbed;
+                }
+            },
+            &mut |body: &mut Vec<u8>| {
+                if let Cow::Owned(scrubbed) = self.scrub(body) {
+                    *body = scrubbed;
+                }
+            },
+        );
+    }
+
+    /// A stored oplog record with its entry scrubbed ([`Scrubber::scrub_entry`]); a payload
+    /// that does not parse as its kind (a corrupted row) is scrubbed as one text.
+    pub fn scrub_record(&self, record: &mut OplogRecord) {
+        if !self.is_armed() {
+            return;
+        }
+        match record.entry() {
+            Ok(mut entry) => {
+                self.scrub_entry(&mut entry);
+                record.payload = entry.payload_text();
+            }
+            Err(_) => {
+                if let Cow::Owned(scrubbed) = self.scrub_text(&record.payload) {
+                    record.payload = scrubbed;
+                }
+            }
+        }
+    }
+}
+
 /// `bytes` scrubbed of `values` (see [`Scrubber`]): for one-off use; build a [`Scrubber`]
 /// once to scrub many texts.
 pub fn scrub<'b>(bytes: &'b [u8], values: &[SecretValue]) -> Cow<'b, [u8]> {
@@ -194,6 +236,47 @@ mod tests {
                 String::from_utf8_lossy(out)
             );
         }
+    }
+
+    #[test]
+    fn an_oplog_record_keeps_its_shape_and_loses_the_value() {
+        use crate::call::{HttpResponse, ProgressReport};
+        let s = scrubber(&[VALUE]);
+        let record = |entry: OplogEntry| OplogRecord {
+            seq: 3,
+            epoch: 1,
+            kind: entry.kind().to_string(),
+            payload: entry.payload_text(),
+            recorded_at_ms: 0,
+        };
+        let mut response = record(OplogEntry::HttpResponse(HttpResponse {
+            seq: 1,
+            status: 200,
+            headers: vec![("x-echo".into(), format!("Bearer {VALUE}"))],
+            body: format!("{{\"echo\":\"{}\"}}", STANDARD.encode(VALUE)).into_bytes(),
+        }));
+        s.scrub_record(&mut response);
+        let Ok(OplogEntry::HttpResponse(scrubbed)) = response.entry() else {
+            panic!("the scrubbed record no longer parses: {response:?}");
+        };
+        assert_eq!(scrubbed.headers[0].1, "Bearer [secret]");
+        assert!(
+            scrubbed.body.starts_with(br#"{"echo":"[secret]"#),
+            "{scrubbed:?}"
+        );
+        assert_gone(&scrubbed.body, VALUE.as_bytes());
+        let mut progress = record(OplogEntry::Progress(ProgressReport {
+            message: format!("using {VALUE}"),
+        }));
+        s.scrub_record(&mut progress);
+        assert!(progress.payload.contains("using [secret]"), "{progress:?}");
+        // A payload that does not parse is scrubbed as text.
+        let mut broken = OplogRecord {
+            payload: format!("not json {VALUE}"),
+            ..progress.clone()
+        };
+        s.scrub_record(&mut broken);
+        assert_eq!(broken.payload, "not json [secret]");
     }
 
     #[test]
