@@ -164,6 +164,25 @@ fn the_default_install_serves_tls_made_by_the_controller() {
         "{args:?}"
     );
     assert!(!objects.iter().any(|o| o["kind"] == "Certificate"));
+    // The CA and certificate live in one Secret, which the controller alone may write.
+    assert!(
+        args.contains(&"--tls-self-signed-secret=toolgrid-self-signed-tls".to_string()),
+        "{args:?}"
+    );
+    let role = objects
+        .iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "toolgrid-self-signed-tls")
+        .expect("a Role for the self-signed Secret");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["toolgrid-self-signed-tls"], "verbs": ["get", "update"]},
+        ])
+    );
+    assert!(objects.iter().any(|o| o["kind"] == "RoleBinding"
+        && o["roleRef"]["name"] == "toolgrid-self-signed-tls"
+        && o["subjects"][0]["name"] == "toolgrid"));
 }
 
 #[test]
@@ -181,6 +200,12 @@ fn with_cert_manager_the_default_install_serves_its_certificate() {
         assert!(args.contains(&want.to_string()), "{want}: {args:?}");
     }
     assert!(!args.iter().any(|a| a.starts_with("--tls-self-signed")));
+    assert!(
+        !objects
+            .iter()
+            .any(|o| o["metadata"]["name"] == "toolgrid-self-signed-tls"),
+        "no Role for a Secret not used"
+    );
     let certificate = objects
         .iter()
         .find(|o| o["kind"] == "Certificate" && o["metadata"]["name"] == "toolgrid-tls")

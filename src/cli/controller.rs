@@ -66,10 +66,11 @@ pub struct ControllerArgs {
     /// The certificate's private key (PEM).
     #[arg(long, env = "TOOLGRID_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
-    /// Without --tls-cert: make a CA and a serving certificate at start, in memory, for the
-    /// host of --control-plane-address (and its shorter and `.cluster.local` forms), and
-    /// hand the CA to worker pods. Both are made again at every start (valid one year).
-    /// The chart sets this when TLS is on and cert-manager is absent.
+    /// Without --tls-cert: serve with a CA and certificate the controller makes for the host
+    /// of --control-plane-address (and its shorter and `.cluster.local` forms), keeps in the
+    /// Secret --tls-self-signed-secret of its namespace (every replica and restart serves
+    /// the same chain) and rotates before they expire; workers get the CA. The chart sets
+    /// this when TLS is on and cert-manager is absent.
     #[arg(
         long,
         env = "TOOLGRID_TLS_SELF_SIGNED",
@@ -78,6 +79,15 @@ pub struct ControllerArgs {
         conflicts_with = "tls_cert"
     )]
     tls_self_signed: bool,
+    /// The Secret (in the controller's namespace) that --tls-self-signed keeps its CA and
+    /// certificate in; made when missing. A Secret of that name the controller did not make
+    /// is never overwritten.
+    #[arg(
+        long,
+        env = "TOOLGRID_TLS_SELF_SIGNED_SECRET",
+        default_value = "toolgrid-self-signed-tls"
+    )]
+    tls_self_signed_secret: String,
     /// The CA certificate (PEM) worker pods trust to reach an `https://` control plane;
     /// handed to them inline (`TOOLGRID_TLS_CA_PEM`). Default: the system's roots.
     #[arg(long, env = "TOOLGRID_WORKER_TLS_CA")]
@@ -131,23 +141,26 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         args.tls_cert.as_deref(),
         args.tls_key.as_deref(),
     )?;
-    let mut worker_tls_ca = match &args.worker_tls_ca {
+    let worker_tls_ca = match &args.worker_tls_ca {
         Some(path) => Some(
             std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?,
         ),
         None => None,
     };
-    let tls = match tls {
-        None if args.tls_self_signed => {
-            let names = self_signed_names(&control_plane_address);
-            let (tls, ca) = toolgrid_control_plane::platform::tls::ServerTls::self_signed(&names)?;
-            tracing::info!(?names, "serving with a CA and certificate made at start");
-            worker_tls_ca = Some(ca);
-            Some(tls)
-        }
-        tls => tls,
-    };
+    if let (Some(tls), Some(cert), Some(key)) = (&tls, &args.tls_cert, &args.tls_key) {
+        // cert-manager renews into the mounted Secret; serve the renewal without a restart.
+        tls.reload_files(
+            cert.clone(),
+            key.clone(),
+            std::time::Duration::from_secs(60),
+        );
+    }
+    let self_signed =
+        (tls.is_none() && args.tls_self_signed).then(|| toolgrid_controller::SelfSigned {
+            secret: args.tls_self_signed_secret.clone(),
+            names: self_signed_names(&control_plane_address),
+        });
     toolgrid_controller::run(Settings {
         listen: args.listen,
         http_listen: args.http_listen,
@@ -164,6 +177,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         lease_name: args.lease_name,
         retain: args.retain,
         tls,
+        self_signed,
         worker_tls_ca,
         admin_token: args
             .admin_token

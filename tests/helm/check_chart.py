@@ -292,7 +292,7 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
     pool_ns = watch or namespace
     sqlite = v["store"]["type"] == "sqlite"
     # TLS: off (tls.enabled=false), an existing Secret, cert-manager's Secret, or made by
-    # the controller at start (--tls-self-signed)
+    # the controller and kept in its own Secret (--tls-self-signed)
     if not v["tls"]["enabled"]:
         tls_mode = "off"
     elif v["tls"].get("secretName"):
@@ -341,6 +341,10 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
              ("RoleBinding", namespace, f"{fn}-leader-election")}
     if watch:
         want |= {("Role", watch, fn), ("RoleBinding", watch, fn)}
+    if tls_mode == "self-signed":
+        # the controller keeps its CA in one Secret of its namespace
+        want |= {("Role", namespace, f"{fn}-self-signed-tls"),
+                 ("RoleBinding", namespace, f"{fn}-self-signed-tls")}
     if sqlite:
         want.add(("PersistentVolumeClaim", namespace, f"{fn}-data"))
     if v["crds"]["install"]:
@@ -408,6 +412,7 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
                 want_flags["worker-tls-ca"] = f"/etc/toolgrid/tls/{ca_key}"
             if tls_mode == "self-signed":
                 want_flags["tls-self-signed"] = "true"
+                want_flags["tls-self-signed-secret"] = f"{fn}-self-signed-tls"
             art = v["artifacts"]
             if art.get("allowedHosts"):
                 want_flags["artifact-hosts"] = ",".join(art["allowedHosts"])
@@ -491,9 +496,16 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
     lease = by.get(("Role", namespace, f"{fn}-leader-election"))
     if lease:
         c.eq(perms(lease.get("rules")), EXPECTED_LEASE_PERMS, "leader-election Role permissions")
+    tls_role = by.get(("Role", namespace, f"{fn}-self-signed-tls"))
+    if tls_role:
+        c.eq(perms(tls_role.get("rules")),
+             {("", "secrets", "create", None),
+              *{("", "secrets", v, f"{fn}-self-signed-tls") for v in ("get", "update")}},
+             "self-signed TLS Role permissions")
     for kind, bns, bname, rkind in (("ClusterRoleBinding", "", fn, "ClusterRole"),
                                     ("RoleBinding", watch, fn, "Role"),
-                                    ("RoleBinding", namespace, f"{fn}-leader-election", "Role")):
+                                    ("RoleBinding", namespace, f"{fn}-leader-election", "Role"),
+                                    ("RoleBinding", namespace, f"{fn}-self-signed-tls", "Role")):
         b = by.get((kind, bns, bname))
         if b:
             c.eq(b.get("roleRef"), {"apiGroup": "rbac.authorization.k8s.io", "kind": rkind, "name": bname},

@@ -87,7 +87,9 @@ Where the controller's serving certificate comes from:
   secret        tls.secretName: an existing kubernetes.io/tls Secret;
   cert-manager  the cluster serves cert-manager.io/v1: the chart's Issuers and Certificate
                 (certificate.yaml) write the Secret <fullname>-tls;
-  self-signed   otherwise: the controller makes a CA and certificate at start.
+  self-signed   otherwise: the controller makes a CA and certificate, keeps them in the
+                Secret <fullname>-self-signed-tls and rotates them (rbac.yaml lets it
+                write that Secret only).
 */}}
 {{- define "toolgrid.tlsMode" -}}
 {{- if not .Values.tls.enabled }}off

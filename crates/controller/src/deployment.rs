@@ -23,10 +23,38 @@ pub struct WorkerSettings {
     pub image: String,
     /// Address the workers dial (`http://toolgrid.toolgrid.svc:7070`).
     pub control_plane: String,
-    /// The CA certificate (PEM) the workers trust for an `https://` control plane, given to
-    /// them inline (`TOOLGRID_TLS_CA_PEM`; a certificate is public).
-    pub tls_ca_pem: Option<String>,
+    /// The CA certificates (PEM) the workers trust for an `https://` control plane, given
+    /// to them inline (`TOOLGRID_TLS_CA_PEM`; a certificate is public).
+    pub tls_ca: WorkerCa,
 }
+
+/// The CA certificates workers trust, as they are now: fixed (`--worker-tls-ca`), or
+/// rotated by the controller (`--tls-self-signed`, see [`crate::tls_secret`]); each pool's
+/// Deployment takes the current one at its next reconcile.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerCa(std::sync::Arc<std::sync::RwLock<Option<String>>>);
+
+impl WorkerCa {
+    pub fn new(pem: Option<String>) -> Self {
+        WorkerCa(std::sync::Arc::new(std::sync::RwLock::new(pem)))
+    }
+
+    pub fn get(&self) -> Option<String> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set(&self, pem: String) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(pem);
+    }
+}
+
+impl PartialEq for WorkerCa {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for WorkerCa {}
 
 /// The label every worker pod of a pool carries.
 pub const POOL_LABEL: &str = "toolgrid.dev/pool";
@@ -117,10 +145,10 @@ fn worker_env(settings: &WorkerSettings) -> Vec<EnvVar> {
         value: Some(format!("{TOKEN_DIR}/{TOKEN_FILE}")),
         ..EnvVar::default()
     });
-    if let Some(pem) = &settings.tls_ca_pem {
+    if let Some(pem) = settings.tls_ca.get() {
         env.push(EnvVar {
             name: toolgrid_proto::tls::TLS_CA_PEM_ENV.into(),
-            value: Some(pem.clone()),
+            value: Some(pem),
             ..EnvVar::default()
         });
     }
@@ -280,7 +308,7 @@ mod tests {
         WorkerSettings {
             image: "ghcr.io/toolgrid/toolgrid:0.1.0".into(),
             control_plane: "http://toolgrid.toolgrid.svc:7070".into(),
-            tls_ca_pem: None,
+            tls_ca: WorkerCa::default(),
         }
     }
 
@@ -354,7 +382,7 @@ mod tests {
         );
         let tls = WorkerSettings {
             control_plane: "https://toolgrid.toolgrid.svc:7070".into(),
-            tls_ca_pem: Some("-----BEGIN CERTIFICATE-----".into()),
+            tls_ca: WorkerCa::new(Some("-----BEGIN CERTIFICATE-----".into())),
             ..settings()
         };
         let with_tls = desired_deployment(&pool(spec.clone()), &tls, 1);

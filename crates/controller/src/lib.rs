@@ -16,6 +16,7 @@ pub mod review;
 pub mod review_cache;
 pub mod source;
 pub mod status;
+pub mod tls_secret;
 
 use anyhow::Context as _;
 use health::Readiness;
@@ -53,8 +54,11 @@ pub struct Settings {
     pub lease_name: String,
     /// Delete calls that ended longer ago than this (retention); `None` keeps them all.
     pub retain: Option<Duration>,
-    /// TLS on the gRPC and HTTP ports.
+    /// TLS on the gRPC and HTTP ports, from certificate files.
     pub tls: Option<toolgrid_control_plane::platform::tls::ServerTls>,
+    /// Without `tls`: serve with a CA and certificate the controller makes, keeps in this
+    /// Secret of its namespace and rotates ([`tls_secret`]), for these names.
+    pub self_signed: Option<SelfSigned>,
     /// The CA certificate (PEM) worker pods trust for an `https://` control plane.
     pub worker_tls_ca: Option<String>,
     /// A static operator token accepted besides the cluster's own subjects (never printed).
@@ -65,6 +69,13 @@ pub struct Settings {
     pub oauth: Option<toolgrid_control_plane::auth::oauth::OAuthIssuer>,
     /// Where ToolRelease and Middleware artifacts may be downloaded from.
     pub artifact_fetch: fetch::FetchPolicy,
+}
+
+/// Where `--tls-self-signed` keeps its CA, and what its certificate covers.
+#[derive(Clone, Debug)]
+pub struct SelfSigned {
+    pub secret: String,
+    pub names: Vec<String>,
 }
 
 /// Who may attach as a worker: a worker pod's projected ServiceAccount token (audience
@@ -223,10 +234,37 @@ async fn lead(
     let caches = source.caches.clone();
     tokio::spawn(source.clone().drive());
 
+    let worker_ca = deployment::WorkerCa::new(settings.worker_tls_ca.clone());
+    let tls = match &settings.self_signed {
+        Some(self_signed) => {
+            let api = Api::namespaced(client.clone(), &settings.pod_namespace);
+            let bundle = tls_secret::ensure(
+                &api,
+                &self_signed.secret,
+                &self_signed.names,
+                tls_secret::unix_now(),
+            )
+            .await?;
+            let tls = toolgrid_control_plane::platform::tls::ServerTls::from_bundle(&bundle)
+                .map_err(tls_secret::TlsSecretError::from)?;
+            tracing::info!(secret = %self_signed.secret, names = ?self_signed.names, ca = %bundle.ca.name, "serving with the controller's own CA");
+            worker_ca.set(bundle.trust_pem());
+            tokio::spawn(tls_secret::rotate(
+                api,
+                self_signed.secret.clone(),
+                self_signed.names.clone(),
+                tls.clone(),
+                worker_ca.clone(),
+                bundle,
+            ));
+            Some(tls)
+        }
+        None => settings.tls.clone(),
+    };
     let listeners = Listeners::bind(settings.listen, Some(settings.http_listen)).await?;
     let security = Security {
         workers: worker_authenticator(reviewer.clone(), control_plane.catalog.clone()),
-        tls: settings.tls.clone(),
+        tls,
         mcp: settings.mcp.clone(),
     };
     let (grpc, http, server) = control_plane.serve(listeners, security)?;
@@ -241,7 +279,7 @@ async fn lead(
         workers: deployment::WorkerSettings {
             image: settings.worker_image.clone(),
             control_plane: settings.control_plane_address.clone(),
-            tls_ca_pem: settings.worker_tls_ca.clone(),
+            tls_ca: worker_ca,
         },
         namespace: settings.watch_namespace.clone(),
         service_accounts: caches.service_accounts.clone(),

@@ -156,7 +156,7 @@ async fn fixture() -> Fixture {
         workers: WorkerSettings {
             image: "ghcr.io/toolgrid/toolgrid:0.1.0".into(),
             control_plane: "http://toolgrid.toolgrid.svc:7070".into(),
-            tls_ca_pem: None,
+            tls_ca: Default::default(),
         },
         namespace: None,
         service_accounts,
@@ -751,4 +751,128 @@ async fn a_leader_whose_lease_renewals_keep_failing_steps_down_before_the_lease_
         "it tried to renew more than once"
     );
     failing.abort();
+}
+
+/// `--tls-self-signed` keeps its CA in a Secret: made when absent, read back unchanged by
+/// the next controller, rotated with optimistic concurrency, a lost race answered by what
+/// the winner wrote, and a Secret it did not make left alone.
+#[tokio::test]
+async fn the_self_signed_ca_lives_in_a_secret_every_controller_shares() {
+    use super::tls_secret::{self, TlsSecretError};
+    use k8s_openapi::api::core::v1::Secret;
+    const DAY: i64 = 24 * 3600;
+    let now: i64 = 1_800_000_000;
+    let (client, mut handle) = mock_client();
+    let api: kube::Api<Secret> = kube::Api::namespaced(client, "toolgrid");
+    let path = "/api/v1/namespaces/toolgrid/secrets/toolgrid-self-signed-tls";
+    let names = vec!["toolgrid.toolgrid.svc".to_string(), "toolgrid".to_string()];
+    let ensure = |api: &kube::Api<Secret>, at: i64| {
+        let (api, names) = (api.clone(), names.clone());
+        tokio::spawn(async move {
+            tls_secret::ensure(&api, "toolgrid-self-signed-tls", &names, at).await
+        })
+    };
+    let stored = |secret: &Value, version: &str| {
+        let mut secret = secret.clone();
+        secret["metadata"]["resourceVersion"] = json!(version);
+        secret
+    };
+
+    // None yet: made, labelled, of type kubernetes.io/tls, with the trust for workers.
+    let task = ensure(&api, now);
+    expect(
+        &mut handle,
+        Method::GET,
+        path,
+        &[],
+        StatusCode::NOT_FOUND,
+        |_| not_found(),
+    )
+    .await;
+    let created = expect(
+        &mut handle,
+        Method::POST,
+        "/api/v1/namespaces/toolgrid/secrets",
+        &[],
+        StatusCode::CREATED,
+        |b| b.clone(),
+    )
+    .await;
+    let first = task.await.unwrap().unwrap();
+    assert_eq!(created["type"], "kubernetes.io/tls");
+    assert_eq!(
+        created["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "toolgrid-controller"
+    );
+    for key in [
+        "tls.crt",
+        "tls.key",
+        "ca.crt",
+        "ca-signing.crt",
+        "ca-signing.key",
+        "bundle.json",
+    ] {
+        assert!(created["data"][key].is_string(), "{key} missing: {created}");
+    }
+    let read: Secret = serde_json::from_value(stored(&created, "1")).unwrap();
+    assert_eq!(tls_secret::from_secret(&read).as_ref(), Some(&first));
+
+    // The next controller (a restart, another replica) reads the same bundle, writes nothing.
+    let task = ensure(&api, now + DAY);
+    expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
+        stored(&created, "1")
+    })
+    .await;
+    expect_nothing(&mut handle).await;
+    assert_eq!(task.await.unwrap().unwrap(), first);
+
+    // Two months on the certificate is renewed by the same CA, at the version read.
+    let later = now + 61 * DAY;
+    let task = ensure(&api, later);
+    expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
+        stored(&created, "1")
+    })
+    .await;
+    let replaced = expect(&mut handle, Method::PUT, path, &[], StatusCode::OK, |b| {
+        b.clone()
+    })
+    .await;
+    let renewed = task.await.unwrap().unwrap();
+    assert_eq!(replaced["metadata"]["resourceVersion"], "1");
+    assert_eq!(renewed.ca, first.ca);
+    assert_ne!(renewed.cert_pem, first.cert_pem);
+    assert_eq!(
+        renewed.trust_pem(),
+        first.trust_pem(),
+        "workers need nothing new"
+    );
+
+    // Losing that race (409): what the winner wrote is read and served.
+    let task = ensure(&api, later);
+    expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
+        stored(&created, "1")
+    })
+    .await;
+    expect(&mut handle, Method::PUT, path, &[], StatusCode::CONFLICT, |_| {
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Conflict", "code": 409, "message": "conflict"})
+    })
+    .await;
+    expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
+        stored(&replaced, "2")
+    })
+    .await;
+    expect_nothing(&mut handle).await;
+    assert_eq!(task.await.unwrap().unwrap(), renewed);
+
+    // A Secret of that name someone else made is not overwritten.
+    let task = ensure(&api, now);
+    expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "toolgrid-self-signed-tls", "resourceVersion": "9"}, "data": {"tls.crt": "eA=="}})
+    })
+    .await;
+    expect_nothing(&mut handle).await;
+    assert!(matches!(
+        task.await.unwrap(),
+        Err(TlsSecretError::NotOurs(_))
+    ));
 }

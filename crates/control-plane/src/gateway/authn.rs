@@ -859,7 +859,11 @@ mod tests {
             }
         );
         assert_eq!(
-            kind(by_claim.authenticate(Some(&bearer), None, None, &snapshot).await),
+            kind(
+                by_claim
+                    .authenticate(Some(&bearer), None, None, &snapshot)
+                    .await
+            ),
             ErrorKind::Unauthenticated
         );
         let in_c = token(

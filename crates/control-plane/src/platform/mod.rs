@@ -2,6 +2,7 @@
 //! servers. `toolgrid up` adds a manifest directory and local worker processes; the cluster
 //! controller adds the Kubernetes source.
 
+pub mod ca;
 mod local_pools;
 pub mod retention;
 pub mod tls;
@@ -189,20 +190,25 @@ impl ControlPlane {
         ))
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);
-        // Small request/response frames must not wait for Nagle's algorithm.
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = &security.tls {
-            builder = builder.tls_config(tls.grpc())?;
-        }
-        let grpc = builder
+        let builder = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
             .add_service(tools)
             .add_service(workspaces)
-            .add_service(link)
-            .serve_with_incoming(incoming);
+            .add_service(link);
+        let grpc: std::pin::Pin<
+            Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
+        > = match &security.tls {
+            // TLS handshakes here, with the certificate current at each one (see
+            // `tls::ServerTls::replace`).
+            Some(tls) => Box::pin(builder.serve_with_incoming(tls.grpc_incoming(listeners.grpc))),
+            None => {
+                // Small request/response frames must not wait for Nagle's algorithm.
+                let incoming = tonic::transport::server::TcpIncoming::from(listeners.grpc)
+                    .with_nodelay(Some(true));
+                Box::pin(builder.serve_with_incoming(incoming))
+            }
+        };
         // Workers can attach from now on: the re-attach grace of recovered calls starts here,
         // not when the store was opened (the catalog may have taken a while to sync).
         self.scheduler.listening();
