@@ -32,7 +32,7 @@ pub struct Cli {
 enum Commands {
     /// Run the whole platform on this machine: control plane on an embedded SQLite store,
     /// manifests from a directory (watched), and local worker processes.
-    Up(up::UpArgs),
+    Up(Box<up::UpArgs>),
     /// Run one sandbox worker attached to a control plane.
     Worker(worker::WorkerArgs),
     /// Run the control plane in a Kubernetes cluster: watch the CRDs, write status, own the
@@ -115,7 +115,7 @@ pub fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Commands::Up(args) => report(up::run(args).await),
+            Commands::Up(args) => report(up::run(*args).await),
             Commands::Worker(args) => report(worker::run(args).await),
             Commands::Controller(args) => report(controller::run(*args).await),
             Commands::Call(args) => client::call(args).await,
