@@ -397,6 +397,7 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
                 "worker-image": v.get("workerImage") or image,
                 "control-plane-address": f"{'http' if tls_mode == 'off' else 'https'}://{fn}.{namespace}.svc:{v['service']['grpcPort']}",
                 "lease": v["workerLease"],
+                "max-queued-per-agent": str(v["maxQueuedPerAgent"]),
             }
             if sqlite:
                 want_flags["store"] = "sqlite:///var/lib/toolgrid/toolgrid.db"
@@ -557,7 +558,7 @@ CASES = [
     ("service-monitor-no-api", {"serviceMonitor": {"enabled": True}}, {}),
     ("customized", {"fullnameOverride": "tg", "image": {"digest": "sha256:" + "ab" * 32},
                     "workerImage": "registry.example/toolgrid-worker:1", "otlp": {"endpoint": "http://otel.observability:4317"},
-                    "service": {"grpcPort": 443, "type": "LoadBalancer"}, "workerLease": "5s",
+                    "service": {"grpcPort": 443, "type": "LoadBalancer"}, "workerLease": "5s", "maxQueuedPerAgent": 50,
                     "store": {"sqlite": {"storageClass": "-", "size": "10Gi"}, "retain": "7d"},
                     "serviceAccount": {"name": "toolgrid-controller"},
                     "extraEnv": [{"name": "RUST_LOG", "value": "info"}],
