@@ -109,6 +109,12 @@ pub struct ControllerArgs {
     /// HTTPS_PROXY and ALL_PROXY are never used for artifacts.
     #[arg(long, env = "TOOLGRID_ARTIFACT_PROXY")]
     artifact_proxy: Option<String>,
+    /// A console session unused this long ends (the browser must log in again).
+    #[arg(long, env = "TOOLGRID_CONSOLE_IDLE_TIMEOUT", default_value = "30m", value_parser = humantime::parse_duration)]
+    console_idle_timeout: std::time::Duration,
+    /// A console session ends this long after login, however busy.
+    #[arg(long, env = "TOOLGRID_CONSOLE_SESSION_LIFETIME", default_value = "12h", value_parser = humantime::parse_duration)]
+    console_session_lifetime: std::time::Duration,
     #[command(flatten)]
     mcp: crate::cli::up::McpArgs,
 }
@@ -172,6 +178,10 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         worker_lease: args.lease.get(),
         heartbeat: args.heartbeat.get(),
         max_queued_per_agent: args.max_queued_per_agent,
+        console_limits: toolgrid_core::auth::SessionLimits {
+            idle: args.console_idle_timeout,
+            lifetime: args.console_session_lifetime,
+        },
         pod_name,
         pod_namespace: args.pod_namespace,
         lease_name: args.lease_name,

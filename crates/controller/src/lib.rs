@@ -49,6 +49,8 @@ pub struct Settings {
     pub heartbeat: Duration,
     /// How many calls of one agent may wait for a worker of one pool.
     pub max_queued_per_agent: u32,
+    /// How long console sessions live (idle and in all).
+    pub console_limits: toolgrid_core::auth::SessionLimits,
     pub pod_name: String,
     pub pod_namespace: String,
     pub lease_name: String,
@@ -209,6 +211,9 @@ async fn lead(
         },
     )
     .await?;
+    control_plane
+        .gateway
+        .set_console_limits(settings.console_limits);
     let source = source::ClusterSource::start(
         &client,
         settings.watch_namespace.as_deref(),
