@@ -27,7 +27,13 @@ recorded. Then the CRDs and the examples are created and, each "eventually, with
     respectively, and the controller keeps running; Ready objects carry neither;
   - deleting the semver ToolRelease lets it go (the finalizer is removed: no call is in
     flight) and the semver Tool becomes Ready=False, NoReadyRelease;
-  - SIGTERM: the controller exits 0 and gives the Lease up.
+  - TLS as the chart runs it without cert-manager (`--tls-self-signed`): the controller
+    makes the Secret toolgrid/toolgrid-self-signed-tls (type kubernetes.io/tls, labelled as
+    its own), both ports serve a certificate its `ca.crt` verifies (and a client trusting
+    only the system's roots is refused), the pool's Deployment hands its workers that CA,
+    and the worker and the CLI reach the control plane over https trusting it;
+  - SIGTERM: the controller exits 0 and gives the Lease up; started again, it serves the
+    same chain from the same Secret and writes nothing to it.
 
 And of every request the controller made: status is written only by server-side apply
 (field manager toolgrid-controller) to the /status subresource, the toolgrid resources
@@ -45,6 +51,7 @@ Exit status: 0 when every check passes, 1 when one fails (with the controller's 
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import json
 import os
@@ -52,6 +59,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -68,6 +76,7 @@ GROUP = "toolgrid.dev"
 KINDS = ["Tool", "ToolRelease", "ToolBinding", "Middleware", "Agent", "WorkerPool"]
 FINALIZER = "toolgrid.dev/calls-in-flight"
 MANAGER = "toolgrid-controller"
+TLS_SECRET = "toolgrid-self-signed-tls"  # the chart's name for release `toolgrid`
 TIMEOUT = 60.0
 
 
@@ -251,13 +260,90 @@ class Smoke:
              "--http-listen", f"127.0.0.1:{self.http}",
              "--metrics-listen", f"127.0.0.1:{self.metrics}",
              "--store", f"sqlite://{os.path.join(self.tmp, 'db')}",
-             "--control-plane-address", f"http://127.0.0.1:{self.grpc}"],
-            env=env, stdin=subprocess.DEVNULL, stdout=open(self.controller_log, "w"),
+             "--control-plane-address", f"https://127.0.0.1:{self.grpc}",
+             # as the chart runs it without cert-manager: its own CA, kept in a Secret
+             "--tls-self-signed=true",
+             "--tls-self-signed-secret", TLS_SECRET],
+            env=env, stdin=subprocess.DEVNULL, stdout=open(self.controller_log, "a"),
             stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+    def tls_secret(self) -> dict:
+        """The controller's Secret with its CA and certificate (waiting for it)."""
+        def made():
+            secret = self.get("v1", "Secret", "toolgrid", TLS_SECRET)
+            return secret is not None, secret
+        return eventually(f"the Secret toolgrid/{TLS_SECRET}", made)
+
+    def trust_ca(self):
+        """Writes the CA workers trust (the Secret's ca.crt) to a file; the worker and the CLI
+        use it (TOOLGRID_TLS_CA)."""
+        secret = self.tls_secret()
+        self.ca_pem = base64.b64decode(secret["data"]["ca.crt"]).decode()
+        self.ca_file = os.path.join(self.tmp, "ca.crt")
+        with open(self.ca_file, "w") as f:
+            f.write(self.ca_pem)
+        self.env["TOOLGRID_TLS_CA"] = self.ca_file
+
+    def handshake(self, port: int) -> dict:
+        """The certificate the controller presents on `port`, verified against the CA file."""
+        context = ssl.create_default_context(cafile=self.ca_file)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as tcp:
+            with context.wrap_socket(tcp, server_hostname="127.0.0.1") as tls:
+                return tls.getpeercert()
+
+    def check_tls(self):
+        """The Secret is the controller's, both ports serve a certificate its CA verifies, a
+        client trusting another CA is refused, and the pool's workers are handed the CA."""
+        secret = self.tls_secret()
+        if secret.get("type") != "kubernetes.io/tls":
+            raise Failed(f"the Secret's type is {secret.get('type')!r}")
+        labels = (secret.get("metadata") or {}).get("labels") or {}
+        if labels.get("app.kubernetes.io/managed-by") != "toolgrid-controller":
+            raise Failed(f"the Secret is not labelled as the controller's: {labels}")
+        missing = {"tls.crt", "tls.key", "ca.crt", "ca-signing.crt", "ca-signing.key",
+                   "bundle.json"} - set(secret.get("data") or {})
+        if missing:
+            raise Failed(f"the Secret lacks {sorted(missing)}")
+        for port in (self.grpc, self.http):
+            try:
+                self.handshake(port)
+            except (ssl.SSLError, OSError) as e:
+                raise Failed(f"port {port} does not serve a certificate the CA verifies: {e}") from None
+        try:
+            with socket.create_connection(("127.0.0.1", self.http), timeout=10) as tcp:
+                ssl.create_default_context().wrap_socket(tcp, server_hostname="127.0.0.1")
+            raise Failed("a client trusting only the system's roots completed a handshake")
+        except ssl.SSLCertVerificationError:
+            pass
+
+        def handed():
+            deployment = self.get("apps/v1", "Deployment", "default", "toolgrid-worker-default")
+            containers = (((deployment or {}).get("spec") or {}).get("template") or {}) \
+                .get("spec", {}).get("containers") or [{}]
+            env = {e.get("name"): e.get("value") for e in containers[0].get("env") or []}
+            return env.get("TOOLGRID_TLS_CA_PEM") == self.ca_pem, env.get("TOOLGRID_TLS_CA_PEM")
+        eventually("the pool's Deployment hands its workers the CA", handed)
+
+    def check_restart_keeps_the_ca(self):
+        """A controller started again (a restart, a new leader) serves the same chain from the
+        same Secret: nothing is written to it, and the CA file clients hold still verifies."""
+        before = self.tls_secret()
+        self.start_controller()
+        self.check_lease()
+        def serving():
+            self.controller_alive()
+            try:
+                return True, self.handshake(self.http)
+            except (ssl.SSLError, OSError) as e:
+                return False, str(e)
+        eventually("the restarted controller serves a certificate the same CA verifies", serving)
+        after = self.tls_secret()
+        if after["metadata"].get("resourceVersion") != before["metadata"].get("resourceVersion"):
+            raise Failed("the restarted controller wrote its Secret again")
 
     def start_worker(self):
         self.worker = subprocess.Popen(
-            [self.toolgrid, "worker", "--control-plane", f"http://127.0.0.1:{self.grpc}",
+            [self.toolgrid, "worker", "--control-plane", f"https://127.0.0.1:{self.grpc}",
              "--pool", "default/default", "--id", "w0",
              "--cache", os.path.join(self.tmp, "cache")],
             env=self.env, stdin=subprocess.DEVNULL, stdout=open(self.worker_log, "w"),
@@ -460,7 +546,7 @@ class Smoke:
             self.controller_alive()
             run = subprocess.run(
                 [self.toolgrid, "call", "semver", "compare", "1.2.0", "1.10.0",
-                 "--endpoint", f"127.0.0.1:{self.grpc}"],
+                 "--endpoint", f"https://127.0.0.1:{self.grpc}"],
                 capture_output=True, text=True, timeout=60, env=self.env)
             if run.returncode != 0:
                 return False, f"exit {run.returncode}: {run.stdout} {run.stderr}"
@@ -712,12 +798,14 @@ def main() -> int:
         ("it waits for the CRDs", smoke.check_waits_for_crds),
         ("the CRDs are installed", smoke.install_crds),
         ("the examples are created", smoke.seed),
+        ("the CA from the controller's Secret", smoke.trust_ca),
         ("a worker starts", smoke.start_worker),
         ("/health and /ready", smoke.check_probes),
         ("the leader Lease", smoke.check_lease),
         ("every example resource is Ready, with its status fields and finalizers", smoke.check_ready),
         ("/metrics", smoke.check_metrics),
         ("the pool's Deployment", smoke.check_deployment),
+        ("TLS with the controller's own CA", smoke.check_tls),
         ("Events of the Ready transitions", smoke.check_events),
         ("a tool call", smoke.check_call),
         ("a spec change is observed", smoke.check_spec_change),
@@ -728,6 +816,7 @@ def main() -> int:
         ("the controller's writes", smoke.check_writes),
         ("the API server's answers", smoke.check_responses),
         ("RBAC", smoke.check_rbac),
+        ("a restarted controller keeps its CA", smoke.check_restart_keeps_the_ca),
     ]
     failed = []
     try:
