@@ -498,6 +498,33 @@ fn not_found() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": "not found", "reason": "NotFound", "code": 404})
 }
 
+/// Expects a GET of `path` (answered 404) and then a POST to `collection` (answered 201 with
+/// what was sent); returns the object sent.
+async fn expect_made_when_missing(handle: &mut Handle, path: &str, collection: &str) -> Value {
+    expect(
+        handle,
+        Method::GET,
+        path,
+        &[],
+        StatusCode::NOT_FOUND,
+        |_| not_found(),
+    )
+    .await;
+    expect(
+        handle,
+        Method::POST,
+        collection,
+        &[],
+        StatusCode::CREATED,
+        |b| b.clone(),
+    )
+    .await
+}
+
+fn conflict() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Conflict", "code": 409, "message": "conflict"})
+}
+
 fn lease_held_by(holder: &str, renewed: &str) -> Value {
     json!({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -520,22 +547,10 @@ async fn leader_election_creates_renews_follows_and_takes_over() {
         let elector = elector.clone();
         async move { elector.try_lead().await }
     });
-    expect(
+    let created = expect_made_when_missing(
         &mut handle,
-        Method::GET,
         path,
-        &[],
-        StatusCode::NOT_FOUND,
-        |_| not_found(),
-    )
-    .await;
-    let created = expect(
-        &mut handle,
-        Method::POST,
         "/apis/coordination.k8s.io/v1/namespaces/toolgrid/leases",
-        &[],
-        StatusCode::CREATED,
-        |b| b.clone(),
     )
     .await;
     assert_eq!(created["spec"]["holderIdentity"], "pod-a");
@@ -581,9 +596,14 @@ async fn leader_election_creates_renews_follows_and_takes_over() {
         lease_held_by("pod-b", "2020-01-01T00:00:00.000000Z")
     })
     .await;
-    expect(&mut handle, Method::PUT, path, &[], StatusCode::CONFLICT, |_| {
-        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Conflict", "code": 409, "message": "conflict"})
-    })
+    expect(
+        &mut handle,
+        Method::PUT,
+        path,
+        &[],
+        StatusCode::CONFLICT,
+        |_| conflict(),
+    )
     .await;
     assert!(!task.await.unwrap().unwrap(), "another replica won");
 
@@ -780,24 +800,8 @@ async fn the_self_signed_ca_lives_in_a_secret_every_controller_shares() {
 
     // None yet: made, labelled, of type kubernetes.io/tls, with the trust for workers.
     let task = ensure(&api, now);
-    expect(
-        &mut handle,
-        Method::GET,
-        path,
-        &[],
-        StatusCode::NOT_FOUND,
-        |_| not_found(),
-    )
-    .await;
-    let created = expect(
-        &mut handle,
-        Method::POST,
-        "/api/v1/namespaces/toolgrid/secrets",
-        &[],
-        StatusCode::CREATED,
-        |b| b.clone(),
-    )
-    .await;
+    let created =
+        expect_made_when_missing(&mut handle, path, "/api/v1/namespaces/toolgrid/secrets").await;
     let first = task.await.unwrap().unwrap();
     assert_eq!(created["type"], "kubernetes.io/tls");
     assert_eq!(
@@ -853,9 +857,14 @@ async fn the_self_signed_ca_lives_in_a_secret_every_controller_shares() {
         stored(&created, "1")
     })
     .await;
-    expect(&mut handle, Method::PUT, path, &[], StatusCode::CONFLICT, |_| {
-        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Conflict", "code": 409, "message": "conflict"})
-    })
+    expect(
+        &mut handle,
+        Method::PUT,
+        path,
+        &[],
+        StatusCode::CONFLICT,
+        |_| conflict(),
+    )
     .await;
     expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
         stored(&replaced, "2")

@@ -225,6 +225,23 @@ impl OplogRecord {
         OplogEntry::from_text(&self.kind, self.payload.as_bytes())
     }
 
+    /// Rewrites the text of this record's entry that a tool or a peer wrote, for a reader's
+    /// filter ([`OplogEntry::visit_written_text`]), and stores the entry again. A payload
+    /// that does not parse as its kind (a corrupted row) goes through `text` whole.
+    pub fn rewrite_written_text(
+        &mut self,
+        text: &mut dyn FnMut(&mut String),
+        body: &mut dyn FnMut(&mut Vec<u8>),
+    ) {
+        match self.entry() {
+            Ok(mut entry) => {
+                entry.visit_written_text(text, body);
+                self.payload = entry.payload_text();
+            }
+            Err(_) => text(&mut self.payload),
+        }
+    }
+
     /// The payload as JSON for display (a string when it is not JSON).
     pub fn payload_json(&self) -> Value {
         serde_json::from_str(&self.payload).unwrap_or_else(|_| Value::String(self.payload.clone()))

@@ -144,19 +144,9 @@ impl Redactor {
         if self.patterns.is_empty() {
             return;
         }
-        entry.visit_written_text(
-            &mut |s: &mut String| {
-                if let Some(redacted) = self.changed(s) {
-                    *s = redacted;
-                }
-            },
-            &mut |body: &mut Vec<u8>| {
-                let text = String::from_utf8_lossy(body);
-                if let Some(redacted) = self.changed(&text) {
-                    *body = redacted.into_bytes();
-                }
-            },
-        );
+        entry.visit_written_text(&mut |s| self.redact_in_place(s), &mut |b| {
+            self.redact_body(b)
+        });
     }
 
     /// A stored oplog record as an agent may read it: its entry redacted
@@ -166,16 +156,23 @@ impl Redactor {
         if self.patterns.is_empty() {
             return;
         }
-        match record.entry() {
-            Ok(mut entry) => {
-                self.redact_entry(&mut entry);
-                record.payload = entry.payload_text();
-            }
-            Err(_) => {
-                if let Some(redacted) = self.changed(&record.payload) {
-                    record.payload = redacted;
-                }
-            }
+        record.rewrite_written_text(&mut |s| self.redact_in_place(s), &mut |b| {
+            self.redact_body(b)
+        });
+    }
+
+    fn redact_in_place(&self, text: &mut String) {
+        if let Some(redacted) = self.changed(text) {
+            *text = redacted;
+        }
+    }
+
+    /// A body read as UTF-8 (invalid bytes as U+FFFD); replaced by its redacted text when a
+    /// pattern matches.
+    fn redact_body(&self, body: &mut Vec<u8>) {
+        let redacted = self.changed(&String::from_utf8_lossy(body));
+        if let Some(redacted) = redacted {
+            *body = redacted.into_bytes();
         }
     }
 }

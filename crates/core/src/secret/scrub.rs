@@ -169,39 +169,32 @@ impl Scrubber {
     /// Scrubs the text of an oplog entry that a tool or a peer wrote
     /// ([`OplogEntry::visit_written_text`]): a response body as bytes, the rest as text.
     pub fn scrub_entry(&self, entry: &mut OplogEntry) {
-        if !self.is_armed() {
-            return;
+        if self.is_armed() {
+            entry.visit_written_text(&mut |t| self.scrub_in_place(t), &mut |b| {
+                self.scrub_bytes_in_place(b)
+            });
         }
-        entry.visit_written_text(
-            &mut |text: &mut String| {
-                if let Cow::Owned(scrubbed) = self.scrub_text(text) {
-                    *text = scrubbed;
-                }
-            },
-            &mut |body: &mut Vec<u8>| {
-                if let Cow::Owned(scrubbed) = self.scrub(body) {
-                    *body = scrubbed;
-                }
-            },
-        );
     }
 
     /// A stored oplog record with its entry scrubbed ([`Scrubber::scrub_entry`]); a payload
     /// that does not parse as its kind (a corrupted row) is scrubbed as one text.
     pub fn scrub_record(&self, record: &mut OplogRecord) {
-        if !self.is_armed() {
-            return;
+        if self.is_armed() {
+            record.rewrite_written_text(&mut |t| self.scrub_in_place(t), &mut |b| {
+                self.scrub_bytes_in_place(b)
+            });
         }
-        match record.entry() {
-            Ok(mut entry) => {
-                self.scrub_entry(&mut entry);
-                record.payload = entry.payload_text();
-            }
-            Err(_) => {
-                if let Cow::Owned(scrubbed) = self.scrub_text(&record.payload) {
-                    record.payload = scrubbed;
-                }
-            }
+    }
+
+    fn scrub_in_place(&self, text: &mut String) {
+        if let Cow::Owned(scrubbed) = self.scrub_text(text) {
+            *text = scrubbed;
+        }
+    }
+
+    fn scrub_bytes_in_place(&self, bytes: &mut Vec<u8>) {
+        if let Cow::Owned(scrubbed) = self.scrub(bytes) {
+            *bytes = scrubbed;
         }
     }
 }
