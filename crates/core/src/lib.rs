@@ -18,6 +18,7 @@
 //! | [`auth`] | who calls ([`auth::Principal`]) |
 //! | [`secret`] | secret values in memory (never printed), compared in constant time; references in declared headers; scrubbing values and their encodings |
 //! | [`net`] | the addresses egress treats as private |
+//! | [`source`] | tools from elsewhere: what an MCP server or an OpenAPI document offers, as imported tools |
 //! | [`artifact`] | what a release's or a middleware's WebAssembly must be |
 //! | [`error`] | [`error::ApiError`], a refusal at a front door |
 
@@ -34,5 +35,6 @@ pub mod middleware;
 pub mod net;
 pub mod scheduler;
 pub mod secret;
+pub mod source;
 pub mod spec;
 pub mod workspace;
