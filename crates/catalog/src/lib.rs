@@ -13,6 +13,7 @@ pub mod model_tools;
 pub mod pool_health;
 pub mod resolve;
 pub mod snapshot;
+pub mod sources;
 
 pub use resolve::Identities;
 
