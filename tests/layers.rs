@@ -16,6 +16,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("toolgrid-proto", &["toolgrid-core"]),
     ("toolgrid-store", &["toolgrid-core"]),
     ("toolgrid-sandbox", &["toolgrid-core"]),
+    ("toolgrid-upstream", &["toolgrid-core"]),
     (
         "toolgrid-worker",
         &["toolgrid-core", "toolgrid-proto", "toolgrid-sandbox"],
@@ -54,6 +55,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "toolgrid-worker",
             "toolgrid-control-plane",
             "toolgrid-controller",
+            "toolgrid-upstream",
         ],
     ),
     ("toolgrid-testkit", &[]),
