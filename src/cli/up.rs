@@ -217,6 +217,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             idle: args.console_idle_timeout,
             lifetime: args.console_session_lifetime,
         });
+    // The keys identity tokens for upstreams are signed with, published at
+    // /.well-known/jwks.json; rotated at start and hourly.
+    let identity = toolgrid_control_plane::identity::IdentityKeys::open(&data)
+        .context("cannot load the identity signing keys")?;
+    identity.spawn_rotation();
+    control_plane.gateway.set_identity(identity);
     let source = ManifestSource::new(
         manifests.clone(),
         store.clone(),

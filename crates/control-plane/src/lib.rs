@@ -7,12 +7,14 @@
 //! | [`scheduler`] | the scheduler's driver (around `toolgrid_core::scheduler`'s state machine) and the worker link |
 //! | [`source`] | the manifest directory as a resource source |
 //! | [`artifacts`] | checked release artifacts into the store |
+//! | [`identity`] | signed per-call identity tokens for upstreams, their keys and JWKS |
 //! | [`platform`] | one control plane wired together, local worker processes, TLS, retention |
 //! | [`metrics`] | the Prometheus registry |
 
 pub mod artifacts;
 pub mod auth;
 pub mod gateway;
+pub mod identity;
 pub mod metrics;
 pub mod platform;
 pub mod scheduler;

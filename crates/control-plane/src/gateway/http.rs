@@ -26,10 +26,11 @@
 //!   `not-cancellable` when it has ended).
 //! - The `:call` route with `Accept: text/event-stream` answers a stream of server-sent
 //!   events (progress, then the call record; see [`super::sse`]).
-//! - `/healthz`, `/readyz` (probes) are open; `/metrics` (aggregate counters, no call
-//!   data) answers operators only ([`metrics`]); every `/v1` route authenticates first
-//!   (`Authorization: Bearer TOKEN`, an operator may add `Toolgrid-As: AGENT`): 401 without
-//!   a valid token.
+//! - `/healthz`, `/readyz` (probes) and `/.well-known/jwks.json` (the public keys of
+//!   identity tokens for upstreams, see [`crate::identity`]) are open; `/metrics`
+//!   (aggregate counters, no call data) answers operators only ([`metrics`]); every `/v1`
+//!   route authenticates first (`Authorization: Bearer TOKEN`, an operator may add
+//!   `Toolgrid-As: AGENT`): 401 without a valid token.
 //! - `/mcp`: the MCP server ([`super::mcp`]), with its protected-resource metadata at
 //!   `/.well-known/oauth-protected-resource[/mcp]`.
 //! - `/ui`: the console ([`super::console`]), authenticated by a session cookie.
@@ -83,6 +84,7 @@ pub fn router_with(
         .merge(api)
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
+        .route(crate::identity::JWKS_PATH, get(jwks))
         .route(
             "/readyz",
             get(move || {
@@ -99,6 +101,28 @@ pub fn router_with(
         .with_state(gateway.clone())
         .merge(super::mcp::routes(gateway.clone(), mcp))
         .merge(super::console::routes(gateway))
+}
+
+/// `GET /.well-known/jwks.json`: the public keys identity tokens for upstreams are signed
+/// with (see [`crate::identity`]), open to anyone; 404 when this platform signs none.
+async fn jwks(State(gateway): State<Arc<Gateway>>) -> Response {
+    let Some(keys) = gateway.identity() else {
+        return HttpError(ApiError::new(
+            ErrorKind::NotFound,
+            "this platform signs no identity tokens",
+        ))
+        .into_response();
+    };
+    use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+    let max_age = crate::identity::JWKS_MAX_AGE.as_secs();
+    (
+        [
+            (CONTENT_TYPE, "application/json".to_string()),
+            (CACHE_CONTROL, format!("max-age={max_age}")),
+        ],
+        keys.jwks().to_string(),
+    )
+        .into_response()
 }
 
 /// `GET /metrics`: the Prometheus figures, for an operator's bearer token only (they name

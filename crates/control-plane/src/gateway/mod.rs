@@ -131,6 +131,9 @@ pub struct Gateway {
     approval_wake_ms: std::sync::atomic::AtomicI64,
     /// How long console sessions opened here live.
     console_limits: std::sync::RwLock<toolgrid_core::auth::SessionLimits>,
+    /// The keys identity tokens for upstreams are signed with, published at
+    /// [`crate::identity::JWKS_PATH`]; unset, that path answers 404.
+    identity: std::sync::OnceLock<crate::identity::IdentityKeys>,
 }
 
 impl Gateway {
@@ -152,7 +155,18 @@ impl Gateway {
             wasm: toolgrid_sandbox::middleware::WasmRunner::new(),
             approval_wake_ms: std::sync::atomic::AtomicI64::new(0),
             console_limits: Default::default(),
+            identity: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets the keys identity tokens are signed with (once; later calls are ignored).
+    pub fn set_identity(&self, keys: crate::identity::IdentityKeys) {
+        let _ = self.identity.set(keys);
+    }
+
+    /// The keys identity tokens are signed with, if set.
+    pub fn identity(&self) -> Option<&crate::identity::IdentityKeys> {
+        self.identity.get()
     }
 
     /// Sets how long console sessions opened from now on live (idle, and in all).
