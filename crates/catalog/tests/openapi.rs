@@ -691,3 +691,27 @@ fn names_locations_and_bodies_are_checked() {
         .expect("the second getItem is left out");
     assert_eq!(repeated.reason, LeftOutReason::InvalidName);
 }
+
+#[test]
+fn a_parameter_that_cannot_be_an_option_leaves_its_operation_out() {
+    let document = document(
+        json!({
+            "/items": get("listItems", json!({"parameters": [
+                {"name": "filter[name]", "in": "query", "schema": {"type": "string"}},
+            ]})),
+            "/other": get("listOther", json!({"parameters": [
+                {"name": "page_size", "in": "query", "schema": {"type": "integer"}},
+            ]})),
+        }),
+        json!({}),
+    );
+    let snapshot = read(&document);
+    assert_eq!(
+        left_out(&snapshot, "listItems"),
+        LeftOutReason::UnsupportedRequest
+    );
+    assert_eq!(
+        option(tool(&snapshot, "listOther"), "page_size").name,
+        "page_size"
+    );
+}

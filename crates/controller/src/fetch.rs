@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use toolgrid_api::conditions::Reason;
 use toolgrid_catalog::artifacts::MAX_ARTIFACT_BYTES;
-use toolgrid_core::net::{Class, classify};
+use toolgrid_core::net::first_restricted;
 
 /// Redirects a URL fetch follows at most.
 const MAX_REDIRECTS: usize = 5;
@@ -147,20 +147,15 @@ pub fn check_addresses(
     addrs: &[SocketAddr],
     allow_private: bool,
 ) -> Result<(), FetchError> {
-    if allow_private {
-        return Ok(());
+    match first_restricted(addrs.iter().map(SocketAddr::ip)) {
+        Some((ip, range)) if !allow_private => Err(FetchError::Restricted {
+            url: url.to_string(),
+            host: host.to_string(),
+            ip,
+            range,
+        }),
+        _ => Ok(()),
     }
-    for addr in addrs {
-        if let Class::Restricted { name } = classify(addr.ip()) {
-            return Err(FetchError::Restricted {
-                url: url.to_string(),
-                host: host.to_string(),
-                ip: addr.ip(),
-                range: name,
-            });
-        }
-    }
-    Ok(())
 }
 
 /// A checked hop: the host, and the addresses to connect to (`None`: through the proxy).

@@ -237,9 +237,32 @@ pub fn is_restricted(ip: IpAddr) -> bool {
     classify(ip).is_restricted()
 }
 
+/// The first of `ips` that is not public, with the name of its range: what an egress check
+/// (the controller's downloads, a ToolSource's upstream) refuses a whole host for.
+pub fn first_restricted(ips: impl IntoIterator<Item = IpAddr>) -> Option<(IpAddr, &'static str)> {
+    ips.into_iter().find_map(|ip| match classify(ip) {
+        Class::Restricted { name } => Some((ip, name)),
+        Class::Public => None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_is_refused_for_its_first_non_public_address() {
+        let ips =
+            |list: &[&str]| -> Vec<IpAddr> { list.iter().map(|s| s.parse().unwrap()).collect() };
+        assert_eq!(
+            first_restricted(ips(&["93.184.216.34", "2606:4700::1"])),
+            None
+        );
+        assert_eq!(
+            first_restricted(ips(&["93.184.216.34", "10.1.2.3", "127.0.0.1"])),
+            Some(("10.1.2.3".parse().unwrap(), "private-use"))
+        );
+    }
 
     fn last4(r: &SpecialRange<Ipv4Addr>) -> u32 {
         r.prefix.to_bits() | !mask4(r.len)

@@ -250,12 +250,21 @@ fn glob_match(pattern: &str, name: &str) -> bool {
 /// `_` (what model APIs accept in a tool name), starting with a letter or digit, and
 /// `<source>__<name>` at most 64 characters.
 pub fn valid_imported_name(source: &str, name: &str) -> bool {
-    !name.is_empty()
-        && imported_tool_name(source, name).len() <= 64
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
+    imported_tool_name(source, name).len() <= 64 && model_name(name)
+}
+
+/// Whether `name` can be an imported tool's argument: ASCII letters, digits, `_` and `-`,
+/// starting with a letter or digit, at most 64 characters (what model APIs accept as a
+/// property name and what a command line can carry as `--name`).
+pub fn valid_argument_name(name: &str) -> bool {
+    name.len() <= 64 && model_name(name)
+}
+
+/// ASCII letters, digits, `-` and `_`, starting with a letter or digit.
+fn model_name(name: &str) -> bool {
+    name.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric())
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
@@ -322,6 +331,9 @@ mod tests {
         assert!(!valid_imported_name("shop", ""));
         assert!(!valid_imported_name("shop", &"a".repeat(60)));
         assert_eq!(imported_tool_name("shop", "get_order"), "shop__get_order");
+        assert!(valid_argument_name("petId") && valid_argument_name("X-Request-Tag"));
+        assert!(!valid_argument_name("filter[name]") && !valid_argument_name("a b"));
+        assert!(!valid_argument_name("") && !valid_argument_name(&"a".repeat(65)));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
-use toolgrid_core::net::{Class, classify};
+use toolgrid_core::net::first_restricted;
 
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -94,20 +94,15 @@ pub fn check_addresses(
     addrs: &[SocketAddr],
     allow_private: bool,
 ) -> Result<(), EgressError> {
-    if allow_private {
-        return Ok(());
+    match first_restricted(addrs.iter().map(SocketAddr::ip)) {
+        Some((ip, range)) if !allow_private => Err(EgressError::Restricted {
+            url: url.to_string(),
+            host: host.to_string(),
+            ip,
+            range,
+        }),
+        _ => Ok(()),
     }
-    for addr in addrs {
-        if let Class::Restricted { name } = classify(addr.ip()) {
-            return Err(EgressError::Restricted {
-                url: url.to_string(),
-                host: host.to_string(),
-                ip: addr.ip(),
-                range: name,
-            });
-        }
-    }
-    Ok(())
 }
 
 /// An HTTP client that reaches `url`'s host only at its checked addresses, with no proxy

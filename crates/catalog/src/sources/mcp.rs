@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use toolgrid_core::source::{
     ImportedTool, LeftOut, LeftOutReason, SourceLimits, SourceSnapshot, ToolFilter, UpstreamTarget,
-    cut_text, schema_bytes, valid_imported_name,
+    cut_text, schema_bytes, valid_argument_name, valid_imported_name,
 };
 use toolgrid_core::spec::{Command, Effect, OptionArg};
 
@@ -55,21 +55,6 @@ fn effect_of(annotations: Option<&Annotations>) -> Effect {
         Some(a) if a.idempotent_hint == Some(true) => Effect::Idempotent,
         _ => Effect::Write,
     }
-}
-
-/// Whether `name` can be an imported tool's argument: ASCII letters, digits, `_` and `-`,
-/// starting with a letter or digit, at most 64 characters (what model APIs accept as a
-/// property name and what a command line can carry as `--name`).
-pub fn valid_argument_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// The tools of `listed` (every `tools` entry of every `tools/list` page, in order) that

@@ -912,6 +912,12 @@ fn option_names(parameters: &[&Parameter], body: bool) -> Result<Vec<String>, Pr
         } else {
             parameter.name.clone()
         };
+        if !toolgrid_core::source::valid_argument_name(&name) {
+            return Err(Problem::request(format!(
+                "the parameter `{}` cannot be an option name (letters, digits, '-' and '_')",
+                cut_text(&parameter.name, 64)
+            )));
+        }
         if !taken.insert(name.clone()) {
             return Err(Problem::request(format!(
                 "parameters `{}` collide as option `{name}`",
