@@ -240,6 +240,45 @@ fn plaintext_needs_tls_enabled_false() {
     assert!(!objects.iter().any(|o| o["kind"] == "Certificate"));
 }
 
+/// Whatever the TLS mode, the controller keeps its identity signing keys (the JWKS) in one
+/// Secret of its namespace, which it alone may write.
+#[test]
+fn every_install_lets_the_controller_keep_its_identity_keys_in_a_secret() {
+    let Some(objects) = render(Some(r#"{"tls": {"enabled": false}}"#), false) else {
+        return;
+    };
+    let args = controller_args(&objects);
+    assert!(
+        args.contains(&"--identity-secret=toolgrid-identity-keys".to_string()),
+        "{args:?}"
+    );
+    let role = objects
+        .iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "toolgrid-identity-keys")
+        .expect("a Role for the identity keys Secret");
+    assert_eq!(role["metadata"]["namespace"], "toolgrid");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["toolgrid-identity-keys"], "verbs": ["get", "update"]},
+        ])
+    );
+    let binding = objects
+        .iter()
+        .find(|o| o["kind"] == "RoleBinding" && o["metadata"]["name"] == "toolgrid-identity-keys")
+        .expect("a RoleBinding for the identity keys Role");
+    assert_eq!(binding["roleRef"]["kind"], "Role");
+    assert_eq!(binding["roleRef"]["name"], "toolgrid-identity-keys");
+    assert_eq!(binding["subjects"][0]["name"], "toolgrid");
+    assert!(
+        !objects
+            .iter()
+            .any(|o| o["metadata"]["name"] == "toolgrid-self-signed-tls"),
+        "plaintext: no self-signed TLS Role"
+    );
+}
+
 #[test]
 fn the_chart_renders_with_real_helm_into_valid_kubernetes_objects() {
     let Some(objects) = render(None, false) else {

@@ -88,6 +88,16 @@ pub struct ControllerArgs {
         default_value = "toolgrid-self-signed-tls"
     )]
     tls_self_signed_secret: String,
+    /// The Secret (in the controller's namespace) the controller keeps the Ed25519 keys it
+    /// signs identity tokens for upstreams with (published at /.well-known/jwks.json) in;
+    /// made when missing and rotated. A Secret of that name the controller did not make is
+    /// never overwritten.
+    #[arg(
+        long,
+        env = "TOOLGRID_IDENTITY_SECRET",
+        default_value = "toolgrid-identity-keys"
+    )]
+    identity_secret: String,
     /// The CA certificate (PEM) worker pods trust to reach an `https://` control plane;
     /// handed to them inline (`TOOLGRID_TLS_CA_PEM`). Default: the system's roots.
     #[arg(long, env = "TOOLGRID_WORKER_TLS_CA")]
@@ -188,6 +198,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         retain: args.retain,
         tls,
         self_signed,
+        identity_secret: args.identity_secret,
         worker_tls_ca,
         admin_token: args
             .admin_token

@@ -338,7 +338,10 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
     want |= {("Deployment", namespace, fn), ("Service", namespace, fn),
              ("ClusterRole", "", fn), ("ClusterRoleBinding", "", fn),
              ("Role", namespace, f"{fn}-leader-election"),
-             ("RoleBinding", namespace, f"{fn}-leader-election")}
+             ("RoleBinding", namespace, f"{fn}-leader-election"),
+             # the controller keeps its identity signing keys in one Secret of its namespace
+             ("Role", namespace, f"{fn}-identity-keys"),
+             ("RoleBinding", namespace, f"{fn}-identity-keys")}
     if watch:
         want |= {("Role", watch, fn), ("RoleBinding", watch, fn)}
     if tls_mode == "self-signed":
@@ -398,6 +401,7 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
                 "control-plane-address": f"{'http' if tls_mode == 'off' else 'https'}://{fn}.{namespace}.svc:{v['service']['grpcPort']}",
                 "lease": v["workerLease"],
                 "max-queued-per-agent": str(v["maxQueuedPerAgent"]),
+                "identity-secret": f"{fn}-identity-keys",
             }
             if sqlite:
                 want_flags["store"] = "sqlite:///var/lib/toolgrid/toolgrid.db"
@@ -503,10 +507,17 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
              {("", "secrets", "create", None),
               *{("", "secrets", v, f"{fn}-self-signed-tls") for v in ("get", "update")}},
              "self-signed TLS Role permissions")
+    identity_role = by.get(("Role", namespace, f"{fn}-identity-keys"))
+    if identity_role:
+        c.eq(perms(identity_role.get("rules")),
+             {("", "secrets", "create", None),
+              *{("", "secrets", v, f"{fn}-identity-keys") for v in ("get", "update")}},
+             "identity keys Role permissions")
     for kind, bns, bname, rkind in (("ClusterRoleBinding", "", fn, "ClusterRole"),
                                     ("RoleBinding", watch, fn, "Role"),
                                     ("RoleBinding", namespace, f"{fn}-leader-election", "Role"),
-                                    ("RoleBinding", namespace, f"{fn}-self-signed-tls", "Role")):
+                                    ("RoleBinding", namespace, f"{fn}-self-signed-tls", "Role"),
+                                    ("RoleBinding", namespace, f"{fn}-identity-keys", "Role")):
         b = by.get((kind, bns, bname))
         if b:
             c.eq(b.get("roleRef"), {"apiGroup": "rbac.authorization.k8s.io", "kind": rkind, "name": bname},

@@ -32,8 +32,12 @@ recorded. Then the CRDs and the examples are created and, each "eventually, with
     its own), both ports serve a certificate its `ca.crt` verifies (and a client trusting
     only the system's roots is refused), the pool's Deployment hands its workers that CA,
     and the worker and the CLI reach the control plane over https trusting it;
+  - identity keys: the controller makes the Secret toolgrid/toolgrid-identity-keys (type
+    Opaque, labelled as its own) and publishes their public halves at
+    https://…/.well-known/jwks.json (OKP Ed25519 keys, verified over TLS with the CA);
   - SIGTERM: the controller exits 0 and gives the Lease up; started again, it serves the
-    same chain from the same Secret and writes nothing to it.
+    same chain from the same Secret, publishes the same key ids, and writes nothing to
+    either Secret.
 
 And of every request the controller made: status is written only by server-side apply
 (field manager toolgrid-controller) to the /status subresource, the toolgrid resources
@@ -77,6 +81,7 @@ KINDS = ["Tool", "ToolRelease", "ToolBinding", "Middleware", "Agent", "WorkerPoo
 FINALIZER = "toolgrid.dev/calls-in-flight"
 MANAGER = "toolgrid-controller"
 TLS_SECRET = "toolgrid-self-signed-tls"  # the chart's name for release `toolgrid`
+IDENTITY_SECRET = "toolgrid-identity-keys"  # likewise
 TIMEOUT = 60.0
 
 
@@ -263,7 +268,9 @@ class Smoke:
              "--control-plane-address", f"https://127.0.0.1:{self.grpc}",
              # as the chart runs it without cert-manager: its own CA, kept in a Secret
              "--tls-self-signed=true",
-             "--tls-self-signed-secret", TLS_SECRET],
+             "--tls-self-signed-secret", TLS_SECRET,
+             # as the chart runs it: the identity signing keys, kept in a Secret
+             "--identity-secret", IDENTITY_SECRET],
             env=env, stdin=subprocess.DEVNULL, stdout=open(self.controller_log, "a"),
             stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
 
@@ -324,10 +331,58 @@ class Smoke:
             return env.get("TOOLGRID_TLS_CA_PEM") == self.ca_pem, env.get("TOOLGRID_TLS_CA_PEM")
         eventually("the pool's Deployment hands its workers the CA", handed)
 
+    def identity_secret(self) -> dict:
+        """The controller's Secret with its identity signing keys (waiting for it)."""
+        def made():
+            secret = self.get("v1", "Secret", "toolgrid", IDENTITY_SECRET)
+            return secret is not None, secret
+        return eventually(f"the Secret toolgrid/{IDENTITY_SECRET}", made)
+
+    def jwks(self) -> dict:
+        """The JWKS the HTTP port publishes, fetched over TLS verified with the CA file."""
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}),
+            urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=self.ca_file)))
+        req = urllib.request.Request(f"https://127.0.0.1:{self.http}/.well-known/jwks.json",
+                                     headers={"Accept": "application/json"})
+        with opener.open(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def jwks_kids(self) -> list[str]:
+        """The key ids of the published JWKS; fails unless every key is an OKP Ed25519 key."""
+        keys = self.jwks().get("keys") or []
+        if not keys:
+            raise Failed("the JWKS publishes no key")
+        for key in keys:
+            if key.get("kty") != "OKP" or key.get("crv") != "Ed25519" or not key.get("x") \
+                    or not key.get("kid") or "d" in key:
+                raise Failed(f"the JWKS holds a key that is not a public OKP Ed25519 key: {key}")
+        return [key["kid"] for key in keys]
+
+    def check_identity(self):
+        """The identity keys live in the controller's Secret and their public halves are
+        published at /.well-known/jwks.json."""
+        secret = self.identity_secret()
+        if secret.get("type") != "Opaque":
+            raise Failed(f"the identity Secret's type is {secret.get('type')!r}")
+        labels = (secret.get("metadata") or {}).get("labels") or {}
+        if labels.get("app.kubernetes.io/managed-by") != "toolgrid-controller":
+            raise Failed(f"the identity Secret is not labelled as the controller's: {labels}")
+        if set(secret.get("data") or {}) != {"keys.json"}:
+            raise Failed(f"the identity Secret holds {sorted(secret.get('data') or {})}, not keys.json")
+        stored = json.loads(base64.b64decode(secret["data"]["keys.json"]))
+        try:
+            self.kids = self.jwks_kids()
+        except (urllib.error.URLError, ssl.SSLError, OSError, ValueError) as e:
+            raise Failed(f"cannot fetch the JWKS: {e}") from None
+        if stored["current"]["kid"] not in self.kids:
+            raise Failed(f"the JWKS {self.kids} lacks the signing key {stored['current']['kid']}")
+
     def check_restart_keeps_the_ca(self):
         """A controller started again (a restart, a new leader) serves the same chain from the
         same Secret: nothing is written to it, and the CA file clients hold still verifies."""
         before = self.tls_secret()
+        identity_before = self.identity_secret()
         self.start_controller()
         self.check_lease()
         def serving():
@@ -340,6 +395,19 @@ class Smoke:
         after = self.tls_secret()
         if after["metadata"].get("resourceVersion") != before["metadata"].get("resourceVersion"):
             raise Failed("the restarted controller wrote its Secret again")
+        def publishing():
+            self.controller_alive()
+            try:
+                return True, self.jwks_kids()
+            except (urllib.error.URLError, ssl.SSLError, OSError, ValueError) as e:
+                return False, str(e)
+        kids = eventually("the restarted controller publishes its JWKS", publishing)
+        if kids != self.kids:
+            raise Failed(f"the restarted controller publishes {kids}, not {self.kids}")
+        identity_after = self.identity_secret()
+        if identity_after["metadata"].get("resourceVersion") \
+                != identity_before["metadata"].get("resourceVersion"):
+            raise Failed("the restarted controller wrote its identity Secret again")
 
     def start_worker(self):
         self.worker = subprocess.Popen(
@@ -806,6 +874,7 @@ def main() -> int:
         ("/metrics", smoke.check_metrics),
         ("the pool's Deployment", smoke.check_deployment),
         ("TLS with the controller's own CA", smoke.check_tls),
+        ("identity keys in a Secret, the JWKS published", smoke.check_identity),
         ("Events of the Ready transitions", smoke.check_events),
         ("a tool call", smoke.check_call),
         ("a spec change is observed", smoke.check_spec_change),
@@ -816,7 +885,8 @@ def main() -> int:
         ("the controller's writes", smoke.check_writes),
         ("the API server's answers", smoke.check_responses),
         ("RBAC", smoke.check_rbac),
-        ("a restarted controller keeps its CA", smoke.check_restart_keeps_the_ca),
+        ("a restarted controller keeps its CA and identity keys",
+         smoke.check_restart_keeps_the_ca),
     ]
     failed = []
     try:

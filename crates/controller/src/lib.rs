@@ -8,6 +8,7 @@ pub mod agent_data;
 pub mod deployment;
 pub mod fetch;
 pub mod health;
+pub mod identity_secret;
 pub mod leader;
 #[cfg(test)]
 mod mock;
@@ -61,6 +62,9 @@ pub struct Settings {
     /// Without `tls`: serve with a CA and certificate the controller makes, keeps in this
     /// Secret of its namespace and rotates ([`tls_secret`]), for these names.
     pub self_signed: Option<SelfSigned>,
+    /// The Secret of its namespace the controller keeps its identity signing keys in (made
+    /// when missing, rotated; see [`identity_secret`]).
+    pub identity_secret: String,
     /// The CA certificate (PEM) worker pods trust for an `https://` control plane.
     pub worker_tls_ca: Option<String>,
     /// A static operator token accepted besides the cluster's own subjects (never printed).
@@ -214,6 +218,21 @@ async fn lead(
     control_plane
         .gateway
         .set_console_limits(settings.console_limits);
+    // The keys identity tokens for upstreams are signed with (and the JWKS publishes), the
+    // same for every replica and restart: kept in a Secret, rotated by the leader.
+    {
+        let api = Api::namespaced(client.clone(), &settings.pod_namespace);
+        let keys = identity_secret::ensure(&api, &settings.identity_secret, tls_secret::unix_now())
+            .await?;
+        tracing::info!(secret = %settings.identity_secret, signing = %keys.current.kid, "identity signing keys loaded");
+        let keys = toolgrid_control_plane::identity::IdentityKeys::in_memory(keys);
+        control_plane.gateway.set_identity(keys.clone());
+        tokio::spawn(identity_secret::rotate(
+            api,
+            settings.identity_secret.clone(),
+            keys,
+        ));
+    }
     let source = source::ClusterSource::start(
         &client,
         settings.watch_namespace.as_deref(),

@@ -885,3 +885,119 @@ async fn the_self_signed_ca_lives_in_a_secret_every_controller_shares() {
         Err(TlsSecretError::NotOurs(_))
     ));
 }
+
+/// The identity signing keys live in a Secret too: made when absent (Opaque, labelled),
+/// read back unchanged by the next controller, rotated at the resourceVersion read, a lost
+/// race answered by what the winner wrote, and a Secret it did not make left alone.
+#[tokio::test]
+async fn the_identity_keys_live_in_a_secret_every_controller_shares() {
+    use super::identity_secret::{self, IdentitySecretError};
+    use k8s_openapi::api::core::v1::Secret;
+    const DAY: i64 = 24 * 3600;
+    let now: i64 = 1_800_000_000;
+    let (client, mut handle) = mock_client();
+    let api: kube::Api<Secret> = kube::Api::namespaced(client, "toolgrid");
+    let path = "/api/v1/namespaces/toolgrid/secrets/toolgrid-identity-keys";
+    let ensure = |api: &kube::Api<Secret>, at: i64| {
+        let api = api.clone();
+        tokio::spawn(
+            async move { identity_secret::ensure(&api, "toolgrid-identity-keys", at).await },
+        )
+    };
+    let stored = |secret: &Value, version: &str| {
+        let mut secret = secret.clone();
+        secret["metadata"]["resourceVersion"] = json!(version);
+        secret
+    };
+    let kids = |keys: &toolgrid_control_plane::identity::SigningKeys| -> Vec<String> {
+        keys.published()
+            .iter()
+            .map(|(k, _)| k.to_string())
+            .collect()
+    };
+
+    // None yet: made, labelled, Opaque, one data key.
+    let task = ensure(&api, now);
+    let created =
+        expect_made_when_missing(&mut handle, path, "/api/v1/namespaces/toolgrid/secrets").await;
+    let first = task.await.unwrap().unwrap();
+    assert_eq!(created["type"], "Opaque");
+    assert_eq!(created["metadata"]["name"], "toolgrid-identity-keys");
+    assert_eq!(
+        created["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "toolgrid-controller"
+    );
+    let data = created["data"].as_object().unwrap();
+    assert_eq!(data.keys().collect::<Vec<_>>(), [identity_secret::DATA_KEY]);
+    let read: Secret = serde_json::from_value(stored(&created, "1")).unwrap();
+    assert_eq!(identity_secret::from_secret(&read).as_ref(), Some(&first));
+
+    // The next controller (a restart, another replica) reads the same keys, writes nothing.
+    let task = ensure(&api, now + DAY);
+    expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
+        stored(&created, "1")
+    })
+    .await;
+    expect_nothing(&mut handle).await;
+    let again = task.await.unwrap().unwrap();
+    assert_eq!(again, first);
+    assert_eq!(kids(&again), kids(&first));
+
+    // 31 days on the signing key is replaced (the old one still published), at the version
+    // read.
+    let later = now + 31 * DAY;
+    let task = ensure(&api, later);
+    expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
+        stored(&created, "1")
+    })
+    .await;
+    let replaced = expect(&mut handle, Method::PUT, path, &[], StatusCode::OK, |b| {
+        b.clone()
+    })
+    .await;
+    let rotated = task.await.unwrap().unwrap();
+    assert_eq!(replaced["metadata"]["resourceVersion"], "1");
+    assert_eq!(replaced["type"], "Opaque");
+    assert_ne!(rotated.current.kid, first.current.kid);
+    assert_eq!(rotated.previous[0].kid, first.current.kid);
+    let read: Secret = serde_json::from_value(stored(&replaced, "2")).unwrap();
+    assert_eq!(identity_secret::from_secret(&read).as_ref(), Some(&rotated));
+
+    // Losing that race (409): what the winner wrote is read and signed with.
+    let task = ensure(&api, later);
+    expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
+        stored(&created, "1")
+    })
+    .await;
+    expect(
+        &mut handle,
+        Method::PUT,
+        path,
+        &[],
+        StatusCode::CONFLICT,
+        |_| conflict(),
+    )
+    .await;
+    expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
+        stored(&replaced, "2")
+    })
+    .await;
+    expect_nothing(&mut handle).await;
+    let won = task.await.unwrap().unwrap();
+    assert_eq!(won, rotated);
+    assert_eq!(kids(&won), kids(&rotated));
+
+    // A Secret of that name someone else made is not overwritten.
+    let task = ensure(&api, now);
+    expect(&mut handle, Method::GET, path, &[], StatusCode::OK, |_| {
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "toolgrid-identity-keys", "resourceVersion": "9"}, "data": {"keys.json": "e30="}})
+    })
+    .await;
+    expect_nothing(&mut handle).await;
+    let error = task.await.unwrap().unwrap_err();
+    assert!(
+        matches!(&error, IdentitySecretError::NotOurs(name) if name == "toolgrid-identity-keys"),
+        "{error}"
+    );
+    assert!(error.to_string().contains("--identity-secret"), "{error}");
+}

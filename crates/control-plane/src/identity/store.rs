@@ -1,6 +1,7 @@
 //! The key set of `toolgrid up`: a file in the data directory ([`KEY_FILE`], mode 0600,
 //! replaced atomically), rotated at start and then hourly by [`IdentityKeys::spawn_rotation`].
-//! (In a cluster the keys will live in a Secret; not yet.)
+//! In a cluster the same document ([`to_file`], [`from_file`]) lives in a Secret the
+//! controller keeps and rotates; it swaps the set in with [`IdentityKeys::replace`].
 
 use super::IdentityClaims;
 use super::keys::{KeyError, PublicKey, SigningKey, SigningKeys, plan};
@@ -95,7 +96,7 @@ impl StoredKey {
 }
 
 /// Serializes `keys` as the key file holds them (private keys included).
-fn to_file(keys: &SigningKeys) -> Vec<u8> {
+pub fn to_file(keys: &SigningKeys) -> Vec<u8> {
     let file = KeyFile {
         version: 1,
         current: StoredKey::of(&keys.current),
@@ -116,7 +117,8 @@ fn to_file(keys: &SigningKeys) -> Vec<u8> {
     text
 }
 
-fn from_file(bytes: &[u8]) -> Result<SigningKeys, String> {
+/// The key set a document written by [`to_file`] holds, or why it is not one.
+pub fn from_file(bytes: &[u8]) -> Result<SigningKeys, String> {
     let file: KeyFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     if file.version != 1 {
         return Err(format!("version {}", file.version));
@@ -261,7 +263,8 @@ impl IdentityKeys {
         })
     }
 
-    /// A key set held in memory only (tests, and a cluster until its Secret storage).
+    /// A key set held in memory only (tests, and a cluster, whose controller keeps it in a
+    /// Secret and swaps rotations in with [`IdentityKeys::replace`]).
     pub fn in_memory(keys: SigningKeys) -> IdentityKeys {
         IdentityKeys {
             keys: Arc::new(RwLock::new(keys)),
@@ -290,6 +293,15 @@ impl IdentityKeys {
         super::jwks::jwks(&self.read())
     }
 
+    /// Swaps in `keys` (stored elsewhere already), for every clone of this handle: the next
+    /// token is signed, and the next JWKS published, from it.
+    pub fn replace(&self, keys: SigningKeys) {
+        *self
+            .keys
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = keys;
+    }
+
     /// Applies the rotation plan for `now`: the new set is saved first (when there is a
     /// file), then swapped in. Whether anything changed.
     pub fn rotate(&self, now: i64) -> Result<bool, StoreError> {
@@ -305,10 +317,7 @@ impl IdentityKeys {
         }
         let signing = &keys.current.kid;
         tracing::info!(?step, from = %kid, %signing, "identity signing keys rotated");
-        *self
-            .keys
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = keys;
+        self.replace(keys);
         Ok(true)
     }
 
@@ -423,6 +432,22 @@ mod tests {
         assert!(
             !debug.contains(&secret) && debug.contains(&now.current.kid),
             "{debug}"
+        );
+    }
+
+    #[test]
+    fn a_set_stored_elsewhere_reads_back_and_swaps_in_for_every_clone() {
+        let keys = SigningKeys::fresh(NOW).unwrap();
+        assert_eq!(from_file(&to_file(&keys)).unwrap(), keys);
+        assert!(from_file(b"{}").is_err());
+        let handle = IdentityKeys::in_memory(keys.clone());
+        let other = handle.clone();
+        let rotated = keys.advance(plan(None, NOW), NOW + 30 * D).unwrap();
+        handle.replace(rotated.clone());
+        assert_eq!(other.snapshot(), rotated);
+        assert_eq!(
+            other.jwks()["keys"][0]["kid"],
+            Value::from(rotated.current.kid.clone())
         );
     }
 }
