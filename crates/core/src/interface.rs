@@ -30,6 +30,33 @@ impl FieldError {
     }
 }
 
+/// Which names a command's arguments may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgumentNames {
+    /// A Tool's own commands: kebab-case ([`is_kebab`]).
+    Declared,
+    /// An imported tool's (from an MCP server or an OpenAPI document): the upstream's
+    /// names as they are, within what models accept
+    /// ([`crate::source::valid_argument_name`]).
+    Imported,
+}
+
+impl ArgumentNames {
+    fn admits(self, name: &str) -> bool {
+        match self {
+            ArgumentNames::Declared => is_kebab(name),
+            ArgumentNames::Imported => crate::source::valid_argument_name(name),
+        }
+    }
+
+    fn rule(self) -> &'static str {
+        match self {
+            ArgumentNames::Declared => "lowercase letters, digits and dashes",
+            ArgumentNames::Imported => "letters, digits, '-' and '_', at most 64",
+        }
+    }
+}
+
 /// True for names like `max-bytes`: lowercase letters, digits and inner dashes.
 pub fn is_kebab(name: &str) -> bool {
     !name.is_empty()
@@ -195,6 +222,15 @@ impl CommandInterface {
     /// Checks a command definition (`field` is its path, e.g. `spec.commands[0]`) and
     /// compiles its schemas.
     pub fn compile(command: &Command, field: &str) -> Result<Self, FieldError> {
+        CommandInterface::compile_with(command, field, ArgumentNames::Declared)
+    }
+
+    /// [`CommandInterface::compile`] with the argument-name rule `names`.
+    pub fn compile_with(
+        command: &Command,
+        field: &str,
+        argument_names: ArgumentNames,
+    ) -> Result<Self, FieldError> {
         if !is_kebab(&command.name) {
             return Err(FieldError::new(
                 format!("{field}.name"),
@@ -207,11 +243,12 @@ impl CommandInterface {
         let mut names: BTreeMap<String, String> = BTreeMap::new();
         let mut shorts: BTreeMap<char, String> = BTreeMap::new();
         let mut claim = |name: &str, at: String| -> Result<(), FieldError> {
-            if !is_kebab(name) {
+            if !argument_names.admits(name) {
                 return Err(FieldError::new(
                     format!("{at}.name"),
                     format!(
-                        "{name:?} is not a valid argument name (lowercase letters, digits and dashes)"
+                        "{name:?} is not a valid argument name ({})",
+                        argument_names.rule()
                     ),
                 ));
             }

@@ -116,7 +116,10 @@ pub fn read_mcp_tools(
             continue;
         }
         match import(tool, overrides, limits) {
-            Ok(imported) => snapshot.tools.push(imported),
+            Ok(imported) => match super::callable(imported) {
+                Ok(imported) => snapshot.tools.push(imported),
+                Err(left_out) => snapshot.left_out.push(left_out),
+            },
             Err((reason, message)) => snapshot.left_out.push(left_out(reason, message)),
         }
     }
@@ -326,6 +329,28 @@ mod tests {
         assert_eq!(
             tool.command.result,
             Some(json!({"type": "object", "properties": {"sum": {"type": "number"}}}))
+        );
+    }
+
+    #[test]
+    fn a_tool_toolgrid_could_not_call_is_left_out() {
+        let snapshot = read(&[
+            json!({"name": "camel", "inputSchema": {"type": "object", "properties": {"petId": {"type": "integer"}}}}),
+            json!({"name": "broken", "inputSchema": {"type": "object", "properties": {"x": {"type": "nonsense"}}}}),
+        ]);
+        assert_eq!(snapshot.tools.len(), 1);
+        assert_eq!(snapshot.tools[0].command.options[0].name, "petId");
+        assert_eq!(snapshot.left_out[0].name, "broken");
+        assert_eq!(
+            snapshot.left_out[0].reason,
+            LeftOutReason::UnsupportedSchema
+        );
+        assert!(
+            snapshot.left_out[0]
+                .message
+                .contains("not a valid JSON Schema"),
+            "{}",
+            snapshot.left_out[0].message
         );
     }
 

@@ -4,3 +4,19 @@
 
 pub mod mcp;
 pub mod openapi;
+
+use toolgrid_core::interface::{ArgumentNames, CommandInterface};
+use toolgrid_core::source::{ImportedTool, LeftOut, LeftOutReason};
+
+/// `tool` if its command compiles as toolgrid calls it (argument names, every schema a
+/// valid JSON Schema), else why it is left out: what a source offers must be callable.
+fn callable(tool: ImportedTool) -> Result<ImportedTool, LeftOut> {
+    match CommandInterface::compile_with(&tool.command, "command", ArgumentNames::Imported) {
+        Ok(_) => Ok(tool),
+        Err(error) => Err(LeftOut {
+            name: tool.name,
+            reason: LeftOutReason::UnsupportedSchema,
+            message: format!("{}: {}", error.field, error.message),
+        }),
+    }
+}

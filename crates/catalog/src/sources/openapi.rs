@@ -137,7 +137,10 @@ pub fn read_openapi(
         };
         match import(&schemas, operation, id, effect, limits) {
             Err(problem) => snapshot.left_out.push(problem.left_out(id)),
-            Ok(tool) => snapshot.tools.push(tool),
+            Ok(tool) => match super::callable(tool) {
+                Ok(tool) => snapshot.tools.push(tool),
+                Err(left_out) => snapshot.left_out.push(left_out),
+            },
         }
     }
     Ok(snapshot)
