@@ -30,6 +30,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "toolgrid-proto",
             "toolgrid-store",
             "toolgrid-sandbox",
+            "toolgrid-upstream",
         ],
     ),
     (

@@ -6,6 +6,7 @@
 //! | [`auth`] | authenticating callers' and workers' tokens (join secret, ServiceAccounts, OAuth) |
 //! | [`scheduler`] | the scheduler's driver (around `toolgrid_core::scheduler`'s state machine) and the worker link |
 //! | [`source`] | the manifest directory as a resource source |
+//! | [`tool_sources`] | reading a ToolSource's offer (an MCP server, an OpenAPI document), each failure named |
 //! | [`artifacts`] | checked release artifacts into the store |
 //! | [`identity`] | signed per-call identity tokens for upstreams, their keys and JWKS |
 //! | [`platform`] | one control plane wired together, local worker processes, TLS, retention |
@@ -19,3 +20,4 @@ pub mod metrics;
 pub mod platform;
 pub mod scheduler;
 pub mod source;
+pub mod tool_sources;

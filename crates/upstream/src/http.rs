@@ -135,6 +135,70 @@ pub fn build_request(
     })
 }
 
+/// Why a document could not be fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error(transparent)]
+    Egress(#[from] crate::egress::EgressError),
+    #[error("GET {url}: {message}")]
+    Transport { url: String, message: String },
+    #[error("GET {url}: timed out")]
+    Timeout { url: String },
+    #[error("GET {url}: the server answered HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("GET {url}: larger than {limit} bytes")]
+    TooLarge { url: String, limit: usize },
+}
+
+/// The body of `GET url` (an OpenAPI document), through checked egress, at most `limit`
+/// bytes, within `timeout`.
+pub async fn fetch_document(
+    url: &str,
+    egress: crate::egress::EgressPolicy,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<Vec<u8>, FetchError> {
+    let parsed = crate::egress::parse(url, egress)?;
+    let client = crate::egress::client_for(&parsed, egress, timeout).await?;
+    let shown = parsed.to_string();
+    let failed = |e: reqwest::Error| {
+        if e.is_timeout() {
+            FetchError::Timeout { url: shown.clone() }
+        } else {
+            FetchError::Transport {
+                url: shown.clone(),
+                message: e.without_url().to_string(),
+            }
+        }
+    };
+    let mut response = client
+        .get(parsed.clone())
+        .header(
+            "accept",
+            "application/json, application/yaml;q=0.9, */*;q=0.5",
+        )
+        .send()
+        .await
+        .map_err(failed)?;
+    if !response.status().is_success() {
+        return Err(FetchError::Status {
+            url: shown,
+            status: response.status().as_u16(),
+        });
+    }
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(FetchError::TooLarge { url: shown, limit });
+    }
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(failed)? {
+        bytes.extend_from_slice(&chunk);
+        if bytes.len() > limit {
+            return Err(FetchError::TooLarge { url: shown, limit });
+        }
+    }
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -84,6 +84,8 @@ pub enum McpError {
     Egress(#[from] EgressError),
     #[error("{method}: {message}")]
     Transport { method: String, message: String },
+    #[error("{method}: no answer within the time allowed")]
+    Timeout { method: String },
     #[error("{method}: the server answered HTTP {status}")]
     Status { method: String, status: u16 },
     #[error("{method}: the answer is larger than {limit} bytes")]
@@ -301,10 +303,7 @@ impl Conversation<'_> {
             .body(body.to_string())
             .send()
             .await
-            .map_err(|e| McpError::Transport {
-                method: method.into(),
-                message: without_url(&e),
-            })
+            .map_err(|e| transport(method, &e))
     }
 
     /// Sends one request and reads its result.
@@ -348,10 +347,7 @@ impl Conversation<'_> {
         let limit = self.server.limits.max_response_bytes;
         let mut bytes = Vec::new();
         let mut answer = None;
-        while let Some(chunk) = response.chunk().await.map_err(|e| McpError::Transport {
-            method: method.into(),
-            message: without_url(&e),
-        })? {
+        while let Some(chunk) = response.chunk().await.map_err(|e| transport(method, &e))? {
             bytes.extend_from_slice(&chunk);
             if bytes.len() > limit {
                 return Err(McpError::TooLarge {
@@ -498,6 +494,20 @@ fn result_of(method: &str, answer: Value, status: u16) -> Result<Value, McpError
             method: method.into(),
             message: "no `result` object".into(),
         }),
+    }
+}
+
+/// A failed exchange: a timeout, or another transport error.
+fn transport(method: &str, error: &reqwest::Error) -> McpError {
+    if error.is_timeout() {
+        McpError::Timeout {
+            method: method.into(),
+        }
+    } else {
+        McpError::Transport {
+            method: method.into(),
+            message: without_url(error),
+        }
     }
 }
 

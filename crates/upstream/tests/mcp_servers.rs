@@ -224,6 +224,6 @@ async fn garbage_and_silence_are_named_errors() {
     ));
     assert!(matches!(
         with_limits(silent, limits).list_tools().await,
-        Err(McpError::Transport { .. })
+        Err(McpError::Timeout { .. })
     ));
 }
