@@ -19,7 +19,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("toolgrid-upstream", &["toolgrid-core"]),
     (
         "toolgrid-worker",
-        &["toolgrid-core", "toolgrid-proto", "toolgrid-sandbox"],
+        &[
+            "toolgrid-core",
+            "toolgrid-proto",
+            "toolgrid-sandbox",
+            "toolgrid-upstream",
+        ],
     ),
     (
         "toolgrid-control-plane",

@@ -19,9 +19,9 @@ use toolgrid_core::secret::SecretValue;
 pub const MODERN_VERSION: &str = "2026-07-28";
 /// The session revision asked for in `initialize`.
 pub const LEGACY_VERSION: &str = "2025-11-25";
-const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
-const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+pub const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+pub const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 
 /// Which era to speak.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -386,6 +386,31 @@ impl Conversation<'_> {
     }
 }
 
+/// The JSON-RPC body of a stateless (2026-07-28) `tools/call` of `tool` with `arguments`,
+/// request id 1, `meta` added to the envelope's `_meta`: one self-contained request, which
+/// the worker's runner sends (and records, and replays) as one HTTP exchange.
+pub fn stateless_call_body(
+    tool: &str,
+    arguments: Value,
+    meta: serde_json::Map<String, Value>,
+) -> Value {
+    let mut envelope = serde_json::Map::from_iter([
+        (META_PROTOCOL_VERSION.to_string(), json!(MODERN_VERSION)),
+        (META_CLIENT_CAPABILITIES.to_string(), json!({})),
+        (
+            META_CLIENT_INFO.to_string(),
+            json!({"name": "toolgrid", "version": env!("CARGO_PKG_VERSION")}),
+        ),
+    ]);
+    envelope.extend(meta);
+    json!({
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments, "_meta": envelope},
+    })
+}
+
 /// Why a `tools/call` result is not a value.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ToolOutcomeError {
@@ -443,7 +468,7 @@ pub fn outcome_of(result: &Value) -> Result<Value, ToolOutcomeError> {
 
 /// The JSON-RPC answer to `id` in the (possibly partial) event stream `bytes`, if it has
 /// arrived.
-fn answer_in_stream(bytes: &[u8], id: u64) -> Option<Value> {
+pub fn answer_in_stream(bytes: &[u8], id: u64) -> Option<Value> {
     let text = String::from_utf8_lossy(bytes);
     let text = text.replace("\r\n", "\n");
     // Only complete events (ended by a blank line) count.
@@ -470,7 +495,7 @@ fn answer_in_stream(bytes: &[u8], id: u64) -> Option<Value> {
 }
 
 /// The `result` of a JSON-RPC answer, or its error.
-fn result_of(method: &str, answer: Value, status: u16) -> Result<Value, McpError> {
+pub fn result_of(method: &str, answer: Value, status: u16) -> Result<Value, McpError> {
     if let Some(error) = answer.get("error") {
         return Err(McpError::Rpc {
             method: method.into(),
