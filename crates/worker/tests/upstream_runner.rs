@@ -228,6 +228,12 @@ async fn http_api() -> (u16, Arc<std::sync::Mutex<Vec<String>>>) {
                 }) {
                     seen.lock().unwrap().push(key);
                 }
+                if let Some(auth) = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("authorization: ").map(str::to_string))
+                {
+                    seen.lock().unwrap().push(format!("authorization: {auth}"));
+                }
                 let body_in = text
                     .split("\r\n\r\n")
                     .nth(1)
@@ -294,7 +300,11 @@ async fn an_openapi_call_places_its_arguments_and_a_non_2xx_is_the_tools_error()
     assert_eq!(value["line"], "PUT /api/orders/a%2Fb HTTP/1.1");
     assert_eq!(value["tag"], "t1");
     assert_eq!(value["body"], r#"{"qty":2}"#);
-    assert_eq!(*keys.lock().unwrap(), ["toolgrid-call-1-1"]);
+    assert_eq!(
+        *keys.lock().unwrap(),
+        ["toolgrid-call-1-1"],
+        "the key, and no credential the call was not given"
+    );
 
     let (missing, _, _) = host(port, true, Vec::new());
     let failed = call_http(&missing, &operation("/missing/{id}"), &base, &args).await;
@@ -307,5 +317,79 @@ async fn an_openapi_call_places_its_arguments_and_a_non_2xx_is_the_tools_error()
     assert!(
         matches!(refused, Err(UpstreamRunError::Arguments(_))),
         "{refused:?}"
+    );
+}
+
+/// A source's credential is a header the runner's egress rule declares with a secret
+/// reference (as a release declares one): substituted as the request leaves, never in the
+/// oplog, and an argument cannot smuggle a reference of its own.
+#[tokio::test]
+async fn the_sources_credential_goes_as_a_declared_header_and_never_into_the_oplog() {
+    use std::collections::BTreeMap;
+    use toolgrid_core::secret::SecretValue;
+    use toolgrid_sandbox::secrets::CallSecrets;
+    const TOKEN: &str = "upstream-token-9f3e7c1a";
+    let (port, seen) = http_api().await;
+    toolgrid_proto::tls::install_provider();
+    let log = HostLog::new(Vec::new());
+    let sink = Arc::new(MemorySink::default());
+    let egress = Egress::new(vec![EgressRule {
+        host: "127.0.0.1".into(),
+        ports: vec![port],
+        allow_private: true,
+        headers: BTreeMap::from([(
+            "authorization".to_string(),
+            "Bearer ${secret:api-token}".to_string(),
+        )]),
+    }]);
+    let host = HttpHost::new(
+        "call-1".into(),
+        1,
+        true,
+        egress,
+        log.clone(),
+        sink.clone(),
+        Duration::from_secs(10),
+    )
+    .with_secrets(Arc::new(CallSecrets::new(BTreeMap::from([(
+        "api-token".to_string(),
+        SecretValue::new(TOKEN),
+    )]))));
+    let operation = HttpOperation {
+        method: HttpMethod::Put,
+        path: "/orders/{id}".into(),
+        parameters: vec![HttpParameter {
+            name: "id".into(),
+            option: "id".into(),
+            location: ParameterLocation::Path,
+            required: true,
+        }],
+        body: None,
+    };
+    let args: Map<String, Value> = json!({"id": "${secret:api-token}"})
+        .as_object()
+        .unwrap()
+        .clone();
+    call_http(
+        &host,
+        &operation,
+        &format!("http://127.0.0.1:{port}/api"),
+        &args,
+    )
+    .await
+    .expect("the call");
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.contains(&format!("authorization: Bearer {TOKEN}")),
+        "the upstream got the credential: {seen:?}"
+    );
+    let recorded = format!("{:?}", oplog(&log, &sink));
+    assert!(
+        !recorded.contains(TOKEN),
+        "the oplog holds no credential: {recorded}"
+    );
+    assert!(
+        recorded.contains("%24%7Bsecret%3Aapi-token%7D"),
+        "the argument went out as written, not substituted: {recorded}"
     );
 }
