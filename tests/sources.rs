@@ -139,30 +139,10 @@ async fn the_reference_server_is_listed_imported_and_called_in_a_legacy_session(
 
 #[tokio::test]
 async fn a_python_server_of_the_2026_era_is_imported_with_effects_from_its_annotations() {
-    if !common::require(
-        "python3 with the `mcp` package (pip install mcp==2.3.0)",
-        std::process::Command::new("python3")
-            .args(["-c", "import mcp.server.mcpserver"])
-            .status()
-            .is_ok_and(|s| s.success()),
-    ) {
+    let Some(upstream) = toolgrid_testkit::mcp_upstream::McpUpstream::start() else {
         return;
-    }
-    let port = free_port();
-    let _upstream = Upstream(
-        std::process::Command::new("python3")
-            .arg(
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("tests/fixtures/mcp/upstream_server.py"),
-            )
-            .args(["--port", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3"),
-    );
-    wait_for(port);
-    let server = loopback(format!("http://127.0.0.1:{port}/mcp"), Era::Auto);
+    };
+    let server = loopback(upstream.url(), Era::Auto);
     let listing = server.list_tools().await.expect("tools/list");
     assert_eq!(listing.era, Era::Modern);
     let overrides = BTreeMap::from([("fail".to_string(), Effect::Read)]);

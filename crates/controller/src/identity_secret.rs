@@ -11,10 +11,10 @@
 //! ([`toolgrid_control_plane::identity::store::to_file`]). A Secret of that name the
 //! controller did not make is never overwritten: start-up fails and says so.
 
-use crate::tls_secret::{CHECK_EVERY, MANAGED_BY, unix_now};
+use crate::owned_secret::{self, CHECK_EVERY, MANAGED_BY, Refusal, Step, unix_now};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::Api;
 use std::collections::BTreeMap;
 use toolgrid_control_plane::identity::keys::KeyError;
 use toolgrid_control_plane::identity::store::{from_file, to_file};
@@ -22,9 +22,6 @@ use toolgrid_control_plane::identity::{self, IdentityKeys, SigningKeys};
 
 /// The Secret's one data key.
 pub const DATA_KEY: &str = "keys.json";
-/// How many times a write that lost a race (another controller wrote first) is retried.
-const ATTEMPTS: u32 = 5;
-
 /// Why the Secret cannot be made or kept.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentitySecretError {
@@ -46,11 +43,7 @@ pub enum IdentitySecretError {
 /// `keys` as the Secret `name` (with no resourceVersion).
 pub fn to_secret(name: &str, keys: &SigningKeys) -> Secret {
     Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())].into()),
-            ..ObjectMeta::default()
-        },
+        metadata: owned_secret::metadata(name),
         type_: Some("Opaque".into()),
         data: Some(BTreeMap::from([(
             DATA_KEY.to_string(),
@@ -74,16 +67,6 @@ pub fn from_secret(secret: &Secret) -> Option<SigningKeys> {
     }
 }
 
-/// Whether the controller made `secret`.
-fn is_ours(secret: &Secret) -> bool {
-    secret
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(MANAGED_BY.0))
-        .is_some_and(|v| v == MANAGED_BY.1)
-}
-
 /// The key set in Secret `name` made current at `now` (unix seconds): read, created when
 /// absent, rotated when [`identity::plan`] says so. Writes are conditional (create, or
 /// replace at the resourceVersion read), so of two controllers writing at once one wins
@@ -93,37 +76,32 @@ pub async fn ensure(
     name: &str,
     now: i64,
 ) -> Result<SigningKeys, IdentitySecretError> {
-    for _ in 0..ATTEMPTS {
-        let stored = api.get_opt(name).await?;
-        if let Some(secret) = &stored
-            && !is_ours(secret)
-        {
-            return Err(IdentitySecretError::NotOurs(name.to_string()));
-        }
-        let keys = stored.as_ref().and_then(from_secret);
-        let plan = identity::plan(keys.as_ref(), now);
-        let keys = match keys {
-            Some(keys) if plan.is_keep() => return Ok(keys),
-            Some(keys) => keys.advance(plan, now)?,
-            None => SigningKeys::fresh(now)?,
-        };
-        tracing::info!(secret = name, ?plan, signing = %keys.current.kid, "writing the identity signing keys");
-        let mut secret = to_secret(name, &keys);
-        let written = match stored {
-            None => api.create(&PostParams::default(), &secret).await,
-            Some(stored) => {
-                secret.metadata.resource_version = stored.metadata.resource_version;
-                api.replace(name, &PostParams::default(), &secret).await
-            }
-        };
-        match written {
-            Ok(_) => return Ok(keys),
-            // Another controller wrote first: read what it wrote.
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(error) => return Err(error.into()),
+    owned_secret::ensure(
+        api,
+        name,
+        from_secret,
+        |keys: Option<SigningKeys>| {
+            let plan = identity::plan(keys.as_ref(), now);
+            let next = match keys {
+                Some(keys) if plan.is_keep() => return Ok(Step::Keep(keys)),
+                Some(keys) => keys.advance(plan, now)?,
+                None => SigningKeys::fresh(now)?,
+            };
+            tracing::info!(secret = name, ?plan, signing = %next.current.kid, "writing the identity signing keys");
+            Ok(Step::Write(next))
+        },
+        |keys| to_secret(name, keys),
+    )
+    .await
+}
+
+impl From<Refusal> for IdentitySecretError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::NotOurs(name) => IdentitySecretError::NotOurs(name),
+            Refusal::Contended(name) => IdentitySecretError::Contended(name),
         }
     }
-    Err(IdentitySecretError::Contended(name.to_string()))
 }
 
 /// Keeps `keys` current with Secret `name` every [`CHECK_EVERY`] until aborted: what

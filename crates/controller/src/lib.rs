@@ -12,6 +12,7 @@ pub mod identity_secret;
 pub mod leader;
 #[cfg(test)]
 mod mock;
+pub mod owned_secret;
 pub mod reconcile;
 pub mod review;
 pub mod review_cache;
@@ -222,8 +223,9 @@ async fn lead(
     // same for every replica and restart: kept in a Secret, rotated by the leader.
     {
         let api = Api::namespaced(client.clone(), &settings.pod_namespace);
-        let keys = identity_secret::ensure(&api, &settings.identity_secret, tls_secret::unix_now())
-            .await?;
+        let keys =
+            identity_secret::ensure(&api, &settings.identity_secret, owned_secret::unix_now())
+                .await?;
         tracing::info!(secret = %settings.identity_secret, signing = %keys.current.kid, "identity signing keys loaded");
         let keys = toolgrid_control_plane::identity::IdentityKeys::in_memory(keys);
         control_plane.gateway.set_identity(keys.clone());
@@ -266,7 +268,7 @@ async fn lead(
                 &api,
                 &self_signed.secret,
                 &self_signed.names,
-                tls_secret::unix_now(),
+                owned_secret::unix_now(),
             )
             .await?;
             let tls = toolgrid_control_plane::platform::tls::ServerTls::from_bundle(&bundle)

@@ -11,22 +11,15 @@
 //! controller did not make is never overwritten: start-up fails and says so.
 
 use crate::deployment::WorkerCa;
+use crate::owned_secret::{self, CHECK_EVERY, MANAGED_BY, Refusal, Step, unix_now};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::Api;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::time::Duration;
 use toolgrid_control_plane::platform::ca::{self, Authority, Bundle, CaError};
 use toolgrid_control_plane::platform::tls::ServerTls;
 use toolgrid_core::secret::SecretValue;
-
-/// The label that marks the Secret as the controller's.
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "toolgrid-controller");
-/// How often the leader looks at the Secret again (and at most how late a renewal is).
-pub const CHECK_EVERY: Duration = Duration::from_secs(3600);
-/// How many times a write that lost a race (another controller wrote first) is retried.
-const ATTEMPTS: u32 = 5;
 
 /// Why the Secret cannot be made or kept.
 #[derive(Debug, thiserror::Error)]
@@ -104,25 +97,11 @@ pub fn to_secret(name: &str, bundle: &Bundle) -> Secret {
         serde_json::to_string(&dates).unwrap_or_default().as_bytes(),
     );
     Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())].into()),
-            ..ObjectMeta::default()
-        },
+        metadata: owned_secret::metadata(name),
         type_: Some("kubernetes.io/tls".into()),
         data: Some(data),
         ..Secret::default()
     }
-}
-
-/// Whether the controller made `secret`.
-fn is_ours(secret: &Secret) -> bool {
-    secret
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(MANAGED_BY.0))
-        .is_some_and(|v| v == MANAGED_BY.1)
 }
 
 /// The bundle `secret` holds; `None` when a part is missing or does not read (rotation then
@@ -173,49 +152,36 @@ pub async fn ensure(
     names: &[String],
     now: i64,
 ) -> Result<Bundle, TlsSecretError> {
-    for _ in 0..ATTEMPTS {
-        let stored = api.get_opt(name).await?;
-        if let Some(secret) = &stored
-            && !is_ours(secret)
-        {
-            return Err(TlsSecretError::NotOurs(name.to_string()));
-        }
-        let bundle = stored.as_ref().and_then(from_secret);
-        let plan = ca::plan(bundle.as_ref(), names, now);
-        let bundle = match bundle {
-            Some(bundle) if plan.is_keep() => return Ok(bundle),
-            Some(bundle) => bundle.advance(plan, names, now)?,
-            None => Bundle::fresh(names, now)?,
-        };
-        tracing::info!(
-            secret = name,
-            ?plan,
-            "writing the control plane's CA and certificate"
-        );
-        let mut secret = to_secret(name, &bundle);
-        let written = match stored {
-            None => api.create(&PostParams::default(), &secret).await,
-            Some(stored) => {
-                secret.metadata.resource_version = stored.metadata.resource_version;
-                api.replace(name, &PostParams::default(), &secret).await
-            }
-        };
-        match written {
-            Ok(_) => return Ok(bundle),
-            // Another controller wrote first: read what it wrote.
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(error) => return Err(error.into()),
-        }
-    }
-    Err(TlsSecretError::Contended(name.to_string()))
+    owned_secret::ensure(
+        api,
+        name,
+        from_secret,
+        |bundle: Option<Bundle>| {
+            let plan = ca::plan(bundle.as_ref(), names, now);
+            let next = match bundle {
+                Some(bundle) if plan.is_keep() => return Ok(Step::Keep(bundle)),
+                Some(bundle) => bundle.advance(plan, names, now)?,
+                None => Bundle::fresh(names, now)?,
+            };
+            tracing::info!(
+                secret = name,
+                ?plan,
+                "writing the control plane's CA and certificate"
+            );
+            Ok(Step::Write(next))
+        },
+        |bundle| to_secret(name, bundle),
+    )
+    .await
 }
 
-/// Unix seconds now.
-pub fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or_default()
+impl From<Refusal> for TlsSecretError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::NotOurs(name) => TlsSecretError::NotOurs(name),
+            Refusal::Contended(name) => TlsSecretError::Contended(name),
+        }
+    }
 }
 
 /// Keeps `tls` and `workers` current with Secret `name` every [`CHECK_EVERY`], from

@@ -2,6 +2,7 @@
 //! dependency): the rule for a prerequisite the machine may lack ([`require`], [`under_ci`])
 //! and the test PostgreSQL server ([`postgres`]).
 
+pub mod mcp_upstream;
 pub mod postgres;
 
 /// Whether CI runs these tests (`CI=true`, as CI services set it): then nothing may skip.

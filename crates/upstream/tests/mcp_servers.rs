@@ -6,70 +6,10 @@
 //! skips with the reason, except under `CI=true`, where it fails.
 
 use serde_json::{Value, json};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use toolgrid_testkit::mcp_upstream::McpUpstream;
 use toolgrid_upstream::egress::{EgressError, EgressPolicy};
 use toolgrid_upstream::mcp::{Era, McpError, McpLimits, McpServer, ToolOutcomeError, outcome_of};
-
-struct Upstream {
-    child: Child,
-    port: u16,
-    counts: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn repo() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Starts the fixture server, or says why it cannot (a skip, unless CI=true).
-fn start() -> Option<Upstream> {
-    let have = Command::new("python3")
-        .args(["-c", "import mcp.server.mcpserver"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !have {
-        let reason = "python3 with the `mcp` package (pip install mcp==2.3.0) is missing";
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{reason}");
-        }
-        eprintln!("skipped: {reason}");
-        return None;
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
-    let counts = dir.path().join("counts.json");
-    let child = Command::new("python3")
-        .arg(repo().join("tests/fixtures/mcp/upstream_server.py"))
-        .args(["--port", &port.to_string(), "--counts"])
-        .arg(&counts)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "the upstream did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Some(Upstream {
-        child,
-        port,
-        counts,
-        _dir: dir,
-    })
-}
 
 fn server(port: u16, era: Era) -> McpServer {
     McpServer {
@@ -87,7 +27,9 @@ fn server(port: u16, era: Era) -> McpServer {
 
 #[tokio::test]
 async fn lists_and_calls_in_both_eras() {
-    let Some(upstream) = start() else { return };
+    let Some(upstream) = McpUpstream::start() else {
+        return;
+    };
     for (era, expect) in [
         (Era::Auto, Era::Modern),
         (Era::Modern, Era::Modern),
@@ -133,7 +75,9 @@ async fn lists_and_calls_in_both_eras() {
 
 #[tokio::test]
 async fn the_idempotency_key_reaches_the_upstream_in_meta() {
-    let Some(upstream) = start() else { return };
+    let Some(upstream) = McpUpstream::start() else {
+        return;
+    };
     let server = server(upstream.port, Era::Auto);
     for key in ["call-1", "call-2", "call-1"] {
         let meta =
@@ -150,7 +94,9 @@ async fn the_idempotency_key_reaches_the_upstream_in_meta() {
 
 #[tokio::test]
 async fn loopback_and_plain_http_are_refused_by_default() {
-    let Some(upstream) = start() else { return };
+    let Some(upstream) = McpUpstream::start() else {
+        return;
+    };
     let mut refused = server(upstream.port, Era::Auto);
     refused.egress = EgressPolicy::default();
     assert!(matches!(

@@ -9,9 +9,8 @@
 //! Without python3 and `mcp` the MCP part skips with the reason, except under `CI=true`.
 
 use serde_json::{Map, Value, json};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use toolgrid_core::call::OplogEntry;
 use toolgrid_core::source::{HttpMethod, HttpOperation, HttpParameter, ParameterLocation};
 use toolgrid_core::spec::EgressRule;
@@ -19,62 +18,8 @@ use toolgrid_sandbox::egress::Egress;
 use toolgrid_sandbox::http::HttpHost;
 use toolgrid_sandbox::recorder::HostLog;
 use toolgrid_sandbox::runtime::MemorySink;
+use toolgrid_testkit::mcp_upstream::McpUpstream;
 use toolgrid_worker::upstream::{UpstreamRunError, call_http, call_mcp};
-
-struct Upstream {
-    child: Child,
-    port: u16,
-    counts: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn python_upstream() -> Option<Upstream> {
-    let have = Command::new("python3")
-        .args(["-c", "import mcp.server.mcpserver"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !have {
-        let reason = "python3 with the `mcp` package (pip install mcp==2.3.0) is missing";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{reason}");
-        eprintln!("skipped: {reason}");
-        return None;
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
-    let counts = dir.path().join("counts.json");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/mcp/upstream_server.py");
-    let child = Command::new("python3")
-        .arg(script)
-        .args(["--port", &port.to_string(), "--counts"])
-        .arg(&counts)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "the upstream did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Some(Upstream {
-        child,
-        port,
-        counts,
-        _dir: dir,
-    })
-}
 
 /// A call's HTTP host allowed to reach 127.0.0.1:`port`, replaying `oplog`.
 fn host(
@@ -111,14 +56,14 @@ fn oplog(log: &HostLog, sink: &MemorySink) -> Vec<OplogEntry> {
     entries
 }
 
-fn counts(upstream: &Upstream) -> Value {
+fn counts(upstream: &McpUpstream) -> Value {
     serde_json::from_slice(&std::fs::read(&upstream.counts).unwrap_or_else(|_| b"{}".to_vec()))
         .unwrap()
 }
 
 #[tokio::test]
 async fn an_mcp_call_is_recorded_replayed_and_never_repeated_unless_its_effect_allows() {
-    let Some(upstream) = python_upstream() else {
+    let Some(upstream) = McpUpstream::start() else {
         return;
     };
     let url = format!("http://127.0.0.1:{}/mcp", upstream.port);

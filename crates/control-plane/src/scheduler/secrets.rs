@@ -77,6 +77,40 @@ impl std::fmt::Debug for Delivery {
     }
 }
 
+/// The secret keys a call is granted and what its agent's Secret holds of them.
+struct Granted<'a> {
+    agent: &'a str,
+    /// Each key once, sorted.
+    keys: Vec<String>,
+    values: BTreeMap<String, SecretValue>,
+}
+
+/// What `access` grants, read through `source`; `None` when no key is granted (then no
+/// source is needed).
+fn granted<'a>(
+    access: &'a CallAccess,
+    namespace: &str,
+    source: Option<&dyn SecretSource>,
+) -> Result<Option<Granted<'a>>, SecretError> {
+    let keys: Vec<String> = access
+        .secret_keys()
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let agent = access.agent.as_deref().ok_or(SecretError::NoAgent)?;
+    let source = source.ok_or(SecretError::NoSource)?;
+    let values = source.values(namespace, agent, &keys)?;
+    Ok(Some(Granted {
+        agent,
+        keys,
+        values,
+    }))
+}
+
 /// Resolves what `access` grants into what the assignment carries. A revealable key takes
 /// the place of a config key of the same name.
 pub fn delivery(
@@ -88,18 +122,14 @@ pub fn delivery(
         env: access.config.clone(),
         secrets: HashMap::new(),
     };
-    let keys: Vec<String> = access
-        .secret_keys()
-        .cloned()
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    if keys.is_empty() {
+    let Some(Granted {
+        agent,
+        keys,
+        mut values,
+    }) = granted(access, namespace, source)?
+    else {
         return Ok(delivery);
-    }
-    let agent = access.agent.as_deref().ok_or(SecretError::NoAgent)?;
-    let source = source.ok_or(SecretError::NoSource)?;
-    let mut values = source.values(namespace, agent, &keys)?;
+    };
     let missing: Vec<String> = keys
         .iter()
         .filter(|key| !values.contains_key(*key))
@@ -146,19 +176,10 @@ pub fn scrubber(
     namespace: &str,
     source: Option<&dyn SecretSource>,
 ) -> Result<toolgrid_core::secret::scrub::Scrubber, SecretError> {
-    let keys: Vec<String> = access
-        .secret_keys()
-        .cloned()
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    if keys.is_empty() {
-        return Ok(Default::default());
-    }
-    let agent = access.agent.as_deref().ok_or(SecretError::NoAgent)?;
-    let source = source.ok_or(SecretError::NoSource)?;
-    let values = source.values(namespace, agent, &keys)?;
-    Ok(toolgrid_core::secret::scrub::Scrubber::new(values.values()))
+    Ok(match granted(access, namespace, source)? {
+        Some(granted) => toolgrid_core::secret::scrub::Scrubber::new(granted.values.values()),
+        None => Default::default(),
+    })
 }
 
 /// A fixed set of Secrets, by namespace and agent: for tests, and for a control plane fed
