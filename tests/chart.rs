@@ -384,6 +384,7 @@ fn the_kubernetes_examples_load_and_resolve_with_configmap_artifacts() {
         previous: &Default::default(),
         now: k8s_openapi::jiff::Timestamp::now(),
         identities: None,
+        source_reads: &Default::default(),
     });
     let not_ready: Vec<String> = snapshot
         .resources

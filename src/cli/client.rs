@@ -558,7 +558,7 @@ fn print_call(call: &proto::Call, output: &str) -> ExitCode {
 
 #[derive(clap::Args, Debug)]
 pub struct GetArgs {
-    /// tools, releases, pools, calls, bindings, agents or middleware.
+    /// tools, releases, pools, calls, bindings, agents, middleware or sources.
     kind: String,
     /// Only this resource (or call id).
     name: Option<String>,
@@ -1140,5 +1140,87 @@ mod tests {
         assert_eq!(args.stdin.as_deref(), Some("-"));
         assert_eq!(args.idempotency_key.as_deref(), Some("k1"));
         assert_eq!(args.endpoint.endpoint, "127.0.0.1:9");
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RefreshArgs {
+    /// The ToolSource (`NAME` or `NAMESPACE/NAME`).
+    source: String,
+    /// Namespace (default `default`).
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    /// `table` or `json`.
+    #[arg(long, short = 'o', default_value = "table")]
+    output: String,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+/// `toolgrid refresh SOURCE`: read a ToolSource's upstream again and say what changed.
+pub async fn refresh(args: RefreshArgs) -> ExitCode {
+    let (namespace, name) = match args.source.split_once('/') {
+        Some((ns, name)) => (ns.to_string(), name.to_string()),
+        None => (
+            args.namespace
+                .clone()
+                .unwrap_or_else(|| toolgrid_api::DEFAULT_NAMESPACE.to_string()),
+            args.source.clone(),
+        ),
+    };
+    let result = async {
+        let mut client = connect(&args.endpoint).await?;
+        let response = client
+            .refresh_source(proto::RefreshSourceRequest {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            })
+            .await
+            .map_err(|s| error_of(&s))?
+            .into_inner();
+        if args.output == "json" {
+            println!(
+                "{}",
+                pretty(&json!({
+                    "namespace": namespace, "name": name, "ready": response.ready,
+                    "reason": response.reason, "message": response.message,
+                    "tools": response.tools, "added": response.added,
+                    "removed": response.removed, "changed": response.changed,
+                    "refreshError": response.refresh_error,
+                }))
+            );
+        } else {
+            println!(
+                "toolsource {namespace}/{name}: Ready={} {}: {}",
+                response.ready, response.reason, response.message
+            );
+            if !response.refresh_error.is_empty() {
+                println!(
+                    "  the refresh failed ({}); the earlier tools are still served",
+                    response.refresh_error
+                );
+            }
+            for (sign, names) in [
+                ("+", &response.added),
+                ("-", &response.removed),
+                ("~", &response.changed),
+            ] {
+                for name in names {
+                    println!("  {sign} {name}");
+                }
+            }
+            if response.added.is_empty()
+                && response.removed.is_empty()
+                && response.changed.is_empty()
+            {
+                println!("  no change ({} tools)", response.tools);
+            }
+        }
+        Ok::<(), ApiError>(())
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
     }
 }

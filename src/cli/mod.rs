@@ -41,8 +41,12 @@ enum Commands {
     /// Call a tool: `toolgrid call TOOL [COMMAND] [ARGS...] [--stdin FILE|-]
     /// [--idempotency-key K] [--endpoint ADDR]`. Prints the result as JSON.
     Call(client::CallArgs),
-    /// List what is live: tools, releases, pools, calls, bindings, agents, middleware.
+    /// List what is live: tools, releases, pools, calls, bindings, agents, middleware,
+    /// sources.
     Get(client::GetArgs),
+    /// Read a ToolSource's upstream again (its tools change only then, or on a new
+    /// generation) and print what was added, removed and changed.
+    Refresh(client::RefreshArgs),
     /// Recent calls (same as `get calls`); `calls ID [--wait]` for one,
     /// `--awaiting-approval` for those waiting for a decision.
     Calls(client::CallsArgs),
@@ -120,6 +124,7 @@ pub fn main() -> ExitCode {
             Commands::Controller(args) => report(controller::run(*args).await),
             Commands::Call(args) => client::call(args).await,
             Commands::Get(args) => client::get(args).await,
+            Commands::Refresh(args) => client::refresh(args).await,
             Commands::Calls(args) => client::calls(args).await,
             Commands::Oplog(args) => client::oplog(args).await,
             Commands::Workspace(args) => workspace::run(args).await,

@@ -217,18 +217,28 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             idle: args.console_idle_timeout,
             lifetime: args.console_session_lifetime,
         });
+    let tls = ServerTls::from_args(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let listeners = Listeners::bind(args.listen, args.http_listen).await?;
     // The keys identity tokens for upstreams are signed with, published at
-    // /.well-known/jwks.json; rotated at start and hourly.
+    // /.well-known/jwks.json; rotated at start and hourly. Tokens name the platform's
+    // public URL as issuer (the HTTP port unless --mcp-public-url says otherwise).
     let identity = toolgrid_control_plane::identity::IdentityKeys::open(&data)
         .context("cannot load the identity signing keys")?;
     identity.spawn_rotation();
-    control_plane.gateway.set_identity(identity);
+    let issuer_url = match &args.mcp.mcp_public_url {
+        Some(url) => url.trim_end_matches('/').to_string(),
+        None => format!("{scheme}://{}", listeners.http.local_addr()?),
+    };
+    control_plane.gateway.set_identity(identity, issuer_url);
     let source = ManifestSource::new(
         manifests.clone(),
         store.clone(),
         control_plane.catalog.clone(),
-    );
+    )
+    .with_issuer(control_plane.gateway.issuer());
     source.reload().await.context("cannot load the manifests")?;
+    control_plane.gateway.set_source_refresher(source.clone());
     if let Some(retain) = args.retain {
         retention::spawn(store, control_plane.catalog.clone(), retain);
     }
@@ -245,8 +255,6 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     // present the new one (workers reading `--join-token-file` pick it up by themselves).
     let join = JoinSecret::generate();
     let token_file = write_join_token(&data, &join)?;
-    let tls = ServerTls::from_args(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
-    let scheme = if tls.is_some() { "https" } else { "http" };
     let join_token = join.expose().to_string();
     let security = Security {
         workers: Arc::new(join),
@@ -254,7 +262,6 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         mcp: args.mcp.config(),
     };
 
-    let listeners = Listeners::bind(args.listen, args.http_listen).await?;
     let (grpc, http, server) = control_plane.serve(listeners, security)?;
 
     let _pools = if args.no_workers {

@@ -218,8 +218,10 @@ STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance",
                    "app.kubernetes.io/part-of")
 CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "Namespace"}
 CRD_NAMES = {f"{p}.toolgrid.dev" for p in
-             ("tools", "toolreleases", "toolbindings", "middlewares", "agents", "workerpools")}
-KINDS = ["tools", "toolreleases", "toolbindings", "middlewares", "agents", "workerpools"]
+             ("tools", "toolreleases", "toolbindings", "middlewares", "agents", "workerpools",
+              "toolsources")}
+KINDS = ["tools", "toolreleases", "toolbindings", "middlewares", "agents", "workerpools",
+         "toolsources"]
 
 
 def perms(rules) -> set:
@@ -246,6 +248,7 @@ def expected_namespaced_perms() -> set:
         p |= {("toolgrid.dev", k, v, None) for v in ("get", "list", "watch")}
         p |= {("toolgrid.dev", f"{k}/status", v, None) for v in ("get", "patch", "update")}
     p.add(("toolgrid.dev", "toolreleases", "patch", None))
+    p.add(("toolgrid.dev", "toolsources", "patch", None))
     p.add(("toolgrid.dev", "toolreleases/finalizers", "update", None))
     for res in ("configmaps", "secrets", "serviceaccounts"):
         p |= {("", res, v, None) for v in ("get", "list", "watch")}

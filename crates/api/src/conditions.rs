@@ -89,6 +89,17 @@ reasons! {
     /// `tokenSecretRef` names a key its Secret does not have).
     MissingSecretKey: waiting,
     NoWorkers: waiting,
+    /// A ToolSource's upstream refused, was not reached, did not answer in time, answered
+    /// garbage or too much: it is read again later.
+    UpstreamRefused: waiting,
+    UpstreamUnreachable: waiting,
+    UpstreamTimeout: waiting,
+    UpstreamGarbage: waiting,
+    UpstreamTooLarge: waiting,
+    /// A ToolSource that has not been read yet.
+    SourcePending: waiting,
+    /// A ToolSource whose upstream was read: its tools are callable.
+    SourceRead: ready,
     // Ready=False, only a change to the object helps: Stalled
     InvalidSpec: stalled,
     DuplicateName: stalled,
@@ -113,6 +124,10 @@ reasons! {
     /// A Middleware with a CEL expression that does not compile (the message is the
     /// compiler's).
     InvalidExpression: stalled,
+    /// A ToolSource's OpenAPI document is not OpenAPI 3.0 or 3.1, or does not parse.
+    InvalidDocument: stalled,
+    /// A tool name a ToolSource imports is already a Tool of its namespace.
+    ImportedNameTaken: stalled,
     /// A binding's release declares egress headers that refer to a secret key the binding
     /// makes neither readable nor revealable (`network.egress[].headers`).
     UngrantedSecretReference: stalled,

@@ -12,6 +12,7 @@ pub fn all_crds() -> Vec<CustomResourceDefinition> {
         super::Middleware::crd(),
         super::Agent::crd(),
         super::WorkerPool::crd(),
+        super::ToolSource::crd(),
     ]
 }
 

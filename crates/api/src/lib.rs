@@ -1,4 +1,4 @@
-//! The six resource kinds of `toolgrid.dev/v1alpha1`, one file a kind.
+//! The seven resource kinds of `toolgrid.dev/v1alpha1`, one file a kind.
 //!
 //! These Rust types are the single source of truth: the CRDs in `crds/` and in the Helm
 //! chart are generated from them (`toolgrid crds`), and both resource sources (the
@@ -20,6 +20,8 @@ mod pool;
 mod release;
 #[allow(clippy::duplicated_attributes)]
 mod tool;
+#[allow(clippy::duplicated_attributes)]
+mod tool_source;
 
 pub use agent::{Agent, AgentSpec, AgentStatus, LocalObjectRef, Permission, SecretKeyRef};
 pub use binding::{
@@ -30,6 +32,10 @@ pub use middleware::{Middleware, MiddlewareSpec, MiddlewareStatus};
 pub use pool::{Autoscale, WorkerPool, WorkerPoolSpec, WorkerPoolStatus};
 pub use release::{ToolRelease, ToolReleaseSpec, ToolReleaseStatus};
 pub use tool::{Tool, ToolSpec, ToolStatus};
+pub use tool_source::{
+    McpSourceSpec, OpenApiDocument, OpenApiSourceSpec, REFRESH_ANNOTATION, SourceAuth,
+    SourceAuthType, SourceHeader, ToolSource, ToolSourceSpec, ToolSourceStatus,
+};
 
 /// The value types the kinds are made of are the domain's ([`toolgrid_core::spec`]): a
 /// kind and its fields can be named from here alike.
@@ -58,16 +64,18 @@ pub enum Kind {
     Middleware,
     Agent,
     WorkerPool,
+    ToolSource,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Tool,
         Kind::ToolRelease,
         Kind::ToolBinding,
         Kind::Middleware,
         Kind::Agent,
         Kind::WorkerPool,
+        Kind::ToolSource,
     ];
 
     /// The `kind:` field of a manifest.
@@ -79,6 +87,7 @@ impl Kind {
             Kind::Middleware => "Middleware",
             Kind::Agent => "Agent",
             Kind::WorkerPool => "WorkerPool",
+            Kind::ToolSource => "ToolSource",
         }
     }
 
@@ -99,6 +108,7 @@ impl Kind {
             Kind::Middleware => "middlewares",
             Kind::Agent => "agents",
             Kind::WorkerPool => "workerpools",
+            Kind::ToolSource => "toolsources",
         }
     }
 
@@ -110,6 +120,7 @@ impl Kind {
             Kind::Middleware => "mw",
             Kind::Agent => "ag",
             Kind::WorkerPool => "wp",
+            Kind::ToolSource => "ts",
         }
     }
 }
@@ -123,6 +134,7 @@ pub enum KindStatus {
     Middleware(MiddlewareStatus),
     Agent(AgentStatus),
     WorkerPool(WorkerPoolStatus),
+    ToolSource(ToolSourceStatus),
 }
 
 /// Runs `$body` with `$status` bound to the `*Status` inside `$value`, whatever the kind.
@@ -135,6 +147,7 @@ macro_rules! each_status {
             KindStatus::Middleware($status) => $body,
             KindStatus::Agent($status) => $body,
             KindStatus::WorkerPool($status) => $body,
+            KindStatus::ToolSource($status) => $body,
         }
     };
 }
@@ -149,6 +162,7 @@ impl KindStatus {
             Kind::Middleware => KindStatus::Middleware(MiddlewareStatus::default()),
             Kind::Agent => KindStatus::Agent(AgentStatus::default()),
             Kind::WorkerPool => KindStatus::WorkerPool(WorkerPoolStatus::default()),
+            Kind::ToolSource => KindStatus::ToolSource(ToolSourceStatus::default()),
         }
     }
 

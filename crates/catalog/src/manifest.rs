@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use toolgrid_api::{
-    self as api, Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool,
+    self as api, Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, ToolSource, WorkerPool,
 };
 
 const CLUSTER: &str = "the cluster";
@@ -99,6 +99,7 @@ pub struct ResourceSet {
     pub middleware: Vec<Sourced<Middleware>>,
     pub agents: Vec<Sourced<Agent>>,
     pub pools: Vec<Sourced<WorkerPool>>,
+    pub tool_sources: Vec<Sourced<ToolSource>>,
     /// ConfigMaps, for release artifacts given by `configMap` and Agents' `configMapRef`.
     pub config_maps: Vec<Sourced<ConfigMap>>,
     /// Secrets (`stringData`, or `data` in base64), for Agents' `tokenSecretRef` and
@@ -292,6 +293,8 @@ fn load_value(source: Source, value: serde_yaml::Value, set: &mut ResourceSet) {
         Kind::WorkerPool => {
             typed::<WorkerPool>(value).map(|o| set.pools.push(sourced(o, &namespace, &source)))
         }
+        Kind::ToolSource => typed::<ToolSource>(value)
+            .map(|o| set.tool_sources.push(sourced(o, &namespace, &source))),
     };
     if let Err((field, message)) = outcome {
         set.invalid.push(invalid(Some(kind), field, message));

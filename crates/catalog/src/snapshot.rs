@@ -64,6 +64,9 @@ pub struct ResolvedRelease {
     pub pool: String,
     pub limits: Limits,
     pub network: NetworkPolicy,
+    /// An imported tool's "release" (a ToolSource's snapshot of it): its calls are this
+    /// upstream request, made by a worker of `pool`, instead of a wasm run.
+    pub upstream: Option<Arc<toolgrid_core::source::UpstreamCall>>,
 }
 
 /// A valid WorkerPool.
@@ -143,6 +146,10 @@ pub struct Snapshot {
     /// Ready Middleware, compiled.
     pub middleware: BTreeMap<ObjectKey, Arc<toolgrid_core::middleware::ResolvedMiddleware>>,
     pub resources: BTreeMap<ResourceId, ResourceState>,
+    /// The values of each Ready ToolSource's own Secret keys, by the reference they travel
+    /// under (`toolsource-auth`, `toolsource-header-N`): what an imported tool's call carries
+    /// to its worker; values never print.
+    pub source_secrets: BTreeMap<ObjectKey, BTreeMap<String, SecretValue>>,
     /// Documents that could not be attributed to a resource (bad YAML, unknown kinds).
     pub problems: Vec<String>,
     /// Increases with every published snapshot.

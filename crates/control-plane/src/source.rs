@@ -2,6 +2,7 @@
 //! the directory (and the artifacts it names) so changes apply without a restart.
 
 use crate::artifacts::StoredArtifacts;
+use crate::tool_sources::reader::{Request, SourceReader, Wanted};
 use notify::{RecursiveMode, Watcher};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -9,11 +10,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use toolgrid_api::Kind;
+use toolgrid_api::ToolSourceStatus;
 use toolgrid_catalog::artifacts::{load_local, load_local_middleware};
 use toolgrid_catalog::manifest::{ResourceSet, load_dir};
-use toolgrid_catalog::resolve::{PreviousState, ResolveInput, previous_of, resolve};
-use toolgrid_catalog::{Catalog, ResourceId, Snapshot};
+use toolgrid_catalog::resolve::tool_source::status_is_current;
+use toolgrid_catalog::resolve::{
+    PreviousState, ResolveInput, SourceRead, check_source, previous_of, resolve, spec_hash,
+};
+use toolgrid_catalog::{Catalog, Identities, ResourceId, Snapshot};
 use toolgrid_core::ids::ObjectKey;
+use toolgrid_core::source::SourceLimits;
 use toolgrid_store::{ResourceRecord, Store};
 
 /// How long the watcher waits for a burst of file events to settle.
@@ -28,6 +34,12 @@ pub struct ManifestSource {
     /// Directories holding artifacts, watched beside the manifests.
     artifact_dirs: Mutex<BTreeSet<PathBuf>>,
     reloads: tokio::sync::Mutex<()>,
+    /// Reads ToolSources' upstreams in the background.
+    reader: Arc<SourceReader>,
+    /// The refresh asked for each ToolSource (`toolgrid refresh`), by source.
+    refreshes: Mutex<HashMap<ObjectKey, String>>,
+    /// Mints the identity token an `auth: {type: identity}` source is listed with.
+    issuer: crate::identity::IssuerCell,
 }
 
 impl ManifestSource {
@@ -39,7 +51,90 @@ impl ManifestSource {
             stored: StoredArtifacts::default(),
             artifact_dirs: Mutex::default(),
             reloads: tokio::sync::Mutex::new(()),
+            reader: SourceReader::new(SourceLimits::default()),
+            refreshes: Mutex::default(),
+            issuer: Default::default(),
         })
+    }
+
+    /// Lists `auth: {type: identity}` sources with tokens minted by `issuer`.
+    pub fn with_issuer(mut self: Arc<Self>, issuer: crate::identity::IssuerCell) -> Arc<Self> {
+        if let Some(source) = Arc::get_mut(&mut self) {
+            source.issuer = issuer;
+        }
+        self
+    }
+
+    /// Asks for ToolSource `key` to be read again (its tools change only then): the read
+    /// starts now, and the catalog publishes its outcome with `status.refreshed` set to the
+    /// returned value.
+    pub async fn request_refresh(&self, key: &ObjectKey) -> anyhow::Result<String> {
+        let nonce = k8s_openapi::jiff::Timestamp::now().to_string();
+        self.refreshes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), nonce.clone());
+        self.reload().await?;
+        Ok(nonce)
+    }
+
+    /// The reads of the set's ToolSources, starting those that are due.
+    fn source_reads(
+        &self,
+        set: &ResourceSet,
+        previous: &HashMap<ResourceId, PreviousState>,
+        identities: &Identities,
+    ) -> HashMap<ObjectKey, SourceRead> {
+        let refreshes = self
+            .refreshes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let requests = set
+            .tool_sources
+            .iter()
+            .filter_map(|source| {
+                let key = ObjectKey::new(
+                    source.object.metadata.namespace.clone().unwrap_or_default(),
+                    source.object.metadata.name.clone().unwrap_or_default(),
+                );
+                let plan = check_source(&source.object, &key).ok()?;
+                let spec_hash = spec_hash(&source.object.spec);
+                let refresh = refreshes.get(&key).cloned();
+                // What the store kept from the last run answers the same spec and refresh.
+                let stored = previous
+                    .get(&ResourceId {
+                        kind: Kind::ToolSource,
+                        key: key.clone(),
+                    })
+                    .filter(|p| p.spec_hash == spec_hash)
+                    .and_then(|p| {
+                        let status: ToolSourceStatus =
+                            serde_json::from_value(p.status.clone()).ok()?;
+                        status_is_current(&status, p.generation, refresh.as_deref())
+                    });
+                Some(Request {
+                    key,
+                    plan,
+                    wanted: Wanted { spec_hash, refresh },
+                    stored,
+                    dir: Some(source.source.dir()),
+                })
+            })
+            .collect();
+        let issuer = self.issuer.get();
+        let token = |key: &ObjectKey, audience: &str| {
+            issuer.map(|i| {
+                i.mint_now(
+                    audience,
+                    &key.namespace,
+                    "toolgrid-catalog",
+                    "tools/list",
+                    "",
+                )
+            })
+        };
+        self.reader.reads(requests, identities, &token)
     }
 
     pub fn dir(&self) -> &Path {
@@ -92,6 +187,7 @@ impl ManifestSource {
             previous_of(&current)
         };
         let identities = toolgrid_catalog::Identities::of_manifests(&set);
+        let source_reads = self.source_reads(&set, &previous, &identities);
         let snapshot = resolve(&ResolveInput {
             set: &set,
             artifacts: &artifacts,
@@ -99,6 +195,7 @@ impl ManifestSource {
             previous: &previous,
             now: k8s_openapi::jiff::Timestamp::now(),
             identities: Some(&identities),
+            source_reads: &source_reads,
         });
         self.store.save_resources(records_of(&snapshot)).await?;
         let published = self.catalog.publish(snapshot);
@@ -190,8 +287,12 @@ impl ManifestSource {
             }
             watched = wanted;
 
-            if rx.recv().await.is_none() {
-                return Ok(());
+            // A file changed, or a ToolSource's read landed.
+            tokio::select! {
+                event = rx.recv() => if event.is_none() {
+                    return Ok(());
+                },
+                _ = self.reader.landed.notified() => {}
             }
             // Let a burst of writes (an editor's save, a git checkout) settle.
             loop {
@@ -221,4 +322,13 @@ fn records_of(snapshot: &Snapshot) -> Vec<ResourceRecord> {
             status: r.status.clone(),
         })
         .collect()
+}
+
+#[async_trait::async_trait]
+impl crate::gateway::SourceRefresher for ManifestSource {
+    async fn request(&self, key: &ObjectKey) -> Result<String, String> {
+        self.request_refresh(key)
+            .await
+            .map_err(|e| format!("{e:#}"))
+    }
 }

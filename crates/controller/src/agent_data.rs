@@ -84,7 +84,39 @@ pub fn agent_data<'a>(
     secrets: impl IntoIterator<Item = &'a Secret>,
     config_maps: impl IntoIterator<Item = &'a ConfigMap>,
 ) -> AgentData {
-    let wanted = references(agents);
+    data_of(&references(agents), secrets, config_maps)
+}
+
+/// The Secrets ToolSources name (bearer tokens, header values), in their namespaces.
+pub fn source_references<'a>(
+    sources: impl IntoIterator<Item = &'a toolgrid_api::ToolSource>,
+) -> BTreeSet<ObjectKey> {
+    let mut out = BTreeSet::new();
+    for source in sources {
+        let namespace = source.metadata.namespace.clone().unwrap_or_default();
+        let spec = &source.spec;
+        let (auth, headers) = match (&spec.mcp, &spec.openapi) {
+            (Some(mcp), _) => (&mcp.auth, &mcp.headers),
+            (None, Some(openapi)) => (&openapi.auth, &openapi.headers),
+            (None, None) => continue,
+        };
+        let refs = auth
+            .iter()
+            .filter_map(|a| a.secret_ref.as_ref())
+            .chain(headers.iter().filter_map(|h| h.secret_ref.as_ref()));
+        for secret in refs {
+            out.insert(ObjectKey::new(namespace.clone(), secret.name.clone()));
+        }
+    }
+    out
+}
+
+/// The contents of the `wanted` objects among those at hand.
+pub fn data_of<'a>(
+    wanted: &References,
+    secrets: impl IntoIterator<Item = &'a Secret>,
+    config_maps: impl IntoIterator<Item = &'a ConfigMap>,
+) -> AgentData {
     let mut out = AgentData::default();
     for secret in secrets {
         let key = key_of(secret);

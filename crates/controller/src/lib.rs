@@ -14,6 +14,7 @@ pub mod leader;
 mod mock;
 pub mod owned_secret;
 pub mod reconcile;
+pub mod refresh;
 pub mod review;
 pub mod review_cache;
 pub mod source;
@@ -178,6 +179,23 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The platform's URL identity tokens name as issuer: `--mcp-public-url`, else the HTTP port
+/// on the host workers reach the control plane at.
+fn issuer_url(settings: &Settings) -> String {
+    if let Some(url) = &settings.mcp.public_url {
+        return url.trim_end_matches('/').to_string();
+    }
+    match url::Url::parse(&settings.control_plane_address) {
+        Ok(url) => format!(
+            "{}://{}:{}",
+            url.scheme(),
+            url.host_str().unwrap_or("localhost"),
+            settings.http_listen.port()
+        ),
+        Err(_) => format!("http://localhost:{}", settings.http_listen.port()),
+    }
+}
+
 /// The leader's work: the store, the catalog, the servers and the reconcilers, until told
 /// to stop (Ok) or something stops (Err).
 async fn lead(
@@ -228,7 +246,9 @@ async fn lead(
                 .await?;
         tracing::info!(secret = %settings.identity_secret, signing = %keys.current.kid, "identity signing keys loaded");
         let keys = toolgrid_control_plane::identity::IdentityKeys::in_memory(keys);
-        control_plane.gateway.set_identity(keys.clone());
+        control_plane
+            .gateway
+            .set_identity(keys.clone(), issuer_url(settings));
         tokio::spawn(identity_secret::rotate(
             api,
             settings.identity_secret.clone(),
@@ -241,7 +261,13 @@ async fn lead(
         control_plane.catalog.clone(),
         store.clone(),
         settings.artifact_fetch.clone(),
+        control_plane.gateway.issuer(),
     );
+    control_plane
+        .gateway
+        .set_source_refresher(Arc::new(refresh::AnnotationRefresher {
+            client: client.clone(),
+        }));
     source.wait_synced().await?;
     let snapshot = source.resolve_once().await?;
     tracing::info!(

@@ -127,6 +127,7 @@ async fn fixture() -> Fixture {
         previous: &HashMap::new(),
         now: "2026-01-01T00:00:00Z".parse().unwrap(),
         identities: Some(&Identities::default()),
+        source_reads: &Default::default(),
     });
     let catalog = Catalog::new();
     catalog.publish(snapshot);

@@ -28,7 +28,9 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_stream::wrappers::WatchStream;
-use toolgrid_api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
+use toolgrid_api::{
+    Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, ToolSource, WorkerPool,
+};
 use toolgrid_catalog::{Catalog, ResourceId, ResourceState};
 use toolgrid_control_plane::metrics::{self, KindLabel};
 use toolgrid_control_plane::scheduler::Scheduler;
@@ -374,6 +376,7 @@ pub async fn run(ctx: Arc<Context>, caches: Caches) {
     let bindings = resolved_controller!(ToolBinding, caches.bindings.clone());
     let middleware = resolved_controller!(Middleware, caches.middleware.clone());
     let agents = resolved_controller!(Agent, caches.agents.clone());
+    let sources = resolved_controller!(ToolSource, caches.tool_sources.clone());
     let releases = drain(Box::pin(
         Controller::for_stream(trigger::<ToolRelease>(&ctx), caches.releases.clone())
             .reconcile_all_on(snapshots(&ctx))
@@ -398,7 +401,9 @@ pub async fn run(ctx: Arc<Context>, caches: Caches) {
                 ctx.clone(),
             ),
     ));
-    tokio::join!(tools, bindings, middleware, agents, releases, pools);
+    tokio::join!(
+        tools, bindings, middleware, agents, sources, releases, pools
+    );
 }
 
 #[cfg(test)]

@@ -16,17 +16,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 use toolgrid_api::conditions::Reason;
-use toolgrid_api::{Agent, Kind, Middleware, Tool, ToolBinding, ToolRelease, WorkerPool};
+use toolgrid_api::{
+    Agent, Kind, Middleware, REFRESH_ANNOTATION, Tool, ToolBinding, ToolRelease, ToolSource,
+    WorkerPool,
+};
 use toolgrid_catalog::artifacts::{
     ArtifactOutcome, LoadedArtifact, WasmArtifact, check_bytes, check_middleware_bytes,
     config_map_key, source_kind,
 };
 use toolgrid_catalog::manifest::{ResourceSet, Source, Sourced};
-use toolgrid_catalog::resolve::{PreviousState, ResolveInput, resolve};
+use toolgrid_catalog::resolve::tool_source::status_is_current;
+use toolgrid_catalog::resolve::{PreviousState, ResolveInput, SourceRead, check_source, resolve};
 use toolgrid_catalog::{Catalog, Identities, ResourceId, Snapshot};
 use toolgrid_control_plane::artifacts::StoredArtifacts;
+use toolgrid_control_plane::tool_sources::reader::{Request, SourceReader, Wanted};
 use toolgrid_core::artifact::is_valid_digest;
 use toolgrid_core::ids::ObjectKey;
+use toolgrid_core::source::SourceLimits;
 use toolgrid_store::Store;
 
 /// How long changes settle before the catalog is resolved again.
@@ -55,6 +61,7 @@ pub struct Caches {
     pub middleware: Cache<Middleware>,
     pub agents: Cache<Agent>,
     pub pools: Cache<WorkerPool>,
+    pub tool_sources: Cache<ToolSource>,
     pub config_maps: Cache<ConfigMap>,
     pub secrets: Cache<PartialObjectMeta<Secret>>,
     pub service_accounts: Cache<PartialObjectMeta<ServiceAccount>>,
@@ -107,6 +114,10 @@ pub struct ClusterSource {
     stored: StoredArtifacts,
     /// Where artifacts may be downloaded from ([`crate::fetch`]).
     fetch_policy: FetchPolicy,
+    /// Reads ToolSources' upstreams in the background; a read landing resolves again.
+    reader: Arc<SourceReader>,
+    /// Mints the token an `auth: {type: identity}` source is listed with.
+    issuer: toolgrid_control_plane::identity::IssuerCell,
 }
 
 fn reflect<K>(api: Api<K>, changed: Arc<Notify>) -> Cache<K>
@@ -185,6 +196,7 @@ impl ClusterSource {
         catalog: Arc<Catalog>,
         store: Arc<dyn Store>,
         fetch_policy: FetchPolicy,
+        issuer: toolgrid_control_plane::identity::IssuerCell,
     ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let caches = Caches {
@@ -194,6 +206,7 @@ impl ClusterSource {
             middleware: reflect(api::<Middleware>(client, namespace), changed.clone()),
             agents: reflect(api::<Agent>(client, namespace), changed.clone()),
             pools: reflect(api::<WorkerPool>(client, namespace), changed.clone()),
+            tool_sources: reflect(api::<ToolSource>(client, namespace), changed.clone()),
             config_maps: reflect(api::<ConfigMap>(client, namespace), changed.clone()),
             // Only names are needed: metadata-only watches.
             secrets: reflect(
@@ -215,6 +228,8 @@ impl ClusterSource {
             fetched_wasm: FetchCache::new(|w| matches!(w, WasmArtifact::Ready { .. })),
             stored: StoredArtifacts::default(),
             fetch_policy,
+            reader: SourceReader::new(SourceLimits::default()),
+            issuer,
         })
     }
 
@@ -227,6 +242,7 @@ impl ClusterSource {
         c.middleware.wait_until_ready().await?;
         c.agents.wait_until_ready().await?;
         c.pools.wait_until_ready().await?;
+        c.tool_sources.wait_until_ready().await?;
         c.config_maps.wait_until_ready().await?;
         c.secrets.wait_until_ready().await?;
         c.service_accounts.wait_until_ready().await?;
@@ -239,7 +255,10 @@ impl ClusterSource {
             if let Err(error) = self.resolve_once().await {
                 tracing::error!(%error, "cannot resolve the catalog");
             }
-            self.changed.notified().await;
+            tokio::select! {
+                _ = self.changed.notified() => {}
+                _ = self.reader.landed.notified() => {}
+            }
             tokio::time::sleep(DEBOUNCE).await;
         }
     }
@@ -254,6 +273,7 @@ impl ClusterSource {
             middleware: sourced(&c.middleware),
             agents: sourced(&c.agents),
             pools: sourced(&c.pools),
+            tool_sources: sourced(&c.tool_sources),
             config_maps: sourced(&c.config_maps),
             // Secrets reach the catalog through `identities`, as data.
             secrets: Vec::new(),
@@ -315,7 +335,11 @@ impl ClusterSource {
     pub async fn agent_data(&self) -> super::agent_data::AgentData {
         let c = &self.caches;
         let agents: Vec<Arc<Agent>> = c.agents.state();
-        let wanted = super::agent_data::references(agents.iter().map(|a| &**a));
+        let mut wanted = super::agent_data::references(agents.iter().map(|a| &**a));
+        let sources = c.tool_sources.state();
+        wanted.secrets.extend(super::agent_data::source_references(
+            sources.iter().map(|s| &**s),
+        ));
         let existing = c
             .secrets
             .state()
@@ -332,11 +356,7 @@ impl ClusterSource {
             .refresh(&wanted.secrets, &existing)
             .await;
         let config_maps = c.config_maps.state();
-        super::agent_data::agent_data(
-            agents.iter().map(|a| &**a),
-            &secrets,
-            config_maps.iter().map(|c| &**c),
-        )
+        super::agent_data::data_of(&wanted, &secrets, config_maps.iter().map(|c| &**c))
     }
 
     /// Loads every artifact, resolves, stores new artifacts and publishes the snapshot.
@@ -362,7 +382,9 @@ impl ClusterSource {
         previous_of(Kind::Middleware, &c.middleware, &mut previous);
         previous_of(Kind::Agent, &c.agents, &mut previous);
         previous_of(Kind::WorkerPool, &c.pools, &mut previous);
+        previous_of(Kind::ToolSource, &c.tool_sources, &mut previous);
         let identities = self.identities().await;
+        let source_reads = self.source_reads(&identities);
         let snapshot = resolve(&ResolveInput {
             set: &set,
             artifacts: &artifacts,
@@ -370,8 +392,57 @@ impl ClusterSource {
             previous: &previous,
             now: k8s_openapi::jiff::Timestamp::now(),
             identities: Some(&identities),
+            source_reads: &source_reads,
         });
         Ok(self.catalog.publish(snapshot))
+    }
+
+    /// The reads of the ToolSources, starting those that are due: a source is read when its
+    /// status holds no snapshot for its generation and its `toolgrid.dev/refresh`
+    /// annotation, never otherwise (the status is where the snapshot lives).
+    fn source_reads(&self, identities: &Identities) -> HashMap<ObjectKey, SourceRead> {
+        let sources = self.caches.tool_sources.state();
+        let requests = sources
+            .iter()
+            .filter_map(|source| {
+                let key = key_of(&**source);
+                let plan = check_source(source, &key).ok()?;
+                let generation = source.metadata.generation.unwrap_or(1);
+                let refresh = source
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(REFRESH_ANNOTATION))
+                    .cloned();
+                let stored = source
+                    .status
+                    .as_ref()
+                    .and_then(|s| status_is_current(s, generation, refresh.as_deref()));
+                Some(Request {
+                    key,
+                    plan,
+                    wanted: Wanted {
+                        spec_hash: generation.to_string(),
+                        refresh,
+                    },
+                    stored,
+                    dir: None,
+                })
+            })
+            .collect();
+        let issuer = self.issuer.get();
+        let token = |key: &ObjectKey, audience: &str| {
+            issuer.map(|i| {
+                i.mint_now(
+                    audience,
+                    &key.namespace,
+                    "toolgrid-catalog",
+                    "tools/list",
+                    "",
+                )
+            })
+        };
+        self.reader.reads(requests, identities, &token)
     }
 
     /// The component of a wasm Middleware (`None`: not a wasm step): from a ConfigMap, or

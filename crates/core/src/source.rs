@@ -30,7 +30,48 @@ pub struct SourceSnapshot {
     /// What the source offers that is not imported, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub left_out: Vec<LeftOut>,
+    /// The era an MCP server was listed in, and is called in (absent for OpenAPI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub era: Option<McpEra>,
 }
+
+/// The era of the MCP protocol a server speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum McpEra {
+    /// 2026-07-28: stateless requests.
+    Modern,
+    /// 2025-11-25 and before: a session opened by `initialize`.
+    Legacy,
+}
+
+/// How a call of an imported tool reaches its upstream, fixed when the call is admitted
+/// (kept in its spec, so a call replayed after a failover reaches the same upstream the
+/// same way even if the source has changed since).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamCall {
+    /// The ToolSource's name.
+    pub source: String,
+    /// The MCP endpoint, or the OpenAPI base URL.
+    pub endpoint: String,
+    pub target: UpstreamTarget,
+    /// The MCP era (absent for OpenAPI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub era: Option<McpEra>,
+    /// Each request carries a signed identity token in `Authorization`, minted by the
+    /// control plane for each assignment (`auth: {type: identity}`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub identity: bool,
+}
+
+/// The secret reference an identity token travels under in an assignment: the declared
+/// `Authorization` header of an identity source is `Bearer ${secret:toolgrid-identity}`.
+pub const IDENTITY_SECRET: &str = "toolgrid-identity";
+/// The prefix of the secret references a source's own credentials travel under
+/// (`toolsource-auth`, `toolsource-header-0`, ...), apart from any key an agent's Secret
+/// may grant.
+pub const SOURCE_SECRET_PREFIX: &str = "toolsource-";
 
 /// One tool a source offers, as toolgrid calls it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -199,6 +240,10 @@ pub struct SourceLimits {
     pub max_description_bytes: usize,
     /// A tool whose input or output schema serializes larger is left out.
     pub max_schema_bytes: usize,
+    /// All imported tools together serialize to at most this many bytes (the snapshot
+    /// is kept in the source's status, which the API server bounds); tools past it are
+    /// [`LeftOutReason::TooLarge`].
+    pub max_total_bytes: usize,
 }
 
 impl Default for SourceLimits {
@@ -207,6 +252,7 @@ impl Default for SourceLimits {
             max_tools: 500,
             max_description_bytes: 8 * 1024,
             max_schema_bytes: 64 * 1024,
+            max_total_bytes: 768 * 1024,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! (`toolgrid-worker`) is the one that sends it over the link.
 
 pub mod egress;
+pub mod exchange;
 pub mod http;
 mod limits;
 pub mod middleware;

@@ -862,7 +862,12 @@ impl Runtime {
 /// How a run cut off by its deadline after `allowed_ms` ends: `timeout`, or
 /// `outcome-unknown` when it is a `write`/`external` call that issued a request (which may
 /// have been applied).
-fn deadline_failure(allowed_ms: u64, idle_ms: u64, repeatable: bool, requests: u64) -> Failure {
+pub(crate) fn deadline_failure(
+    allowed_ms: u64,
+    idle_ms: u64,
+    repeatable: bool,
+    requests: u64,
+) -> Failure {
     let why = if idle_ms > 0 {
         format!(
             "the call ran {allowed_ms} ms, reporting no progress for its timeout of {idle_ms} ms \

@@ -471,10 +471,37 @@ async fn run_call(
         };
         link.send(worker_event::Event::Progress(progress)).await;
     }
+    // An imported tool's call is an upstream exchange, not a wasm run.
+    let upstream = if assign.upstream_json.is_empty() {
+        None
+    } else {
+        let parsed =
+            serde_json::from_str::<toolgrid_core::source::UpstreamCall>(&assign.upstream_json)
+                .and_then(|upstream| {
+                    let args = match assign.args_json.as_str() {
+                        "" => serde_json::Map::new(),
+                        text => serde_json::from_str(text)?,
+                    };
+                    Ok((upstream, args))
+                });
+        match parsed {
+            Ok(parsed) => Some(parsed),
+            Err(error) => {
+                result.failure_kind = "internal".into();
+                result.failure_message =
+                    format!("the assignment's upstream does not parse: {error}");
+                return Ran::Result(Box::new(result));
+            }
+        }
+    };
     let digest = assign.digest.clone();
-    let compiled = runtime
-        .prepare(&digest, || fetch_artifact(slot.clone(), digest.clone()))
-        .await;
+    let compiled = match &upstream {
+        Some(_) => Ok(None),
+        None => runtime
+            .prepare(&digest, || fetch_artifact(slot.clone(), digest.clone()))
+            .await
+            .map(Some),
+    };
     let compiled = match compiled {
         Ok(compiled) => compiled,
         Err(error) => {
@@ -594,7 +621,21 @@ async fn run_call(
             }
         }),
     };
-    let outcome = runtime.run(&compiled, request).await;
+    let outcome = match (upstream, &compiled) {
+        (Some((upstream, args)), _) => {
+            let call_id = assign.call_id.clone();
+            toolgrid_sandbox::exchange::run_exchange(request, move |host| {
+                crate::upstream::exchange(host, call_id, upstream, args)
+            })
+            .await
+        }
+        (None, Some(compiled)) => runtime.run(compiled, request).await,
+        (None, None) => {
+            result.failure_kind = "internal".into();
+            result.failure_message = "no artifact was prepared".into();
+            return Ran::Result(Box::new(result));
+        }
+    };
     let (replayed, recorded) = outcome.log.counts();
     if outcome.fenced {
         return match outcome.log.aborted() {

@@ -14,11 +14,16 @@
 
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
-use toolgrid_core::source::{HttpOperation, cut_text};
+use std::sync::Arc;
+use toolgrid_core::error::ErrorKind;
+use toolgrid_core::source::{HttpOperation, McpEra, UpstreamCall, UpstreamTarget, cut_text};
+use toolgrid_sandbox::exchange::Exchanged;
 use toolgrid_sandbox::http::{HttpFailure, HttpHost, OutgoingRequest, idempotency_key};
+use toolgrid_sandbox::runtime::Failure;
 use toolgrid_upstream::http::{RequestError, build_request};
 use toolgrid_upstream::mcp::{
-    MODERN_VERSION, ToolOutcomeError, answer_in_stream, outcome_of, result_of, stateless_call_body,
+    LEGACY_VERSION, MODERN_VERSION, ToolOutcomeError, answer_in_stream, outcome_of, result_of,
+    stateless_call_body,
 };
 
 /// The `_meta` key an MCP upstream finds the call's idempotency key under.
@@ -41,6 +46,161 @@ pub enum UpstreamRunError {
     /// The exchange itself failed, was refused, or the run must stop (see the host log).
     #[error("{0:?}")]
     Http(HttpFailure),
+}
+
+/// Makes the call `upstream` describes with `arguments` through `host`: what the worker
+/// runs instead of a wasm instance for an imported tool.
+pub async fn exchange(
+    host: Arc<HttpHost>,
+    call_id: String,
+    upstream: UpstreamCall,
+    arguments: Map<String, Value>,
+) -> Exchanged {
+    let outcome = match &upstream.target {
+        UpstreamTarget::Mcp { tool } => match upstream.era {
+            Some(McpEra::Legacy) => {
+                call_mcp_session(
+                    &host,
+                    &call_id,
+                    &upstream.endpoint,
+                    tool,
+                    Value::Object(arguments),
+                )
+                .await
+            }
+            _ => {
+                call_mcp(
+                    &host,
+                    &call_id,
+                    &upstream.endpoint,
+                    tool,
+                    Value::Object(arguments),
+                )
+                .await
+            }
+        },
+        UpstreamTarget::Http(operation) => {
+            call_http(&host, operation, &upstream.endpoint, &arguments).await
+        }
+    };
+    match outcome {
+        Ok(value) => Exchanged::Value(Bytes::from(value.to_string())),
+        Err(UpstreamRunError::ToolFailed(text)) => Exchanged::ToolError(text),
+        Err(UpstreamRunError::Arguments(error)) => Exchanged::Failed(Failure {
+            kind: ErrorKind::InvalidArgument,
+            message: error.to_string(),
+        }),
+        Err(UpstreamRunError::Garbage(message)) => Exchanged::Failed(Failure {
+            kind: ErrorKind::InvalidResult,
+            message: format!("the upstream's answer is not understood: {message}"),
+        }),
+        Err(UpstreamRunError::Http(failure)) => Exchanged::Http(failure),
+    }
+}
+
+/// Calls the MCP tool `tool` of a server that holds sessions (2025-11-25 and before):
+/// `initialize`, `notifications/initialized`, then `tools/call` in the session, each an
+/// exchange of the call's host (so a replay answers the whole conversation from the oplog).
+pub async fn call_mcp_session(
+    host: &HttpHost,
+    call_id: &str,
+    url: &str,
+    tool: &str,
+    arguments: Value,
+) -> Result<Value, UpstreamRunError> {
+    let post = |body: Value, session: Option<&str>, version: &str| {
+        let mut headers = vec![
+            ("content-type".to_string(), "application/json".to_string()),
+            (
+                "accept".to_string(),
+                "application/json, text/event-stream".to_string(),
+            ),
+            ("mcp-protocol-version".to_string(), version.to_string()),
+        ];
+        if let Some(session) = session {
+            headers.push(("mcp-session-id".into(), session.to_string()));
+        }
+        OutgoingRequest {
+            method: "POST".into(),
+            url: url.to_string(),
+            headers,
+            body: Bytes::from(body.to_string()),
+        }
+    };
+    let answer = |response: &toolgrid_sandbox::http::Response, id: u64| {
+        answer_in_stream(&response.body, id)
+            .or_else(|| serde_json::from_slice(&response.body).ok())
+            .ok_or_else(|| {
+                UpstreamRunError::Garbage(format!(
+                    "HTTP {}: {}",
+                    response.status,
+                    cut_text(&String::from_utf8_lossy(&response.body), 256)
+                ))
+            })
+    };
+    let initialize = json!({
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": LEGACY_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "toolgrid", "version": env!("CARGO_PKG_VERSION")},
+        },
+    });
+    let response = host
+        .send(post(initialize, None, LEGACY_VERSION))
+        .await
+        .map_err(UpstreamRunError::Http)?;
+    let session = response
+        .headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("mcp-session-id"))
+        .map(|(_, value)| value.clone());
+    let initialized = result_of("initialize", answer(&response, 1)?, response.status)
+        .map_err(|e| UpstreamRunError::Garbage(e.to_string()))?;
+    let version = initialized
+        .get("protocolVersion")
+        .and_then(Value::as_str)
+        .unwrap_or(LEGACY_VERSION)
+        .to_string();
+    let notified = host
+        .send(post(
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            session.as_deref(),
+            &version,
+        ))
+        .await
+        .map_err(UpstreamRunError::Http)?;
+    if !(200..300).contains(&notified.status) {
+        return Err(UpstreamRunError::Garbage(format!(
+            "notifications/initialized answered HTTP {}",
+            notified.status
+        )));
+    }
+    let seq = host.next_seq();
+    let call = json!({
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {
+            "name": tool,
+            "arguments": arguments,
+            "_meta": {MCP_IDEMPOTENCY_META: idempotency_key(call_id, seq)},
+        },
+    });
+    let response = host
+        .send_numbered(seq, post(call, session.as_deref(), &version))
+        .await
+        .map_err(UpstreamRunError::Http)?;
+    let result = result_of("tools/call", answer(&response, 2)?, response.status)
+        .map_err(|e| UpstreamRunError::Garbage(e.to_string()))?;
+    outcome_of(&result).map_err(|error| match error {
+        ToolOutcomeError::Failed(text) => UpstreamRunError::ToolFailed(text),
+        incomplete @ ToolOutcomeError::Incomplete(_) => {
+            UpstreamRunError::Garbage(incomplete.to_string())
+        }
+    })
 }
 
 /// Calls the MCP tool `tool` at `url` with `arguments`.

@@ -185,6 +185,11 @@ fn ungranted_secret_reference(
     spec: &toolgrid_api::ToolBindingSpec,
     release: &ResolvedRelease,
 ) -> Option<(Reason, String)> {
+    // An imported tool's headers refer to its source's own credentials, never to keys of
+    // an agent's Secret.
+    if release.upstream.is_some() {
+        return None;
+    }
     let key = super::release::declared_secret_keys(&release.network)
         .into_iter()
         .find(|key| {

@@ -24,7 +24,7 @@ pub(super) struct Declared<'a, T> {
     pub(super) generation: i64,
 }
 
-fn hash_spec<T: serde::Serialize>(spec: &T) -> String {
+pub(super) fn hash_spec<T: serde::Serialize>(spec: &T) -> String {
     let bytes = serde_json::to_vec(spec).unwrap_or_default();
     hex::encode(&Sha256::digest(&bytes)[..12])
 }

@@ -16,6 +16,7 @@ mod middleware;
 mod pool;
 mod release;
 mod tool;
+pub mod tool_source;
 
 #[cfg(test)]
 mod tests;
@@ -23,6 +24,7 @@ mod tests;
 pub use binding::resolve_binding_release;
 pub use pool::check_pool;
 pub use tool::check_tool;
+pub use tool_source::{SourceRead, check_source};
 
 use crate::artifacts::{ArtifactOutcome, WasmArtifact};
 use crate::manifest::ResourceSet;
@@ -66,6 +68,9 @@ pub struct ResolveInput<'a> {
     /// ([`Identities::of_manifests`]). `None`: nothing is known, references are not
     /// checked, and agents get no token, config or secrets.
     pub identities: Option<&'a Identities>,
+    /// What each ToolSource's upstream offered when the IO layer last read it (a source
+    /// missing here has not been read yet).
+    pub source_reads: &'a HashMap<ObjectKey, SourceRead>,
 }
 
 /// ServiceAccounts, Secrets and ConfigMaps that exist, by namespace and name, with the data
@@ -149,11 +154,17 @@ pub fn resolve(input: &ResolveInput<'_>) -> Snapshot {
     let tools = resolver.tools();
     resolver.releases(&tools);
     resolver.finish_tools(tools);
+    resolver.tool_sources();
     let agents = resolver.agents();
     let middleware = resolver.middleware();
     resolver.bindings(&agents, &middleware);
     resolver.agent_tools();
     resolver.snapshot
+}
+
+/// The hash a declaration's spec is known by (its generation moves when it changes).
+pub fn spec_hash<T: serde::Serialize>(spec: &T) -> String {
+    declared::hash_spec(spec)
 }
 
 /// The bookkeeping to carry into the next round.

@@ -172,6 +172,7 @@ impl<'a> Resolver<'a> {
                     pool,
                     limits,
                     network: spec.network.clone().unwrap_or_default(),
+                    upstream: None,
                 })
             })();
             match outcome {

@@ -123,7 +123,7 @@ pub fn read_mcp_tools(
             Err((reason, message)) => snapshot.left_out.push(left_out(reason, message)),
         }
     }
-    snapshot
+    super::bound(snapshot, limits)
 }
 
 /// One admitted tool as an [`ImportedTool`], or why it cannot be.
@@ -442,6 +442,7 @@ mod tests {
             max_tools: 2,
             max_description_bytes: 16,
             max_schema_bytes: 1024,
+            ..SourceLimits::default()
         };
         let filter = ToolFilter {
             allow: vec![],

@@ -77,6 +77,7 @@ pub fn read_openapi(
     let mut snapshot = SourceSnapshot {
         tools: Vec::new(),
         left_out: parsed.unreadable.clone(),
+        era: None,
     };
     let mut seen = BTreeSet::new();
     let values_left = Cell::new(MAX_DOCUMENT_VALUES);
@@ -143,7 +144,7 @@ pub fn read_openapi(
             },
         }
     }
-    Ok(snapshot)
+    Ok(super::bound(snapshot, limits))
 }
 
 /// A document read: its JSON (schemas are taken from here) and its operations.

@@ -304,6 +304,7 @@ spec: {agents: [ghost], tool: semver}
             previous: &HashMap::new(),
             now: "2026-01-01T00:00:00Z".parse().unwrap(),
             identities: Some(&identities),
+            source_reads: &Default::default(),
         })
     }
 

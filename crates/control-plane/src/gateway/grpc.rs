@@ -330,6 +330,29 @@ impl Tools for ToolsService {
         Ok(Response::new(proto::ListResourcesResponse { rows }))
     }
 
+    async fn refresh_source(
+        &self,
+        request: Request<proto::RefreshSourceRequest>,
+    ) -> Result<Response<proto::RefreshSourceResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let report = self
+            .gateway
+            .refresh_source(&caller, &request.namespace, &request.name)
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(proto::RefreshSourceResponse {
+            ready: if report.ready { "True" } else { "False" }.into(),
+            reason: report.reason,
+            message: report.message,
+            added: report.diff.added,
+            removed: report.diff.removed,
+            changed: report.diff.changed,
+            tools: report.tools,
+            refresh_error: report.refresh_error.unwrap_or_default(),
+        }))
+    }
+
     async fn cancel(
         &self,
         request: Request<proto::CancelRequest>,

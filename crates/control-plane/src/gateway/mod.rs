@@ -16,6 +16,7 @@ mod http;
 pub mod http_error;
 pub mod mcp;
 mod model_schemas;
+pub mod refresh;
 pub mod results;
 mod sse;
 pub mod workspaces;
@@ -24,6 +25,7 @@ pub use admission::{Admitted, DEFAULT_REPEAT_WINDOW, Invocation, MAX_IDEMPOTENCY
 pub use authn::Authenticator;
 pub use grpc::{AuthenticatedTools, ToolsService};
 pub use http::{router, router_with};
+pub use refresh::{RefreshReport, SourceRefresher};
 
 use toolgrid_core::auth::Principal;
 
@@ -133,7 +135,9 @@ pub struct Gateway {
     console_limits: std::sync::RwLock<toolgrid_core::auth::SessionLimits>,
     /// The keys identity tokens for upstreams are signed with, published at
     /// [`crate::identity::JWKS_PATH`]; unset, that path answers 404.
-    identity: std::sync::OnceLock<crate::identity::IdentityKeys>,
+    identity: crate::identity::IssuerCell,
+    /// Who reads a ToolSource again on `toolgrid refresh`.
+    refresher: std::sync::OnceLock<Arc<dyn SourceRefresher>>,
 }
 
 impl Gateway {
@@ -155,18 +159,25 @@ impl Gateway {
             wasm: toolgrid_sandbox::middleware::WasmRunner::new(),
             approval_wake_ms: std::sync::atomic::AtomicI64::new(0),
             console_limits: Default::default(),
-            identity: std::sync::OnceLock::new(),
+            identity: Default::default(),
+            refresher: std::sync::OnceLock::new(),
         })
     }
 
-    /// Sets the keys identity tokens are signed with (once; later calls are ignored).
-    pub fn set_identity(&self, keys: crate::identity::IdentityKeys) {
-        let _ = self.identity.set(keys);
+    /// Sets the keys identity tokens are signed with and the platform's URL they name as
+    /// issuer (once; later calls are ignored).
+    pub fn set_identity(&self, keys: crate::identity::IdentityKeys, url: String) {
+        let _ = self.identity.set(crate::identity::Issuer { keys, url });
     }
 
     /// The keys identity tokens are signed with, if set.
     pub fn identity(&self) -> Option<&crate::identity::IdentityKeys> {
-        self.identity.get()
+        self.identity.get().map(|issuer| &issuer.keys)
+    }
+
+    /// The shared cell of the issuer (set by [`Self::set_identity`]).
+    pub fn issuer(&self) -> crate::identity::IssuerCell {
+        self.identity.clone()
     }
 
     /// Sets how long console sessions opened from now on live (idle, and in all).
@@ -737,12 +748,13 @@ impl Gateway {
             "releases" | "release" => Some(Kind::ToolRelease),
             "bindings" | "binding" => Some(Kind::ToolBinding),
             "pools" | "pool" => Some(Kind::WorkerPool),
+            "sources" | "source" => Some(Kind::ToolSource),
             _ => None,
         });
         let Some(kind) = kind else {
             return Err(ApiError::new(
                 ErrorKind::InvalidArgument,
-                "unknown kind: use tools, releases, bindings, middleware, agents or pools",
+                "unknown kind: use tools, releases, bindings, middleware, agents, pools or sources",
             ));
         };
         if matches!(caller, Principal::Agent { .. }) && kind != Kind::Tool {

@@ -71,7 +71,10 @@ impl Listeners {
 
 /// Secret values as the catalog holds them now (from the manifest directory's Secrets, or
 /// the Secrets Agents name in a cluster): what the scheduler puts in an assignment.
-struct CatalogSecrets(Arc<Catalog>);
+struct CatalogSecrets {
+    catalog: Arc<Catalog>,
+    issuer: crate::identity::IssuerCell,
+}
 
 impl crate::scheduler::SecretSource for CatalogSecrets {
     fn values(
@@ -83,7 +86,44 @@ impl crate::scheduler::SecretSource for CatalogSecrets {
         std::collections::BTreeMap<String, toolgrid_core::secret::SecretValue>,
         crate::scheduler::SecretError,
     > {
-        Ok(self.0.current().secret_values(namespace, agent, keys))
+        Ok(self.catalog.current().secret_values(namespace, agent, keys))
+    }
+
+    fn upstream_credentials(
+        &self,
+        call: &crate::scheduler::UpstreamCredentialsFor<'_>,
+    ) -> Result<
+        std::collections::BTreeMap<String, toolgrid_core::secret::SecretValue>,
+        crate::scheduler::SecretError,
+    > {
+        let snapshot = self.catalog.current();
+        let key = toolgrid_core::ids::ObjectKey::new(call.namespace, call.upstream.source.clone());
+        let mut values = snapshot
+            .source_secrets
+            .get(&key)
+            .cloned()
+            .unwrap_or_default();
+        if call.upstream.identity {
+            let issuer =
+                self.issuer
+                    .get()
+                    .ok_or_else(|| crate::scheduler::SecretError::Upstream {
+                        source_name: call.upstream.source.clone(),
+                        reason: "this control plane has no identity signing keys".into(),
+                    })?;
+            let token = issuer.mint_now(
+                &call.upstream.endpoint,
+                call.namespace,
+                call.agent.unwrap_or("operator"),
+                call.tool,
+                call.call_id,
+            );
+            values.insert(
+                toolgrid_core::source::IDENTITY_SECRET.to_string(),
+                toolgrid_core::secret::SecretValue::new(token.into_bytes()),
+            );
+        }
+        Ok(values)
     }
 }
 
@@ -127,7 +167,6 @@ impl ControlPlane {
         let catalog = Catalog::new();
         let calls = Arc::new(CallWatch::default());
         let scheduler = Scheduler::new(store.clone(), calls.clone(), config);
-        scheduler.set_secret_source(Arc::new(CatalogSecrets(catalog.clone())));
         scheduler.recover().await?;
         tokio::spawn(scheduler.clone().run());
         let gateway = Gateway::new(
@@ -137,6 +176,10 @@ impl ControlPlane {
             calls,
             auth,
         );
+        scheduler.set_secret_source(Arc::new(CatalogSecrets {
+            catalog: catalog.clone(),
+            issuer: gateway.issuer(),
+        }));
         tokio::spawn(approval_timer(gateway.clone()));
         retention::spawn_session_purge(store.clone());
         Ok(ControlPlane {

@@ -18,7 +18,7 @@ pub mod secrets;
 mod watch;
 
 pub use link::WorkerLinkService;
-pub use secrets::{SecretError, SecretSource, StaticSecrets};
+pub use secrets::{SecretError, SecretSource, StaticSecrets, UpstreamCredentialsFor};
 pub use toolgrid_core::scheduler::{QueueFull, Refusal, WorkerInfo};
 pub use watch::{CallUpdate, CallWatch, Progress};
 
@@ -614,7 +614,11 @@ impl Scheduler {
             &call.record.spec.access,
             &call.record.namespace,
             source.as_deref(),
-        ) {
+        )
+        .and_then(|mut delivery| {
+            secrets::add_upstream(&mut delivery, &call.record, source.as_deref())?;
+            Ok(delivery)
+        }) {
             Ok(delivery) => delivery,
             Err(error) => {
                 tracing::warn!(call = %call.record.id, worker = worker.as_str(), epoch = epoch.get(), %error, "call failed: its secrets cannot be resolved");
@@ -1239,6 +1243,16 @@ fn assign_of(
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
         attempt,
         egress_json: serde_json::to_string(&spec.egress).unwrap_or_default(),
+        upstream_json: spec
+            .upstream
+            .as_ref()
+            .and_then(|u| serde_json::to_string(u).ok())
+            .unwrap_or_default(),
+        args_json: if spec.upstream.is_some() {
+            record.args.to_string()
+        } else {
+            String::new()
+        },
         replay_chunks: 0,
         secrets: delivery.secrets,
         agent: spec.access.agent.clone().unwrap_or_default(),

@@ -24,6 +24,26 @@ pub trait SecretSource: Send + Sync {
         agent: &str,
         keys: &[String],
     ) -> Result<BTreeMap<String, SecretValue>, SecretError>;
+
+    /// What an imported tool's call carries to reach its upstream, by the reference its
+    /// declared headers use: its ToolSource's own Secret values, and a signed identity
+    /// token minted for this assignment (`auth: {type: identity}`). None by default.
+    fn upstream_credentials(
+        &self,
+        _call: &UpstreamCredentialsFor<'_>,
+    ) -> Result<BTreeMap<String, SecretValue>, SecretError> {
+        Ok(BTreeMap::new())
+    }
+}
+
+/// The call an upstream's credentials are for.
+#[derive(Clone, Copy, Debug)]
+pub struct UpstreamCredentialsFor<'a> {
+    pub namespace: &'a str,
+    pub tool: &'a str,
+    pub call_id: &'a str,
+    pub agent: Option<&'a str>,
+    pub upstream: &'a toolgrid_core::source::UpstreamCall,
 }
 
 /// A closure is a source: `Arc::new(move |namespace: &str, agent: &str, keys: &[String]| ...)`.
@@ -57,6 +77,8 @@ pub enum SecretError {
     NoSource,
     #[error("cannot read agent {agent:?}'s Secret: {reason}")]
     Unavailable { agent: String, reason: String },
+    #[error("the credentials of tool source {source_name:?} cannot be given: {reason}")]
+    Upstream { source_name: String, reason: String },
 }
 
 /// What an assignment carries besides the stored call spec.
@@ -163,6 +185,37 @@ pub fn delivery(
         }
     }
     Ok(delivery)
+}
+
+/// Adds an imported tool call's upstream credentials to its delivery (over any agent key
+/// of the same name).
+pub fn add_upstream(
+    delivery: &mut Delivery,
+    record: &toolgrid_core::call::CallRecord,
+    source: Option<&dyn SecretSource>,
+) -> Result<(), SecretError> {
+    let Some(upstream) = &record.spec.upstream else {
+        return Ok(());
+    };
+    let source = source.ok_or(SecretError::NoSource)?;
+    let values = source.upstream_credentials(&UpstreamCredentialsFor {
+        namespace: &record.namespace,
+        tool: &record.tool,
+        call_id: &record.id,
+        agent: record.spec.access.agent.as_deref(),
+        upstream,
+    })?;
+    for (name, value) in values {
+        let text = value
+            .expose_str()
+            .ok_or_else(|| SecretError::Upstream {
+                source_name: upstream.source.clone(),
+                reason: format!("the value of {name:?} is not UTF-8 text"),
+            })?
+            .to_string();
+        delivery.secrets.insert(name, text);
+    }
+    Ok(())
 }
 
 /// What scrubs a call's secret values, as they are now, out of what a front door shows a

@@ -125,6 +125,10 @@ pub struct CallSpec {
     /// return for a large result (absent: inline up to the default size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_policy: Option<crate::spec::ResultPolicy>,
+    /// An imported tool's call (a ToolSource's MCP tool or OpenAPI operation): the worker
+    /// makes this upstream request instead of running a wasm instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<crate::source::UpstreamCall>,
 }
 
 /// A call as the gateway admits it.

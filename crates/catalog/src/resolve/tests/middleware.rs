@@ -266,6 +266,7 @@ fn a_wasm_middleware_is_ready_only_with_its_component() {
         previous: &HashMap::new(),
         now: T0.parse().unwrap(),
         identities: None,
+        source_reads: &Default::default(),
     });
     let ready = |name: &str| state(&snapshot, Kind::Middleware, name).ready.clone();
     assert_eq!(ready("good").reason, Reason::Resolved);

@@ -71,6 +71,7 @@ fn run(
         previous,
         now: at.parse().unwrap(),
         identities: None,
+        source_reads: &Default::default(),
     })
 }
 

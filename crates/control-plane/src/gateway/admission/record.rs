@@ -134,6 +134,7 @@ pub(super) fn new_call(admission: Admission<'_>) -> NewCall {
             chain,
             retry: Some(RetrySpec::of(tool.effect, tool.spec.retry.as_ref())),
             result_policy: tool.spec.result_policy.clone(),
+            upstream: release.upstream.as_deref().cloned(),
         },
         stdin,
         idempotency_key,

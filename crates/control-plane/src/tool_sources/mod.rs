@@ -6,10 +6,12 @@
 //! a named [`FailureReason`], for the source's `Ready=False` condition; one source failing
 //! touches no other tool.
 
+pub mod reader;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 use toolgrid_catalog::sources::{mcp::read_mcp_tools, openapi};
-use toolgrid_core::source::{SourceLimits, SourceSnapshot, ToolFilter};
+use toolgrid_core::source::{McpEra, SourceLimits, SourceSnapshot, ToolFilter};
 use toolgrid_core::spec::Effect;
 use toolgrid_upstream::egress::{EgressError, EgressPolicy};
 use toolgrid_upstream::http::{FetchError, fetch_document};
@@ -25,8 +27,10 @@ pub const DOCUMENT_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum Document {
     /// Fetched from this URL through the source's egress.
     Url(String),
-    /// Already read (a ConfigMap key, a file next to the manifests).
+    /// Already read (a ConfigMap key).
     Bytes(Vec<u8>),
+    /// A file next to the manifests, read when the source is.
+    File(std::path::PathBuf),
 }
 
 /// What is read, and how it is imported.
@@ -57,6 +61,19 @@ pub enum FailureReason {
 }
 
 impl FailureReason {
+    /// The source's `Ready=False` reason.
+    pub fn reason(self) -> toolgrid_api::conditions::Reason {
+        use toolgrid_api::conditions::Reason;
+        match self {
+            FailureReason::UpstreamRefused => Reason::UpstreamRefused,
+            FailureReason::UpstreamUnreachable => Reason::UpstreamUnreachable,
+            FailureReason::UpstreamTimeout => Reason::UpstreamTimeout,
+            FailureReason::UpstreamGarbage => Reason::UpstreamGarbage,
+            FailureReason::UpstreamTooLarge => Reason::UpstreamTooLarge,
+            FailureReason::InvalidDocument => Reason::InvalidDocument,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             FailureReason::UpstreamRefused => "UpstreamRefused",
@@ -79,7 +96,7 @@ pub struct SourceFailure {
 }
 
 impl SourceFailure {
-    fn new(reason: FailureReason, message: impl std::fmt::Display) -> Self {
+    pub fn new(reason: FailureReason, message: impl std::fmt::Display) -> Self {
         SourceFailure {
             reason,
             message: message.to_string(),
@@ -134,13 +151,12 @@ pub async fn read_offer(
     match offer {
         Offer::Mcp(server) => {
             let listing = server.list_tools().await?;
-            Ok(read_mcp_tools(
-                &listing.tools,
-                name,
-                filter,
-                overrides,
-                limits,
-            ))
+            let mut snapshot = read_mcp_tools(&listing.tools, name, filter, overrides, limits);
+            snapshot.era = Some(match listing.era {
+                toolgrid_upstream::mcp::Era::Legacy => McpEra::Legacy,
+                _ => McpEra::Modern,
+            });
+            Ok(snapshot)
         }
         Offer::OpenApi { document, egress } => {
             let bytes = match document {
@@ -148,6 +164,7 @@ pub async fn read_offer(
                     fetch_document(url, *egress, MAX_DOCUMENT_BYTES, DOCUMENT_TIMEOUT).await?
                 }
                 Document::Bytes(bytes) => bytes.clone(),
+                Document::File(path) => read_file(path).await?,
             };
             openapi::read_openapi(&bytes, name, filter, overrides, limits).map_err(|error| {
                 let reason = match error {
@@ -158,6 +175,37 @@ pub async fn read_offer(
             })
         }
     }
+}
+
+/// A document file, at most [`MAX_DOCUMENT_BYTES`].
+async fn read_file(path: &std::path::Path) -> Result<Vec<u8>, SourceFailure> {
+    use tokio::io::AsyncReadExt as _;
+    let file = tokio::fs::File::open(path).await.map_err(|e| {
+        SourceFailure::new(
+            FailureReason::InvalidDocument,
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
+    let mut bytes = Vec::new();
+    file.take(MAX_DOCUMENT_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| {
+            SourceFailure::new(
+                FailureReason::InvalidDocument,
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
+    if bytes.len() > MAX_DOCUMENT_BYTES {
+        return Err(SourceFailure::new(
+            FailureReason::UpstreamTooLarge,
+            format!(
+                "{} is larger than {MAX_DOCUMENT_BYTES} bytes",
+                path.display()
+            ),
+        ));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]
