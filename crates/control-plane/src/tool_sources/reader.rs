@@ -328,3 +328,192 @@ pub fn offer_of(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use toolgrid_api::ToolSource;
+    use toolgrid_catalog::resolve::check_source;
+
+    /// A 2026-07-28 MCP server on loopback offering `tools`; counts `tools/list` requests.
+    async fn server(tools: Value) -> (u16, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let lists = Arc::new(AtomicUsize::new(0));
+        let counted = lists.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (tools, counted) = (tools.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let mut buffer = vec![0u8; 1 << 16];
+                    let n = stream.read(&mut buffer).await.unwrap_or(0);
+                    let text = String::from_utf8_lossy(&buffer[..n]).to_string();
+                    let body = text.split("\r\n\r\n").nth(1).unwrap_or("{}");
+                    let request: Value = serde_json::from_str(body).unwrap_or_default();
+                    let result = if request["method"] == "tools/list" {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        json!({"tools": tools, "resultType": "complete"})
+                    } else {
+                        json!({"resultType": "complete"})
+                    };
+                    let answer = json!({"jsonrpc": "2.0", "id": request["id"], "result": result})
+                        .to_string();
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                        answer.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                });
+            }
+        });
+        (port, lists, task)
+    }
+
+    fn plan(port: u16) -> SourcePlan {
+        let source: ToolSource = serde_json::from_value(json!({
+            "apiVersion": "toolgrid.dev/v1alpha1",
+            "kind": "ToolSource",
+            "metadata": {"name": "up", "namespace": "default"},
+            "spec": {"mcp": {"url": format!("http://127.0.0.1:{port}/mcp"),
+                             "allowHttp": true, "allowPrivate": true, "timeout": "2s"}}
+        }))
+        .unwrap();
+        check_source(&source, &ObjectKey::new("default", "up")).unwrap()
+    }
+
+    fn request(port: u16, spec_hash: &str, refresh: Option<&str>) -> Request<'static> {
+        Request {
+            key: ObjectKey::new("default", "up"),
+            plan: plan(port),
+            wanted: Wanted {
+                spec_hash: spec_hash.into(),
+                refresh: refresh.map(str::to_string),
+            },
+            stored: None,
+            dir: None,
+        }
+    }
+
+    fn no_token(_: &ObjectKey, _: &str) -> Option<String> {
+        None
+    }
+
+    /// Asks for `request` until a read answering it is served.
+    async fn served(
+        reader: &Arc<SourceReader>,
+        make: impl Fn() -> Request<'static>,
+        answers: impl Fn(&SourceRead) -> bool,
+    ) -> SourceRead {
+        let key = ObjectKey::new("default", "up");
+        for _ in 0..100 {
+            let reads = reader.reads(vec![make()], &Identities::default(), &no_token);
+            if let Some(read) = reads.get(&key).filter(|r| answers(r)) {
+                return read.clone();
+            }
+            let _ =
+                tokio::time::timeout(Duration::from_millis(100), reader.landed.notified()).await;
+        }
+        panic!("never served");
+    }
+
+    fn names(read: &SourceRead) -> Vec<String> {
+        read.outcome
+            .as_ref()
+            .map(|s| s.tools.iter().map(|t| t.name.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn a_source_is_read_once_and_served_until_asked_again() {
+        let (port, lists, _server) =
+            server(json!([{"name": "one", "inputSchema": {"type": "object"}}])).await;
+        let reader = SourceReader::new(SourceLimits::default());
+        let key = ObjectKey::new("default", "up");
+        // Nothing is served before the first read lands.
+        assert!(
+            reader
+                .reads(
+                    vec![request(port, "g1", None)],
+                    &Identities::default(),
+                    &no_token
+                )
+                .is_empty()
+        );
+        let first = served(&reader, || request(port, "g1", None), |_| true).await;
+        assert_eq!(names(&first), ["one"]);
+        for _ in 0..5 {
+            reader.reads(
+                vec![request(port, "g1", None)],
+                &Identities::default(),
+                &no_token,
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(lists.load(Ordering::SeqCst), 1, "read once");
+        // A refresh reads again; the earlier read is served until it lands.
+        let during = reader.reads(
+            vec![request(port, "g1", Some("r1"))],
+            &Identities::default(),
+            &no_token,
+        );
+        assert_eq!(during[&key].refreshed, None);
+        let after = served(
+            &reader,
+            || request(port, "g1", Some("r1")),
+            |r| r.refreshed.as_deref() == Some("r1"),
+        )
+        .await;
+        assert_eq!(names(&after), ["one"]);
+        assert_eq!(lists.load(Ordering::SeqCst), 2);
+        // A stored snapshot for what is wanted is served without a read.
+        let fresh = SourceReader::new(SourceLimits::default());
+        let mut stored = request(port, "g1", Some("r1"));
+        stored.stored = Some(after.clone());
+        let reads = fresh.reads(vec![stored], &Identities::default(), &no_token);
+        assert_eq!(reads[&key], after);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(lists.load(Ordering::SeqCst), 2, "not read again");
+    }
+
+    #[tokio::test]
+    async fn a_failed_refresh_keeps_the_earlier_tools_and_a_new_spec_serves_nothing_until_read() {
+        let (port, _lists, server) =
+            server(json!([{"name": "one", "inputSchema": {"type": "object"}}])).await;
+        let reader = SourceReader::new(SourceLimits::default());
+        let key = ObjectKey::new("default", "up");
+        served(&reader, || request(port, "g1", None), |_| true).await;
+        server.abort();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let failed = served(
+            &reader,
+            || request(port, "g1", Some("r1")),
+            |r| r.refreshed.as_deref() == Some("r1"),
+        )
+        .await;
+        assert_eq!(
+            names(&failed),
+            ["one"],
+            "the earlier tools are still served"
+        );
+        let failure = failed.refresh_failure.expect("the refresh failed");
+        assert_eq!(
+            failure.reason,
+            toolgrid_api::conditions::Reason::UpstreamUnreachable
+        );
+        // A new spec: the old snapshot is not served for it; its failed read is.
+        let reads = reader.reads(
+            vec![request(port, "g2", None)],
+            &Identities::default(),
+            &no_token,
+        );
+        assert!(!reads.contains_key(&key));
+        let read = served(&reader, || request(port, "g2", None), |_| true).await;
+        assert!(read.outcome.is_err());
+        // A source no longer declared is forgotten.
+        reader.reads(Vec::new(), &Identities::default(), &no_token);
+        assert!(reader.read_of(&key).is_none());
+    }
+}

@@ -7,6 +7,7 @@ mod declared;
 mod middleware;
 mod release;
 mod tool;
+mod tool_source;
 
 use super::{PreviousState, ResolveInput, previous_of, resolve};
 use crate::artifacts::ArtifactOutcome;
