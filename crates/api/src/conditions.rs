@@ -67,6 +67,8 @@ reasons! {
     WorkersAttached: ready,
     /// A pool that wants no workers.
     ScaledToZero: ready,
+    /// A ToolSource whose upstream was read: its tools are callable.
+    SourceRead: ready,
     // Ready=False, waiting for something else: Reconciling
     ArtifactPending: waiting,
     ArtifactNotFound: waiting,
@@ -98,8 +100,6 @@ reasons! {
     UpstreamTooLarge: waiting,
     /// A ToolSource that has not been read yet.
     SourcePending: waiting,
-    /// A ToolSource whose upstream was read: its tools are callable.
-    SourceRead: ready,
     // Ready=False, only a change to the object helps: Stalled
     InvalidSpec: stalled,
     DuplicateName: stalled,
@@ -124,13 +124,12 @@ reasons! {
     /// A Middleware with a CEL expression that does not compile (the message is the
     /// compiler's).
     InvalidExpression: stalled,
-    /// A ToolSource's OpenAPI document is not OpenAPI 3.0 or 3.1, or does not parse.
-    InvalidDocument: stalled,
-    /// A tool name a ToolSource imports is already a Tool of its namespace.
-    ImportedNameTaken: stalled,
+
     /// A binding's release declares egress headers that refer to a secret key the binding
     /// makes neither readable nor revealable (`network.egress[].headers`).
     UngrantedSecretReference: stalled,
+    /// A ToolSource's OpenAPI document is not OpenAPI 3.0 or 3.1, or does not parse.
+    InvalidDocument: stalled,
 }
 
 impl std::fmt::Display for Reason {

@@ -590,8 +590,12 @@ fn long_descriptions_are_cut_and_extra_operations_left_out() {
         .filter(|l| l.reason == LeftOutReason::TooLarge)
         .map(|l| l.name.as_str())
         .collect();
-    assert_eq!(beyond.len(), 601 - limits.max_tools);
-    assert_eq!(beyond.last(), Some(&"op599"));
+    // 101 are beyond the limit; the status lists 99 of them and counts the rest.
+    assert_eq!(601 - limits.max_tools, 101);
+    assert_eq!(beyond.len(), toolgrid_catalog::sources::MAX_LEFT_OUT);
+    assert_eq!(beyond[98], "op597");
+    let last = snapshot.left_out.last().unwrap();
+    assert_eq!(last.message, "2 more left out, not listed");
 }
 
 #[test]

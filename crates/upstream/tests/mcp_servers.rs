@@ -46,7 +46,11 @@ async fn lists_and_calls_in_both_eras() {
             .iter()
             .filter_map(|t| t["name"].as_str())
             .collect();
-        assert_eq!(names, ["add", "set_value", "record", "fail"], "{era:?}");
+        assert_eq!(
+            names,
+            ["add", "set_value", "record", "slow_record", "grow", "fail"],
+            "{era:?}"
+        );
         assert_eq!(listing.tools[0]["annotations"]["readOnlyHint"], true);
 
         let sum = server

@@ -373,13 +373,18 @@ mod tests {
             snapshot.left_out[0].reason,
             LeftOutReason::UnsupportedSchema
         );
+        // The status lists at most MAX_LEFT_OUT of what was left out and counts the rest.
         assert_eq!(
-            snapshot
-                .left_out
-                .iter()
-                .filter(|l| l.reason == LeftOutReason::TooLarge)
-                .count(),
-            10_000 - SourceLimits::default().max_tools
+            snapshot.left_out.len(),
+            toolgrid_catalog::sources::MAX_LEFT_OUT
+        );
+        let listed = toolgrid_catalog::sources::MAX_LEFT_OUT - 1;
+        assert_eq!(
+            snapshot.left_out.last().unwrap().message,
+            format!(
+                "{} more left out, not listed",
+                1 + 10_000 - SourceLimits::default().max_tools - listed
+            )
         );
     }
 
