@@ -148,7 +148,7 @@ async fn a_python_server_of_the_2026_era_is_imported_with_effects_from_its_annot
     let overrides = BTreeMap::from([("fail".to_string(), Effect::Read)]);
     let filter = ToolFilter {
         allow: vec![],
-        deny: vec!["record".into()],
+        deny: vec!["*record".into(), "grow".into()],
     };
     let snapshot = read_mcp_tools(
         &listing.tools,
@@ -170,13 +170,18 @@ async fn a_python_server_of_the_2026_era_is_imported_with_effects_from_its_annot
             ("fail", Effect::Read)
         ]
     );
-    assert_eq!(snapshot.left_out.len(), 1);
+    let left_out: Vec<(&str, LeftOutReason)> = snapshot
+        .left_out
+        .iter()
+        .map(|l| (l.name.as_str(), l.reason))
+        .collect();
     assert_eq!(
-        (
-            snapshot.left_out[0].name.as_str(),
-            snapshot.left_out[0].reason
-        ),
-        ("record", LeftOutReason::NotAllowed)
+        left_out,
+        [
+            ("record", LeftOutReason::NotAllowed),
+            ("slow_record", LeftOutReason::NotAllowed),
+            ("grow", LeftOutReason::NotAllowed)
+        ]
     );
     // The output schema is the command's result schema.
     let add = &snapshot.tools[0];
