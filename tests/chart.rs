@@ -303,7 +303,7 @@ fn the_chart_renders_with_real_helm_into_valid_kubernetes_objects() {
             .iter()
             .filter(|k| *k == "CustomResourceDefinition")
             .count(),
-        6
+        toolgrid_api::all_crds().len()
     );
     let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
     check_controller_args(deployment);

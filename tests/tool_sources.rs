@@ -31,6 +31,7 @@ use toolgrid_testkit::mcp_upstream::McpUpstream;
 
 const AGENT_TOKEN: &str = "tg-agent-sources-0123456789abcdef";
 const PETSTORE_TOKEN: &str = "petstore-oauth-token-5f1e";
+const ECHO_TOKEN: &str = "echo-bearer-token-91c3d7";
 
 struct Upstream(Child);
 
@@ -459,6 +460,40 @@ spec:
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
 }
 
+/// `oplog` as text, followed by every recorded response body (`bodyBase64`) decoded.
+fn with_bodies_decoded(oplog: &Value) -> String {
+    use base64::Engine as _;
+    fn bodies(value: &Value, out: &mut String) {
+        match value {
+            Value::Object(map) => {
+                for (key, value) in map {
+                    match (key.as_str(), value) {
+                        ("bodyBase64" | "base64", Value::String(body)) => {
+                            let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(body)
+                            else {
+                                continue; // scrubbed: no longer base64
+                            };
+                            let text = String::from_utf8_lossy(&bytes).to_string();
+                            out.push('\n');
+                            out.push_str(&text);
+                            // A reflected body may hold base64 of its own.
+                            if let Ok(inner) = serde_json::from_str::<Value>(&text) {
+                                bodies(&inner, out);
+                            }
+                        }
+                        _ => bodies(value, out),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|v| bodies(v, out)),
+            _ => {}
+        }
+    }
+    let mut text = oplog.to_string();
+    bodies(oplog, &mut text);
+    text
+}
+
 /// The FastAPI fixture serving on a free port, or `None` (a failure under CI) without it.
 fn fastapi() -> Option<(Upstream, u16)> {
     let have = std::process::Command::new("python3")
@@ -714,7 +749,10 @@ async fn an_upstream_gets_a_signed_identity_it_can_verify_and_no_agent_token() {
     let document = json!({
         "openapi": "3.0.3",
         "info": {"title": "who", "version": "1"},
-        "paths": {"/echo": {"get": {"operationId": "whoami", "responses": {"200": {"description": "ok"}}}}}
+        "paths": {
+            "/echo": {"get": {"operationId": "whoami", "responses": {"200": {"description": "ok"}}}},
+            "/echo-all": {"get": {"operationId": "reflect", "responses": {"200": {"description": "ok"}}}}
+        }
     });
     std::fs::write(manifests.join("who.json"), document.to_string()).unwrap();
     let base = witness.base();
@@ -733,10 +771,58 @@ spec:
     allowPrivate: true
 "#
     );
+    text += &format!(
+        r#"---
+apiVersion: v1
+kind: Secret
+metadata: {{name: echo-auth}}
+stringData: {{token: {ECHO_TOKEN}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolSource
+metadata: {{name: echoing}}
+spec:
+  openapi:
+    spec: {{file: who.json}}
+    baseUrl: "{base}"
+    auth: {{type: bearer, secretRef: {{name: echo-auth, key: token}}}}
+    allowHttp: true
+    allowPrivate: true
+"#
+    );
     text += &binding("who__whoami");
+    text += &binding("echoing__reflect");
     std::fs::write(manifests.join("sources.yaml"), text).unwrap();
     let platform = Platform::start(root.path(), &manifests, &[]);
     source_row(&platform, "who", "True").await;
+    source_row(&platform, "echoing", "True").await;
+
+    // A source's own bearer token, reflected by its upstream (as sent, and base64-encoded),
+    // reaches neither the agent's result nor the oplog the agent reads (the operator's raw
+    // oplog holds the encoded form, as recorded for replay).
+    let echoed = agent_call(&platform, "echoing__reflect", json!({}), "echo-1").await;
+    assert!(!result_of(&echoed).to_string().contains(ECHO_TOKEN));
+    let http = platform.http_client();
+    let oplog = |token: String| {
+        let url = format!("http://{}/v1/calls/{}/oplog", platform.http, echoed.id);
+        let http = http.clone();
+        async move {
+            let answer = http.get(url).bearer_auth(token).send().await.unwrap();
+            assert_eq!(answer.status(), 200);
+            with_bodies_decoded(&answer.json().await.unwrap())
+        }
+    };
+    let raw = oplog(platform.admin_token()).await;
+    assert!(
+        raw.contains(ECHO_TOKEN),
+        "the operator's oplog is raw: {raw}"
+    );
+    let read = oplog(AGENT_TOKEN.to_string()).await;
+    assert!(read.contains("http-response"), "{read}");
+    assert!(
+        !read.contains(ECHO_TOKEN),
+        "the agent's oplog leaks the source's token: {read}"
+    );
     let call = agent_call(&platform, "who__whoami", json!({}), "who-1").await;
     let answer = result_of(&call);
     let seen = witness.seen();

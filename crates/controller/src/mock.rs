@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use toolgrid_api::{Tool, ToolRelease, WorkerPool};
+use toolgrid_api::{Tool, ToolRelease, ToolSource, WorkerPool};
 use toolgrid_catalog::artifacts::ArtifactOutcome;
 use toolgrid_catalog::manifest::{ResourceSet, load_text};
 use toolgrid_catalog::resolve::{ResolveInput, resolve};
@@ -108,8 +108,15 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
+    fixture_with(MANIFESTS, HashMap::new()).await
+}
+
+async fn fixture_with(
+    manifests: &str,
+    source_reads: HashMap<ObjectKey, toolgrid_catalog::resolve::SourceRead>,
+) -> Fixture {
     let mut set = ResourceSet::default();
-    load_text(std::path::Path::new("cluster"), MANIFESTS, &mut set);
+    load_text(std::path::Path::new("cluster"), manifests, &mut set);
     assert!(set.invalid.is_empty(), "{:?}", set.invalid);
     let artifacts: HashMap<ObjectKey, ArtifactOutcome> = [(
         ObjectKey::new("default", "echo-1.0.0"),
@@ -127,7 +134,7 @@ async fn fixture() -> Fixture {
         previous: &HashMap::new(),
         now: "2026-01-01T00:00:00Z".parse().unwrap(),
         identities: Some(&Identities::default()),
-        source_reads: &Default::default(),
+        source_reads: &source_reads,
     });
     let catalog = Catalog::new();
     catalog.publish(snapshot);
@@ -173,6 +180,111 @@ async fn fixture() -> Fixture {
 
 fn echo_event(body: &Value) -> Value {
     body.clone()
+}
+
+#[tokio::test]
+async fn a_tool_source_keeps_its_snapshot_in_status_and_a_refresh_only_annotates() {
+    let manifests = format!(
+        "{MANIFESTS}---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolSource\nmetadata: {{name: shop, namespace: default, generation: 2}}\nspec: {{mcp: {{url: 'https://mcp.example.com/mcp'}}}}\n"
+    );
+    let snapshot: toolgrid_core::source::SourceSnapshot = serde_json::from_value(json!({
+        "tools": [{"name": "add", "effect": "read",
+                   "command": {"name": "default"}, "target": {"kind": "mcp", "tool": "add"}}],
+        "era": "modern"
+    }))
+    .unwrap();
+    let reads = HashMap::from([(
+        ObjectKey::new("default", "shop"),
+        toolgrid_catalog::resolve::SourceRead {
+            refreshed: Some("r1".into()),
+            read_at: "2026-01-01T00:00:00Z".into(),
+            outcome: Ok(snapshot),
+            refresh_failure: None,
+        },
+    )]);
+    let Fixture {
+        ctx,
+        set,
+        mut handle,
+        _dir,
+        ..
+    } = fixture_with(&manifests, reads).await;
+    let source: ToolSource = set.tool_sources[0].object.clone();
+    let task = tokio::spawn(reconcile::reconcile_resolved(
+        Arc::new(source.clone()),
+        ctx.clone(),
+    ));
+    let patch = expect(
+        &mut handle,
+        Method::PATCH,
+        "/apis/toolgrid.dev/v1alpha1/namespaces/default/toolsources/shop/status",
+        &["fieldManager=toolgrid-controller", "force=true"],
+        StatusCode::OK,
+        |body| {
+            let mut object = serde_json::to_value(&source).unwrap();
+            object["status"] = body["status"].clone();
+            object
+        },
+    )
+    .await;
+    assert_eq!(patch["kind"], "ToolSource");
+    assert!(patch.get("spec").is_none());
+    let status = &patch["status"];
+    assert_eq!(status["observedGeneration"], 2);
+    assert_eq!(status["readGeneration"], 2);
+    assert_eq!(status["refreshed"], "r1");
+    assert_eq!(status["toolCount"], 1);
+    assert_eq!(status["kind"], "mcp");
+    assert_eq!(status["snapshot"]["tools"][0]["name"], "add");
+    assert_eq!(status["conditions"][0]["reason"], "SourceRead");
+    let event = expect(
+        &mut handle,
+        Method::POST,
+        "/apis/events.k8s.io/v1/namespaces/default/events",
+        &[],
+        StatusCode::CREATED,
+        echo_event,
+    )
+    .await;
+    assert_eq!(event["reason"], "SourceRead");
+    task.await.unwrap().expect("reconciled");
+    // What the status holds answers the same generation and refresh: it is served as is
+    // (the controller reads the upstream again only for a new generation or refresh).
+    let written: toolgrid_api::ToolSourceStatus = serde_json::from_value(status.clone()).unwrap();
+    assert!(
+        toolgrid_catalog::resolve::tool_source::status_is_current(&written, 2, Some("r1"))
+            .is_some()
+    );
+
+    // `toolgrid refresh` in a cluster: a merge patch of the annotation, nothing else.
+    let refresher = crate::refresh::AnnotationRefresher {
+        client: ctx.client.clone(),
+    };
+    let asked = tokio::spawn(async move {
+        toolgrid_control_plane::gateway::SourceRefresher::request(
+            &refresher,
+            &ObjectKey::new("default", "shop"),
+        )
+        .await
+    });
+    let body = expect(
+        &mut handle,
+        Method::PATCH,
+        "/apis/toolgrid.dev/v1alpha1/namespaces/default/toolsources/shop",
+        &[],
+        StatusCode::OK,
+        |body| {
+            let mut object = serde_json::to_value(&source).unwrap();
+            object["metadata"]["annotations"] = body["metadata"]["annotations"].clone();
+            object
+        },
+    )
+    .await;
+    let nonce = asked.await.unwrap().expect("annotated");
+    assert_eq!(
+        body,
+        json!({"metadata": {"annotations": {"toolgrid.dev/refresh": nonce}}})
+    );
 }
 
 #[tokio::test]

@@ -89,6 +89,19 @@ impl crate::scheduler::SecretSource for CatalogSecrets {
         Ok(self.catalog.current().secret_values(namespace, agent, keys))
     }
 
+    fn source_values(
+        &self,
+        namespace: &str,
+        source: &str,
+    ) -> Vec<toolgrid_core::secret::SecretValue> {
+        self.catalog
+            .current()
+            .source_secrets
+            .get(&toolgrid_core::ids::ObjectKey::new(namespace, source))
+            .map(|values| values.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     fn upstream_credentials(
         &self,
         call: &crate::scheduler::UpstreamCredentialsFor<'_>,

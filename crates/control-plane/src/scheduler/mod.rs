@@ -178,7 +178,12 @@ impl Scheduler {
         record: &CallRecord,
     ) -> Result<toolgrid_core::secret::scrub::Scrubber, SecretError> {
         let source = self.secret_source();
-        secrets::scrubber(&record.spec.access, &record.namespace, source.as_deref())
+        secrets::scrubber_with(
+            &record.spec.access,
+            &record.namespace,
+            source.as_deref(),
+            record.spec.upstream.as_ref().map(|u| u.source.as_str()),
+        )
     }
 
     /// Sets where secret values are read when a call is assigned. Without one, a call

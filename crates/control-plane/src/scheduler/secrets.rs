@@ -34,6 +34,12 @@ pub trait SecretSource: Send + Sync {
     ) -> Result<BTreeMap<String, SecretValue>, SecretError> {
         Ok(BTreeMap::new())
     }
+
+    /// The values of ToolSource `namespace/source`'s own Secret keys as they are now (no
+    /// identity token): what is scrubbed from what an agent reads of its calls.
+    fn source_values(&self, _namespace: &str, _source: &str) -> Vec<SecretValue> {
+        Vec::new()
+    }
 }
 
 /// The call an upstream's credentials are for.
@@ -229,9 +235,30 @@ pub fn scrubber(
     namespace: &str,
     source: Option<&dyn SecretSource>,
 ) -> Result<toolgrid_core::secret::scrub::Scrubber, SecretError> {
-    Ok(match granted(access, namespace, source)? {
-        Some(granted) => toolgrid_core::secret::scrub::Scrubber::new(granted.values.values()),
-        None => Default::default(),
+    scrubber_with(access, namespace, source, None)
+}
+
+/// [`scrubber`], and for an imported tool's call (`upstream`: its ToolSource's name) also
+/// the source's own credentials, which an echoing upstream may have put in a recorded
+/// response. (An identity token is minted per assignment and not kept: one an upstream
+/// echoed is not known here, and stays valid for two minutes for that upstream only.)
+pub fn scrubber_with(
+    access: &CallAccess,
+    namespace: &str,
+    source: Option<&dyn SecretSource>,
+    upstream: Option<&str>,
+) -> Result<toolgrid_core::secret::scrub::Scrubber, SecretError> {
+    let mut values: Vec<SecretValue> = match granted(access, namespace, source)? {
+        Some(granted) => granted.values.into_values().collect(),
+        None => Vec::new(),
+    };
+    if let (Some(name), Some(source)) = (upstream, source) {
+        values.extend(source.source_values(namespace, name));
+    }
+    Ok(if values.is_empty() {
+        Default::default()
+    } else {
+        toolgrid_core::secret::scrub::Scrubber::new(values.iter())
     })
 }
 
