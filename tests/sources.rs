@@ -9,43 +9,15 @@
 
 mod common;
 
+use common::{ChildGuard, free_port, wait_for_port};
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
 use toolgrid_catalog::sources::mcp::read_mcp_tools;
 use toolgrid_core::source::{LeftOutReason, SourceLimits, ToolFilter, UpstreamTarget};
 use toolgrid_core::spec::Effect;
 use toolgrid_upstream::egress::EgressPolicy;
 use toolgrid_upstream::mcp::{Era, McpLimits, McpServer, ToolOutcomeError, outcome_of};
-
-struct Upstream(Child);
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_for(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the upstream on {port} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// The test's upstreams are on loopback, over plain HTTP: a ToolSource says so explicitly.
 fn loopback(url: String, era: Era) -> McpServer {
@@ -67,7 +39,7 @@ async fn the_reference_server_is_listed_imported_and_called_in_a_legacy_session(
         return;
     };
     let port = free_port();
-    let _upstream = Upstream(
+    let _upstream = ChildGuard(
         command
             .arg("streamableHttp")
             .env("PORT", port.to_string())
@@ -76,7 +48,7 @@ async fn the_reference_server_is_listed_imported_and_called_in_a_legacy_session(
             .spawn()
             .expect("server-everything"),
     );
-    wait_for(port);
+    wait_for_port(port);
     let server = loopback(format!("http://127.0.0.1:{port}/mcp"), Era::Auto);
     let listing = server.list_tools().await.expect("tools/list");
     assert_eq!(listing.era, Era::Legacy, "the 1.x SDK holds sessions only");

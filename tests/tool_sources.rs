@@ -21,10 +21,11 @@
 mod common;
 
 use common::witness::Witness;
+use common::{ChildGuard, free_port, wait_for_port};
 use common::{Platform, WorkerProcess, error_kind, result_of};
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 use toolgrid_proto as proto;
 use toolgrid_testkit::mcp_upstream::McpUpstream;
@@ -32,34 +33,6 @@ use toolgrid_testkit::mcp_upstream::McpUpstream;
 const AGENT_TOKEN: &str = "tg-agent-sources-0123456789abcdef";
 const PETSTORE_TOKEN: &str = "petstore-oauth-token-5f1e";
 const ECHO_TOKEN: &str = "echo-bearer-token-91c3d7";
-
-struct Upstream(Child);
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_for(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the upstream on {port} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// The agent, its token, and a pool the test's worker processes serve.
 fn agent_and_pool() -> String {
@@ -230,7 +203,7 @@ async fn mcp_servers_become_bindable_tools_that_fail_over_exactly_once() {
         return;
     };
     let everything_port = free_port();
-    let _everything = Upstream(
+    let _everything = ChildGuard(
         everything
             .arg("streamableHttp")
             .env("PORT", everything_port.to_string())
@@ -239,7 +212,7 @@ async fn mcp_servers_become_bindable_tools_that_fail_over_exactly_once() {
             .spawn()
             .expect("server-everything"),
     );
-    wait_for(everything_port);
+    wait_for_port(everything_port);
 
     let root = tempfile::tempdir().unwrap();
     let manifests = root.path().join("manifests");
@@ -495,7 +468,7 @@ fn with_bodies_decoded(oplog: &Value) -> String {
 }
 
 /// The FastAPI fixture serving on a free port, or `None` (a failure under CI) without it.
-fn fastapi() -> Option<(Upstream, u16)> {
+fn fastapi() -> Option<(ChildGuard, u16)> {
     let have = std::process::Command::new("python3")
         .args(["-c", "import fastapi, uvicorn"])
         .status()
@@ -511,13 +484,13 @@ fn fastapi() -> Option<(Upstream, u16)> {
         .stderr(Stdio::null())
         .spawn()
         .expect("python3 runs");
-    let upstream = Upstream(child);
-    wait_for(port);
+    let upstream = ChildGuard(child);
+    wait_for_port(port);
     Some((upstream, port))
 }
 
 /// Prism mocking the petstore document, or `None` (a failure under CI) without it.
-fn prism(document: &Path) -> Option<(Upstream, u16)> {
+fn prism(document: &Path) -> Option<(ChildGuard, u16)> {
     let mut command = common::js_command("prism")?;
     let port = free_port();
     let child = command
@@ -527,8 +500,8 @@ fn prism(document: &Path) -> Option<(Upstream, u16)> {
         .stderr(Stdio::null())
         .spawn()
         .expect("prism runs");
-    let upstream = Upstream(child);
-    wait_for(port);
+    let upstream = ChildGuard(child);
+    wait_for_port(port);
     Some((upstream, port))
 }
 

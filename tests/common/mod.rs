@@ -480,3 +480,31 @@ impl Drop for WorkerProcess {
         self.kill();
     }
 }
+
+/// A helper process (an upstream server) killed when the test ends.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A TCP port free on loopback now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind loopback")
+        .local_addr()
+        .expect("local address")
+        .port()
+}
+
+/// Waits (up to a minute) until something listens on loopback `port`.
+pub fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -122,19 +122,7 @@ impl ManifestSource {
                 })
             })
             .collect();
-        let issuer = self.issuer.get();
-        let token = |key: &ObjectKey, audience: &str| {
-            issuer.map(|i| {
-                i.mint_now(
-                    audience,
-                    &key.namespace,
-                    "toolgrid-catalog",
-                    "tools/list",
-                    "",
-                )
-            })
-        };
-        self.reader.reads(requests, identities, &token)
+        self.reader.reads(requests, identities, self.issuer.get())
     }
 
     pub fn dir(&self) -> &Path {

@@ -430,19 +430,7 @@ impl ClusterSource {
                 })
             })
             .collect();
-        let issuer = self.issuer.get();
-        let token = |key: &ObjectKey, audience: &str| {
-            issuer.map(|i| {
-                i.mint_now(
-                    audience,
-                    &key.namespace,
-                    "toolgrid-catalog",
-                    "tools/list",
-                    "",
-                )
-            })
-        };
-        self.reader.reads(requests, identities, &token)
+        self.reader.reads(requests, identities, self.issuer.get())
     }
 
     /// The component of a wasm Middleware (`None`: not a wasm step): from a ConfigMap, or

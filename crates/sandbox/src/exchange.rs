@@ -4,12 +4,10 @@
 //! effect), the same deadline, secrets and redaction, and the same [`RunOutcome`], so the
 //! worker reports it like any run.
 
-use crate::egress::Egress;
-use crate::http::{HttpFailure, HttpHost, OplogSink};
+use crate::http::{HttpFailure, HttpHost};
 use crate::limits::{CallMemory, Tripwires};
 use crate::recorder::{AbortKind, HostLog};
-use crate::runtime::{Failure, MemorySink, RunOutcome, RunRequest, deadline_failure};
-use crate::secrets::CallSecrets;
+use crate::runtime::{CallHost, Failure, RunOutcome, RunRequest, call_host, deadline_failure};
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
@@ -32,42 +30,21 @@ pub enum Exchanged {
 
 /// Runs `exchange` as the call `request` describes (its replay, sink, egress, secrets and
 /// limits); the argv, stdin and workspace of `request` are the exchange's to read.
-pub async fn run_exchange<F, Fut>(request: RunRequest, exchange: F) -> RunOutcome
+pub async fn run_exchange<F, Fut>(mut request: RunRequest, exchange: F) -> RunOutcome
 where
     F: FnOnce(Arc<HttpHost>) -> Fut,
     Fut: Future<Output = Exchanged>,
 {
     let started = Instant::now();
     let trips = Arc::new(Tripwires::default());
-    let log = HostLog::new(request.replay);
-    for entry in request.prelude {
+    let log = HostLog::new(std::mem::take(&mut request.replay));
+    for entry in std::mem::take(&mut request.prelude) {
         log.record(entry);
     }
     let memory = CallMemory::new(request.limits.memory_bytes, trips.clone());
     let timeout = Duration::from_millis(request.limits.timeout_ms.max(1));
     let hard = Duration::from_millis(request.limits.max_timeout_ms).max(timeout);
-    let sink: Arc<dyn OplogSink> = request
-        .sink
-        .clone()
-        .unwrap_or_else(|| Arc::new(MemorySink::default()));
-    let secrets = Arc::new(CallSecrets::new(request.secrets));
-    let http = Arc::new(
-        HttpHost::new(
-            request.call_id.clone(),
-            request.attempt.max(1),
-            request.repeatable,
-            Egress::new(request.egress.clone()),
-            log.clone(),
-            sink,
-            hard,
-        )
-        .with_limits(
-            request.limits.effective_request_bytes(),
-            request.limits.effective_response_bytes(),
-            Some(memory),
-        )
-        .with_secrets(secrets.clone()),
-    );
+    let CallHost { http, secrets, .. } = call_host(&mut request, &log, &memory, hard);
     let failure = |kind, message: String| {
         (
             -1,

@@ -281,6 +281,22 @@ impl HttpHost {
         seq: u64,
         request: OutgoingRequest,
     ) -> Result<Response, HttpFailure> {
+        self.send_as(seq, request, false).await
+    }
+
+    /// Numbers one request that has no effect of its own whatever its method (a protocol
+    /// handshake: an MCP session's `initialize`), sends it or answers it from the oplog: in
+    /// flight when a worker was lost, it is sent again even for a `write` tool.
+    pub async fn send_handshake(&self, request: OutgoingRequest) -> Result<Response, HttpFailure> {
+        self.send_as(self.next_seq(), request, true).await
+    }
+
+    async fn send_as(
+        &self,
+        seq: u64,
+        request: OutgoingRequest,
+        no_effect: bool,
+    ) -> Result<Response, HttpFailure> {
         if self.log.aborted().is_some() {
             return Err(HttpFailure::Abort);
         }
@@ -362,7 +378,7 @@ impl HttpHost {
                 _ => {}
             }
             // Its start was committed, its outcome never was: it may have been applied.
-            if !(is_idempotent_method(&method) || self.repeatable) {
+            if !(no_effect || is_idempotent_method(&method) || self.repeatable) {
                 self.log.abort(
                     AbortKind::OutcomeUnknown,
                     format!(

@@ -667,11 +667,11 @@ impl Runtime {
     }
 
     /// Runs one call in a fresh store and instance.
-    pub async fn run(&self, compiled: &Compiled, request: RunRequest) -> RunOutcome {
+    pub async fn run(&self, compiled: &Compiled, mut request: RunRequest) -> RunOutcome {
         let started = Instant::now();
         let trips = Arc::new(Tripwires::default());
-        let log = HostLog::new(request.replay);
-        for entry in request.prelude {
+        let log = HostLog::new(std::mem::take(&mut request.replay));
+        for entry in std::mem::take(&mut request.prelude) {
             log.record(entry);
         }
         let stdout = CappedOutput::new(request.limits.effective_output_bytes(), trips.clone());
@@ -680,7 +680,7 @@ impl Runtime {
         builder
             .args(&request.argv)
             .envs(&request.env)
-            .stdin(MemoryInputPipe::new(request.stdin))
+            .stdin(MemoryInputPipe::new(std::mem::take(&mut request.stdin)))
             .stdout(stdout.clone())
             .stderr(stderr.clone())
             .wall_clock(RecordedWallClock(log.clone()))
@@ -723,34 +723,17 @@ impl Runtime {
             hard,
         ));
         let cpu_limit_ms = request.limits.cpu_time_ms.max(1);
-        let sink: Arc<dyn OplogSink> = request
-            .sink
-            .clone()
-            .unwrap_or_else(|| Arc::new(MemorySink::default()));
-        let secrets = Arc::new(CallSecrets::new(request.secrets));
+        let CallHost {
+            http,
+            sink,
+            secrets,
+        } = call_host(&mut request, &log, &memory, hard);
         let progress = Arc::new(CallProgress::new(
             log.clone(),
-            sink.clone(),
+            sink,
             secrets.clone(),
             timer.clone(),
         ));
-        let http = Arc::new(
-            HttpHost::new(
-                request.call_id.clone(),
-                request.attempt.max(1),
-                request.repeatable,
-                Egress::new(request.egress.clone()),
-                log.clone(),
-                sink,
-                hard,
-            )
-            .with_limits(
-                request.limits.effective_request_bytes(),
-                request.limits.effective_response_bytes(),
-                Some(memory.clone()),
-            )
-            .with_secrets(secrets.clone()),
-        );
         let requests = http.clone();
 
         let result = match compiled {
@@ -856,6 +839,51 @@ impl Runtime {
             elapsed: started.elapsed(),
             fenced,
         }
+    }
+}
+
+/// The outgoing HTTP of a call and what it is made of.
+pub(crate) struct CallHost {
+    pub http: Arc<HttpHost>,
+    pub sink: Arc<dyn OplogSink>,
+    pub secrets: Arc<CallSecrets>,
+}
+
+/// The call's HTTP host, as `request` describes it (its egress, sink, limits and secrets,
+/// the last taken from it), recording into `log`, counting responses against `memory`,
+/// bounded by `hard`.
+pub(crate) fn call_host(
+    request: &mut RunRequest,
+    log: &Arc<HostLog>,
+    memory: &Arc<CallMemory>,
+    hard: Duration,
+) -> CallHost {
+    let sink: Arc<dyn OplogSink> = request
+        .sink
+        .clone()
+        .unwrap_or_else(|| Arc::new(MemorySink::default()));
+    let secrets = Arc::new(CallSecrets::new(std::mem::take(&mut request.secrets)));
+    let http = Arc::new(
+        HttpHost::new(
+            request.call_id.clone(),
+            request.attempt.max(1),
+            request.repeatable,
+            Egress::new(request.egress.clone()),
+            log.clone(),
+            sink.clone(),
+            hard,
+        )
+        .with_limits(
+            request.limits.effective_request_bytes(),
+            request.limits.effective_response_bytes(),
+            Some(memory.clone()),
+        )
+        .with_secrets(secrets.clone()),
+    );
+    CallHost {
+        http,
+        sink,
+        secrets,
     }
 }
 

@@ -57,28 +57,14 @@ pub async fn exchange(
     arguments: Map<String, Value>,
 ) -> Exchanged {
     let outcome = match &upstream.target {
-        UpstreamTarget::Mcp { tool } => match upstream.era {
-            Some(McpEra::Legacy) => {
-                call_mcp_session(
-                    &host,
-                    &call_id,
-                    &upstream.endpoint,
-                    tool,
-                    Value::Object(arguments),
-                )
-                .await
+        UpstreamTarget::Mcp { tool } => {
+            let (url, arguments) = (&upstream.endpoint, Value::Object(arguments));
+            if upstream.era == Some(McpEra::Legacy) {
+                call_mcp_session(&host, &call_id, url, tool, arguments).await
+            } else {
+                call_mcp(&host, &call_id, url, tool, arguments).await
             }
-            _ => {
-                call_mcp(
-                    &host,
-                    &call_id,
-                    &upstream.endpoint,
-                    tool,
-                    Value::Object(arguments),
-                )
-                .await
-            }
-        },
+        }
         UpstreamTarget::Http(operation) => {
             call_http(&host, operation, &upstream.endpoint, &arguments).await
         }
@@ -127,17 +113,6 @@ pub async fn call_mcp_session(
             body: Bytes::from(body.to_string()),
         }
     };
-    let answer = |response: &toolgrid_sandbox::http::Response, id: u64| {
-        answer_in_stream(&response.body, id)
-            .or_else(|| serde_json::from_slice(&response.body).ok())
-            .ok_or_else(|| {
-                UpstreamRunError::Garbage(format!(
-                    "HTTP {}: {}",
-                    response.status,
-                    cut_text(&String::from_utf8_lossy(&response.body), 256)
-                ))
-            })
-    };
     let initialize = json!({
         "jsonrpc": "2.0",
         "id": 1,
@@ -148,8 +123,9 @@ pub async fn call_mcp_session(
             "clientInfo": {"name": "toolgrid", "version": env!("CARGO_PKG_VERSION")},
         },
     });
+    // The handshake has no effect of its own: in flight on a lost worker, it is sent again.
     let response = host
-        .send(post(initialize, None, LEGACY_VERSION))
+        .send_handshake(post(initialize, None, LEGACY_VERSION))
         .await
         .map_err(UpstreamRunError::Http)?;
     let session = response
@@ -157,7 +133,7 @@ pub async fn call_mcp_session(
         .iter()
         .find(|(name, _)| name.eq_ignore_ascii_case("mcp-session-id"))
         .map(|(_, value)| value.clone());
-    let initialized = result_of("initialize", answer(&response, 1)?, response.status)
+    let initialized = result_of("initialize", answer_of(&response, 1)?, response.status)
         .map_err(|e| UpstreamRunError::Garbage(e.to_string()))?;
     let version = initialized
         .get("protocolVersion")
@@ -165,7 +141,7 @@ pub async fn call_mcp_session(
         .unwrap_or(LEGACY_VERSION)
         .to_string();
     let notified = host
-        .send(post(
+        .send_handshake(post(
             json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
             session.as_deref(),
             &version,
@@ -193,7 +169,28 @@ pub async fn call_mcp_session(
         .send_numbered(seq, post(call, session.as_deref(), &version))
         .await
         .map_err(UpstreamRunError::Http)?;
-    let result = result_of("tools/call", answer(&response, 2)?, response.status)
+    tool_outcome(answer_of(&response, 2)?, response.status)
+}
+
+/// The JSON-RPC answer with `id` in a response (an event stream, or one JSON document).
+fn answer_of(
+    response: &toolgrid_sandbox::http::Response,
+    id: u64,
+) -> Result<Value, UpstreamRunError> {
+    answer_in_stream(&response.body, id)
+        .or_else(|| serde_json::from_slice(&response.body).ok())
+        .ok_or_else(|| {
+            UpstreamRunError::Garbage(format!(
+                "HTTP {}: {}",
+                response.status,
+                cut_text(&String::from_utf8_lossy(&response.body), 256)
+            ))
+        })
+}
+
+/// A `tools/call` answer as the call's value, or the tool's error.
+fn tool_outcome(answer: Value, status: u16) -> Result<Value, UpstreamRunError> {
+    let result = result_of("tools/call", answer, status)
         .map_err(|e| UpstreamRunError::Garbage(e.to_string()))?;
     outcome_of(&result).map_err(|error| match error {
         ToolOutcomeError::Failed(text) => UpstreamRunError::ToolFailed(text),
@@ -236,23 +233,7 @@ pub async fn call_mcp(
         .send_numbered(seq, request)
         .await
         .map_err(UpstreamRunError::Http)?;
-    let answer = answer_in_stream(&response.body, 1)
-        .or_else(|| serde_json::from_slice(&response.body).ok())
-        .ok_or_else(|| {
-            UpstreamRunError::Garbage(format!(
-                "HTTP {}: {}",
-                response.status,
-                cut_text(&String::from_utf8_lossy(&response.body), 256)
-            ))
-        })?;
-    let result = result_of("tools/call", answer, response.status)
-        .map_err(|e| UpstreamRunError::Garbage(e.to_string()))?;
-    outcome_of(&result).map_err(|error| match error {
-        ToolOutcomeError::Failed(text) => UpstreamRunError::ToolFailed(text),
-        incomplete @ ToolOutcomeError::Incomplete(_) => {
-            UpstreamRunError::Garbage(incomplete.to_string())
-        }
-    })
+    tool_outcome(answer_of(&response, 1)?, response.status)
 }
 
 /// Calls the OpenAPI `operation` under `base_url` with `args`: the answer's JSON body (its

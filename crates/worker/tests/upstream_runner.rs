@@ -338,3 +338,84 @@ async fn the_sources_credential_goes_as_a_declared_header_and_never_into_the_opl
         "the argument went out as written, not substituted: {recorded}"
     );
 }
+
+#[tokio::test]
+async fn a_session_handshake_in_flight_is_sent_again_even_for_a_write() {
+    let Some(upstream) = McpUpstream::start() else {
+        return;
+    };
+    let url = format!("http://127.0.0.1:{}/mcp", upstream.port);
+    // Live, in a session: initialize, initialized, tools/call, each recorded.
+    let (live, log, sink) = host(upstream.port, false, Vec::new());
+    let value = toolgrid_worker::upstream::call_mcp_session(
+        &live,
+        "call-1",
+        &url,
+        "record",
+        json!({"event": "paid"}),
+    )
+    .await
+    .expect("the call");
+    assert_eq!(value, json!({"result": "recorded paid"}));
+    let recorded = oplog(&log, &sink);
+    let requests: Vec<String> = recorded
+        .iter()
+        .filter_map(|e| match e {
+            OplogEntry::HttpRequest(r) => Some(r.idempotency_key.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        requests,
+        [
+            "toolgrid-call-1-1",
+            "toolgrid-call-1-2",
+            "toolgrid-call-1-3"
+        ]
+    );
+    assert_eq!(counts(&upstream), json!({"toolgrid-call-1-3": 1}));
+
+    // Replayed whole: nothing is sent.
+    let (replay, _, _) = host(upstream.port, false, recorded.clone());
+    let again = toolgrid_worker::upstream::call_mcp_session(
+        &replay,
+        "call-1",
+        &url,
+        "record",
+        json!({"event": "paid"}),
+    )
+    .await
+    .expect("the replay");
+    assert_eq!(again, value);
+    assert_eq!(counts(&upstream), json!({"toolgrid-call-1-3": 1}));
+
+    // The worker was lost while `initialize` was in flight (nothing after it was sent): the
+    // handshake has no effect, so a `write` tool's call opens its session again and goes
+    // on, instead of ending outcome-unknown.
+    let (resumed, log, _) = host(upstream.port, false, vec![recorded[0].clone()]);
+    toolgrid_worker::upstream::call_mcp_session(
+        &resumed,
+        "call-1",
+        &url,
+        "record",
+        json!({"event": "paid"}),
+    )
+    .await
+    .expect("the handshake is sent again");
+    assert!(log.aborted().is_none());
+    // But a `tools/call` of a write in flight is never sent again.
+    let (stopped, log, _) = host(upstream.port, false, recorded[..5].to_vec());
+    let ended = toolgrid_worker::upstream::call_mcp_session(
+        &stopped,
+        "call-1",
+        &url,
+        "record",
+        json!({"event": "paid"}),
+    )
+    .await;
+    assert!(matches!(ended, Err(UpstreamRunError::Http(_))), "{ended:?}");
+    assert!(
+        log.aborted()
+            .is_some_and(|(_, why)| why.contains("may have been applied"))
+    );
+}

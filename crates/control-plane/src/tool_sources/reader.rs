@@ -81,7 +81,7 @@ impl SourceReader {
         self: &Arc<Self>,
         requests: Vec<Request<'_>>,
         identities: &Identities,
-        identity_token: &(dyn Fn(&ObjectKey, &str) -> Option<String> + Sync),
+        issuer: Option<&crate::identity::Issuer>,
     ) -> HashMap<ObjectKey, SourceRead> {
         let now = tokio::time::Instant::now();
         let mut out = HashMap::new();
@@ -114,7 +114,17 @@ impl SourceReader {
             }
         }
         for request in to_start {
-            let token = identity_token(&request.key, request.plan.endpoint.as_str());
+            // An identity source is listed with a token naming the catalog as its agent.
+            let token = issuer.map(|i| {
+                let audience = request.plan.endpoint.as_str();
+                i.mint_now(
+                    audience,
+                    &request.key.namespace,
+                    "toolgrid-catalog",
+                    "tools/list",
+                    "",
+                )
+            });
             let offer = offer_of(&request.plan, &request.key, identities, request.dir, token);
             self.start(
                 request.key.clone(),
@@ -397,10 +407,6 @@ mod tests {
         }
     }
 
-    fn no_token(_: &ObjectKey, _: &str) -> Option<String> {
-        None
-    }
-
     /// Asks for `request` until a read answering it is served.
     async fn served(
         reader: &Arc<SourceReader>,
@@ -409,7 +415,7 @@ mod tests {
     ) -> SourceRead {
         let key = ObjectKey::new("default", "up");
         for _ in 0..100 {
-            let reads = reader.reads(vec![make()], &Identities::default(), &no_token);
+            let reads = reader.reads(vec![make()], &Identities::default(), None);
             if let Some(read) = reads.get(&key).filter(|r| answers(r)) {
                 return read.clone();
             }
@@ -438,7 +444,7 @@ mod tests {
                 .reads(
                     vec![request(port, "g1", None)],
                     &Identities::default(),
-                    &no_token
+                    None
                 )
                 .is_empty()
         );
@@ -448,7 +454,7 @@ mod tests {
             reader.reads(
                 vec![request(port, "g1", None)],
                 &Identities::default(),
-                &no_token,
+                None,
             );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -457,7 +463,7 @@ mod tests {
         let during = reader.reads(
             vec![request(port, "g1", Some("r1"))],
             &Identities::default(),
-            &no_token,
+            None,
         );
         assert_eq!(during[&key].refreshed, None);
         let after = served(
@@ -472,7 +478,7 @@ mod tests {
         let fresh = SourceReader::new(SourceLimits::default());
         let mut stored = request(port, "g1", Some("r1"));
         stored.stored = Some(after.clone());
-        let reads = fresh.reads(vec![stored], &Identities::default(), &no_token);
+        let reads = fresh.reads(vec![stored], &Identities::default(), None);
         assert_eq!(reads[&key], after);
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(lists.load(Ordering::SeqCst), 2, "not read again");
@@ -507,13 +513,13 @@ mod tests {
         let reads = reader.reads(
             vec![request(port, "g2", None)],
             &Identities::default(),
-            &no_token,
+            None,
         );
         assert!(!reads.contains_key(&key));
         let read = served(&reader, || request(port, "g2", None), |_| true).await;
         assert!(read.outcome.is_err());
         // A source no longer declared is forgotten.
-        reader.reads(Vec::new(), &Identities::default(), &no_token);
+        reader.reads(Vec::new(), &Identities::default(), None);
         assert!(reader.read_of(&key).is_none());
     }
 }
