@@ -443,7 +443,11 @@ async fn callers_are_authenticated_and_authorized() {
         .collect();
     assert_eq!(
         names,
-        [("semver", vec!["compare"]), ("textstats", vec!["count"])]
+        [
+            ("platform__signing-keys", vec!["default"]),
+            ("semver", vec!["compare"]),
+            ("textstats", vec!["count"])
+        ]
     );
     let rows = reporter
         .list_resources(proto::ListResourcesRequest {

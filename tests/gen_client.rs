@@ -140,7 +140,7 @@ async fn generated_typescript_clients_type_check_and_call_the_example_tools() {
     sorted.sort();
     assert_eq!(
         sorted,
-        ["semver.ts", "textstats.ts"],
+        ["platform-signing-keys.ts", "semver.ts", "textstats.ts"],
         "the agent's tools only"
     );
     std::fs::copy(

@@ -850,3 +850,74 @@ spec:
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// `examples/manifests/platform.yaml`: the example ToolSource imports toolgrid up's own open
+/// endpoints from an OpenAPI file next to the manifest, so it is served with no network.
+/// Its base URL names up's default HTTP port; the test moves it to the port it listens on.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_example_tool_source_is_served_offline_by_toolgrid_up() {
+    let root = tempfile::tempdir().unwrap();
+    let manifests = common::fixtures::examples(root.path());
+    let port = free_port();
+    let example = manifests.join("platform.yaml");
+    let text = std::fs::read_to_string(&example).unwrap();
+    assert!(text.contains("baseUrl: http://127.0.0.1:7071"), "{text}");
+    std::fs::write(
+        &example,
+        text.replace("127.0.0.1:7071", &format!("127.0.0.1:{port}")),
+    )
+    .unwrap();
+    let http = format!("127.0.0.1:{port}");
+    let platform = Platform::start(root.path(), &manifests, &["--http-listen", &http]);
+
+    let row = source_row(&platform, "platform", "True").await;
+    let snapshot = snapshot_of(&row);
+    assert_eq!(effect_in(&snapshot, "signing-keys"), "read");
+    assert_eq!(effect_in(&snapshot, "mcp-metadata"), "read");
+
+    // The example agent is bound to one of the two by the example's ToolBinding, and
+    // calls it with the CLI as the example's comment shows.
+    let published: Value = platform
+        .http_client()
+        .get(format!("http://{http}/.well-known/jwks.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(!published["keys"].as_array().unwrap().is_empty());
+    let out = platform.cli(
+        &[
+            "call",
+            "--token",
+            "reporter-example-token",
+            "platform__signing-keys",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed, published);
+
+    // The imported tool is under the same rules as any: the same call again within the
+    // Tool's repeat window is refused, and the unbound one is not the agent's.
+    let mut reporter = platform
+        .client_with(Some("reporter-example-token"), None)
+        .await;
+    let invoke = |tool: &str| proto::InvokeRequest {
+        tool: tool.into(),
+        args_json: "{}".into(),
+        ..Default::default()
+    };
+    let repeated = reporter
+        .invoke(invoke("platform__signing-keys"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused_kind(&repeated), "repeated-call", "{repeated:?}");
+    let refused = reporter
+        .invoke(invoke("platform__mcp-metadata"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused_kind(&refused), "permission-denied", "{refused:?}");
+}

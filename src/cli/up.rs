@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use toolgrid_api::Kind;
+use toolgrid_api::conditions::Reason;
 use toolgrid_api::units::GoDuration;
 use toolgrid_control_plane::auth::JoinSecret;
 use toolgrid_control_plane::auth::worker::JOIN_TOKEN_FILE;
@@ -45,7 +47,8 @@ pub struct UpArgs {
     /// `queue-full` (HTTP 429 with `Retry-After`) and not recorded.
     #[arg(long, env = "TOOLGRID_MAX_QUEUED_PER_AGENT", default_value_t = toolgrid_core::scheduler::DEFAULT_MAX_PER_AGENT, value_parser = clap::value_parser!(u32).range(1..))]
     max_queued_per_agent: u32,
-    /// How long to wait for every pool's first worker before saying ready anyway.
+    /// How long to wait for every pool's first worker and every ToolSource's first read
+    /// before saying ready anyway.
     #[arg(long, default_value = "60s")]
     ready_timeout: GoDuration,
     /// Delete calls that ended longer ago than this (e.g. `7d`), with their oplogs and the
@@ -287,9 +290,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         "to attach another worker: toolgrid worker --control-plane {scheme}://{grpc} --join-token-file {} (on another machine, copy that file, or set TOOLGRID_JOIN_TOKEN to its contents)",
         token_file.display()
     );
+    // ToolSources are read in the background once the HTTP port serves (an upstream may be
+    // this very platform); their first reads, landed or failed, are waited for so that
+    // "ready" means their tools are there.
+    let ready_by = Instant::now() + args.ready_timeout.get();
+    wait_for_source_reads(&control_plane, ready_by).await;
     if !args.no_workers {
         // External workers attach when they will; local ones are waited for.
-        wait_for_workers(&control_plane, args.ready_timeout.get()).await;
+        wait_for_workers(&control_plane, ready_by).await;
     }
 
     let snapshot = control_plane.catalog.current();
@@ -370,8 +378,28 @@ pub fn admin_token(data: &Path) -> anyhow::Result<String> {
 }
 
 /// Waits until every pool that wants workers has one attached.
-async fn wait_for_workers(control_plane: &ControlPlane, limit: Duration) {
-    let start = Instant::now();
+/// Waits until no ToolSource waits for its first read, or until `deadline`.
+async fn wait_for_source_reads(control_plane: &ControlPlane, deadline: Instant) {
+    loop {
+        let snapshot = control_plane.catalog.current();
+        let pending: Vec<String> = snapshot
+            .resources
+            .values()
+            .filter(|r| r.id.kind == Kind::ToolSource && r.ready.reason == Reason::SourcePending)
+            .map(|r| r.id.key.to_string())
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            tracing::warn!(sources = ?pending, "tool sources not read yet; their tools come when they are");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_for_workers(control_plane: &ControlPlane, deadline: Instant) {
     loop {
         let snapshot = control_plane.catalog.current();
         let workers = control_plane.scheduler.workers();
@@ -385,7 +413,7 @@ async fn wait_for_workers(control_plane: &ControlPlane, limit: Duration) {
         if missing.is_empty() {
             return;
         }
-        if start.elapsed() > limit {
+        if Instant::now() > deadline {
             tracing::warn!(pools = ?missing, "no worker attached yet; calls to these pools wait");
             return;
         }

@@ -94,7 +94,7 @@ assert error.kind == "unauthenticated" and error.status == 401, vars(error)
 print("ok: no token is unauthenticated (401)")
 
 # The agent's client holds only its bound tools and commands.
-assert sorted(f for f in os.listdir(agent_dir) if f.endswith(".py")) == ["semver.py", "textstats.py"], os.listdir(agent_dir)
+assert sorted(f for f in os.listdir(agent_dir) if f.endswith(".py")) == ["platform_signing_keys.py", "semver.py", "textstats.py"], os.listdir(agent_dir)
 agent_semver = load(agent_dir, "semver")
 assert hasattr(agent_semver.SemverClient, "compare") and not hasattr(agent_semver.SemverClient, "bump")
 os.environ["TOOLGRID_URL"] = url
