@@ -22,6 +22,13 @@ pub struct UpArgs {
     /// Directory of manifests (YAML, multi-document files too), watched for changes.
     #[arg(long, env = "TOOLGRID_MANIFESTS", default_value = "examples/manifests")]
     manifests: PathBuf,
+    /// Directory of toolgrid's built-in tools (Tools and ToolReleases; none is bound until a
+    /// ToolBinding or Agent opts in); a manifest of the same kind and name replaces one.
+    #[arg(long, env = "TOOLGRID_BUILTINS", default_value = "builtins/manifests")]
+    builtins: PathBuf,
+    /// Start without the built-in tools.
+    #[arg(long)]
+    no_builtins: bool,
     /// Directory of the embedded store and the compiled-code cache.
     #[arg(long, env = "TOOLGRID_DATA", default_value = ".toolgrid")]
     data: PathBuf,
@@ -240,6 +247,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         control_plane.catalog.clone(),
     )
     .with_issuer(control_plane.gateway.issuer());
+    let source = match builtins_dir(&args) {
+        Some(dir) => source.with_builtins(dir),
+        None => source,
+    };
     source.reload().await.context("cannot load the manifests")?;
     control_plane.gateway.set_source_refresher(source.clone());
     if let Some(retain) = args.retain {
@@ -378,6 +389,22 @@ pub fn admin_token(data: &Path) -> anyhow::Result<String> {
 }
 
 /// Waits until every pool that wants workers has one attached.
+/// The built-in tools' directory, unless turned off or missing (say, a binary run away from
+/// its repository: then it says so once and serves without them).
+fn builtins_dir(args: &UpArgs) -> Option<PathBuf> {
+    if args.no_builtins {
+        return None;
+    }
+    if args.builtins.is_dir() {
+        return Some(args.builtins.clone());
+    }
+    tracing::warn!(
+        "no built-in tools: {} is not a directory (--builtins DIR, or --no-builtins)",
+        args.builtins.display()
+    );
+    None
+}
+
 /// Waits until no ToolSource waits for its first read, or until `deadline`.
 async fn wait_for_source_reads(control_plane: &ControlPlane, deadline: Instant) {
     loop {

@@ -110,6 +110,42 @@ pub struct ResourceSet {
     pub ignored: usize,
 }
 
+impl ResourceSet {
+    /// This set with `builtins` (toolgrid's built-in tools) added under it: a resource of
+    /// the built-ins whose kind, namespace and name this set declares already is left out,
+    /// so a team's own manifest replaces a built-in.
+    pub fn with_builtins(mut self, builtins: ResourceSet) -> ResourceSet {
+        fn add<K: kube::Resource>(ours: &mut Vec<Sourced<K>>, theirs: Vec<Sourced<K>>) {
+            let key = |o: &K| {
+                let meta = o.meta();
+                (
+                    meta.namespace.clone().unwrap_or_default(),
+                    meta.name.clone(),
+                )
+            };
+            let declared: std::collections::HashSet<_> =
+                ours.iter().map(|r| key(&r.object)).collect();
+            ours.extend(
+                theirs
+                    .into_iter()
+                    .filter(|r| !declared.contains(&key(&r.object))),
+            );
+        }
+        add(&mut self.tools, builtins.tools);
+        add(&mut self.releases, builtins.releases);
+        add(&mut self.bindings, builtins.bindings);
+        add(&mut self.middleware, builtins.middleware);
+        add(&mut self.agents, builtins.agents);
+        add(&mut self.pools, builtins.pools);
+        add(&mut self.tool_sources, builtins.tool_sources);
+        add(&mut self.config_maps, builtins.config_maps);
+        add(&mut self.secrets, builtins.secrets);
+        self.invalid.extend(builtins.invalid);
+        self.ignored += builtins.ignored;
+        self
+    }
+}
+
 /// Loads every `.yaml` and `.yml` file under `dir` (sorted, hidden entries skipped).
 pub fn load_dir(dir: &Path) -> std::io::Result<ResourceSet> {
     let mut files = Vec::new();
@@ -330,6 +366,62 @@ mod tests {
         let mut set = ResourceSet::default();
         load_text(Path::new("m/tools.yaml"), text, &mut set);
         set
+    }
+
+    #[test]
+    fn builtins_are_added_unless_the_manifests_declare_the_same_resource() {
+        let ours = load(
+            r#"
+apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {name: files}
+spec: {description: our own, effect: read, commands: [{name: default}]}
+"#,
+        );
+        let builtins = load(
+            r#"
+apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {name: files}
+spec: {description: built in, effect: idempotent, commands: [{name: ls}]}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {name: web-fetch}
+spec: {effect: read, commands: [{name: default}]}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Tool
+metadata: {name: files, namespace: team}
+spec: {effect: read, commands: [{name: default}]}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolRelease
+metadata: {name: files-1.0.0}
+spec: {tool: files, version: 1.0.0, artifact: {file: files.wasm}}
+"#,
+        );
+        let set = ours.with_builtins(builtins);
+        let tools: Vec<_> = set
+            .tools
+            .iter()
+            .map(|t| {
+                (
+                    t.object.metadata.namespace.clone().unwrap_or_default(),
+                    t.object.metadata.name.clone().unwrap_or_default(),
+                    t.object.spec.description.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            tools,
+            [
+                ("default".into(), "files".into(), "our own".to_string()),
+                ("default".into(), "web-fetch".into(), String::new()),
+                ("team".into(), "files".into(), String::new()),
+            ]
+        );
+        assert_eq!(set.releases.len(), 1, "another kind's name is its own");
     }
 
     #[test]

@@ -28,6 +28,8 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 /// Feeds the catalog from a directory of manifests.
 pub struct ManifestSource {
     dir: PathBuf,
+    /// toolgrid's built-in tools, loaded under the manifests (which may replace them).
+    builtins: Option<PathBuf>,
     store: Arc<dyn Store>,
     catalog: Arc<Catalog>,
     stored: StoredArtifacts,
@@ -46,6 +48,7 @@ impl ManifestSource {
     pub fn new(dir: PathBuf, store: Arc<dyn Store>, catalog: Arc<Catalog>) -> Arc<Self> {
         Arc::new(ManifestSource {
             dir,
+            builtins: None,
             store,
             catalog,
             stored: StoredArtifacts::default(),
@@ -55,6 +58,14 @@ impl ManifestSource {
             refreshes: Mutex::default(),
             issuer: Default::default(),
         })
+    }
+
+    /// Serves the built-in tools declared under `dir` too (`toolgrid up --builtins`).
+    pub fn with_builtins(mut self: Arc<Self>, dir: PathBuf) -> Arc<Self> {
+        if let Some(source) = Arc::get_mut(&mut self) {
+            source.builtins = Some(dir);
+        }
+        self
     }
 
     /// Lists `auth: {type: identity}` sources with tokens minted by `issuer`.
@@ -133,8 +144,12 @@ impl ManifestSource {
     pub async fn reload(&self) -> anyhow::Result<Arc<Snapshot>> {
         let _one_at_a_time = self.reloads.lock().await;
         let dir = self.dir.clone();
+        let builtins = self.builtins.clone();
         let (set, loaded, wasm) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
-            let set = load_dir(&dir)?;
+            let mut set = load_dir(&dir)?;
+            if let Some(builtins) = builtins {
+                set = set.with_builtins(load_dir(&builtins)?);
+            }
             let loaded: Vec<_> = set
                 .releases
                 .iter()
