@@ -8,13 +8,14 @@
 #                                  differs from the committed .wasm files or a digest in
 #                                  builtins/manifests/ is stale (for CI)
 #
-# Prerequisites as for examples/build.sh: zig 0.17.1 (pip install ziglang==0.17.1) and
+# Prerequisites as for examples/build.sh: zig 0.17.1 (pip install ziglang==0.17.1),
+# toolgrid (for `toolgrid componentize`; TOOLGRID=/path, default target/debug/toolgrid) and
 # sha256sum. The build is deterministic (scripts/wasm-build.sh).
 set -euo pipefail
 
 TOOLS_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 TOOLS_P1=(files)   # shipped as WASI preview 1 modules
-TOOLS_P2=()
+TOOLS_P2=(web-fetch)   # shipped as WASI preview 2 components (wasi:cli/run, imports wasi:http)
 # shellcheck source=../scripts/wasm-build.sh
 . "$TOOLS_DIR/../scripts/wasm-build.sh"
 

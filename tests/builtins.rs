@@ -6,7 +6,13 @@
 //!   failed one none; a path out of the workspace is `invalid-path`; an agent
 //!   whose binding is read-only gets `read-only`; nothing is bound by default.
 //!
-//! Without python3 and `mcp` the test skips with the reason, except under `CI=true`.
+//! - `web-fetch`: a page on a loopback server (allowed by the test's own release of the
+//!   built-in artifact) as text without scripts or markup, a redirect followed (and one to a
+//!   destination the egress does not allow refused), a long
+//!   page read on by offset, a PDF saved into the workspace; the built-in release refuses
+//!   a private address and a port other than 443 (`egress-denied`).
+//!
+//! Without python3 and `mcp` the tests skip with the reason, except under `CI=true`.
 
 mod common;
 
@@ -201,4 +207,226 @@ async fn files_edits_and_searches_the_agents_workspace_through_mcp() {
     // Nothing is bound by default: an agent without a binding sees no built-in.
     let (tools, _) = mcp_calls(&platform, root.path(), "idle-token", json!([]));
     assert!(tools.is_empty(), "{tools:?}");
+}
+
+/// A page with what a reader drops (a script, a style, a comment, markup) and keeps (the
+/// title, paragraphs, list items, a link's target, entities).
+const PAGE: &str = r#"<!doctype html><html><head><title>Tide &amp; Time</title>
+<style>body { color: red }</style><script>var secret = "do not show";</script></head>
+<body><h1>Tides</h1><!-- a comment --><p>The moon pulls
+   the sea.</p><ul><li>High tide</li><li>Low&nbsp;tide &#8212; twice a day</li></ul>
+<p>See <a href="/more">more</a>.</p></body></html>"#;
+
+/// The platform's built-in release of web-fetch: its artifact's path and digest.
+fn builtin_web_fetch() -> (std::path::PathBuf, String) {
+    let repo = common::fixtures::repo();
+    let manifest = std::fs::read_to_string(repo.join("builtins/manifests/web-fetch.yaml")).unwrap();
+    let digest = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("digest: "))
+        .unwrap()
+        .to_string();
+    (repo.join("builtins/tools/web-fetch/web-fetch.wasm"), digest)
+}
+
+async fn serve_pages() -> std::net::SocketAddr {
+    use axum::http::header::{CONTENT_TYPE, LOCATION};
+    use axum::routing::get;
+    let long: String = (0..300)
+        .map(|i| format!("<p>line {i:03} of the long page</p>"))
+        .collect();
+    let app = axum::Router::new()
+        .route(
+            "/page",
+            get(|| async { ([(CONTENT_TYPE, "text/html; charset=utf-8")], PAGE) }),
+        )
+        .route(
+            "/moved",
+            get(|| async { (axum::http::StatusCode::FOUND, [(LOCATION, "/page")]) }),
+        )
+        .route(
+            "/escape",
+            get(|| async {
+                (
+                    axum::http::StatusCode::FOUND,
+                    [(LOCATION, "http://127.0.0.2:9/secret")],
+                )
+            }),
+        )
+        .route(
+            "/long",
+            get(move || {
+                let long = long.clone();
+                async move {
+                    (
+                        [(CONTENT_TYPE, "text/html")],
+                        format!("<html><body>{long}</body></html>"),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/papers/tides.pdf",
+            get(|| async {
+                (
+                    [(CONTENT_TYPE, "application/pdf")],
+                    &b"%PDF-1.4\n%\xe2\xe3\n1 0 obj\n"[..],
+                )
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn web_fetch_reads_pages_as_text_and_saves_documents_within_its_egress() {
+    if !toolgrid_testkit::require("python3 with mcp 2.x", python_sdk_present()) {
+        return;
+    }
+    let server = serve_pages().await;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("manifests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (wasm, digest) = builtin_web_fetch();
+    let port = server.port();
+    std::fs::write(
+        dir.join("agents.yaml"),
+        format!(
+            r#"apiVersion: toolgrid.dev/v1alpha1
+kind: WorkerPool
+metadata: {{name: default}}
+spec: {{replicas: 1, slotsPerWorker: 4}}
+---
+# The built-in artifact, released with the test's egress: its loopback server.
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolRelease
+metadata: {{name: web-fetch-loopback}}
+spec:
+  tool: web-fetch
+  version: 1.0.1-loopback
+  artifact: {{file: {wasm}, digest: "{digest}"}}
+  pool: default
+  network:
+    egress: [{{host: 127.0.0.1, ports: [{port}], allowPrivate: true}}]
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: browser-token}}
+stringData: {{token: browser-token}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {{name: browser}}
+spec:
+  tokenSecretRef: {{name: browser-token, key: token}}
+  permissions: [{{tools: [web-fetch]}}]
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: browser-web}}
+spec:
+  agents: [browser]
+  tool: web-fetch
+  release: {{name: web-fetch-loopback}}
+  filesystemAccess: readWrite
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: plain-token}}
+stringData: {{token: plain-token}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {{name: plain}}
+spec:
+  tokenSecretRef: {{name: plain-token, key: token}}
+  permissions: [{{tools: [web-fetch]}}]
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: plain-web}}
+spec: {{agents: [plain], tool: web-fetch, release: {{name: web-fetch-1.0.0}}}}
+"#,
+            wasm = wasm.display()
+        ),
+    )
+    .unwrap();
+    let platform = Platform::start(root.path(), &dir, &[]);
+    let base = format!("http://{server}");
+
+    let (tools, outcomes) = mcp_calls(
+        &platform,
+        root.path(),
+        "browser-token",
+        json!([
+            ["web-fetch", {"url": format!("{base}/page")}],
+            ["web-fetch", {"url": format!("{base}/moved")}],
+            ["web-fetch", {"url": format!("{base}/long"), "max-chars": 100}],
+            ["web-fetch", {"url": format!("{base}/long"), "max-chars": 100, "offset": 100}],
+            ["web-fetch", {"url": format!("{base}/papers/tides.pdf")}],
+            ["web-fetch", {"url": format!("{base}/escape")}],
+        ]),
+    );
+    assert_eq!(tools, ["web-fetch"]);
+    let [page, moved, first, second, pdf, escape] = outcomes.try_into().unwrap();
+    // A redirect is a new request, checked against the egress rules like the first.
+    assert_eq!(error_name(&escape), "egress-denied", "{escape}");
+    assert!(
+        escape["text"].as_str().unwrap().contains("127.0.0.2"),
+        "{escape}"
+    );
+    let page = &page["structured"];
+    assert_eq!(page["title"], "Tide & Time", "{page}");
+    assert_eq!(
+        page["text"],
+        "Tides\nThe moon pulls the sea.\n- High tide\n- Low tide \u{2014} twice a day\nSee more (/more).",
+        "{page}"
+    );
+    assert_eq!(page["truncated"], false);
+    assert_eq!(
+        moved["structured"]["url"],
+        format!("{base}/page"),
+        "{moved}"
+    );
+    assert_eq!(moved["structured"]["text"], page["text"]);
+    let (first, second) = (&first["structured"], &second["structured"]);
+    assert_eq!(first["truncated"], true, "{first}");
+    assert_eq!(first["nextOffset"], 100);
+    assert_eq!(first["text"].as_str().unwrap().chars().count(), 100);
+    assert_eq!(second["offset"], 100);
+    let whole = format!(
+        "{}{}",
+        first["text"].as_str().unwrap(),
+        second["text"].as_str().unwrap()
+    );
+    assert!(
+        whole.starts_with("line 000 of the long page\nline 001"),
+        "{whole}"
+    );
+    assert_eq!(pdf["structured"]["savedTo"], "downloads/tides.pdf", "{pdf}");
+    let cat = platform.cli(
+        &["workspace", "cat", "browser", "downloads/tides.pdf"],
+        None,
+    );
+    assert!(cat.status.success(), "{cat:?}");
+    assert!(cat.stdout.starts_with(b"%PDF-1.4"));
+
+    // The built-in release: public addresses on port 443 only.
+    let (_, refused) = mcp_calls(
+        &platform,
+        root.path(),
+        "plain-token",
+        json!([
+            ["web-fetch", {"url": "https://127.0.0.1/"}],
+            ["web-fetch", {"url": "https://localhost/admin"}],
+            ["web-fetch", {"url": format!("{base}/page")}],
+        ]),
+    );
+    for outcome in &refused {
+        assert_eq!(error_name(outcome), "egress-denied", "{outcome}");
+    }
 }
