@@ -14,10 +14,52 @@
 set -euo pipefail
 
 TOOLS_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-TOOLS_P1=(files)   # shipped as WASI preview 1 modules
+TOOLS_P1=(files js)   # shipped as WASI preview 1 modules
 TOOLS_P2=(web-fetch)   # shipped as WASI preview 2 components (wasi:cli/run, imports wasi:http)
 # shellcheck source=../scripts/wasm-build.sh
 . "$TOOLS_DIR/../scripts/wasm-build.sh"
+
+# js is QuickJS-NG: its C sources come from the rquickjs-sys crate on crates.io, pinned by
+# digest and unpacked once into a cache directory (QUICKJS_SRC=DIR to use another copy).
+QUICKJS_CRATE=rquickjs-sys-0.14.0
+QUICKJS_CRATE_SHA256=cee271d0eeba64f0915b846cb7ae02e16faf3dfdffdca91731101d9d30fe3423
+quickjs_sources() {
+    if [ -n "${QUICKJS_SRC:-}" ]; then return 0; fi
+    local cache=${XDG_CACHE_HOME:-$HOME/.cache}/toolgrid/$QUICKJS_CRATE
+    if [ ! -f "$cache/quickjs/quickjs.c" ]; then
+        note "fetching $QUICKJS_CRATE from crates.io"
+        mkdir -p "$cache"
+        python3 - "$cache" "$QUICKJS_CRATE" "$QUICKJS_CRATE_SHA256" <<'PY' || die "cannot fetch $QUICKJS_CRATE"
+import hashlib, io, sys, tarfile, urllib.request
+dest, crate, want = sys.argv[1:]
+name, version = crate.rsplit("-", 1)
+data = urllib.request.urlopen(f"https://static.crates.io/crates/{name}/{crate}.crate", timeout=120).read()
+got = hashlib.sha256(data).hexdigest()
+if got != want:
+    sys.exit(f"{crate}.crate has sha256 {got}, not {want}")
+with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+    for member in tar.getmembers():
+        if member.isfile() and member.name.startswith(f"{crate}/quickjs/") and "/" not in member.name[len(crate) + 9:]:
+            member.name = member.name[len(crate) + 1:]
+            tar.extract(member, dest)
+PY
+    fi
+    QUICKJS_SRC=$cache/quickjs
+}
+
+# The shared compile, and js's own: js.c with QuickJS-NG's engine (no quickjs-libc), a
+# 1 MiB stack.
+eval "shared_compile() $(declare -f compile | tail -n +2)"
+compile() {
+    if [ "$1" != js ]; then shared_compile "$@"; return; fi
+    quickjs_sources
+    note "compiling js (QuickJS-NG from $QUICKJS_CRATE)"
+    local q=$QUICKJS_SRC
+    "${ZIG_CMD[@]}" cc --target=wasm32-wasi -std=gnu11 -O2 -s -Wl,-z,stack-size=1048576 -w \
+        -D_GNU_SOURCE -DQUICKJS_NG_BUILD -D_WASI_EMULATED_PROCESS_CLOCKS -D_WASI_EMULATED_SIGNAL \
+        -funsigned-char -I "$q" "$q/quickjs.c" "$q/libregexp.c" "$q/libunicode.c" "$q/dtoa.c" \
+        "$TOOLS_DIR/tools/js/js.c" -lwasi-emulated-process-clocks -lwasi-emulated-signal -o "$2"
+}
 
 parse_args "$@"
 find_prerequisites

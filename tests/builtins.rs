@@ -12,6 +12,10 @@
 //!   page read on by offset, a PDF saved into the workspace; the built-in release refuses
 //!   a private address and a port other than 443 (`egress-denied`).
 //!
+//! - `js`: a program reads a CSV the agent wrote with `files` and computes over it, writes
+//!   a file `files` then reads; hostile programs (an infinite loop, a memory bomb, deep
+//!   recursion, an exception) each end with their own kind and the next call is served.
+//!
 //! Without python3 and `mcp` the tests skip with the reason, except under `CI=true`.
 
 mod common;
@@ -429,4 +433,93 @@ spec: {{agents: [plain], tool: web-fetch, release: {{name: web-fetch-1.0.0}}}}
     for outcome in &refused {
         assert_eq!(error_name(outcome), "egress-denied", "{outcome}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn js_runs_programs_over_the_workspace_and_hostile_ones_end_named() {
+    if !toolgrid_testkit::require("python3 with mcp 2.x", python_sdk_present()) {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("manifests");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("agents.yaml"),
+        r#"apiVersion: toolgrid.dev/v1alpha1
+kind: WorkerPool
+metadata: {name: default}
+spec: {replicas: 1, slotsPerWorker: 4}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: scripter-token}
+stringData: {token: scripter-token}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {name: scripter}
+spec:
+  tokenSecretRef: {name: scripter-token, key: token}
+  permissions: [{tools: [files, js]}]
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {name: scripter-files}
+spec: {agents: [scripter], tool: files, filesystemAccess: readWrite}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {name: scripter-js}
+spec: {agents: [scripter], tool: js, filesystemAccess: readWrite}
+"#,
+    )
+    .unwrap();
+    let platform = Platform::start(root.path(), &dir, &[]);
+    let mean = "const rows = fs.readFile('data.csv').trim().split('\\n').slice(1).map(l => l.split(','));\n\
+                console.log(rows.length + ' rows');\n\
+                ({mean: rows.reduce((s, r) => s + Number(r[1]), 0) / rows.length})";
+    let (tools, outcomes) = mcp_calls(
+        &platform,
+        root.path(),
+        "scripter-token",
+        json!([
+            ["files__write", {"path": "data.csv", "content": "city,temp\nOslo,3\nRome,17\nCairo,28\n"}],
+            ["js", {"code": mean}],
+            ["js", {"code": "fs.writeFile('out/report.txt', 'done'); (async () => fs.readdir('out'))()"}],
+            ["files__read", {"path": "out/report.txt"}],
+            ["js", {"code": "throw new Error('boom')"}],
+            ["js", {"code": "let a = []; while (true) a.push('x'.repeat(1 << 20))"}],
+            ["js", {"code": "function deep(n) { return deep(n + 1) + 1 } deep(0)"}],
+            ["js", {"code": "for (;;) {}"}],
+            ["js", {"code": "[1, 2, 3].map(x => x * x)"}],
+        ]),
+    );
+    assert!(tools.contains(&"js".to_string()), "{tools:?}");
+    let [_, mean, wrote, read, thrown, bomb, deep, spin, after] = outcomes.try_into().unwrap();
+    assert_eq!(
+        mean["structured"],
+        json!({"result": {"mean": 16}, "output": "3 rows\n", "outputTruncated": false}),
+        "{mean}"
+    );
+    assert_eq!(
+        wrote["structured"]["result"],
+        json!(["report.txt"]),
+        "{wrote}"
+    );
+    assert_eq!(read["structured"]["content"], "done", "{read}");
+    assert_eq!(error_name(&thrown), "js-error");
+    assert!(
+        thrown["text"].as_str().unwrap().contains("boom"),
+        "{thrown}"
+    );
+    assert_eq!(error_name(&bomb), "js-error");
+    assert!(
+        bomb["text"].as_str().unwrap().contains("out of memory"),
+        "{bomb}"
+    );
+    // Platform limits end the others, each with its kind.
+    let kind = |o: &Value| o["error"]["kind"].as_str().unwrap_or_default().to_string();
+    assert_eq!(kind(&deep), "trap", "{deep}");
+    assert_eq!(kind(&spin), "cpu-limit", "{spin}");
+    assert_eq!(after["structured"]["result"], json!([1, 4, 9]), "{after}");
 }

@@ -1,0 +1,295 @@
+/* js: the built-in tool that runs JavaScript with QuickJS-NG (its C sources, from the
+ * rquickjs-sys crate, compiled to WASI preview 1 by builtins/build.sh).
+ *
+ *   js run (--code SOURCE | --file PATH)
+ *
+ * The program runs as a global script; its completion value (awaited when it is a promise)
+ * is the result, as JSON. `console.log`/`console.error`/`print` write to the output that
+ * is returned beside it (64 KiB kept). The agent's workspace is at /workspace, reached with
+ * `fs.readFile(path)`, `fs.writeFile(path, text)`, `fs.readdir(path)` and `fs.exists(path)`
+ * (paths relative to the workspace). No network. Exit codes are the Tool's declared errors
+ * (builtins/manifests/js.yaml).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "quickjs.h"
+
+enum { EXIT_BAD_ARGUMENTS = 2, EXIT_JS_ERROR = 3, EXIT_NOT_FOUND = 4, EXIT_RESULT = 5 };
+#define OUTPUT_CAP (64u << 10)
+#define MEMORY_LIMIT (48u << 20)
+#define STACK_LIMIT (256u << 10)
+#define FILE_CAP (8u << 20)
+
+static void fail(int code, const char *kind, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "js: %s: ", kind);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(code);
+}
+
+/* --- output ------------------------------------------------------------------------ */
+
+static char output[OUTPUT_CAP];
+static size_t output_len;
+static int output_truncated;
+
+static void out(const char *s, size_t n) {
+    if (output_len + n > OUTPUT_CAP) {
+        n = OUTPUT_CAP - output_len;
+        output_truncated = 1;
+    }
+    memcpy(output + output_len, s, n);
+    output_len += n;
+}
+
+static JSValue js_log(JSContext *ctx, JSValueConst this_val, int argc, JSValueConst *argv) {
+    (void)this_val;
+    for (int i = 0; i < argc; i++) {
+        size_t len;
+        const char *s = NULL;
+        JSValue json = JS_UNDEFINED;
+        if (JS_IsObject(argv[i]) && !JS_IsFunction(ctx, argv[i]) && !JS_IsError(argv[i])) {
+            json = JS_JSONStringify(ctx, argv[i], JS_UNDEFINED, JS_UNDEFINED);
+            if (!JS_IsException(json) && !JS_IsUndefined(json)) s = JS_ToCStringLen(ctx, &len, json);
+        }
+        if (!s) {
+            JS_FreeValue(ctx, JS_GetException(ctx));
+            s = JS_ToCStringLen(ctx, &len, argv[i]);
+        }
+        if (i) out(" ", 1);
+        if (s) {
+            out(s, len);
+            JS_FreeCString(ctx, s);
+        }
+        JS_FreeValue(ctx, json);
+    }
+    out("\n", 1);
+    return JS_UNDEFINED;
+}
+
+/* --- the workspace ----------------------------------------------------------------- */
+
+/* The absolute path of a workspace path, or an exception. */
+static int workspace_path(JSContext *ctx, JSValueConst arg, char *abs, size_t cap) {
+    const char *p = JS_ToCString(ctx, arg);
+    if (!p) return -1;
+    const char *rel = p;
+    if (strncmp(rel, "/workspace", 10) == 0 && (rel[10] == '/' || rel[10] == 0)) rel += 10;
+    while (*rel == '/') rel++;
+    int bad = 0;
+    for (const char *c = rel; *c;) {
+        const char *slash = strchr(c, '/');
+        size_t len = slash ? (size_t)(slash - c) : strlen(c);
+        if (len == 2 && c[0] == '.' && c[1] == '.') bad = 1;
+        c = slash ? slash + 1 : c + len;
+    }
+    int n = snprintf(abs, cap, "/workspace/%s", rel);
+    JS_FreeCString(ctx, p);
+    if (bad || n < 0 || (size_t)n >= cap) {
+        JS_ThrowTypeError(ctx, "not a workspace path (no \"..\" parts, at most 1023 bytes)");
+        return -1;
+    }
+    return 0;
+}
+
+static JSValue fs_read(JSContext *ctx, JSValueConst this_val, int argc, JSValueConst *argv) {
+    (void)this_val;
+    char abs[1100];
+    if (argc < 1 || workspace_path(ctx, argv[0], abs, sizeof abs)) return JS_EXCEPTION;
+    FILE *f = fopen(abs, "rb");
+    if (!f) return JS_ThrowReferenceError(ctx, "cannot read %s: %s", abs + 11, strerror(errno));
+    char *data = malloc(FILE_CAP + 1);
+    size_t n = data ? fread(data, 1, FILE_CAP + 1, f) : 0;
+    fclose(f);
+    if (!data) return JS_ThrowOutOfMemory(ctx);
+    if (n > FILE_CAP) {
+        free(data);
+        return JS_ThrowRangeError(ctx, "%s is larger than 8 MiB", abs + 11);
+    }
+    JSValue s = JS_NewStringLen(ctx, data, n);
+    free(data);
+    return s;
+}
+
+static JSValue fs_write(JSContext *ctx, JSValueConst this_val, int argc, JSValueConst *argv) {
+    (void)this_val;
+    char abs[1100];
+    if (argc < 2 || workspace_path(ctx, argv[0], abs, sizeof abs)) return JS_EXCEPTION;
+    size_t len;
+    const char *s = JS_ToCStringLen(ctx, &len, argv[1]);
+    if (!s) return JS_EXCEPTION;
+    /* missing parent directories are made */
+    for (char *slash = strchr(abs + 11, '/'); slash; slash = strchr(slash + 1, '/')) {
+        *slash = 0;
+        mkdir(abs, 0755);
+        *slash = '/';
+    }
+    FILE *f = fopen(abs, "wb");
+    int ok = f && fwrite(s, 1, len, f) == len;
+    if (f && fclose(f) != 0) ok = 0;
+    JS_FreeCString(ctx, s);
+    if (!ok) return JS_ThrowReferenceError(ctx, "cannot write %s: %s", abs + 11, strerror(errno));
+    return JS_NewInt64(ctx, (int64_t)len);
+}
+
+static JSValue fs_readdir(JSContext *ctx, JSValueConst this_val, int argc, JSValueConst *argv) {
+    (void)this_val;
+    char abs[1100];
+    if (workspace_path(ctx, argc ? argv[0] : JS_NewString(ctx, ""), abs, sizeof abs)) return JS_EXCEPTION;
+    DIR *d = opendir(abs);
+    if (!d) return JS_ThrowReferenceError(ctx, "cannot list %s: %s", abs + 11, strerror(errno));
+    JSValue list = JS_NewArray(ctx);
+    uint32_t i = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            JS_SetPropertyUint32(ctx, list, i++, JS_NewString(ctx, e->d_name));
+    closedir(d);
+    return list;
+}
+
+static JSValue fs_exists(JSContext *ctx, JSValueConst this_val, int argc, JSValueConst *argv) {
+    (void)this_val;
+    char abs[1100];
+    if (argc < 1 || workspace_path(ctx, argv[0], abs, sizeof abs)) return JS_EXCEPTION;
+    struct stat st;
+    return JS_NewBool(ctx, stat(abs, &st) == 0);
+}
+
+/* --- running ----------------------------------------------------------------------- */
+
+static void print_json_string(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') { putchar('\\'); putchar(c); }
+        else if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c == '\r') fputs("\\r", stdout);
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
+/* Reports the pending exception and exits. */
+static void die_with_exception(JSContext *ctx) {
+    JSValue e = JS_GetException(ctx);
+    const char *msg = JS_ToCString(ctx, e);
+    const char *stack = NULL;
+    JSValue st = JS_UNDEFINED;
+    if (JS_IsError(e)) {
+        st = JS_GetPropertyStr(ctx, e, "stack");
+        if (JS_IsString(st)) stack = JS_ToCString(ctx, st);
+    }
+    /* what the program printed goes first, so the model sees where it got to */
+    if (output_len) fprintf(stderr, "%.*s", (int)(output_len > 4000 ? 4000 : output_len),
+                            output + (output_len > 4000 ? output_len - 4000 : 0));
+    /* the stack, then the message on the last line (the one a caller is shown) */
+    if (stack && *stack) fprintf(stderr, "%s\n", stack);
+    char line[1024];
+    snprintf(line, sizeof line, "%s", msg ? msg : "an exception");
+    for (char *c = line; *c; c++) if (*c == '\n') *c = ' ';
+    fail(EXIT_JS_ERROR, "js-error", "%s", line);
+}
+
+int main(int argc, char **argv) {
+    const char *code = NULL, *file = NULL;
+    if (argc < 2 || strcmp(argv[1], "run") != 0)
+        fail(EXIT_BAD_ARGUMENTS, "bad-arguments", "usage: js run (--code SOURCE | --file PATH)");
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--code")) code = argv[i + 1];
+        else if (!strcmp(argv[i], "--file")) file = argv[i + 1];
+        else fail(EXIT_BAD_ARGUMENTS, "bad-arguments", "unexpected argument %s", argv[i]);
+    }
+    if (!code == !file) fail(EXIT_BAD_ARGUMENTS, "bad-arguments", "give one of --code and --file");
+
+    JSRuntime *rt = JS_NewRuntime();
+    JS_SetMemoryLimit(rt, MEMORY_LIMIT);
+    JS_SetMaxStackSize(rt, STACK_LIMIT);
+    JSContext *ctx = JS_NewContext(rt);
+    if (!rt || !ctx) fail(EXIT_JS_ERROR, "js-error", "cannot start the JavaScript engine");
+
+    JSValue global = JS_GetGlobalObject(ctx);
+    JSValue console = JS_NewObject(ctx);
+    JS_SetPropertyStr(ctx, console, "log", JS_NewCFunction(ctx, js_log, "log", 1));
+    JS_SetPropertyStr(ctx, console, "error", JS_NewCFunction(ctx, js_log, "error", 1));
+    JS_SetPropertyStr(ctx, console, "info", JS_NewCFunction(ctx, js_log, "info", 1));
+    JS_SetPropertyStr(ctx, global, "console", console);
+    JS_SetPropertyStr(ctx, global, "print", JS_NewCFunction(ctx, js_log, "print", 1));
+    JSValue fs = JS_NewObject(ctx);
+    JS_SetPropertyStr(ctx, fs, "readFile", JS_NewCFunction(ctx, fs_read, "readFile", 1));
+    JS_SetPropertyStr(ctx, fs, "writeFile", JS_NewCFunction(ctx, fs_write, "writeFile", 2));
+    JS_SetPropertyStr(ctx, fs, "readdir", JS_NewCFunction(ctx, fs_readdir, "readdir", 1));
+    JS_SetPropertyStr(ctx, fs, "exists", JS_NewCFunction(ctx, fs_exists, "exists", 1));
+    JS_SetPropertyStr(ctx, global, "fs", fs);
+
+    const char *name = "<code>";
+    char *source = NULL;
+    size_t len = 0;
+    if (file) {
+        JSValue path = JS_NewString(ctx, file);
+        JSValue text = fs_read(ctx, JS_UNDEFINED, 1, &path);
+        JS_FreeValue(ctx, path);
+        if (JS_IsException(text)) {
+            JSValue e = JS_GetException(ctx);
+            const char *m = JS_ToCString(ctx, e);
+            fail(EXIT_NOT_FOUND, "not-found", "%s", m ? m : file);
+        }
+        const char *s = JS_ToCStringLen(ctx, &len, text);
+        source = strndup(s, len);
+        JS_FreeCString(ctx, s);
+        JS_FreeValue(ctx, text);
+        name = file;
+    } else {
+        len = strlen(code);
+        source = strndup(code, len);
+    }
+
+    JSValue value = JS_Eval(ctx, source, len, name, JS_EVAL_TYPE_GLOBAL);
+    if (JS_IsException(value)) die_with_exception(ctx);
+    /* run the jobs promises queued; a promise result is its settled value */
+    for (;;) {
+        JSContext *job_ctx;
+        int r = JS_ExecutePendingJob(rt, &job_ctx);
+        if (r < 0) die_with_exception(job_ctx);
+        if (r == 0) break;
+    }
+    if (JS_IsPromise(value)) {
+        JSPromiseStateEnum state = JS_PromiseState(ctx, value);
+        JSValue settled = JS_PromiseResult(ctx, value);
+        JS_FreeValue(ctx, value);
+        if (state == JS_PROMISE_REJECTED) {
+            JS_Throw(ctx, settled);
+            die_with_exception(ctx);
+        }
+        if (state == JS_PROMISE_PENDING)
+            fail(EXIT_JS_ERROR, "js-error", "the program's promise never settled (nothing left to run)");
+        value = settled;
+    }
+    JSValue json = JS_JSONStringify(ctx, value, JS_UNDEFINED, JS_UNDEFINED);
+    if (JS_IsException(json)) {
+        JS_FreeValue(ctx, JS_GetException(ctx));
+        fail(EXIT_RESULT, "invalid-result-value", "the program's value cannot be JSON (a cycle, or a BigInt)");
+    }
+    size_t jlen = 0;
+    const char *js = JS_IsUndefined(json) ? NULL : JS_ToCStringLen(ctx, &jlen, json);
+    fputs("{\"result\":", stdout);
+    if (js) fwrite(js, 1, jlen, stdout);
+    else fputs("null", stdout);
+    fputs(",\"output\":", stdout);
+    print_json_string(output, output_len);
+    printf(",\"outputTruncated\":%s}\n", output_truncated ? "true" : "false");
+    fflush(stdout);
+    return 0;
+}
