@@ -25,6 +25,22 @@ enum Bench {
     Oplog(OplogArgs),
     /// Time from SIGKILL of a worker to the call's completion on another one.
     Failover(super::failover::FailoverArgs),
+    /// Start-up and a small call of each built-in runtime, against the same module run
+    /// in-process with plain wasmtime.
+    Builtins(BuiltinsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct BuiltinsArgs {
+    /// Calls of each case (after a warm-up), one at a time.
+    #[arg(long, default_value_t = 200)]
+    calls: usize,
+    /// Manifests of the platform to start (the built-ins come from `builtins/manifests`).
+    #[arg(long, default_value = "examples/manifests")]
+    manifests: PathBuf,
+    /// The built-in tools' directory (their artifacts, for the in-process baseline).
+    #[arg(long, default_value = "builtins")]
+    builtins: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -69,7 +85,84 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Calls(args) => calls(args).await,
         Bench::Oplog(args) => oplog(args).await,
         Bench::Failover(args) => super::failover::run(args).await,
+        Bench::Builtins(args) => builtins(args).await,
     }
+}
+
+/// One measured call of a built-in: its tool, argv and artifact.
+struct BuiltinCase {
+    label: &'static str,
+    tool: &'static str,
+    args: &'static [&'static str],
+    wasm: &'static str,
+}
+
+const BUILTIN_CASES: &[BuiltinCase] = &[
+    BuiltinCase {
+        label: "js `1 + 1`",
+        tool: "js",
+        args: &["run", "--code", "1 + 1"],
+        wasm: "tools/js/js.wasm",
+    },
+    BuiltinCase {
+        label: "js 10k squares as JSON",
+        tool: "js",
+        args: &[
+            "run",
+            "--code",
+            "JSON.stringify(Array.from({length: 10000}, (_, i) => i * i)).length",
+        ],
+        wasm: "tools/js/js.wasm",
+    },
+];
+
+async fn builtins(args: BuiltinsArgs) -> anyhow::Result<()> {
+    let started = start_platform(&args.manifests)?;
+    let credentials = super::client::Credentials::new(Some(&started.token), None)?;
+    let channel = Channel::from_shared(format!("http://{}", started.grpc))?
+        .connect()
+        .await?;
+    let clients = [super::client::client_of(channel, credentials)];
+    println!(
+        "toolgrid bench builtins: {} sequential calls of each, {} cores",
+        args.calls,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    println!("{}", header());
+    for case in BUILTIN_CASES {
+        let request = proto::InvokeRequest {
+            tool: case.tool.into(),
+            argv: case.args.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        };
+        run_clients(&clients, &request, 10).await?;
+        let platform = run_clients(&clients, &request, args.calls).await?;
+        let path = args.builtins.join(case.wasm);
+        let wasm =
+            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let mut argv = vec![case.tool.to_string()];
+        argv.extend(case.args.iter().map(|a| a.to_string()));
+        let baseline = baseline::Baseline::new(&wasm, argv)?;
+        baseline.run_concurrent(10, 1).await?;
+        let in_process = baseline.run_concurrent(args.calls, 1).await?;
+        let instantiate = baseline.instantiate_only(args.calls).await?;
+        println!(
+            "{}",
+            platform.row(&format!("{}: toolgrid, end to end", case.label))
+        );
+        println!(
+            "{}",
+            in_process.row(&format!("{}: wasmtime in-process", case.label))
+        );
+        println!(
+            "{}",
+            instantiate.row(&format!("{}: instantiate only", case.label))
+        );
+    }
+    println!("python: not shipped yet (issue 20), so not measured");
+    Ok(())
 }
 
 fn header() -> String {
