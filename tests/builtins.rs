@@ -24,6 +24,7 @@ use common::Platform;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 const CODER: &str = "coder-token";
 const READER: &str = "reader-token";
@@ -522,4 +523,163 @@ spec: {agents: [scripter], tool: js, filesystemAccess: readWrite}
     assert_eq!(kind(&deep), "trap", "{deep}");
     assert_eq!(kind(&spin), "cpu-limit", "{spin}");
     assert_eq!(after["structured"]["result"], json!([1, 4, 9]), "{after}");
+}
+
+/// The python runtime fetched by `builtins/fetch-python.sh` (not committed).
+fn python_runtime_present() -> bool {
+    let dir = common::fixtures::repo().join("builtins/runtimes/python");
+    dir.join("python-snapshot.wasm").is_file() && dir.join("python-stdlib.zip").is_file()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_computes_with_pandas_over_the_workspace_and_errors_end_named() {
+    if !toolgrid_testkit::require("python3 with mcp 2.x", python_sdk_present())
+        || !toolgrid_testkit::require(
+            "the python built-in's runtime (builtins/fetch-python.sh)",
+            python_runtime_present(),
+        )
+    {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("manifests");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("agents.yaml"),
+        r#"apiVersion: toolgrid.dev/v1alpha1
+kind: WorkerPool
+metadata: {name: default}
+spec: {replicas: 1, slotsPerWorker: 4}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: analyst-token}
+stringData: {token: analyst-token}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {name: analyst}
+spec:
+  tokenSecretRef: {name: analyst-token, key: token}
+  permissions: [{tools: [files, python]}]
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {name: analyst-files}
+spec: {agents: [analyst], tool: files, filesystemAccess: readWrite}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {name: analyst-python}
+spec: {agents: [analyst], tool: python, filesystemAccess: readWrite}
+"#,
+    )
+    .unwrap();
+    // The 100 MB interpreter compiles once per machine (minutes), into a cache every run
+    // of this test shares.
+    let cache = common::fixtures::repo().join("target/toolgrid-test-cache");
+    let platform = Platform::start_with_env(
+        root.path(),
+        &dir,
+        &[],
+        &[
+            ("TOOLGRID_BUILTINS", "builtins/manifests,builtins/python"),
+            ("TOOLGRID_CACHE", cache.to_str().unwrap()),
+        ],
+    );
+    // Until it is compiled a call ends `timeout` (the compile goes on, and is cached).
+    let started = std::time::Instant::now();
+    loop {
+        let warm = platform.cli(&["call", "python", "run", "--code", "1"], None);
+        if warm.status.success() {
+            break;
+        }
+        let stderr = String::from_utf8_lossy(&warm.stderr).to_string();
+        assert!(
+            stderr.contains("timeout") && started.elapsed() < Duration::from_secs(900),
+            "{stderr}\n{}",
+            platform.logs()
+        );
+    }
+    let analysis = "import pandas as pd\n\
+                    df = pd.read_csv('sales.csv')\n\
+                    print(len(df), 'rows')\n\
+                    by_region = df.groupby('region')['amount'].sum().sort_index()\n\
+                    by_region.to_json('out/by_region.json')\n\
+                    {'total': int(df['amount'].sum()), 'by_region': by_region, 'mean': df['amount'].mean()}";
+    let (tools, outcomes) = mcp_calls(
+        &platform,
+        root.path(),
+        "analyst-token",
+        json!([
+            ["files__write", {"path": "sales.csv", "content": "region,amount\nnorth,10\nsouth,25\nnorth,5\neast,40\n"}],
+            ["files__write", {"path": "out/.keep", "content": ""}],
+            ["python", {"code": analysis}],
+            ["files__read", {"path": "out/by_region.json"}],
+            ["files__write", {"path": "stats.py", "content": "import numpy as np\nx = np.array([1.0, 2.0, 3.0, 4.0])\nprint('std', round(float(x.std()), 4))\nx.reshape(2, 2)\n"}],
+            ["python", {"file": "stats.py"}],
+            ["python", {"code": "1 / 0"}],
+            ["python", {"file": "missing.py"}],
+            ["python", {"code": "print('a'); object()"}],
+            ["python", {"code": "x = [bytearray(64 << 20) for _ in range(40)]"}],
+            ["python", {}],
+            ["python", {"code": "import socket; socket.create_connection(('example.com', 80))"}],
+            ["python", {"code": "sum(range(10))"}],
+        ]),
+    );
+    assert!(tools.contains(&"python".to_string()), "{tools:?}");
+    let [
+        _,
+        _,
+        analysis,
+        read,
+        _,
+        stats,
+        thrown,
+        missing,
+        opaque,
+        bomb,
+        none,
+        network,
+        after,
+    ] = outcomes.try_into().unwrap();
+    assert_eq!(
+        analysis["structured"],
+        json!({
+            "result": {"total": 80, "by_region": {"east": 40, "north": 15, "south": 25}, "mean": 20.0},
+            "output": "4 rows\n",
+            "outputTruncated": false
+        }),
+        "{analysis}"
+    );
+    // Its file is the call's: committed with it, read by the other tool.
+    let written: Value =
+        serde_json::from_str(read["structured"]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        written,
+        json!({"east": 40, "north": 15, "south": 25}),
+        "{read}"
+    );
+    assert_eq!(
+        stats["structured"],
+        json!({"result": [[1.0, 2.0], [3.0, 4.0]], "output": "std 1.118\n", "outputTruncated": false}),
+        "{stats}"
+    );
+    assert_eq!(error_name(&thrown), "python-error");
+    assert!(
+        thrown["text"]
+            .as_str()
+            .unwrap()
+            .contains("ZeroDivisionError"),
+        "{thrown}"
+    );
+    assert_eq!(error_name(&missing), "not-found");
+    assert_eq!(error_name(&opaque), "invalid-result-value");
+    // The platform's memory limit ends it, with its kind.
+    assert_eq!(bomb["isError"], true, "{bomb}");
+    assert_eq!(bomb["error"]["kind"], "memory-limit", "{bomb}");
+    assert_eq!(error_name(&none), "bad-arguments");
+    // No network in the sandbox: the program sees an OSError.
+    assert_eq!(error_name(&network), "python-error");
+    assert_eq!(after["structured"]["result"], json!(45), "{after}");
 }

@@ -49,6 +49,7 @@ fn request(call_id: &str, argv: &[&str], replay: Vec<OplogEntry>) -> RunRequest 
         prelude: Vec::new(),
         secrets: Default::default(),
         workspace: None,
+        mounts: Vec::new(),
         idle_timeout_ms: 0,
     }
 }

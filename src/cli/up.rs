@@ -24,14 +24,26 @@ pub struct UpArgs {
     manifests: PathBuf,
     /// Directory of toolgrid's built-in tools (Tools and ToolReleases; none is bound until a
     /// ToolBinding or Agent opts in); a manifest of the same kind and name replaces one.
-    #[arg(long, env = "TOOLGRID_BUILTINS", default_value = "builtins/manifests")]
-    builtins: PathBuf,
+    /// Several directories are separated by commas; the first to declare a kind and name
+    /// wins. The default serves `python` too, once its runtime is fetched
+    /// (`builtins/fetch-python.sh`).
+    #[arg(
+        long,
+        env = "TOOLGRID_BUILTINS",
+        value_delimiter = ',',
+        default_value = "builtins/manifests,builtins/python"
+    )]
+    builtins: Vec<PathBuf>,
     /// Start without the built-in tools.
     #[arg(long)]
     no_builtins: bool,
     /// Directory of the embedded store and the compiled-code cache.
     #[arg(long, env = "TOOLGRID_DATA", default_value = ".toolgrid")]
     data: PathBuf,
+    /// The local workers' compiled-code and release-file cache, instead of DATA/cache (share
+    /// one across platforms so a large release compiles once).
+    #[arg(long, env = "TOOLGRID_CACHE")]
+    cache: Option<PathBuf>,
     /// gRPC address; HTTP listens on the next port (an ephemeral one when this port is 0).
     #[arg(long, env = "TOOLGRID_LISTEN", default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
@@ -247,10 +259,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         control_plane.catalog.clone(),
     )
     .with_issuer(control_plane.gateway.issuer());
-    let source = match builtins_dir(&args) {
-        Some(dir) => source.with_builtins(dir),
-        None => source,
-    };
+    let source = source.with_builtins(builtins_dirs(&args));
     source.reload().await.context("cannot load the manifests")?;
     control_plane.gateway.set_source_refresher(source.clone());
     if let Some(retain) = args.retain {
@@ -290,7 +299,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         let pools = LocalPools::new(
             exe,
             format!("{scheme}://{grpc}"),
-            data.join("cache"),
+            args.cache.clone().unwrap_or_else(|| data.join("cache")),
             join_token,
             tls_ca,
         );
@@ -388,21 +397,26 @@ pub fn admin_token(data: &Path) -> anyhow::Result<String> {
     Ok(token)
 }
 
-/// Waits until every pool that wants workers has one attached.
-/// The built-in tools' directory, unless turned off or missing (say, a binary run away from
-/// its repository: then it says so once and serves without them).
-fn builtins_dir(args: &UpArgs) -> Option<PathBuf> {
+/// The built-in tools' directories, unless turned off; a missing one (say, a binary run
+/// away from its repository) is said once and left out.
+fn builtins_dirs(args: &UpArgs) -> Vec<PathBuf> {
     if args.no_builtins {
-        return None;
+        return Vec::new();
     }
-    if args.builtins.is_dir() {
-        return Some(args.builtins.clone());
-    }
-    tracing::warn!(
-        "no built-in tools: {} is not a directory (--builtins DIR, or --no-builtins)",
-        args.builtins.display()
-    );
-    None
+    args.builtins
+        .iter()
+        .filter(|dir| {
+            let found = dir.is_dir();
+            if !found {
+                tracing::warn!(
+                    "no built-in tools from {}: not a directory (--builtins DIR[,DIR], or --no-builtins)",
+                    dir.display()
+                );
+            }
+            found
+        })
+        .cloned()
+        .collect()
 }
 
 /// Waits until no ToolSource waits for its first read, or until `deadline`.

@@ -158,6 +158,8 @@ impl Platform {
                     .unwrap_or_default(),
             )
             .args(&self.extra_args)
+            // The python built-in (154 MB of runtime) only where a test asks for it.
+            .env("TOOLGRID_BUILTINS", "builtins/manifests")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

@@ -112,6 +112,8 @@ reasons! {
     InvalidArtifactFile: stalled,
     InvalidArtifactSource: stalled,
     InvalidDigest: stalled,
+    /// A release's `spec.files` is invalid: too many, a bad or repeated path, no digest.
+    InvalidReleaseFile: stalled,
     DigestMismatch: stalled,
     UnsupportedSource: stalled,
     /// An artifact URL (or a redirect) names a host outside the controller's

@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use toolgrid_core::spec::{ArtifactSource, NetworkPolicy, ReleaseLimits};
+use toolgrid_core::spec::{ArtifactSource, NetworkPolicy, ReleaseFile, ReleaseLimits};
 
 /// One version of a tool: the artifact that runs, its limits, egress and worker pool.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -58,6 +58,10 @@ pub struct ToolReleaseSpec {
     /// Outgoing network access; none unless listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkPolicy>,
+    /// Read-only files every call sees beside the artifact, each pinned by digest (at most
+    /// 16): an interpreter's standard library, a model, a dictionary.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<ReleaseFile>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

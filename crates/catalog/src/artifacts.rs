@@ -5,7 +5,9 @@ use super::manifest::Sourced;
 use k8s_openapi::api::core::v1::ConfigMap;
 use toolgrid_api::conditions::Reason;
 use toolgrid_api::{ArtifactSource, ToolRelease};
+use toolgrid_core::artifact::{FileRef, MAX_RELEASE_FILES, check_file_path};
 use toolgrid_core::artifact::{digest_of, is_valid_digest};
+use toolgrid_core::spec::ReleaseFile;
 
 /// Largest artifact read from a file or fetched from a URL.
 pub const MAX_ARTIFACT_BYTES: u64 = 256 << 20;
@@ -18,6 +20,8 @@ pub enum ArtifactOutcome {
         size: u64,
         /// `module` or `component`.
         kind: &'static str,
+        /// The release's read-only files (`spec.files`), each loaded and checked.
+        files: Vec<FileRef>,
     },
     Failed {
         /// CamelCase condition reason.
@@ -31,6 +35,9 @@ pub enum ArtifactOutcome {
 pub struct LoadedArtifact {
     pub outcome: ArtifactOutcome,
     pub bytes: Option<Vec<u8>>,
+    /// The bytes of the release's files, by digest, when Ready (to put in the store; empty
+    /// when they are known to be stored already).
+    pub file_bytes: Vec<(String, Vec<u8>)>,
 }
 
 impl LoadedArtifact {
@@ -41,8 +48,120 @@ impl LoadedArtifact {
                 message: message.into(),
             },
             bytes: None,
+            file_bytes: Vec::new(),
         }
     }
+
+    /// This artifact with the release's files: Ready only when every file is.
+    pub fn with_files(mut self, files: Vec<Result<LoadedFile, (Reason, String)>>) -> Self {
+        let ArtifactOutcome::Ready { files: refs, .. } = &mut self.outcome else {
+            return self;
+        };
+        for file in files {
+            match file {
+                Ok(file) => {
+                    refs.push(file.file);
+                    if let Some(bytes) = file.bytes {
+                        self.file_bytes
+                            .push((refs[refs.len() - 1].digest.clone(), bytes));
+                    }
+                }
+                Err((reason, message)) => return LoadedArtifact::failed(reason, message),
+            }
+        }
+        self
+    }
+}
+
+/// One of a release's files, checked against its digest.
+#[derive(Clone, Debug)]
+pub struct LoadedFile {
+    pub file: FileRef,
+    /// Its bytes (none when they were stored before and not read again).
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// Checks a release's `spec.files` as declared (how many, their paths, their digests)
+/// before any is read.
+pub fn check_files(files: &[ReleaseFile]) -> Result<(), (Reason, String)> {
+    if files.len() > MAX_RELEASE_FILES {
+        return Err((
+            Reason::InvalidReleaseFile,
+            format!(
+                "spec.files: {} files; a release may mount at most {MAX_RELEASE_FILES}",
+                files.len()
+            ),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, file) in files.iter().enumerate() {
+        check_file_path(&file.path).map_err(|e| {
+            (
+                Reason::InvalidReleaseFile,
+                format!("spec.files[{i}].path: {e}"),
+            )
+        })?;
+        if !seen.insert(file.path.as_str()) {
+            return Err((
+                Reason::InvalidReleaseFile,
+                format!("spec.files[{i}].path: {:?} is mounted twice", file.path),
+            ));
+        }
+        match file.artifact.digest.as_deref() {
+            None => {
+                return Err((
+                    Reason::InvalidReleaseFile,
+                    format!(
+                        "spec.files[{i}].artifact.digest is required: a file is pinned by digest"
+                    ),
+                ));
+            }
+            Some(digest) if !is_valid_digest(digest) => {
+                return Err((
+                    Reason::InvalidDigest,
+                    format!(
+                        "spec.files[{i}].artifact.digest {digest:?} is not of the form sha256:<64 lowercase hex digits>"
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Checks the bytes of `spec.files[index]` against its digest.
+pub fn check_file(
+    index: usize,
+    file: &ReleaseFile,
+    bytes: Vec<u8>,
+) -> Result<LoadedFile, (Reason, String)> {
+    let digest = digest_of(&bytes);
+    let expected = file.artifact.digest.as_deref().unwrap_or_default();
+    if digest != expected {
+        return Err((
+            Reason::DigestMismatch,
+            format!(
+                "spec.files[{index}].artifact.digest is {expected} but the file's digest is {digest}"
+            ),
+        ));
+    }
+    Ok(LoadedFile {
+        file: FileRef {
+            path: file.path.clone(),
+            digest,
+            size: bytes.len() as u64,
+        },
+        bytes: Some(bytes),
+    })
+}
+
+/// A message about `spec.artifact` made about `spec.files[index].artifact`.
+pub fn about_file(index: usize, (reason, message): (Reason, String)) -> (Reason, String) {
+    (
+        reason,
+        message.replacen("spec.artifact", &format!("spec.files[{index}].artifact"), 1),
+    )
 }
 
 /// Verifies `bytes` against the expected digest (if any) and validates them as a command.
@@ -62,8 +181,10 @@ pub fn check_bytes(bytes: Vec<u8>, expected: Option<&str>) -> LoadedArtifact {
                 digest,
                 size: bytes.len() as u64,
                 kind,
+                files: Vec::new(),
             },
             bytes: Some(bytes),
+            file_bytes: Vec::new(),
         },
         Err(error) => LoadedArtifact::failed(Reason::InvalidArtifact, error.to_string()),
     }
@@ -102,10 +223,24 @@ pub fn load_local(
         .namespace
         .as_deref()
         .unwrap_or_default();
-    match read_local(artifact, release.source.dir(), namespace, config_maps) {
+    let loaded = match read_local(artifact, release.source.dir(), namespace, config_maps) {
         Ok(bytes) => check_bytes(bytes, artifact.digest.as_deref()),
-        Err((reason, message)) => LoadedArtifact::failed(reason, message),
+        Err((reason, message)) => return LoadedArtifact::failed(reason, message),
+    };
+    let files = &release.object.spec.files;
+    if let Err((reason, message)) = check_files(files) {
+        return LoadedArtifact::failed(reason, message);
     }
+    let files = files
+        .iter()
+        .enumerate()
+        .map(|(i, file)| {
+            read_local(&file.artifact, release.source.dir(), namespace, config_maps)
+                .map_err(|e| about_file(i, e))
+                .and_then(|bytes| check_file(i, file, bytes))
+        })
+        .collect();
+    loaded.with_files(files)
 }
 
 /// The bytes an artifact names in a manifest directory (`dir`: the manifest's), not yet
@@ -316,6 +451,81 @@ pub fn bytes_of(cm: &ConfigMap, key: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_release_is_ready_with_its_files_and_not_ready_when_one_is_wrong() {
+        use super::super::manifest::{ResourceSet, load_text};
+        let module = wat::parse_str(r#"(module (func (export "_start")))"#).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tool.wasm"), &module).unwrap();
+        std::fs::write(dir.path().join("lib.zip"), b"zip bytes").unwrap();
+        let lib = digest_of(b"zip bytes");
+        let release = |name: &str, files: &str| {
+            format!(
+                "apiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: {name}}}\n\
+                 spec: {{tool: t, version: 1.0.0, artifact: {{file: tool.wasm}}, files: [{files}]}}\n---\n"
+            )
+        };
+        let text = [
+            release("good", &format!("{{path: /usr/lib/x/lib.zip, artifact: {{file: lib.zip, digest: \"{lib}\"}}}}")),
+            release("unpinned", "{path: /usr/lib/x/lib.zip, artifact: {file: lib.zip}}"),
+            release(
+                "wrong",
+                &format!("{{path: /usr/lib/x/lib.zip, artifact: {{file: lib.zip, digest: \"sha256:{}\"}}}}", "0".repeat(64)),
+            ),
+            release("missing", &format!("{{path: /usr/lib/x/a, artifact: {{file: nope, digest: \"{lib}\"}}}}")),
+            release("in-workspace", &format!("{{path: /workspace/a, artifact: {{file: lib.zip, digest: \"{lib}\"}}}}")),
+            release(
+                "twice",
+                &format!("{{path: /x/a, artifact: {{file: lib.zip, digest: \"{lib}\"}}}}, {{path: /x/a, artifact: {{file: lib.zip, digest: \"{lib}\"}}}}"),
+            ),
+        ]
+        .concat();
+        let mut set = ResourceSet::default();
+        load_text(&dir.path().join("r.yaml"), &text, &mut set);
+        let outcome = |name: &str| {
+            let release = set
+                .releases
+                .iter()
+                .find(|r| r.object.metadata.name.as_deref() == Some(name))
+                .unwrap();
+            load_local(release, &set.config_maps)
+        };
+        let good = outcome("good");
+        match &good.outcome {
+            ArtifactOutcome::Ready { files, .. } => assert_eq!(
+                files,
+                &[FileRef {
+                    path: "/usr/lib/x/lib.zip".into(),
+                    digest: lib.clone(),
+                    size: 9
+                }]
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(good.file_bytes, [(lib.clone(), b"zip bytes".to_vec())]);
+        let reason = |name: &str| match outcome(name).outcome {
+            ArtifactOutcome::Failed { reason, message } => (reason, message),
+            other => panic!("{name}: {other:?}"),
+        };
+        assert_eq!(reason("unpinned").0, Reason::InvalidReleaseFile);
+        let (wrong, message) = reason("wrong");
+        assert_eq!(wrong, Reason::DigestMismatch);
+        assert!(
+            message.starts_with("spec.files[0].artifact.digest"),
+            "{message}"
+        );
+        let (missing, message) = reason("missing");
+        assert_eq!(missing, Reason::ArtifactNotFound);
+        assert!(
+            message.starts_with("spec.files[0].artifact.file"),
+            "{message}"
+        );
+        assert_eq!(reason("in-workspace").0, Reason::InvalidReleaseFile);
+        let (twice, message) = reason("twice");
+        assert_eq!(twice, Reason::InvalidReleaseFile);
+        assert!(message.contains("mounted twice"), "{message}");
+    }
 
     #[test]
     fn a_wasm_middleware_component_is_loaded_from_a_file_or_a_config_map_and_checked() {

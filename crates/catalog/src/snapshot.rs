@@ -67,6 +67,8 @@ pub struct ResolvedRelease {
     /// An imported tool's "release" (a ToolSource's snapshot of it): its calls are this
     /// upstream request, made by a worker of `pool`, instead of a wasm run.
     pub upstream: Option<Arc<toolgrid_core::source::UpstreamCall>>,
+    /// Read-only files every call sees beside the artifact (`spec.files`).
+    pub files: Vec<toolgrid_core::artifact::FileRef>,
 }
 
 /// A valid WorkerPool.

@@ -23,7 +23,8 @@ struct Stored {
 }
 
 impl StoredArtifacts {
-    /// Stores `loaded`'s bytes when it is Ready and new, and returns its outcome.
+    /// Stores `loaded`'s bytes (and its files') when it is Ready and new, and returns its
+    /// outcome.
     pub async fn keep(
         &self,
         store: &dyn Artifacts,
@@ -31,6 +32,24 @@ impl StoredArtifacts {
     ) -> Result<ArtifactOutcome, StoreError> {
         if let (ArtifactOutcome::Ready { digest, .. }, Some(bytes)) =
             (&loaded.outcome, &loaded.bytes)
+        {
+            self.put(store, digest, bytes).await?;
+        }
+        if matches!(loaded.outcome, ArtifactOutcome::Ready { .. }) {
+            for (digest, bytes) in &loaded.file_bytes {
+                self.put(store, digest, bytes).await?;
+            }
+        }
+        Ok(loaded.outcome)
+    }
+
+    /// Puts `bytes` in the store under `digest` unless they are known to be there.
+    async fn put(
+        &self,
+        store: &dyn Artifacts,
+        digest: &str,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
         {
             let purges = store.artifact_purges();
             let known = {
@@ -43,10 +62,10 @@ impl StoredArtifacts {
             };
             if !known {
                 store.put_artifact(digest, bytes).await?;
-                self.stored().digests.insert(digest.clone());
+                self.stored().digests.insert(digest.to_string());
             }
         }
-        Ok(loaded.outcome)
+        Ok(())
     }
 
     fn stored(&self) -> std::sync::MutexGuard<'_, Stored> {

@@ -29,7 +29,7 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 pub struct ManifestSource {
     dir: PathBuf,
     /// toolgrid's built-in tools, loaded under the manifests (which may replace them).
-    builtins: Option<PathBuf>,
+    builtins: Vec<PathBuf>,
     store: Arc<dyn Store>,
     catalog: Arc<Catalog>,
     stored: StoredArtifacts,
@@ -48,7 +48,7 @@ impl ManifestSource {
     pub fn new(dir: PathBuf, store: Arc<dyn Store>, catalog: Arc<Catalog>) -> Arc<Self> {
         Arc::new(ManifestSource {
             dir,
-            builtins: None,
+            builtins: Vec::new(),
             store,
             catalog,
             stored: StoredArtifacts::default(),
@@ -60,10 +60,11 @@ impl ManifestSource {
         })
     }
 
-    /// Serves the built-in tools declared under `dir` too (`toolgrid up --builtins`).
-    pub fn with_builtins(mut self: Arc<Self>, dir: PathBuf) -> Arc<Self> {
+    /// Serves the built-in tools declared under `dirs` too (`toolgrid up --builtins`); the
+    /// manifests, then the first directory to declare a kind and name, win.
+    pub fn with_builtins(mut self: Arc<Self>, dirs: Vec<PathBuf>) -> Arc<Self> {
         if let Some(source) = Arc::get_mut(&mut self) {
-            source.builtins = Some(dir);
+            source.builtins = dirs;
         }
         self
     }
@@ -147,8 +148,8 @@ impl ManifestSource {
         let builtins = self.builtins.clone();
         let (set, loaded, wasm) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
             let mut set = load_dir(&dir)?;
-            if let Some(builtins) = builtins {
-                set = set.with_builtins(load_dir(&builtins)?);
+            for dir in &builtins {
+                set = set.with_builtins(load_dir(dir)?);
             }
             let loaded: Vec<_> = set
                 .releases

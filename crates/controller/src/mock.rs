@@ -124,6 +124,7 @@ async fn fixture_with(
             digest: "sha256:aa".into(),
             size: 8,
             kind: "module",
+            files: Vec::new(),
         },
     )]
     .into();

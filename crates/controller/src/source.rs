@@ -21,8 +21,8 @@ use toolgrid_api::{
     WorkerPool,
 };
 use toolgrid_catalog::artifacts::{
-    ArtifactOutcome, LoadedArtifact, WasmArtifact, check_bytes, check_middleware_bytes,
-    config_map_key, source_kind,
+    ArtifactOutcome, LoadedArtifact, LoadedFile, WasmArtifact, about_file, check_bytes, check_file,
+    check_files, check_middleware_bytes, config_map_key, source_kind,
 };
 use toolgrid_catalog::manifest::{ResourceSet, Source, Sourced};
 use toolgrid_catalog::resolve::tool_source::status_is_current;
@@ -30,9 +30,11 @@ use toolgrid_catalog::resolve::{PreviousState, ResolveInput, SourceRead, check_s
 use toolgrid_catalog::{Catalog, Identities, ResourceId, Snapshot};
 use toolgrid_control_plane::artifacts::StoredArtifacts;
 use toolgrid_control_plane::tool_sources::reader::{Request, SourceReader, Wanted};
+use toolgrid_core::artifact::FileRef;
 use toolgrid_core::artifact::is_valid_digest;
 use toolgrid_core::ids::ObjectKey;
 use toolgrid_core::source::SourceLimits;
+use toolgrid_core::spec::ReleaseFile;
 use toolgrid_store::Store;
 
 /// How long changes settle before the catalog is resolved again.
@@ -108,6 +110,8 @@ pub struct ClusterSource {
     /// failure is tried again after [`FETCH_RETRY`]. Never by digest alone: another release
     /// naming the same digest at a wrong URL must not decide this one.
     fetched: FetchCache<ArtifactOutcome>,
+    /// What became of each release file's URL and digest (`spec.files`), like `fetched`.
+    fetched_files: FetchCache<Result<FileRef, (Reason, String)>>,
     /// The same for wasm Middleware components, kept with their bytes (the gateway runs
     /// them; they are not put in the store).
     fetched_wasm: FetchCache<WasmArtifact>,
@@ -225,6 +229,7 @@ impl ClusterSource {
             store,
             changed,
             fetched: FetchCache::new(|o| matches!(o, ArtifactOutcome::Ready { .. })),
+            fetched_files: FetchCache::new(Result::is_ok),
             fetched_wasm: FetchCache::new(|w| matches!(w, WasmArtifact::Ready { .. })),
             stored: StoredArtifacts::default(),
             fetch_policy,
@@ -514,15 +519,101 @@ impl ClusterSource {
         })
     }
 
+    /// A release's artifact and its files (`spec.files`), each from a ConfigMap or a URL.
     async fn load_artifact(
         &self,
         release: &Sourced<ToolRelease>,
         set: &ResourceSet,
     ) -> LoadedArtifact {
+        let loaded = self.load_main(release, set).await;
+        if !matches!(loaded.outcome, ArtifactOutcome::Ready { .. }) {
+            return loaded;
+        }
+        let files = &release.object.spec.files;
+        if let Err((reason, message)) = check_files(files) {
+            return LoadedArtifact {
+                outcome: ArtifactOutcome::Failed { reason, message },
+                bytes: None,
+                file_bytes: Vec::new(),
+            };
+        }
+        let namespace = release
+            .object
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_default();
+        let mut loaded_files = Vec::new();
+        for (i, file) in files.iter().enumerate() {
+            loaded_files.push(self.load_file(i, file, &namespace, set).await);
+        }
+        loaded.with_files(loaded_files)
+    }
+
+    /// One of a release's files: from a ConfigMap, or fetched from its URL (once per URL
+    /// and digest, as an artifact is).
+    async fn load_file(
+        &self,
+        index: usize,
+        file: &ReleaseFile,
+        namespace: &str,
+        set: &ResourceSet,
+    ) -> Result<LoadedFile, (Reason, String)> {
+        let source = source_kind(&file.artifact)
+            .map_err(|m| about_file(index, (Reason::InvalidArtifactSource, m)))?;
+        match source {
+            "configMap" => {
+                let reference = file.artifact.config_map.as_ref().ok_or_else(|| {
+                    (
+                        Reason::InvalidArtifactSource,
+                        format!("spec.files[{index}].artifact.configMap is empty"),
+                    )
+                })?;
+                let bytes =
+                    config_map_key(&set.config_maps, namespace, &reference.name, &reference.key)
+                        .map_err(|m| (Reason::ArtifactNotFound, m))?;
+                check_file(index, file, bytes)
+            }
+            "url" => {
+                let url = file.artifact.url.clone().unwrap_or_default();
+                let key = (
+                    url.clone(),
+                    file.artifact.digest.clone().unwrap_or_default(),
+                );
+                if let Some(known) = self.fetched_files.get(&key) {
+                    return known.map(|file| LoadedFile { file, bytes: None });
+                }
+                let loaded = match fetch(&url, &self.fetch_policy).await {
+                    Ok(bytes) => check_file(index, file, bytes),
+                    Err(error) => Err((
+                        error.reason(),
+                        format!("spec.files[{index}].artifact.url: {error}"),
+                    )),
+                };
+                self.fetched_files.put(
+                    key,
+                    loaded
+                        .as_ref()
+                        .map(|l| l.file.clone())
+                        .map_err(Clone::clone),
+                );
+                loaded
+            }
+            _ => Err((
+                Reason::UnsupportedSource,
+                format!(
+                    "spec.files[{index}].artifact.file is for manifest directories; in a cluster use configMap or url"
+                ),
+            )),
+        }
+    }
+
+    async fn load_main(&self, release: &Sourced<ToolRelease>, set: &ResourceSet) -> LoadedArtifact {
         let artifact = &release.object.spec.artifact;
         let failed = |reason: Reason, message: String| LoadedArtifact {
             outcome: ArtifactOutcome::Failed { reason, message },
             bytes: None,
+            file_bytes: Vec::new(),
         };
         let source = match source_kind(artifact) {
             Ok(source) => source,
@@ -566,6 +657,7 @@ impl ClusterSource {
                     return LoadedArtifact {
                         outcome,
                         bytes: None,
+                        file_bytes: Vec::new(),
                     };
                 }
                 let loaded = match fetch(&url, &self.fetch_policy).await {

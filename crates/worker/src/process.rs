@@ -515,6 +515,43 @@ async fn run_call(
             return Ran::Result(Box::new(result));
         }
     };
+    let files: Vec<toolgrid_core::artifact::FileRef> = assign
+        .files
+        .iter()
+        .map(|f| toolgrid_core::artifact::FileRef {
+            path: f.path.clone(),
+            digest: f.digest.clone(),
+            size: f.size,
+        })
+        .collect();
+    let mounts = match runtime
+        .files()
+        .mounts(&files, |digest| {
+            let slot = slot.clone();
+            async move {
+                fetch_artifact(slot, digest)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .await
+    {
+        Ok(mounts) => mounts,
+        Err(error) => {
+            use toolgrid_sandbox::files::FilesError;
+            let kind = match error {
+                FilesError::Fetch { .. } => "unavailable",
+                FilesError::Invalid { .. } | FilesError::DigestMismatch { .. } => {
+                    "invalid-artifact"
+                }
+                FilesError::Io(_) => "internal",
+            };
+            tracing::error!(%error, "cannot prepare the release's files");
+            result.failure_kind = kind.into();
+            result.failure_message = error.to_string();
+            return Ran::Result(Box::new(result));
+        }
+    };
     let limits = assign.limits.unwrap_or_default();
     let attempt = assign.attempt.max(1);
     let egress: Vec<toolgrid_core::spec::EgressRule> = if assign.egress_json.is_empty() {
@@ -620,6 +657,7 @@ async fn run_call(
                 writable: *writable,
             }
         }),
+        mounts,
     };
     let outcome = match (upstream, &compiled) {
         (Some((upstream, args)), _) => {

@@ -97,10 +97,13 @@ impl<'a> Resolver<'a> {
                     };
                     return Err((Desired::not_ready(reason.0, reason.1), None));
                 }
-                let (digest, size, kind) = match self.input.artifacts.get(&d.id.key) {
-                    Some(ArtifactOutcome::Ready { digest, size, kind }) => {
-                        (digest.clone(), *size, *kind)
-                    }
+                let (digest, size, kind, files) = match self.input.artifacts.get(&d.id.key) {
+                    Some(ArtifactOutcome::Ready {
+                        digest,
+                        size,
+                        kind,
+                        files,
+                    }) => (digest.clone(), *size, *kind, files.clone()),
                     Some(ArtifactOutcome::Failed { reason, message }) => {
                         return Err((Desired::not_ready(*reason, message.clone()), None));
                     }
@@ -173,6 +176,7 @@ impl<'a> Resolver<'a> {
                     limits,
                     network: spec.network.clone().unwrap_or_default(),
                     upstream: None,
+                    files,
                 })
             })();
             match outcome {
@@ -185,6 +189,13 @@ impl<'a> Resolver<'a> {
                         "{} {} of {} bytes",
                         release.artifact_kind, release.digest, release.size
                     );
+                    if !release.files.is_empty() {
+                        let bytes: u64 = release.files.iter().map(|f| f.size).sum();
+                        message.push_str(&format!(
+                            ", with {} file(s) of {bytes} bytes",
+                            release.files.len()
+                        ));
+                    }
                     for note in &notes {
                         message.push_str("; ");
                         message.push_str(note);

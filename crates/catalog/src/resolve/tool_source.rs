@@ -454,6 +454,7 @@ pub fn imported(
             egress: vec![plan.egress_rule()],
         },
         upstream: Some(Arc::new(upstream)),
+        files: Vec::new(),
     };
     let resolved = ResolvedTool {
         key: tool_key,

@@ -292,6 +292,7 @@ spec: {agents: [ghost], tool: semver}
                         digest: "sha256:a".into(),
                         size: 10,
                         kind: "module",
+                        files: Vec::new(),
                     },
                 )
             })

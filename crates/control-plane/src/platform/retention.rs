@@ -37,7 +37,9 @@ pub async fn run_once(store: &dyn Retention, catalog: &Catalog, retain: Duration
         .current()
         .releases
         .values()
-        .map(|r| r.digest.clone())
+        .flat_map(|r| {
+            std::iter::once(r.digest.clone()).chain(r.files.iter().map(|f| f.digest.clone()))
+        })
         .collect();
     match store.delete_finished_before(cutoff, &keep).await {
         Ok(report) => {

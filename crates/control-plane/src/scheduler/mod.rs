@@ -1268,6 +1268,15 @@ fn assign_of(
             Some(_) => spec.access.filesystem.as_str().to_string(),
             None => String::new(),
         },
+        files: spec
+            .files
+            .iter()
+            .map(|f| proto::ReleaseFile {
+                path: f.path.clone(),
+                digest: f.digest.clone(),
+                size: f.size,
+            })
+            .collect(),
     }
 }
 

@@ -129,6 +129,9 @@ pub struct CallSpec {
     /// makes this upstream request instead of running a wasm instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<crate::source::UpstreamCall>,
+    /// The release's read-only files when the call was admitted (`spec.files`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<crate::artifact::FileRef>,
 }
 
 /// A call as the gateway admits it.

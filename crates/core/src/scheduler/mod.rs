@@ -1304,13 +1304,16 @@ impl State {
             + self.fencing.values().filter(|f| matches(&f.call)).count()
     }
 
-    /// The pools of the calls running now on artifact `digest`: a worker fetches an
+    /// The pools of the calls running now on artifact (or release file) `digest`: a worker fetches an
     /// artifact only to run a call assigned to it, so only a worker that may serve one of
     /// these pools has a reason to fetch it.
     pub fn pools_running(&self, digest: &str) -> BTreeSet<String> {
         self.running
             .values()
-            .filter(|r| r.call.record.release_digest == digest)
+            .filter(|r| {
+                r.call.record.release_digest == digest
+                    || r.call.record.spec.files.iter().any(|f| f.digest == digest)
+            })
             .map(|r| r.call.record.spec.pool.clone())
             .collect()
     }

@@ -16,7 +16,9 @@ pub use middleware::{
     ApprovalStep, AuditStep, OnTimeout, PolicyAction, PolicyDefault, PolicyRewrite, PolicyRule,
     PolicyStep, RateKey, RateLimitStep, RedactStep, WasmStep,
 };
-pub use release::{ArtifactSource, ConfigMapKeyRef, EgressRule, NetworkPolicy, ReleaseLimits};
+pub use release::{
+    ArtifactSource, ConfigMapKeyRef, EgressRule, NetworkPolicy, ReleaseFile, ReleaseLimits,
+};
 pub use tool::{
     Command, DeclaredError, Effect, Flag, OptionArg, Overflow, Positional, ResultPolicy,
     RetryPolicy, StdinSpec,

@@ -23,6 +23,20 @@ pub struct ArtifactSource {
     pub digest: Option<String>,
 }
 
+/// A read-only file every call of a release sees beside its artifact, at an absolute guest
+/// path (an interpreter's standard library, a model, a dictionary). Its bytes come from a
+/// source like the artifact's and are pinned by digest; the sandbox preopens the file's
+/// directory read-only, holding only the release's files.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReleaseFile {
+    /// Where the guest sees the file: an absolute path of plain components, not under
+    /// `/workspace` (e.g. `/usr/local/lib/python315.zip`).
+    pub path: String,
+    /// Where its bytes come from: exactly one of `file`, `configMap` or `url`, and `digest`.
+    pub artifact: ArtifactSource,
+}
+
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigMapKeyRef {

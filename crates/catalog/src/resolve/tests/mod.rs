@@ -53,6 +53,7 @@ fn ready_artifacts(set: &ResourceSet, digest: &str) -> HashMap<ObjectKey, Artifa
                     digest: digest.into(),
                     size: 10,
                     kind: "module",
+                    files: Vec::new(),
                 },
             )
         })

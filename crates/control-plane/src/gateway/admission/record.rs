@@ -135,6 +135,7 @@ pub(super) fn new_call(admission: Admission<'_>) -> NewCall {
             retry: Some(RetrySpec::of(tool.effect, tool.spec.retry.as_ref())),
             result_policy: tool.spec.result_policy.clone(),
             upstream: release.upstream.as_deref().cloned(),
+            files: release.files.clone(),
         },
         stdin,
         idempotency_key,
