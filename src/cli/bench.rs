@@ -89,13 +89,27 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
 }
 
-/// One measured call of a built-in: its tool, argv and artifact.
+/// One measured call of a built-in: its tool, argv and artifact, and the read-only files
+/// its release mounts (guest directory, name, file under the built-ins' directory).
 struct BuiltinCase {
     label: &'static str,
     tool: &'static str,
     args: &'static [&'static str],
     wasm: &'static str,
+    files: &'static [(&'static str, &'static str, &'static str)],
+    /// At most this many calls of the case (a slow one), whatever `--calls` says.
+    max_calls: usize,
 }
+
+const PYTHON_WASM: &str = "runtimes/python/python-snapshot.wasm";
+const PYTHON_FILES: &[(&str, &str, &str)] = &[
+    (
+        "/usr/local/lib",
+        "python315.zip",
+        "runtimes/python/python-stdlib.zip",
+    ),
+    ("/", "run", "tools/python/run.py"),
+];
 
 const BUILTIN_CASES: &[BuiltinCase] = &[
     BuiltinCase {
@@ -103,6 +117,8 @@ const BUILTIN_CASES: &[BuiltinCase] = &[
         tool: "js",
         args: &["run", "--code", "1 + 1"],
         wasm: "tools/js/js.wasm",
+        files: &[],
+        max_calls: usize::MAX,
     },
     BuiltinCase {
         label: "js 10k squares as JSON",
@@ -113,18 +129,42 @@ const BUILTIN_CASES: &[BuiltinCase] = &[
             "JSON.stringify(Array.from({length: 10000}, (_, i) => i * i)).length",
         ],
         wasm: "tools/js/js.wasm",
+        files: &[],
+        max_calls: usize::MAX,
+    },
+    BuiltinCase {
+        label: "python `print(1)`",
+        tool: "python",
+        args: &["run", "--code", "print(1)"],
+        wasm: PYTHON_WASM,
+        files: PYTHON_FILES,
+        max_calls: 50,
+    },
+    BuiltinCase {
+        label: "python `import pandas`",
+        tool: "python",
+        args: &[
+            "run",
+            "--code",
+            "import pandas as pd\npd.DataFrame({'a': [1, 2, 3]})['a'].sum()",
+        ],
+        wasm: PYTHON_WASM,
+        files: PYTHON_FILES,
+        max_calls: 10,
     },
 ];
 
 async fn builtins(args: BuiltinsArgs) -> anyhow::Result<()> {
-    let started = start_platform(&args.manifests)?;
+    // Compiled code is kept across runs: the python runtime takes minutes to compile.
+    let cache = std::path::Path::new(".toolgrid/cache");
+    let started = start_platform_with(&args.manifests, &[("TOOLGRID_CACHE", cache)])?;
     let credentials = super::client::Credentials::new(Some(&started.token), None)?;
     let channel = Channel::from_shared(format!("http://{}", started.grpc))?
         .connect()
         .await?;
     let clients = [super::client::client_of(channel, credentials)];
     println!(
-        "toolgrid bench builtins: {} sequential calls of each, {} cores",
+        "toolgrid bench builtins: {} sequential calls of each (fewer where it says), {} cores",
         args.calls,
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -132,22 +172,25 @@ async fn builtins(args: BuiltinsArgs) -> anyhow::Result<()> {
     );
     println!("{}", header());
     for case in BUILTIN_CASES {
+        let calls = args.calls.min(case.max_calls);
         let request = proto::InvokeRequest {
             tool: case.tool.into(),
             argv: case.args.iter().map(|a| a.to_string()).collect(),
             ..Default::default()
         };
-        run_clients(&clients, &request, 10).await?;
-        let platform = run_clients(&clients, &request, args.calls).await?;
+        warm_up(&clients[0], &request).await?;
+        run_clients(&clients, &request, 2).await?;
+        let platform = run_clients(&clients, &request, calls).await?;
         let path = args.builtins.join(case.wasm);
         let wasm =
             std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
         let mut argv = vec![case.tool.to_string()];
         argv.extend(case.args.iter().map(|a| a.to_string()));
-        let baseline = baseline::Baseline::new(&wasm, argv)?;
-        baseline.run_concurrent(10, 1).await?;
-        let in_process = baseline.run_concurrent(args.calls, 1).await?;
-        let instantiate = baseline.instantiate_only(args.calls).await?;
+        let files = baseline::Files::lay_out(&args.builtins, case.files)?;
+        let baseline = baseline::Baseline::new(&wasm, argv, files, Some(cache))?;
+        baseline.run_concurrent(2, 1).await?;
+        let in_process = baseline.run_concurrent(calls, 1).await?;
+        let instantiate = baseline.instantiate_only(calls).await?;
         println!(
             "{}",
             platform.row(&format!("{}: toolgrid, end to end", case.label))
@@ -161,8 +204,26 @@ async fn builtins(args: BuiltinsArgs) -> anyhow::Result<()> {
             instantiate.row(&format!("{}: instantiate only", case.label))
         );
     }
-    println!("python: not shipped yet (issue 20), so not measured");
     Ok(())
+}
+
+/// Calls until one succeeds: the first call of a release compiles it (minutes for the
+/// python runtime), and a call that times out meanwhile is tried again.
+async fn warm_up(
+    client: &super::client::Client,
+    request: &proto::InvokeRequest,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let call = client.clone().invoke(request.clone()).await?.into_inner();
+        if call.state == proto::CallState::Succeeded as i32 {
+            return Ok(());
+        }
+        let timed_out = call.error.as_ref().is_some_and(|e| e.kind == "timeout");
+        if !timed_out || Instant::now() > deadline {
+            anyhow::bail!("the warm-up call failed: {:?}", call.error);
+        }
+    }
 }
 
 fn header() -> String {
@@ -189,6 +250,13 @@ impl Drop for Started {
 }
 
 fn start_platform(manifests: &std::path::Path) -> anyhow::Result<Started> {
+    start_platform_with(manifests, &[])
+}
+
+fn start_platform_with(
+    manifests: &std::path::Path,
+    env: &[(&str, &std::path::Path)],
+) -> anyhow::Result<Started> {
     let data = tempfile::tempdir()?;
     let mut child = Command::new(std::env::current_exe()?)
         .arg("up")
@@ -199,6 +267,7 @@ fn start_platform(manifests: &std::path::Path) -> anyhow::Result<Started> {
         .arg("--listen")
         .arg("127.0.0.1:0")
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -288,7 +357,7 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot read {}", args.wasm.display()))?;
     let mut argv = vec![args.tool.clone()];
     argv.extend(args.args.iter().cloned());
-    let baseline = baseline::Baseline::new(&wasm, argv)?;
+    let baseline = baseline::Baseline::new(&wasm, argv, baseline::Files::none(), None)?;
     baseline.run_concurrent(warmup, args.concurrency).await?;
     let in_process = baseline
         .run_concurrent(args.calls, args.concurrency)
@@ -381,51 +450,169 @@ mod baseline {
     use wasmtime_wasi::p1::WasiP1Ctx;
     use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
+    /// `wasm` compiled by `engine`, from `cache` when an earlier run left it there.
+    fn compiled(engine: &Engine, wasm: &[u8], cache: &std::path::Path) -> anyhow::Result<Module> {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        let name = format!(
+            "bench-{}-{:016x}.cwasm",
+            toolgrid_core::artifact::digest_of(wasm).trim_start_matches("sha256:"),
+            hasher.finish()
+        );
+        let path = cache.join(name);
+        if let Ok(code) = std::fs::read(&path) {
+            // SAFETY: written below by this same engine configuration (its compatibility
+            // hash is in the name), under a name holding the source's digest.
+            if let Ok(module) = unsafe { Module::deserialize(engine, &code) } {
+                return Ok(module);
+            }
+        }
+        let module = Module::new(engine, wasm).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        if let Ok(code) = module.serialize() {
+            let _ = std::fs::create_dir_all(cache);
+            let tmp = path.with_extension("tmp");
+            if std::fs::write(&tmp, code).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        }
+        Ok(module)
+    }
+
     pub struct Baseline {
         engine: Engine,
         pre: wasmtime::InstancePre<WasiP1Ctx>,
         argv: Vec<String>,
+        files: Files,
+        /// A reactor (`run() -> i32`) rather than a command (`_start`).
+        reactor: bool,
+    }
+
+    /// The read-only directories a release's files make (as the worker lays them out),
+    /// removed on drop.
+    pub struct Files {
+        dirs: Vec<(String, std::path::PathBuf)>,
+        _root: Option<tempfile::TempDir>,
+    }
+
+    impl Files {
+        pub fn none() -> Self {
+            Files {
+                dirs: Vec::new(),
+                _root: None,
+            }
+        }
+
+        /// `files` (guest directory, name, file under `builtins`) as directories to preopen.
+        pub fn lay_out(
+            builtins: &std::path::Path,
+            files: &[(&str, &str, &str)],
+        ) -> anyhow::Result<Self> {
+            if files.is_empty() {
+                return Ok(Files::none());
+            }
+            let root = tempfile::tempdir()?;
+            let mut dirs: Vec<(String, std::path::PathBuf)> = Vec::new();
+            for (guest, name, source) in files {
+                let dir = root.path().join(format!("{}", dirs.len()));
+                std::fs::create_dir_all(&dir)?;
+                let source = builtins.join(source);
+                if std::fs::hard_link(&source, dir.join(name)).is_err() {
+                    std::fs::copy(&source, dir.join(name))?;
+                }
+                dirs.push((guest.to_string(), dir));
+            }
+            Ok(Files {
+                dirs,
+                _root: Some(root),
+            })
+        }
     }
 
     impl Baseline {
-        pub fn new(wasm: &[u8], argv: Vec<String>) -> anyhow::Result<Arc<Self>> {
+        /// The module compiled (or loaded from `cache`, keyed by its digest and this
+        /// engine), linked with WASI preview 1 and the `host.call` door a reactor imports.
+        pub fn new(
+            wasm: &[u8],
+            argv: Vec<String>,
+            files: Files,
+            cache: Option<&std::path::Path>,
+        ) -> anyhow::Result<Arc<Self>> {
             let mut config = Config::new();
-            config.allocation_strategy(InstanceAllocationStrategy::Pooling(
-                PoolingAllocationConfig::default(),
-            ));
+            let mut pool = PoolingAllocationConfig::default();
+            // As the worker's runtime: CPython's table and instance metadata are large.
+            pool.table_elements(1 << 17).max_core_instance_size(8 << 20);
+            config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
             let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("{e:#}"))?;
-            let module = Module::new(&engine, wasm).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            let module = match cache {
+                Some(cache) => compiled(&engine, wasm, cache)?,
+                None => Module::new(&engine, wasm).map_err(|e| anyhow::anyhow!("{e:#}"))?,
+            };
             let mut linker: Linker<WasiP1Ctx> = Linker::new(&engine);
             wasmtime_wasi::p1::add_to_linker_async(&mut linker, |c| c)
                 .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            linker
+                .func_wrap(
+                    "host",
+                    "call",
+                    |_: wasmtime::Caller<'_, WasiP1Ctx>, _: i32, _: i32, _: i32, _: i32| -1i32,
+                )
+                .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            let reactor = module.get_export("_start").is_none();
             let pre = linker
                 .instantiate_pre(&module)
                 .map_err(|e| anyhow::anyhow!("{e:#}"))?;
-            Ok(Arc::new(Baseline { engine, pre, argv }))
+            Ok(Arc::new(Baseline {
+                engine,
+                pre,
+                argv,
+                files,
+                reactor,
+            }))
         }
 
         async fn once(&self, run: bool) -> anyhow::Result<()> {
-            let wasi = wasmtime_wasi::WasiCtxBuilder::new()
+            let mut builder = wasmtime_wasi::WasiCtxBuilder::new();
+            builder
                 .args(&self.argv)
-                .stdout(MemoryOutputPipe::new(1 << 20))
-                .build_p1();
-            let mut store = Store::new(&self.engine, wasi);
+                .stdout(MemoryOutputPipe::new(1 << 20));
+            for (guest, dir) in &self.files.dirs {
+                builder
+                    .preopened_dir(dir, guest, wasmtime_wasi::FsPerms::ReadOnly)
+                    .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            }
+            let mut store = Store::new(&self.engine, builder.build_p1());
             let instance = self
                 .pre
                 .instantiate_async(&mut store)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e:#}"))?;
-            if run {
+            if !run {
+                return Ok(());
+            }
+            let ran = if self.reactor {
+                let entry = instance
+                    .get_typed_func::<(), i32>(&mut store, "run")
+                    .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+                entry
+                    .call_async(&mut store, ())
+                    .await
+                    .and_then(|code| match code {
+                        0 => Ok(()),
+                        code => Err(wasmtime_wasi::I32Exit(code).into()),
+                    })
+            } else {
                 let start = instance
                     .get_typed_func::<(), ()>(&mut store, "_start")
                     .map_err(|e| anyhow::anyhow!("{e:#}"))?;
-                if let Err(error) = start.call_async(&mut store, ()).await
-                    && error
-                        .downcast_ref::<wasmtime_wasi::I32Exit>()
-                        .is_none_or(|e| e.0 != 0)
-                {
-                    anyhow::bail!("the baseline run failed: {error:#}");
-                }
+                start.call_async(&mut store, ()).await
+            };
+            if let Err(error) = ran
+                && error
+                    .downcast_ref::<wasmtime_wasi::I32Exit>()
+                    .is_none_or(|e| e.0 != 0)
+            {
+                anyhow::bail!("the baseline run failed: {error:#}");
             }
             Ok(())
         }
