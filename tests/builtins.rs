@@ -67,6 +67,25 @@ apiVersion: toolgrid.dev/v1alpha1\nkind: Agent\nmetadata: {{name: idle}}\nspec: 
     dir
 }
 
+/// Writes a pool and agent `name` (token `<name>-token`) bound to each of `tools` with its
+/// workspace read-write.
+fn write_agent(dir: &Path, name: &str, tools: &[&str]) {
+    let mut text = format!(
+        "apiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {{name: default}}\nspec: {{replicas: 1, slotsPerWorker: 4}}\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}-token}}\nstringData: {{token: {name}-token}}\n---\n\
+         apiVersion: toolgrid.dev/v1alpha1\nkind: Agent\nmetadata: {{name: {name}}}\n\
+         spec:\n  tokenSecretRef: {{name: {name}-token, key: token}}\n  permissions: [{{tools: [{}]}}]\n",
+        tools.join(", ")
+    );
+    for tool in tools {
+        text.push_str(&format!(
+            "---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {{name: {name}-{tool}}}\n\
+             spec: {{agents: [{name}], tool: {tool}, filesystemAccess: readWrite}}\n"
+        ));
+    }
+    std::fs::write(dir.join("agents.yaml"), text).unwrap();
+}
+
 /// Runs `calls` as the agent of `token` through the Python SDK: what it lists, and each
 /// call's outcome.
 fn mcp_calls(
@@ -444,37 +463,7 @@ async fn js_runs_programs_over_the_workspace_and_hostile_ones_end_named() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("manifests");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("agents.yaml"),
-        r#"apiVersion: toolgrid.dev/v1alpha1
-kind: WorkerPool
-metadata: {name: default}
-spec: {replicas: 1, slotsPerWorker: 4}
----
-apiVersion: v1
-kind: Secret
-metadata: {name: scripter-token}
-stringData: {token: scripter-token}
----
-apiVersion: toolgrid.dev/v1alpha1
-kind: Agent
-metadata: {name: scripter}
-spec:
-  tokenSecretRef: {name: scripter-token, key: token}
-  permissions: [{tools: [files, js]}]
----
-apiVersion: toolgrid.dev/v1alpha1
-kind: ToolBinding
-metadata: {name: scripter-files}
-spec: {agents: [scripter], tool: files, filesystemAccess: readWrite}
----
-apiVersion: toolgrid.dev/v1alpha1
-kind: ToolBinding
-metadata: {name: scripter-js}
-spec: {agents: [scripter], tool: js, filesystemAccess: readWrite}
-"#,
-    )
-    .unwrap();
+    write_agent(&dir, "scripter", &["files", "js"]);
     let platform = Platform::start(root.path(), &dir, &[]);
     let mean = "const rows = fs.readFile('data.csv').trim().split('\\n').slice(1).map(l => l.split(','));\n\
                 console.log(rows.length + ' rows');\n\
@@ -544,37 +533,7 @@ async fn python_computes_with_pandas_over_the_workspace_and_errors_end_named() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("manifests");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("agents.yaml"),
-        r#"apiVersion: toolgrid.dev/v1alpha1
-kind: WorkerPool
-metadata: {name: default}
-spec: {replicas: 1, slotsPerWorker: 4}
----
-apiVersion: v1
-kind: Secret
-metadata: {name: analyst-token}
-stringData: {token: analyst-token}
----
-apiVersion: toolgrid.dev/v1alpha1
-kind: Agent
-metadata: {name: analyst}
-spec:
-  tokenSecretRef: {name: analyst-token, key: token}
-  permissions: [{tools: [files, python]}]
----
-apiVersion: toolgrid.dev/v1alpha1
-kind: ToolBinding
-metadata: {name: analyst-files}
-spec: {agents: [analyst], tool: files, filesystemAccess: readWrite}
----
-apiVersion: toolgrid.dev/v1alpha1
-kind: ToolBinding
-metadata: {name: analyst-python}
-spec: {agents: [analyst], tool: python, filesystemAccess: readWrite}
-"#,
-    )
-    .unwrap();
+    write_agent(&dir, "analyst", &["files", "python"]);
     // The 100 MB interpreter compiles once per machine (minutes), into a cache every run
     // of this test shares.
     let cache = common::fixtures::repo().join("target/toolgrid-test-cache");
