@@ -2,7 +2,8 @@
 # Builds toolgrid's built-in tools in builtins/tools/ to WebAssembly.
 #
 #   builtins/build.sh              build in place (builtins/tools/<name>/<name>.wasm) and
-#                                  re-pin the sha256 digests in builtins/manifests/
+#                                  re-pin the sha256 digests in builtins/manifests/ (and
+#                                  that of python's driver in builtins/python/)
 #   builtins/build.sh --out DIR    write DIR/tools/<name>/<name>.wasm instead
 #   builtins/build.sh --check      build into a temporary directory and fail if the result
 #                                  differs from the committed .wasm files or a digest in
@@ -84,11 +85,33 @@ pin() {
     return $status
 }
 
+# python's driver (tools/python/run.py) is not built: it is a release file of
+# python/python.yaml, mounted at /run and pinned by the digest right below that path.
+pin_driver() {
+    local m=$TOOLS_DIR/python/python.yaml want
+    want=$(sha256 "$TOOLS_DIR/tools/python/run.py")
+    if grep -A3 -- "- path: /run\$" "$m" | grep -q "digest: sha256:$want\$"; then
+        note "ok: ${m#"$REPO"/} digest of run.py"
+    elif [ "$CHECK" = 1 ]; then
+        note "STALE DIGEST: ${m#"$REPO"/} run.py (re-pin with builtins/build.sh)"; return 1
+    else
+        python3 - "$m" "$want" <<'PY'
+import re, sys
+path, want = sys.argv[1:]
+text = open(path).read()
+text = re.sub(r"(- path: /run\n(?:.*\n){0,2}?\s*digest: sha256:)[0-9a-f]{64}", lambda m: m.group(1) + want, text, count=1)
+open(path, "w").write(text)
+PY
+        note "pinned: ${m#"$REPO"/} run.py"
+    fi
+}
+
 if [ "$CHECK" = 1 ]; then
     check_built
     status=$CHECK_STATUS
     pin || status=1
+    pin_driver || status=1
     exit "$status"
 fi
 install_built
-[ -n "$OUT" ] || pin
+[ -n "$OUT" ] || { pin; pin_driver; }

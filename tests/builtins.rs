@@ -481,11 +481,13 @@ async fn js_runs_programs_over_the_workspace_and_hostile_ones_end_named() {
             ["js", {"code": "let a = []; while (true) a.push('x'.repeat(1 << 20))"}],
             ["js", {"code": "function deep(n) { return deep(n + 1) + 1 } deep(0)"}],
             ["js", {"code": "for (;;) {}"}],
+            ["js", {"code": "for (let i = 0; i < 200000; i++) console.log('flood '.repeat(20)); 7"}],
             ["js", {"code": "[1, 2, 3].map(x => x * x)"}],
         ]),
     );
     assert!(tools.contains(&"js".to_string()), "{tools:?}");
-    let [_, mean, wrote, read, thrown, bomb, deep, spin, after] = outcomes.try_into().unwrap();
+    let [_, mean, wrote, read, thrown, bomb, deep, spin, flood, after] =
+        outcomes.try_into().unwrap();
     assert_eq!(
         mean["structured"],
         json!({"result": {"mean": 16}, "output": "3 rows\n", "outputTruncated": false}),
@@ -511,6 +513,11 @@ async fn js_runs_programs_over_the_workspace_and_hostile_ones_end_named() {
     let kind = |o: &Value| o["error"]["kind"].as_str().unwrap_or_default().to_string();
     assert_eq!(kind(&deep), "trap", "{deep}");
     assert_eq!(kind(&spin), "cpu-limit", "{spin}");
+    // 24 MB of output: the first 64 KiB is kept, the program's value still comes back.
+    let flood = &flood["structured"];
+    assert_eq!(flood["outputTruncated"], true, "{flood}");
+    assert_eq!(flood["result"], 7, "{flood}");
+    assert!(flood["output"].as_str().unwrap().len() <= 64 * 1024);
     assert_eq!(after["structured"]["result"], json!([1, 4, 9]), "{after}");
 }
 
@@ -583,6 +590,7 @@ async fn python_computes_with_pandas_over_the_workspace_and_errors_end_named() {
             ["python", {"code": "x = [bytearray(64 << 20) for _ in range(40)]"}],
             ["python", {}],
             ["python", {"code": "import socket; socket.create_connection(('example.com', 80))"}],
+            ["python", {"code": "for _ in range(100_000): print('flood ' * 40)\n7"}],
             ["python", {"code": "sum(range(10))"}],
         ]),
     );
@@ -600,6 +608,7 @@ async fn python_computes_with_pandas_over_the_workspace_and_errors_end_named() {
         bomb,
         none,
         network,
+        flood,
         after,
     ] = outcomes.try_into().unwrap();
     assert_eq!(
@@ -640,5 +649,10 @@ async fn python_computes_with_pandas_over_the_workspace_and_errors_end_named() {
     assert_eq!(error_name(&none), "bad-arguments");
     // No network in the sandbox: the program sees an OSError.
     assert_eq!(error_name(&network), "python-error");
+    // 24 MB printed: the first 64 Ki characters are kept, the value still comes back.
+    let flood = &flood["structured"];
+    assert_eq!(flood["outputTruncated"], true, "{flood}");
+    assert_eq!(flood["result"], 7, "{flood}");
+    assert_eq!(flood["output"].as_str().unwrap().chars().count(), 64 * 1024);
     assert_eq!(after["structured"]["result"], json!(45), "{after}");
 }
