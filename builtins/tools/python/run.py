@@ -12,7 +12,6 @@ import json
 import math
 import os
 import sys
-import traceback
 
 WORKSPACE = "/workspace"
 MAX_OUTPUT = 64 * 1024  # characters of output kept
@@ -128,6 +127,8 @@ def main():
         if e.code not in (None, 0):
             fail(3, f"{output.getvalue()[-MAX_ERROR // 2:]}SystemExit: {e.code}")
     except BaseException as e:  # noqa: BLE001 - every error of the program is reported
+        import traceback  # only now: importing it costs a tenth of a second
+
         frames = traceback.extract_tb(e.__traceback__)
         # The program's own frames, not this driver's.
         frames = [f for f in frames if f.filename != __file__ and f.filename != "run"]
