@@ -541,7 +541,8 @@ mod baseline {
             let mut config = Config::new();
             let mut pool = PoolingAllocationConfig::default();
             // As the worker's runtime: CPython's table and instance metadata are large.
-            pool.table_elements(1 << 17).max_core_instance_size(8 << 20);
+            pool.table_elements(toolgrid_sandbox::runtime::MAX_TABLE_ELEMENTS)
+                .max_core_instance_size(toolgrid_sandbox::runtime::MAX_CORE_INSTANCE_BYTES);
             config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
             let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("{e:#}"))?;
             let module = match cache {

@@ -41,7 +41,8 @@ pub struct LoadedArtifact {
 }
 
 impl LoadedArtifact {
-    fn failed(reason: Reason, message: impl Into<String>) -> Self {
+    /// An artifact that is not Ready, and why.
+    pub fn failed(reason: Reason, message: impl Into<String>) -> Self {
         LoadedArtifact {
             outcome: ArtifactOutcome::Failed {
                 reason,

@@ -525,24 +525,20 @@ impl ClusterSource {
         release: &Sourced<ToolRelease>,
         set: &ResourceSet,
     ) -> LoadedArtifact {
-        let loaded = self.load_main(release, set).await;
-        if !matches!(loaded.outcome, ArtifactOutcome::Ready { .. }) {
-            return loaded;
-        }
-        let files = &release.object.spec.files;
-        if let Err((reason, message)) = check_files(files) {
-            return LoadedArtifact {
-                outcome: ArtifactOutcome::Failed { reason, message },
-                bytes: None,
-                file_bytes: Vec::new(),
-            };
-        }
         let namespace = release
             .object
             .metadata
             .namespace
             .clone()
             .unwrap_or_default();
+        let loaded = self.load_main(release, &namespace, set).await;
+        if !matches!(loaded.outcome, ArtifactOutcome::Ready { .. }) {
+            return loaded;
+        }
+        let files = &release.object.spec.files;
+        if let Err((reason, message)) = check_files(files) {
+            return LoadedArtifact::failed(reason, message);
+        }
         let mut loaded_files = Vec::new();
         for (i, file) in files.iter().enumerate() {
             loaded_files.push(self.load_file(i, file, &namespace, set).await);
@@ -608,13 +604,14 @@ impl ClusterSource {
         }
     }
 
-    async fn load_main(&self, release: &Sourced<ToolRelease>, set: &ResourceSet) -> LoadedArtifact {
+    async fn load_main(
+        &self,
+        release: &Sourced<ToolRelease>,
+        namespace: &str,
+        set: &ResourceSet,
+    ) -> LoadedArtifact {
         let artifact = &release.object.spec.artifact;
-        let failed = |reason: Reason, message: String| LoadedArtifact {
-            outcome: ArtifactOutcome::Failed { reason, message },
-            bytes: None,
-            file_bytes: Vec::new(),
-        };
+        let failed = LoadedArtifact::failed;
         let source = match source_kind(artifact) {
             Ok(source) => source,
             Err(message) => return failed(Reason::InvalidArtifactSource, message),
@@ -628,18 +625,7 @@ impl ClusterSource {
                         "spec.artifact.configMap is empty".into(),
                     );
                 };
-                let namespace = release
-                    .object
-                    .metadata
-                    .namespace
-                    .clone()
-                    .unwrap_or_default();
-                match config_map_key(
-                    &set.config_maps,
-                    &namespace,
-                    &reference.name,
-                    &reference.key,
-                ) {
+                match config_map_key(&set.config_maps, namespace, &reference.name, &reference.key) {
                     Ok(bytes) => check_bytes(bytes, expected),
                     Err(message) => failed(Reason::ArtifactNotFound, message),
                 }

