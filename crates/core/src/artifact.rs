@@ -63,7 +63,7 @@ pub enum InvalidFilePath {
     NotAbsolute(String),
     #[error("{0:?} has an empty, `.` or `..` component, or one longer than 255 bytes")]
     BadComponent(String),
-    #[error("{0:?} is under {workspace}, which is the agent's", workspace = crate::workspace::GUEST_DIR)]
+    #[error("{0:?} is under {workspace}, which is the agent's", workspace = crate::guest::WORKSPACE_DIR)]
     InWorkspace(String),
 }
 
@@ -82,7 +82,7 @@ pub fn check_file_path(path: &str) -> Result<(), InvalidFilePath> {
     {
         return Err(InvalidFilePath::BadComponent(path.to_string()));
     }
-    let workspace = crate::workspace::GUEST_DIR.trim_start_matches('/');
+    let workspace = crate::guest::WORKSPACE_DIR.trim_start_matches('/');
     if parts[0] == workspace {
         return Err(InvalidFilePath::InWorkspace(path.to_string()));
     }

@@ -13,6 +13,7 @@
 //! | [`interface`] | a command's typed interface: argv parsing, argument and result validation |
 //! | [`completion`] | judging a finished run against its command |
 //! | [`middleware`] | what each middleware step decides |
+//! | [`guest`] | the guest's filesystem layout (where the workspace is mounted) |
 //! | [`workspace`] | workspace trees, paths, diffs, limits, the one-writer rule |
 //! | [`scheduler`] | the scheduler's decisions: `State::on(event, now) -> commands` |
 //! | [`auth`] | who calls ([`auth::Principal`]) |
@@ -29,6 +30,7 @@ pub mod completion;
 pub mod error;
 #[cfg(test)]
 mod fixtures;
+pub mod guest;
 pub mod ids;
 pub mod interface;
 pub mod middleware;

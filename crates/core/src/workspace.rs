@@ -31,7 +31,7 @@ pub const MAX_PATH_BYTES: usize = 1024;
 /// Deepest path accepted, in components.
 pub const MAX_PATH_DEPTH: usize = 32;
 /// Where a call sees its workspace inside the sandbox.
-pub const GUEST_DIR: &str = "/workspace";
+pub const GUEST_DIR: &str = crate::guest::WORKSPACE_DIR;
 
 /// Why a path is refused. Paths come from tools (the files they wrote), workers and callers
 /// (`toolgrid workspace cat`): all hostile.
