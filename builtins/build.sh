@@ -15,7 +15,7 @@
 set -euo pipefail
 
 TOOLS_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-TOOLS_P1=(files js)   # shipped as WASI preview 1 modules
+TOOLS_P1=(files js code)   # shipped as WASI preview 1 modules
 TOOLS_P2=(web-fetch)   # shipped as WASI preview 2 components (wasi:cli/run, imports wasi:http)
 # shellcheck source=../scripts/wasm-build.sh
 . "$TOOLS_DIR/../scripts/wasm-build.sh"
@@ -52,14 +52,15 @@ PY
 # 1 MiB stack.
 eval "shared_compile() $(declare -f compile | tail -n +2)"
 compile() {
-    if [ "$1" != js ]; then shared_compile "$@"; return; fi
+    # code is js.c with the agent's tools (tools/code/code.c includes it)
+    case $1 in js|code) ;; *) shared_compile "$@"; return ;; esac
     quickjs_sources
-    note "compiling js (QuickJS-NG from $QUICKJS_CRATE)"
+    note "compiling $1 (QuickJS-NG from $QUICKJS_CRATE)"
     local q=$QUICKJS_SRC
     "${ZIG_CMD[@]}" cc --target=wasm32-wasi -std=gnu11 -O2 -s -Wl,-z,stack-size=1048576 -w \
         -D_GNU_SOURCE -DQUICKJS_NG_BUILD -D_WASI_EMULATED_PROCESS_CLOCKS -D_WASI_EMULATED_SIGNAL \
         -funsigned-char -I "$q" "$q/quickjs.c" "$q/libregexp.c" "$q/libunicode.c" "$q/dtoa.c" \
-        "$TOOLS_DIR/tools/js/js.c" -lwasi-emulated-process-clocks -lwasi-emulated-signal -o "$2"
+        "$TOOLS_DIR/tools/$1/$1.c" -lwasi-emulated-process-clocks -lwasi-emulated-signal -o "$2"
 }
 
 parse_args "$@"

@@ -166,6 +166,133 @@ static JSValue fs_exists(JSContext *ctx, JSValueConst this_val, int argc, JSValu
     return JS_NewBool(ctx, stat(abs, &st) == 0);
 }
 
+/* --- code mode: the agent's tools ------------------------------------------------- */
+
+#ifdef TOOLGRID_CODE
+/* Built as the `code` tool (builtins/build.sh): `tools.<tool>.<command>(args)` returns a
+ * promise of the tool's result, through the host's tool door (docs/host-abi.md). Requests
+ * run concurrently; the event loop below waits for the next one to end whenever no job is
+ * left to run. A failed call rejects with a ToolError whose `kind` names why. */
+#include <stdint.h>
+
+__attribute__((import_module("toolgrid"), import_name("tool_call")))
+int32_t tg_tool_call(const char *request, uint32_t len, uint32_t *seq_out);
+__attribute__((import_module("toolgrid"), import_name("tool_wait")))
+int32_t tg_tool_wait(uint32_t *seq_out, uint32_t *len_out);
+__attribute__((import_module("toolgrid"), import_name("tool_take")))
+int32_t tg_tool_take(uint32_t seq, char *buf, uint32_t len);
+
+static void die_with_exception(JSContext *ctx);
+
+#define MAX_TOOL_CALLS 256
+static JSValue settle[MAX_TOOL_CALLS + 1][2]; /* resolve, reject by request number */
+static int outstanding;
+
+static JSValue js_tool_call(JSContext *ctx, JSValueConst this_val, int argc, JSValueConst *argv) {
+    (void)this_val;
+    if (argc < 3) return JS_ThrowTypeError(ctx, "tool call: tool, command, args");
+    JSValue request = JS_NewObject(ctx);
+    JS_SetPropertyStr(ctx, request, "tool", JS_DupValue(ctx, argv[0]));
+    JS_SetPropertyStr(ctx, request, "command", JS_DupValue(ctx, argv[1]));
+    JS_SetPropertyStr(ctx, request, "args", JS_DupValue(ctx, argv[2]));
+    JSValue json = JS_JSONStringify(ctx, request, JS_UNDEFINED, JS_UNDEFINED);
+    JS_FreeValue(ctx, request);
+    if (JS_IsException(json)) return json;
+    size_t len;
+    const char *text = JS_ToCStringLen(ctx, &len, json);
+    JS_FreeValue(ctx, json);
+    if (!text) return JS_EXCEPTION;
+    uint32_t seq = 0;
+    int32_t rc = tg_tool_call(text, (uint32_t)len, &seq);
+    JS_FreeCString(ctx, text);
+    if (rc != 0 || seq == 0 || seq > MAX_TOOL_CALLS)
+        return JS_ThrowTypeError(ctx, "a tool call takes its arguments as one plain object, "
+                                      "e.g. tools.fetch.get({url: \"...\"})");
+    JSValue funcs[2];
+    JSValue promise = JS_NewPromiseCapability(ctx, funcs);
+    if (JS_IsException(promise)) return promise;
+    settle[seq][0] = funcs[0];
+    settle[seq][1] = funcs[1];
+    outstanding++;
+    return promise;
+}
+
+/* Waits for the next tool call to end and settles its promise; 0 when none is left. */
+static int settle_next(JSContext *ctx) {
+    if (!outstanding) return 0;
+    uint32_t seq = 0, len = 0;
+    if (tg_tool_wait(&seq, &len) != 0) return 0;
+    char *buf = malloc(len + 1);
+    if (!buf || seq == 0 || seq > MAX_TOOL_CALLS || tg_tool_take(seq, buf, len) != 0)
+        fail(EXIT_JS_ERROR, "js-error", "a tool call's answer could not be read");
+    buf[len] = 0; /* QuickJS parses up to a NUL */
+    JSValue doc = JS_ParseJSON(ctx, buf, len, "<tool answer>");
+    free(buf);
+    if (JS_IsException(doc)) die_with_exception(ctx);
+    JSValue ok = JS_GetPropertyStr(ctx, doc, "ok");
+    JSValue arg;
+    int which;
+    if (JS_ToBool(ctx, ok)) {
+        arg = JS_GetPropertyStr(ctx, doc, "value");
+        which = 0;
+    } else {
+        JSValue error = JS_GetPropertyStr(ctx, doc, "error");
+        JSValue message = JS_GetPropertyStr(ctx, error, "message");
+        JSValue kind = JS_GetPropertyStr(ctx, error, "kind");
+        const char *m = JS_ToCString(ctx, message);
+        const char *k = JS_ToCString(ctx, kind);
+        arg = JS_NewError(ctx);
+        char text[1200];
+        snprintf(text, sizeof text, "%s: %s", k ? k : "error", m ? m : "");
+        JS_SetPropertyStr(ctx, arg, "message", JS_NewString(ctx, text));
+        JS_SetPropertyStr(ctx, arg, "name", JS_NewString(ctx, "ToolError"));
+        JS_SetPropertyStr(ctx, arg, "kind", JS_DupValue(ctx, kind));
+        JS_SetPropertyStr(ctx, arg, "call", JS_GetPropertyStr(ctx, doc, "call"));
+        if (m) JS_FreeCString(ctx, m);
+        if (k) JS_FreeCString(ctx, k);
+        JS_FreeValue(ctx, message);
+        JS_FreeValue(ctx, kind);
+        JS_FreeValue(ctx, error);
+        which = 1;
+    }
+    JS_FreeValue(ctx, ok);
+    JS_FreeValue(ctx, doc);
+    JSValue r = JS_Call(ctx, settle[seq][which], JS_UNDEFINED, 1, &arg);
+    JS_FreeValue(ctx, r);
+    JS_FreeValue(ctx, arg);
+    JS_FreeValue(ctx, settle[seq][0]);
+    JS_FreeValue(ctx, settle[seq][1]);
+    settle[seq][0] = settle[seq][1] = JS_UNDEFINED;
+    outstanding--;
+    return 1;
+}
+
+/* `tools.<tool>.<command>(args)`; camelCase names are the tools' kebab-case ones
+ * (`tools.webFetch.run` is `web-fetch run`), and `tools["web-fetch"].run` works too. */
+static const char TOOLS_PRELUDE[] =
+    "(() => {\n"
+    "  const call = globalThis.__toolgrid_call;\n"
+    "  delete globalThis.__toolgrid_call;\n"
+    "  const kebab = (s) => s.replace(/[A-Z]/g, (c) => '-' + c.toLowerCase());\n"
+    "  const named = (f) => new Proxy({}, {get(_, name) {\n"
+    "    if (typeof name !== 'string' || name === 'then') return undefined;\n"
+    "    return f(kebab(name));\n"
+    "  }});\n"
+    "  globalThis.tools = named((tool) => named((command) =>\n"
+    "    (args) => call(tool, command, args === undefined ? {} : args)));\n"
+    "})();\n";
+
+static void install_tools(JSContext *ctx, JSValue global) {
+    JS_SetPropertyStr(ctx, global, "__toolgrid_call", JS_NewCFunction(ctx, js_tool_call, "call", 3));
+    JSValue r = JS_Eval(ctx, TOOLS_PRELUDE, sizeof TOOLS_PRELUDE - 1, "<tools>", JS_EVAL_TYPE_GLOBAL);
+    if (JS_IsException(r)) fail(EXIT_JS_ERROR, "js-error", "cannot install tools");
+    JS_FreeValue(ctx, r);
+}
+#else
+static int settle_next(JSContext *ctx) { (void)ctx; return 0; }
+static void install_tools(JSContext *ctx, JSValue global) { (void)ctx; (void)global; }
+#endif
+
 /* --- running ----------------------------------------------------------------------- */
 
 static void print_json_string(const char *s, size_t n) {
@@ -233,6 +360,7 @@ int main(int argc, char **argv) {
     JS_SetPropertyStr(ctx, fs, "readdir", JS_NewCFunction(ctx, fs_readdir, "readdir", 1));
     JS_SetPropertyStr(ctx, fs, "exists", JS_NewCFunction(ctx, fs_exists, "exists", 1));
     JS_SetPropertyStr(ctx, global, "fs", fs);
+    install_tools(ctx, global);
 
     const char *name = "<code>";
     char *source = NULL;
@@ -258,13 +386,16 @@ int main(int argc, char **argv) {
 
     JSValue value = JS_Eval(ctx, source, len, name, JS_EVAL_TYPE_GLOBAL);
     if (JS_IsException(value)) die_with_exception(ctx);
-    /* run the jobs promises queued; a promise result is its settled value */
-    for (;;) {
-        JSContext *job_ctx;
-        int r = JS_ExecutePendingJob(rt, &job_ctx);
-        if (r < 0) die_with_exception(job_ctx);
-        if (r == 0) break;
-    }
+    /* run the jobs promises queued, and when none is left settle the next tool call
+     * that ended (code mode), until neither is left; a promise result is its settled value */
+    do {
+        for (;;) {
+            JSContext *job_ctx;
+            int r = JS_ExecutePendingJob(rt, &job_ctx);
+            if (r < 0) die_with_exception(job_ctx);
+            if (r == 0) break;
+        }
+    } while (settle_next(ctx));
     if (JS_IsPromise(value)) {
         JSPromiseStateEnum state = JS_PromiseState(ctx, value);
         JSValue settled = JS_PromiseResult(ctx, value);

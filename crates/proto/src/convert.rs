@@ -26,6 +26,51 @@ impl TryFrom<&OplogEntry> for call::OplogEntry {
     }
 }
 
+/// A program's tool call answer off the wire. An unknown error kind is `internal`.
+pub fn nested_answer(answer: crate::ToolCallAnswer) -> call::NestedAnswer {
+    let outcome = if answer.ok {
+        match serde_json::from_str(&answer.value_json) {
+            Ok(value) => call::NestedOutcome::Value(value),
+            Err(error) => call::NestedOutcome::error(
+                ErrorKind::Internal,
+                format!("the control plane sent a result that is not JSON: {error}"),
+            ),
+        }
+    } else {
+        call::NestedOutcome::error(
+            ErrorKind::parse(&answer.error_kind).unwrap_or(ErrorKind::Internal),
+            answer.error_message,
+        )
+    };
+    call::NestedAnswer {
+        call: (!answer.child_call_id.is_empty()).then_some(answer.child_call_id),
+        outcome,
+    }
+}
+
+/// A program's tool call answer for the wire.
+pub fn nested_answer_to_wire(
+    request_id: u64,
+    answer: &call::NestedAnswer,
+) -> crate::ToolCallAnswer {
+    let mut wire = crate::ToolCallAnswer {
+        request_id,
+        child_call_id: answer.call.clone().unwrap_or_default(),
+        ..Default::default()
+    };
+    match &answer.outcome {
+        call::NestedOutcome::Value(value) => {
+            wire.ok = true;
+            wire.value_json = value.to_string();
+        }
+        call::NestedOutcome::Error(error) => {
+            wire.error_kind = error.kind.as_str().to_string();
+            wire.error_message = error.message.clone();
+        }
+    }
+    wire
+}
+
 /// Converts a batch of entries for the wire.
 pub fn entries_to_wire(entries: &[call::OplogEntry]) -> Vec<OplogEntry> {
     entries.iter().map(OplogEntry::from).collect()

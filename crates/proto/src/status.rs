@@ -28,6 +28,7 @@ pub fn grpc_code(kind: ErrorKind) -> Code {
         | ErrorKind::OutputLimit
         | ErrorKind::RequestLimit
         | ErrorKind::ResponseLimit
+        | ErrorKind::ToolCallLimit
         | ErrorKind::WorkspaceLimit => Code::ResourceExhausted,
         ErrorKind::WorkspaceConflict => Code::Aborted,
         ErrorKind::WorkspaceInvalid => Code::InvalidArgument,

@@ -48,6 +48,24 @@ pub trait OplogSink: Send + Sync {
     /// Streams a progress report of the tool to the control plane (best effort: the
     /// report is recorded in the oplog whatever becomes of this).
     async fn progress(&self, _message: String) {}
+
+    /// Calls a tool for the call's program (code mode): request number `seq`, already
+    /// committed as a `tool-call` entry. Answers when the child call ends; asking again for
+    /// the same `seq` finds the same child. A sink that reaches no gateway answers
+    /// `unavailable`.
+    async fn call_tool(
+        &self,
+        _seq: u64,
+        _request: toolgrid_core::call::NestedRequest,
+    ) -> crate::tools::NestedAnswer {
+        crate::tools::NestedAnswer {
+            call: None,
+            outcome: toolgrid_core::call::NestedOutcome::error(
+                ErrorKind::Unavailable,
+                "this run reaches no gateway, so its program cannot call tools",
+            ),
+        }
+    }
 }
 
 /// The header every outgoing request carries.
@@ -227,7 +245,7 @@ impl HttpHost {
     }
 
     /// Commits everything buffered; a refusal stops the run before any further effect.
-    async fn commit(&self) -> Result<(), HttpFailure> {
+    pub(crate) async fn commit(&self) -> Result<(), HttpFailure> {
         // One commit at a time per call, so concurrent requests' entries reach the store in
         // the order they were recorded.
         let _order = self.commit_order.lock().await;

@@ -4,7 +4,7 @@
 //! it sees recorded, or replayed from the oplog after a failover: clocks and randomness
 //! ([`recorder`]), outgoing HTTP through the egress policy with secret references
 //! substituted and redacted ([`http`], [`egress`], [`secrets`]), progress reports
-//! ([`progress`]); a release's read-only files are fetched once and preopened read-only
+//! ([`progress`]), a program's calls of other tools ([`tools`]); a release's read-only files are fetched once and preopened read-only
 //! ([`files`]). [`middleware`] runs wasm middleware components with the same engine
 //! settings. What it records goes to an [`http::OplogSink`]; the worker process
 //! (`toolgrid-worker`) is the one that sends it over the link.
@@ -19,6 +19,7 @@ pub mod progress;
 pub mod recorder;
 pub mod runtime;
 pub mod secrets;
+pub mod tools;
 pub mod workspace;
 
 pub use runtime::{Compiled, Failure, RunOutcome, RunRequest, Runtime, RuntimeConfig};

@@ -206,6 +206,19 @@ impl HostLog {
         }
     }
 
+    /// The kind of the next recorded entry to replay, if any is left.
+    pub fn peek_kind(&self) -> Option<EntryKind> {
+        self.lock().replay.front().map(OplogEntry::kind)
+    }
+
+    /// Whether the replay still holds the answer to a program's tool call `seq`.
+    pub fn has_tool_result(&self, seq: u64) -> bool {
+        self.lock()
+            .replay
+            .iter()
+            .any(|e| matches!(e, OplogEntry::ToolResult(r) if r.seq == seq))
+    }
+
     /// True while recorded entries remain to be replayed.
     pub fn replaying(&self) -> bool {
         !self.lock().replay.is_empty()

@@ -116,6 +116,11 @@ pub struct ModuleState {
     trips: Arc<Tripwires>,
     /// Progress reports through `toolgrid.progress`.
     progress: Arc<CallProgress>,
+    /// The program's tool calls through `toolgrid.tool_call` (code mode).
+    tools: Arc<crate::tools::ToolDoor>,
+    /// Answers to tool calls not yet taken by the guest, by request number, each counted
+    /// against the call's memory until it is taken.
+    tool_answers: HashMap<u32, (Vec<u8>, HostBytes)>,
 }
 
 /// The state of a preview 2 call.
@@ -508,6 +513,7 @@ impl Runtime {
         add_toolgrid_http(&mut module_linker)?;
         add_toolgrid_progress(&mut module_linker)?;
         add_host_door(&mut module_linker)?;
+        add_toolgrid_tools(&mut module_linker)?;
         let mut component_linker = wasmtime::component::Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut component_linker)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut component_linker)?;
@@ -824,11 +830,17 @@ impl Runtime {
         } = call_host(&mut request, &log, &memory, hard);
         let progress = Arc::new(CallProgress::new(
             log.clone(),
-            sink,
+            sink.clone(),
             secrets.clone(),
             timer.clone(),
         ));
         let requests = http.clone();
+        let tools = Arc::new(crate::tools::ToolDoor::new(
+            request.call_id.clone(),
+            log.clone(),
+            http.clone(),
+            sink.clone(),
+        ));
 
         let result = match compiled {
             Compiled::Module(pre) | Compiled::Reactor(pre) => {
@@ -842,6 +854,8 @@ impl Runtime {
                     memory: memory.clone(),
                     trips: trips.clone(),
                     progress: progress.clone(),
+                    tools,
+                    tool_answers: HashMap::new(),
                 };
                 let mut store = Store::new(&self.engine, state);
                 store.limiter(|s| &mut s.limiter);
@@ -1374,6 +1388,120 @@ fn add_host_door(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Result
         "host",
         "call",
         |_: wasmtime::Caller<'_, ModuleState>, _: i32, _: i32, _: i32, _: i32| NO_HOST,
+    )?;
+    Ok(())
+}
+
+/// The tool door of preview 1 modules (code mode; see `include/toolgrid_tools.h` and
+/// docs/host-abi.md):
+/// - `tool_call(req, req_len, seq_out) -> i32` starts the request document
+///   `{"tool", "command", "args"}` (read from a checked slice, at most 1 MiB) and writes its
+///   number: 0 started, 2 not a request. Past the call's 256th request the call ends with
+///   `tool-call-limit`.
+/// - `tool_wait(seq_out, len_out) -> i32` waits for the next request that ended and writes
+///   its number and the length of its answer document: 0 one ended, 1 none outstanding.
+/// - `tool_take(seq, buf, len) -> i32` copies that answer (`{"ok", "value" | "error",
+///   "call"}`) into `buf`: 0 taken, 4 no such answer or `len` too small.
+fn add_toolgrid_tools(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Result<()> {
+    use crate::tools::DoorError;
+    linker.func_wrap_async(
+        "toolgrid",
+        "tool_call",
+        |mut caller: wasmtime::Caller<'_, ModuleState>,
+         (request, len, seq_out): (u32, u32, u32)| {
+            Box::new(async move {
+                let memory = guest_memory(&mut caller)?;
+                let trips = caller.data().trips.clone();
+                let limit = toolgrid_core::call::nested::MAX_NESTED_REQUEST_BYTES;
+                if len as usize > limit {
+                    return Ok(2);
+                }
+                let start = request as usize;
+                let Some(bytes) = start
+                    .checked_add(len as usize)
+                    .and_then(|end| memory.data(&caller).get(start..end))
+                else {
+                    return Err(wasmtime::Error::msg(format!(
+                        "toolgrid.tool_call: the request ({len} bytes at {request}) is outside \
+                         the module's memory"
+                    )));
+                };
+                let document = bytes.to_vec();
+                let door = caller.data().tools.clone();
+                match door.start(&document).await {
+                    Ok(seq) => {
+                        memory.write(&mut caller, seq_out as usize, &(seq as u32).to_le_bytes())?;
+                        Ok(0)
+                    }
+                    Err(DoorError::Invalid(_)) => Ok(2),
+                    Err(error @ DoorError::Limit) => Err(trap_limit(
+                        &trips,
+                        ErrorKind::ToolCallLimit,
+                        error.to_string(),
+                    )),
+                    Err(DoorError::Stopped) => {
+                        Err(wasmtime::Error::new(Stopped(door.abort_reason())))
+                    }
+                }
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        "toolgrid",
+        "tool_wait",
+        |mut caller: wasmtime::Caller<'_, ModuleState>, (seq_out, len_out): (u32, u32)| {
+            Box::new(async move {
+                let memory = guest_memory(&mut caller)?;
+                let door = caller.data().tools.clone();
+                let (seq, answer) = match door.next().await {
+                    Ok(Some(done)) => done,
+                    Ok(None) => return Ok(1),
+                    Err(_) => return Err(wasmtime::Error::new(Stopped(door.abort_reason()))),
+                };
+                let document =
+                    serde_json::to_vec(&answer.outcome.to_document(answer.call.as_deref()))
+                        .unwrap_or_default();
+                let len = u32::try_from(document.len()).unwrap_or(u32::MAX);
+                // An untaken answer stays counted against the call's memory.
+                let held = caller
+                    .data()
+                    .memory
+                    .reserve(u64::from(len))
+                    .map_err(wasmtime::Error::new)?;
+                caller
+                    .data_mut()
+                    .tool_answers
+                    .insert(seq as u32, (document, held));
+                memory.write(&mut caller, seq_out as usize, &(seq as u32).to_le_bytes())?;
+                memory.write(&mut caller, len_out as usize, &len.to_le_bytes())?;
+                Ok(0)
+            })
+        },
+    )?;
+    linker.func_wrap(
+        "toolgrid",
+        "tool_take",
+        |mut caller: wasmtime::Caller<'_, ModuleState>,
+         seq: u32,
+         buf: u32,
+         len: u32|
+         -> wasmtime::Result<i32> {
+            let memory = guest_memory(&mut caller)?;
+            let fits = caller
+                .data()
+                .tool_answers
+                .get(&seq)
+                .map(|(d, _)| d.len() <= len as usize);
+            if fits != Some(true) {
+                return Ok(4);
+            }
+            let Some((document, held)) = caller.data_mut().tool_answers.remove(&seq) else {
+                return Ok(4);
+            };
+            memory.write(&mut caller, buf as usize, &document)?;
+            drop(held);
+            Ok(0)
+        },
     )?;
     Ok(())
 }

@@ -99,6 +99,8 @@ pub struct Link {
     channel: Channel,
     credential: WorkerCredential,
     acks: Mutex<HashMap<u64, oneshot::Sender<proto::AppendAck>>>,
+    /// Programs' tool calls waiting for their answer, by request id.
+    answers: Mutex<HashMap<u64, oneshot::Sender<proto::ToolCallAnswer>>>,
     next_request: AtomicU64,
 }
 
@@ -113,6 +115,7 @@ impl Link {
             channel,
             credential,
             acks: Mutex::default(),
+            answers: Mutex::default(),
             next_request: AtomicU64::new(1),
         }
     }
@@ -202,9 +205,48 @@ impl Link {
         }
     }
 
-    /// Fails every append still waiting: the stream is gone.
+    /// Sends a program's tool call and waits for its answer; `None` when the stream closed
+    /// first (the caller sends it again on the next attachment: the control plane finds the
+    /// same child call).
+    pub async fn tool_call(
+        &self,
+        mut request: proto::ToolCallRequest,
+    ) -> Option<proto::ToolCallAnswer> {
+        let request_id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        request.request_id = request_id;
+        let (tx, rx) = oneshot::channel();
+        self.answers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(request_id, tx);
+        if !self.send(worker_event::Event::ToolCall(request)).await {
+            self.answers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&request_id);
+            return None;
+        }
+        rx.await.ok()
+    }
+
+    pub fn answer(&self, answer: proto::ToolCallAnswer) {
+        if let Some(waiter) = self
+            .answers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&answer.request_id)
+        {
+            let _ = waiter.send(answer);
+        }
+    }
+
+    /// Fails every append and tool call still waiting: the stream is gone.
     pub fn close(&self) {
         self.acks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.answers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 }
 
@@ -231,6 +273,22 @@ impl LinkSlot {
 
     pub fn clear(&self) {
         self.current.send_replace(None);
+    }
+
+    /// Waits until an attachment other than `previous` is current, and returns it.
+    pub async fn next_after(&self, previous: Option<&Arc<Link>>) -> Arc<Link> {
+        let mut watch = self.current.subscribe();
+        loop {
+            if let Some(link) = watch.borrow_and_update().clone()
+                && previous.is_none_or(|p| !Arc::ptr_eq(p, &link))
+            {
+                return link;
+            }
+            // The sender lives as long as this slot.
+            if watch.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 }
 

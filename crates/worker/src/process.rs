@@ -270,6 +270,7 @@ async fn session(
                 start_call(config, runtime, in_flight, slot, assign)
             }
             Some(control_event::Event::Ack(ack)) => link.acknowledge(ack),
+            Some(control_event::Event::ToolAnswer(answer)) => link.answer(answer),
             Some(control_event::Event::ResultAck(ack)) if !ack.ok && ack.retry => {
                 // Not stored yet (the store is unavailable): keep it and send it again.
                 let result = in_flight
@@ -806,6 +807,34 @@ impl OplogSink for LinkSink {
                 message,
             };
             link.send(worker_event::Event::Progress(progress)).await;
+        }
+    }
+
+    /// Sends the program's tool call over the current attachment; when the stream closes
+    /// before the answer (a control plane restart), sends it again on the next one. The
+    /// run's deadline bounds the wait (the run drops this future).
+    async fn call_tool(
+        &self,
+        seq: u64,
+        request: toolgrid_core::call::NestedRequest,
+    ) -> toolgrid_sandbox::tools::NestedAnswer {
+        let wire = proto::ToolCallRequest {
+            call_id: self.call_id.clone(),
+            epoch: self.epoch,
+            request_id: 0,
+            seq,
+            tool: request.tool,
+            command: request.command,
+            args_json: request.args.to_string(),
+        };
+        let mut previous = None;
+        loop {
+            let link = self.slot.next_after(previous.as_ref()).await;
+            if let Some(answer) = link.tool_call(wire.clone()).await {
+                return proto::convert::nested_answer(answer);
+            }
+            tracing::warn!(call = %self.call_id, seq, "the stream closed before a tool call's answer; sending it again on the next attachment");
+            previous = Some(link);
         }
     }
 }

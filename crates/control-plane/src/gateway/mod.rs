@@ -16,6 +16,7 @@ mod http;
 pub mod http_error;
 pub mod mcp;
 mod model_schemas;
+pub mod nested;
 pub mod refresh;
 pub mod results;
 mod sse;

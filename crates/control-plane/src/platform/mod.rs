@@ -193,6 +193,9 @@ impl ControlPlane {
             catalog: catalog.clone(),
             issuer: gateway.issuer(),
         }));
+        // Programs' tool calls (code mode) are admitted by the gateway, as their caller.
+        let nested: Arc<dyn crate::scheduler::NestedCaller> = gateway.clone();
+        scheduler.set_nested_caller(Arc::downgrade(&nested));
         tokio::spawn(approval_timer(gateway.clone()));
         retention::spawn_session_purge(store.clone());
         Ok(ControlPlane {

@@ -197,6 +197,17 @@ impl WorkerLink for WorkerLinkService {
                         // A refused report changes nothing; there is no answer to send.
                         let _ = scheduler.progress(&worker, session, &progress);
                     }
+                    Some(worker_event::Event::ToolCall(request)) => {
+                        // Answered when the child call ends (an approval may hold it long).
+                        let (scheduler, tx, worker) =
+                            (scheduler.clone(), tx.clone(), worker.clone());
+                        tokio::spawn(async move {
+                            let answer = scheduler.nested_call(&worker, session, request).await;
+                            let _ = tx
+                                .send(event(control_event::Event::ToolAnswer(answer)))
+                                .await;
+                        });
+                    }
                     Some(worker_event::Event::Register(_)) => {
                         break "a second Register on one stream".to_string();
                     }

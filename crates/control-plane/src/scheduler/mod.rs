@@ -14,10 +14,12 @@
 //! outcomes back. It sleeps until the state machine's next deadline, or the next event.
 
 mod link;
+mod nested;
 pub mod secrets;
 mod watch;
 
 pub use link::WorkerLinkService;
+pub use nested::NestedCaller;
 pub use secrets::{SecretError, SecretSource, StaticSecrets, UpstreamCredentialsFor};
 pub use toolgrid_core::scheduler::{QueueFull, Refusal, WorkerInfo};
 pub use watch::{CallUpdate, CallWatch, Progress};
@@ -119,6 +121,8 @@ pub struct Scheduler {
     /// Compiled redactions by their rules: a call's progress messages and its end reuse
     /// one compilation (at most [`MAX_REDACTORS`] kept).
     redactors: std::sync::Mutex<HashMap<RedactRules, Arc<Redactor>>>,
+    /// Where programs' tool calls are admitted (the gateway).
+    nested: std::sync::RwLock<Option<std::sync::Weak<dyn NestedCaller>>>,
 }
 
 /// Compiled redactions the scheduler keeps at most (all are dropped when it is full).
@@ -141,6 +145,7 @@ impl Scheduler {
             wake: Notify::new(),
             secrets: std::sync::RwLock::new(None),
             redactors: std::sync::Mutex::default(),
+            nested: std::sync::RwLock::default(),
         })
     }
 

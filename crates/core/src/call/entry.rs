@@ -37,6 +37,10 @@ pub enum OplogEntry {
     HttpDenied(HttpDenied),
     /// The tool reported progress (`toolgrid.progress`, `toolgrid:tool/progress.report`).
     Progress(ProgressReport),
+    /// A program called a tool (code mode), committed before the call left the sandbox.
+    ToolCall(super::ToolCall),
+    /// The answer to a program's tool call, in the order the program was told.
+    ToolResult(super::ToolResult),
     /// A person (or the approval's timeout) decided a call that waited for approval.
     Approval(super::ApprovalDecision),
     /// An attempt of a `read` or `idempotent` call failed for a transient reason and the
@@ -62,13 +66,15 @@ pub enum EntryKind {
     HttpError,
     HttpDenied,
     Progress,
+    ToolCall,
+    ToolResult,
     Approval,
     Retry,
     Outcome,
 }
 
 impl EntryKind {
-    pub const ALL: [EntryKind; 15] = [
+    pub const ALL: [EntryKind; 17] = [
         EntryKind::CallStarted,
         EntryKind::Assigned,
         EntryKind::Fenced,
@@ -81,6 +87,8 @@ impl EntryKind {
         EntryKind::HttpError,
         EntryKind::HttpDenied,
         EntryKind::Progress,
+        EntryKind::ToolCall,
+        EntryKind::ToolResult,
         EntryKind::Approval,
         EntryKind::Retry,
         EntryKind::Outcome,
@@ -100,6 +108,8 @@ impl EntryKind {
             EntryKind::HttpError => "http-error",
             EntryKind::HttpDenied => "http-denied",
             EntryKind::Progress => "progress",
+            EntryKind::ToolCall => "tool-call",
+            EntryKind::ToolResult => "tool-result",
             EntryKind::Approval => "approval",
             EntryKind::Retry => "retry",
             EntryKind::Outcome => "outcome",
@@ -122,6 +132,8 @@ impl EntryKind {
                 | EntryKind::HttpError
                 | EntryKind::HttpDenied
                 | EntryKind::Progress
+                | EntryKind::ToolCall
+                | EntryKind::ToolResult
         )
     }
 
@@ -387,6 +399,8 @@ impl OplogEntry {
             OplogEntry::HttpError(_) => EntryKind::HttpError,
             OplogEntry::HttpDenied(_) => EntryKind::HttpDenied,
             OplogEntry::Progress(_) => EntryKind::Progress,
+            OplogEntry::ToolCall(_) => EntryKind::ToolCall,
+            OplogEntry::ToolResult(_) => EntryKind::ToolResult,
             OplogEntry::Approval(_) => EntryKind::Approval,
             OplogEntry::Retry(_) => EntryKind::Retry,
             OplogEntry::Outcome(_) => EntryKind::Outcome,
@@ -420,6 +434,11 @@ impl OplogEntry {
             OplogEntry::HttpError(e) => text(&mut e.message),
             OplogEntry::HttpDenied(denied) => text(&mut denied.message),
             OplogEntry::Progress(report) => text(&mut report.message),
+            OplogEntry::ToolResult(result) => {
+                if let super::NestedOutcome::Error(error) = &mut result.outcome {
+                    text(&mut error.message)
+                }
+            }
             OplogEntry::Fenced(fenced) => text(&mut fenced.reason),
             OplogEntry::Approval(decision) => text(&mut decision.reason),
             OplogEntry::Retry(retry) => error(&mut retry.error, text),
@@ -433,7 +452,8 @@ impl OplogEntry {
             | OplogEntry::Replay(_)
             | OplogEntry::WallClock(_)
             | OplogEntry::MonotonicClock(_)
-            | OplogEntry::Random(_) => {}
+            | OplogEntry::Random(_)
+            | OplogEntry::ToolCall(_) => {}
         }
     }
 
@@ -664,7 +684,9 @@ mod tests {
                 "http-response",
                 "http-error",
                 "http-denied",
-                "progress"
+                "progress",
+                "tool-call",
+                "tool-result"
             ]
         );
         for kind in EntryKind::ALL {

@@ -40,6 +40,9 @@ pub enum ErrorKind {
     RequestLimit,
     /// A response body was larger than allowed.
     ResponseLimit,
+    /// A program (code mode) called tools more often than one call may
+    /// ([`crate::call::MAX_NESTED_CALLS`]).
+    ToolCallLimit,
     /// The guest trapped (unreachable, out-of-bounds access, stack overflow, ...).
     Trap,
     /// The release's artifact is not a runnable WASI command.
@@ -92,7 +95,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 37] = [
+    pub const ALL: [ErrorKind; 38] = [
         ErrorKind::InvalidArgument,
         ErrorKind::UnknownTool,
         ErrorKind::UnknownCommand,
@@ -110,6 +113,7 @@ impl ErrorKind {
         ErrorKind::OutputLimit,
         ErrorKind::RequestLimit,
         ErrorKind::ResponseLimit,
+        ErrorKind::ToolCallLimit,
         ErrorKind::Trap,
         ErrorKind::InvalidArtifact,
         ErrorKind::ReplayDivergence,
@@ -151,6 +155,7 @@ impl ErrorKind {
             ErrorKind::OutputLimit => "output-limit",
             ErrorKind::RequestLimit => "request-limit",
             ErrorKind::ResponseLimit => "response-limit",
+            ErrorKind::ToolCallLimit => "tool-call-limit",
             ErrorKind::Trap => "trap",
             ErrorKind::InvalidArtifact => "invalid-artifact",
             ErrorKind::ReplayDivergence => "replay-divergence",

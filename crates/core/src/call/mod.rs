@@ -26,6 +26,7 @@ mod deadline;
 mod entry;
 mod error;
 mod lifecycle;
+pub mod nested;
 mod record;
 pub mod retry;
 mod stop;
@@ -44,6 +45,9 @@ pub use entry::{
 };
 pub use error::ErrorKind;
 pub use lifecycle::{Lifecycle, Refusal};
+pub use nested::{
+    MAX_NESTED_CALLS, NestedAnswer, NestedError, NestedOutcome, NestedRequest, ToolCall, ToolResult,
+};
 pub use record::{
     CallFilter, CallRecord, CallSpec, Created, DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES,
     MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, NewCall, OplogRecord, ResourceRecord,

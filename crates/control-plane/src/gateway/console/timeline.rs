@@ -106,6 +106,25 @@ fn summarize(entry: &OplogEntry, requests: &HashMap<u64, (String, String)>) -> S
             "replay on worker {} (attempt {}, epoch {}): {} recorded host calls",
             replay.worker, replay.attempt, replay.epoch, replay.entries
         ),
+        OplogEntry::ToolCall(call) => format!(
+            "tool call {}: {}.{} (child key {})",
+            call.seq, call.tool, call.command, call.idempotency_key
+        ),
+        OplogEntry::ToolResult(result) => {
+            let child = result.call.as_deref().unwrap_or("none recorded");
+            match &result.outcome {
+                toolgrid_core::call::NestedOutcome::Value(_) => {
+                    format!(
+                        "tool call {} \u{2192} succeeded (child call {child})",
+                        result.seq
+                    )
+                }
+                toolgrid_core::call::NestedOutcome::Error(error) => format!(
+                    "tool call {} \u{2192} {}: {} (child call {child})",
+                    result.seq, error.kind, error.message
+                ),
+            }
+        }
         OplogEntry::WallClock(_) => "host call: wall clock read".to_string(),
         OplogEntry::MonotonicClock(_) => "host call: monotonic clock read".to_string(),
         OplogEntry::Random(random) => format!(

@@ -1,0 +1,117 @@
+//! A running call's program calls a tool (code mode): the child call goes through
+//! admission as the parent's own caller (its bindings, permissions, middleware, approval,
+//! rate limits and audit), under the idempotency key `<parent id>/<n>`, and the answer is
+//! the child's end. A request sent again (a reconnect, a replay after failover) finds the
+//! same child.
+
+use super::Gateway;
+use super::admission::Invocation;
+use crate::scheduler::NestedCaller;
+use toolgrid_core::auth::Principal;
+use toolgrid_core::call::{
+    CallRecord, CallState, ErrorKind, NestedAnswer, NestedOutcome, NestedRequest, nested,
+};
+use toolgrid_core::ids::ObjectKey;
+
+/// Times a program's wait for one child is renewed (each as long as the child's own
+/// deadline, approval included) before it gives up with `timeout`.
+const MAX_WAITS: usize = 4;
+
+/// The caller a call was admitted for: its agent, or the operator who made it.
+pub fn caller_of(record: &CallRecord) -> Principal {
+    match &record.spec.access.agent {
+        Some(agent) => Principal::Agent {
+            agent: ObjectKey::new(record.namespace.clone(), agent.clone()),
+        },
+        None => Principal::Operator {
+            subject: record
+                .spec
+                .caller
+                .strip_prefix("operator:")
+                .unwrap_or(&record.spec.caller)
+                .to_string(),
+        },
+    }
+}
+
+/// What a child call's end tells its program.
+pub fn answer_of(record: &CallRecord) -> NestedOutcome {
+    match (record.state, &record.error) {
+        (CallState::Succeeded, _) => {
+            NestedOutcome::Value(record.result.clone().unwrap_or(serde_json::Value::Null))
+        }
+        (_, Some(error)) => NestedOutcome::error(error.kind, error.message.clone()),
+        (state, None) => NestedOutcome::error(
+            ErrorKind::Timeout,
+            format!(
+                "the tool call did not end in time (it is {})",
+                state.as_str()
+            ),
+        ),
+    }
+}
+
+#[async_trait::async_trait]
+impl NestedCaller for Gateway {
+    async fn call_nested(
+        &self,
+        parent: &CallRecord,
+        seq: u64,
+        request: NestedRequest,
+    ) -> NestedAnswer {
+        use tracing::Instrument;
+        let span = tracing::info_span!("tool_call", parent = %parent.id, seq, tool = %request.tool, command = %request.command);
+        self.child_call(parent, seq, request).instrument(span).await
+    }
+}
+
+impl Gateway {
+    async fn child_call(
+        &self,
+        parent: &CallRecord,
+        seq: u64,
+        request: NestedRequest,
+    ) -> NestedAnswer {
+        let caller = caller_of(parent);
+        let invocation = Invocation {
+            namespace: parent.namespace.clone(),
+            tool: request.tool,
+            command: Some(request.command),
+            argv: Vec::new(),
+            args: Some(request.args),
+            stdin: None,
+            idempotency_key: Some(nested::child_key(&parent.id, seq)),
+            dry_run: parent.spec.dry_run,
+        };
+        let admitted = match self.admit(&caller, invocation).await {
+            Ok(admitted) => admitted,
+            Err(refused) => {
+                return NestedAnswer {
+                    call: None,
+                    outcome: NestedOutcome::error(refused.kind, refused.message),
+                };
+            }
+        };
+        let id = admitted.record.id.clone();
+        let mut record = admitted.record;
+        for _ in 0..MAX_WAITS {
+            if record.state.is_terminal() {
+                break;
+            }
+            let limit = self.wait_limit(&record);
+            record = match self.wait(&id, limit).await {
+                Ok(record) => record,
+                Err(error) => {
+                    return NestedAnswer {
+                        call: Some(id),
+                        outcome: NestedOutcome::error(error.kind, error.message),
+                    };
+                }
+            };
+        }
+        NestedAnswer {
+            outcome: answer_of(&record),
+            call: Some(id),
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! A running call's program calls a tool (code mode): the worker's request is checked
+//! against the session that holds the call, then handed to the [`NestedCaller`] (the
+//! gateway, which sits above the scheduler and admits the child call as the parent's own
+//! caller).
+
+use super::Scheduler;
+use std::sync::{Arc, Weak};
+use toolgrid_core::call::{CallRecord, ErrorKind, NestedAnswer, NestedOutcome, NestedRequest};
+use toolgrid_core::ids::{CallId, Epoch, WorkerId};
+use toolgrid_proto as proto;
+
+/// Admits a program's tool call as a child of `parent` and answers when it ends.
+#[async_trait::async_trait]
+pub trait NestedCaller: Send + Sync {
+    async fn call_nested(
+        &self,
+        parent: &CallRecord,
+        seq: u64,
+        request: NestedRequest,
+    ) -> NestedAnswer;
+}
+
+impl Scheduler {
+    /// Where programs' tool calls go (held weakly: the gateway holds the scheduler).
+    pub fn set_nested_caller(&self, caller: Weak<dyn NestedCaller>) {
+        *self.nested.write().unwrap_or_else(|e| e.into_inner()) = Some(caller);
+    }
+
+    fn nested_caller(&self) -> Option<Arc<dyn NestedCaller>> {
+        self.nested
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(Weak::upgrade)
+    }
+
+    /// Answers a worker's `ToolCallRequest`: only for a call the session holds under the
+    /// request's epoch (`not-held`, `stale-epoch` otherwise, as `unavailable`: the worker's
+    /// run is being taken away anyway).
+    pub(crate) async fn nested_call(
+        &self,
+        worker: &WorkerId,
+        session: u64,
+        request: proto::ToolCallRequest,
+    ) -> proto::ToolCallAnswer {
+        let answer = self.nested_answer(worker, session, &request).await;
+        proto::convert::nested_answer_to_wire(request.request_id, &answer)
+    }
+
+    async fn nested_answer(
+        &self,
+        worker: &WorkerId,
+        session: u64,
+        request: &proto::ToolCallRequest,
+    ) -> NestedAnswer {
+        let refused = |kind, message: String| NestedAnswer {
+            call: None,
+            outcome: NestedOutcome::error(kind, message),
+        };
+        let holding = self.lock().holding(
+            &CallId::from(request.call_id.as_str()),
+            worker,
+            session,
+            Epoch::from(request.epoch),
+        );
+        let parent = match holding {
+            Ok(call) => call.record,
+            Err(refusal) => {
+                tracing::warn!(call = %request.call_id, worker = worker.as_str(), %refusal, "a tool call of a call the worker does not hold was refused");
+                return refused(
+                    ErrorKind::Unavailable,
+                    format!("the worker does not hold the call ({refusal})"),
+                );
+            }
+        };
+        let args = match serde_json::from_str(&request.args_json) {
+            Ok(args) => args,
+            Err(error) => {
+                return refused(
+                    ErrorKind::InvalidArgument,
+                    format!("the arguments are not JSON: {error}"),
+                );
+            }
+        };
+        let nested = NestedRequest {
+            tool: request.tool.clone(),
+            command: request.command.clone(),
+            args,
+        };
+        if request.seq == 0 || request.seq > toolgrid_core::call::MAX_NESTED_CALLS {
+            return refused(
+                ErrorKind::ToolCallLimit,
+                format!("tool call number {} is out of range", request.seq),
+            );
+        }
+        match self.nested_caller() {
+            Some(caller) => caller.call_nested(&parent, request.seq, nested).await,
+            None => refused(
+                ErrorKind::Unavailable,
+                "this control plane admits no tool calls from programs".into(),
+            ),
+        }
+    }
+}
