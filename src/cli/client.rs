@@ -386,7 +386,10 @@ async fn try_call(args: &mut CallArgs) -> Result<ExitCode, ApiError> {
 /// The usage `toolgrid call TOOL [COMMAND] --help` prints: the command's when the word
 /// after TOOL names one (or the tool has only one), else the tool's; `None` when that
 /// command declares an option or flag named `help` of its own.
-fn help_text(tool: &super::codegen::ToolDef, words: &[String]) -> Result<Option<String>, ApiError> {
+fn help_text(
+    tool: &toolgrid_codegen::ToolDef,
+    words: &[String],
+) -> Result<Option<String>, ApiError> {
     let first = words.iter().find(|w| *w != "--help");
     let command = match first {
         Some(word) if !word.starts_with('-') => {
@@ -1078,7 +1081,7 @@ pub(super) async fn tool_defs(
     endpoint: &Endpoint,
     namespace: &str,
     tools: &[String],
-) -> Result<Vec<super::codegen::ToolDef>, ApiError> {
+) -> Result<Vec<toolgrid_codegen::ToolDef>, ApiError> {
     let mut client = connect(endpoint).await?;
     let response = client
         .list_tools(proto::ListToolsRequest {
@@ -1092,7 +1095,7 @@ pub(super) async fn tool_defs(
     response
         .tools
         .iter()
-        .map(super::codegen::ToolDef::from_info)
+        .map(toolgrid_codegen::ToolDef::from_info)
         .collect()
 }
 

@@ -3,10 +3,10 @@
 //! options with their types, defaults and descriptions, flags, stdin, the result, the
 //! declared errors and the effect. Pure: a [`ToolDef`] in, text out.
 
-use super::codegen::ToolDef;
 use serde_json::Value;
 use std::fmt::Write as _;
 use toolgrid_api::Command;
+use toolgrid_codegen::ToolDef;
 
 /// What the effect means for a caller.
 fn effect_text(effect: &str) -> String {

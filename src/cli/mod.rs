@@ -3,7 +3,6 @@
 mod audit;
 mod bench;
 pub mod client;
-pub mod codegen;
 mod componentize;
 mod controller;
 pub mod exit;

@@ -4,9 +4,9 @@
 //! the caller (`--as AGENT`: what that agent sees).
 
 use super::client::{Endpoint, connect, fail, tool_defs};
-use super::codegen::write_clients;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use toolgrid_codegen::write_clients;
 use toolgrid_core::error::{ApiError, ErrorKind};
 use toolgrid_proto as proto;
 use toolgrid_proto::status::error_of;

@@ -3,9 +3,9 @@
 //! keyword-only ones, flags as `bool`s), declared errors as exception classes under
 //! `<Tool>Error(ToolgridError)`.
 
-use super::defs::ToolDef;
-use super::names::{Idents, Lang, pascal, quoted, snake};
-use super::types::{TypeSyntax, type_of};
+use crate::defs::ToolDef;
+use crate::names::{Idents, Lang, pascal, quoted, snake};
+use crate::types::{TypeSyntax, type_of};
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
 use toolgrid_api::Command;

@@ -1,5 +1,6 @@
-//! `toolgrid gen client --lang python|typescript [TOOL...] -o DIR`: a typed client per
-//! tool, generated from its definition, calling the HTTP API.
+//! Typed code from tool definitions: `toolgrid gen client --lang python|typescript [TOOL...]
+//! -o DIR` writes a typed client per tool, calling the HTTP API, and code mode describes the
+//! tools a program may call with [`typescript::stubs`].
 //!
 //! The generators ([`python`], [`typescript`]) are pure: a [`ToolDef`] in, one source file
 //! out, each spelling JSON Schema as its types through the one walker in `types`. Whatever

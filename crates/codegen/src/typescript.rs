@@ -3,9 +3,9 @@
 //! stdin in one options object), declared errors as classes under
 //! `<Tool>Error extends ToolgridError` (check them with `instanceof`).
 
-use super::defs::ToolDef;
-use super::names::{Idents, Lang, camel, comment_text, pascal, quoted};
-use super::types::{TypeSyntax, type_of};
+use crate::defs::ToolDef;
+use crate::names::{Idents, Lang, camel, comment_text, pascal, quoted};
+use crate::types::{TypeSyntax, type_of};
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
 use toolgrid_api::Command;
@@ -99,7 +99,7 @@ pub fn ts_str(text: &str) -> String {
 
 /// `semver.ts`.
 pub fn file_name(tool: &ToolDef) -> String {
-    format!("{}.ts", super::names::snake(&tool.name).replace('_', "-"))
+    format!("{}.ts", crate::names::snake(&tool.name).replace('_', "-"))
 }
 
 fn literal(value: &Value) -> Option<String> {
@@ -540,6 +540,92 @@ fn method(
     );
 }
 
+/// One command as a code-mode program calls it.
+pub struct StubCommand<'a> {
+    pub name: &'a str,
+    pub description: &'a str,
+    /// The JSON Schema of the arguments by name (an object).
+    pub args: &'a Value,
+    pub result: Option<&'a Value>,
+}
+
+/// One tool as a code-mode program calls it.
+pub struct StubTool<'a> {
+    pub name: &'a str,
+    pub description: &'a str,
+    pub commands: Vec<StubCommand<'a>>,
+}
+
+/// The TypeScript declaration of `tools` a code-mode program calls:
+/// `await tools.<tool>.<command>(args)`, each command with its arguments and result typed
+/// from their schemas and the first sentence of its description. A name is written in
+/// camelCase when the program's camelCase-to-kebab-case mapping gives it back, else quoted
+/// (`tools["a--b"]`).
+pub fn stubs(tools: &[StubTool]) -> String {
+    let key = |name: &str| {
+        let ident = camel(name);
+        if !ident.is_empty()
+            && kebab(&ident) == name
+            && !ident.starts_with(|c: char| c.is_ascii_digit())
+        {
+            ident
+        } else {
+            ts_str(name)
+        }
+    };
+    let mut out = String::from("declare const tools: {\n");
+    for tool in tools {
+        if !tool.description.is_empty() {
+            let _ = writeln!(
+                out,
+                "  /** {} */",
+                comment_text(&first_sentence(tool.description))
+            );
+        }
+        let _ = writeln!(out, "  {}: {{", key(tool.name));
+        for command in &tool.commands {
+            if !command.description.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "    /** {} */",
+                    comment_text(&first_sentence(command.description))
+                );
+            }
+            let _ = writeln!(
+                out,
+                "    {}(args: {}): Promise<{}>;",
+                key(command.name),
+                ts_type(command.args, 1),
+                command.result.map_or("unknown".into(), |r| ts_type(r, 1)),
+            );
+        }
+        out.push_str("  };\n");
+    }
+    out.push_str("};\n");
+    out
+}
+
+/// `webFetch` -> `web-fetch`, as the code tool's `tools` object reads a name.
+fn kebab(ident: &str) -> String {
+    let mut out = String::with_capacity(ident.len() + 4);
+    for c in ident.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('-');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The first sentence of a description (at most 200 characters).
+fn first_sentence(text: &str) -> String {
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let end = text.find(". ").map(|i| i + 1).unwrap_or(text.len());
+    text.chars().take(end.min(200)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -565,5 +651,40 @@ mod tests {
             "{ [key: string]: unknown }"
         );
         assert_eq!(ts_str("\u{1f600}"), r#""\u{1f600}""#);
+    }
+
+    #[test]
+    fn stubs_type_each_command_a_program_may_call() {
+        let args = serde_json::json!({"type": "object", "properties": {"url": {"type": "string"}, "offset": {"type": "integer"}}, "required": ["url"]});
+        let result =
+            serde_json::json!({"type": "object", "properties": {"text": {"type": "string"}}});
+        let text = stubs(&[
+            StubTool {
+                name: "web-fetch",
+                description: "Fetch a page. Then more words.",
+                commands: vec![StubCommand {
+                    name: "get",
+                    description: "Get it */ now",
+                    args: &args,
+                    result: Some(&result),
+                }],
+            },
+            StubTool {
+                name: "a--b",
+                description: "",
+                commands: vec![],
+            },
+        ]);
+        assert!(text.contains("  webFetch: {"), "{text}");
+        assert!(text.contains("/** Fetch a page. */"), "{text}");
+        assert!(text.contains("get(args: "), "{text}");
+        assert!(text.contains("\"url\": string"), "{text}");
+        assert!(text.contains("\"offset\"?: number"), "{text}");
+        assert!(text.contains("Promise<"), "{text}");
+        assert!(
+            !text.contains("*/ now"),
+            "a description cannot close the comment: {text}"
+        );
+        assert!(text.contains("\"a--b\": {"), "{text}");
     }
 }
