@@ -25,6 +25,7 @@ use std::time::Duration;
 use toolgrid_proto as proto;
 
 const CODER: &str = "coder-token";
+const PLANNER: &str = "planner-token";
 
 /// An `effects` fixture tool named `name` (requests to the witness, `--run` labels them),
 /// bound to the coder through `middleware` unless that is `None`.
@@ -92,6 +93,18 @@ fn manifests(root: &Path, witness: &Witness, replicas: u32) -> PathBuf {
     text += &effects_tool("gated", port, Some("needs-ok"));
     // gamma: a tool like the others, bound to nobody
     text += &effects_tool("gamma", port, None);
+    // planner: code, alpha only as a tool of its own, beta only from programs
+    text += &format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: planner-token}}\nstringData: {{token: {PLANNER}}}\n---\n\
+         apiVersion: toolgrid.dev/v1alpha1\nkind: Agent\nmetadata: {{name: planner}}\n\
+         spec:\n  tokenSecretRef: {{name: planner-token, key: token}}\n  permissions: [{{tools: [\"*\"]}}]\n---\n\
+         apiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {{name: planner-code}}\n\
+         spec: {{agents: [planner], tool: code}}\n---\n\
+         apiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {{name: planner-alpha}}\n\
+         spec: {{agents: [planner], tool: alpha, exposure: direct}}\n---\n\
+         apiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {{name: planner-beta}}\n\
+         spec: {{agents: [planner], tool: beta, exposure: codemode}}\n"
+    );
     std::fs::write(dir.join("code.yaml"), text).unwrap();
     dir
 }
@@ -113,9 +126,14 @@ async fn ready(platform: &Platform) {
     }
 }
 
-/// Starts `code run --code PROGRAM` as the coder, with `key`.
+/// Runs `code run --code PROGRAM` as the coder, with `key`.
 async fn start_program(platform: &Platform, program: &str, key: &str) -> proto::Call {
-    let mut coder = platform.client_with(Some(CODER), None).await;
+    run_program_as(platform, CODER, program, key).await
+}
+
+/// Runs `code run --code PROGRAM` as the agent of `token`, with `key`.
+async fn run_program_as(platform: &Platform, token: &str, program: &str, key: &str) -> proto::Call {
+    let mut coder = platform.client_with(Some(token), None).await;
     let request = proto::InvokeRequest {
         tool: "code".into(),
         argv: vec!["run".into(), "--code".into(), program.into()],
@@ -257,6 +275,91 @@ main()"#
         assert!(record.idempotency_key.starts_with(&format!("{}/", call.id)));
         assert!(callers_of(&witness, result_of(&record)["run"].as_str().unwrap()).contains(child));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exposure_decides_what_the_model_lists_and_what_programs_may_call() {
+    let root = tempfile::tempdir().unwrap();
+    let witness = Witness::start().await;
+    let dir = manifests(root.path(), &witness, 1);
+    let platform = Platform::start(root.path(), &dir, &[]);
+    ready(&platform).await;
+    let base = witness.base();
+
+    // The model sees code and alpha; beta only inside code's description, typed.
+    let listed: Value = platform
+        .http_client()
+        .get(format!("http://{}/v1/tools", platform.http))
+        .bearer_auth(PLANNER)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let text = listed.to_string();
+    let names: BTreeSet<String> = listed["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["alpha".to_string(), "code".to_string()]),
+        "{text}"
+    );
+    let code = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "code")
+        .unwrap();
+    let description = code["description"].as_str().unwrap();
+    assert!(description.contains("  beta: {"), "{description}");
+    assert!(description.contains("run(args: {"), "{description}");
+    assert!(description.contains("\"run\": string"), "{description}");
+    assert!(!description.contains("alpha: {"), "{description}");
+
+    // A direct call of beta is refused, naming why.
+    let mut planner = platform.client_with(Some(PLANNER), None).await;
+    let refused = planner
+        .invoke(proto::InvokeRequest {
+            tool: "beta".into(),
+            args_json: json!({"base": base, "run": "direct-beta"}).to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("beta is code-mode only");
+    let error = toolgrid_proto::status::error_of(&refused);
+    assert_eq!(
+        error.kind,
+        toolgrid_core::error::ErrorKind::PermissionDenied
+    );
+    assert!(
+        error.message.contains("only through the code tool"),
+        "{}",
+        error.message
+    );
+
+    // A program calls beta, and is refused alpha.
+    let program = format!(
+        r#"async function main() {{
+  const b = await tools.beta.run({{base: "{base}", run: "program-beta"}});
+  let a = null;
+  try {{ await tools.alpha.run({{base: "{base}", run: "program-alpha"}}); }} catch (e) {{ a = e.kind; }}
+  return [b.run, a];
+}}
+main()"#
+    );
+    let call = run_program_as(&platform, PLANNER, &program, "exposure").await;
+    assert_eq!(
+        result_of(&call)["result"],
+        json!(["program-beta", "permission-denied"]),
+        "{call:?}"
+    );
+    assert!(callers_of(&witness, "program-alpha").is_empty());
+    assert!(callers_of(&witness, "direct-beta").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

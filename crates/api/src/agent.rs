@@ -53,6 +53,10 @@ pub struct AgentSpec {
     /// Secrets its tools may use (keys chosen per binding).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<LocalObjectRef>,
+    /// How the agent's model reaches its tools unless a binding says otherwise (`direct`,
+    /// `codemode`, `both`; default `both`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exposure: Option<crate::binding::Exposure>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

@@ -58,6 +58,45 @@ pub struct ToolBindingSpec {
     /// Middleware names, applied in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub middleware: Vec<String>,
+    /// How a model reaches the tool: `direct` (as a tool of its own), `codemode` (only
+    /// from a program of the `code` tool, not listed to the model) or `both`. Default: the
+    /// Agent's `exposure`, else `both`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exposure: Option<Exposure>,
+}
+
+/// How a model reaches a bound tool.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Exposure {
+    /// Listed to the model and called directly; a program of the `code` tool cannot call it.
+    Direct,
+    /// Only from a program of the `code` tool: not listed to the model as a tool, and a
+    /// direct call is refused.
+    Codemode,
+    /// Both.
+    #[default]
+    Both,
+}
+
+impl Exposure {
+    /// Whether a direct call (or listing to the model) is allowed.
+    pub fn direct(self) -> bool {
+        matches!(self, Exposure::Direct | Exposure::Both)
+    }
+
+    /// Whether a program of the `code` tool may call it.
+    pub fn codemode(self) -> bool {
+        matches!(self, Exposure::Codemode | Exposure::Both)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Exposure::Direct => "direct",
+            Exposure::Codemode => "codemode",
+            Exposure::Both => "both",
+        }
+    }
 }
 
 /// A semver range (`^1.2`), or one release by name.

@@ -25,7 +25,7 @@ mod tool_source;
 
 pub use agent::{Agent, AgentSpec, AgentStatus, LocalObjectRef, Permission, SecretKeyRef};
 pub use binding::{
-    FilesystemAccess, ReleaseSelector, ToolBinding, ToolBindingSpec, ToolBindingStatus,
+    Exposure, FilesystemAccess, ReleaseSelector, ToolBinding, ToolBindingSpec, ToolBindingStatus,
 };
 pub use crds::{all_crds, crds_helm_yaml, crds_yaml};
 pub use middleware::{Middleware, MiddlewareSpec, MiddlewareStatus};

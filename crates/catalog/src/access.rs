@@ -98,6 +98,9 @@ pub struct Allowed {
     pub release: ObjectKey,
     /// The tool's commands the agent may call (permissions and binding both allow).
     pub commands: Vec<String>,
+    /// How the agent's model reaches the tool: the binding's `exposure`, else the Agent's,
+    /// else both.
+    pub exposure: toolgrid_api::Exposure,
 }
 
 /// One tool as one agent sees it: allowed, or why not.
@@ -230,6 +233,11 @@ pub fn decide(
         binding: through.key.clone(),
         release,
         commands,
+        exposure: through
+            .spec
+            .exposure
+            .or(resolved.spec.exposure)
+            .unwrap_or_default(),
     })
 }
 

@@ -476,6 +476,7 @@ mod tests {
                 permissions: vec![],
                 config_map_ref: None,
                 secret_ref: None,
+                exposure: None,
             },
             token_digest: token.map(|t| sha256(t.as_bytes())),
             config: BTreeMap::new(),

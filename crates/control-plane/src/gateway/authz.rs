@@ -29,6 +29,35 @@ pub struct Grant {
     /// The binding the call goes through (`None` for an operator's own call).
     pub binding: Option<ObjectKey>,
     pub access: CallAccess,
+    /// How the caller's model reaches the tool (an operator: both).
+    pub exposure: toolgrid_api::Exposure,
+}
+
+/// Refuses a direct call of a tool its binding exposes only to code-mode programs, and a
+/// program's call of one it exposes only directly ([`ErrorKind::PermissionDenied`]).
+pub fn check_exposure(grant: &Grant, tool: &str, from_program: bool) -> Result<(), ApiError> {
+    let exposure = grant.exposure;
+    if from_program && !exposure.codemode() {
+        return Err(ApiError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "tool {tool} is exposed to the agent only as a tool of its own (exposure: {}), \
+                 not to programs of the code tool",
+                exposure.as_str()
+            ),
+        ));
+    }
+    if !from_program && !exposure.direct() {
+        return Err(ApiError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "tool {tool} is exposed to the agent only through the code tool (exposure: {}): \
+                 call it from a program, `await tools.<tool>.<command>(args)`",
+                exposure.as_str()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Authorizes a call of `tool`'s `command` by `caller`; refusals are
@@ -45,6 +74,7 @@ pub fn authorize_call(
                 release: None,
                 binding: None,
                 access: CallAccess::default(),
+                exposure: toolgrid_api::Exposure::Both,
             });
         }
         Principal::Agent { agent } => agent,
@@ -80,6 +110,7 @@ pub fn authorize_call(
         release: Some(allowed.release),
         binding: Some(allowed.binding.clone()),
         access: call_access(resolved, binding),
+        exposure: allowed.exposure,
     })
 }
 

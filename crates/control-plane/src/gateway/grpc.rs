@@ -153,6 +153,7 @@ fn invocation(request: proto::InvokeRequest) -> Result<Invocation, ApiError> {
         stdin: request.stdin,
         idempotency_key: Some(request.idempotency_key).filter(|k| !k.is_empty()),
         dry_run: request.dry_run,
+        from_program: false,
     })
 }
 

@@ -227,6 +227,7 @@ async fn call(
         stdin: body.stdin.map(String::into_bytes),
         idempotency_key: body.idempotency_key.or(header_key),
         dry_run: body.dry_run,
+        from_program: false,
     };
     let model_view = wants_model_view(query.as_deref())?;
     if super::sse::wants_events(&headers) {

@@ -504,7 +504,9 @@ impl Gateway {
     }
 
     /// The commands `caller` may call in `namespace`, as models and MCP see them: an
-    /// operator sees every command of every tool, an agent its bound ones.
+    /// operator sees every command of every tool, an agent its bound ones whose exposure is
+    /// `direct` or `both`. The `code` tool's description lists, as typed stubs, the tools a
+    /// program of it may call (exposure `codemode` or `both`).
     pub fn model_tools(
         &self,
         caller: &Principal,
@@ -512,23 +514,42 @@ impl Gateway {
     ) -> Vec<toolgrid_catalog::model_tools::ModelTool> {
         let namespace = Self::namespace(caller, namespace);
         let snapshot = self.catalog.current();
+        let mut programmable = Vec::new();
         let mut tools: Vec<_> = snapshot
             .tools
             .values()
             .filter(|t| t.key.namespace == namespace)
             .flat_map(|t| match caller {
                 Principal::Operator { .. } => {
+                    if t.key.name != nested::CODE_TOOL {
+                        programmable.push((t.clone(), None));
+                    }
                     toolgrid_catalog::model_tools::model_tools_of(t, None)
                 }
                 Principal::Agent { agent } => match authz::decide(&snapshot, agent, t, None) {
-                    Ok(allowed) => toolgrid_catalog::model_tools::model_tools_of(
-                        t,
-                        Some(allowed.commands.as_slice()),
-                    ),
+                    Ok(allowed) => {
+                        if allowed.exposure.codemode() && t.key.name != nested::CODE_TOOL {
+                            programmable.push((t.clone(), Some(allowed.commands.clone())));
+                        }
+                        if allowed.exposure.direct() {
+                            toolgrid_catalog::model_tools::model_tools_of(
+                                t,
+                                Some(allowed.commands.as_slice()),
+                            )
+                        } else {
+                            Vec::new()
+                        }
+                    }
                     Err(_) => Vec::new(),
                 },
             })
             .collect();
+        if tools.iter().any(|t| t.tool == nested::CODE_TOOL) {
+            let stubs = nested::stubs_of(&programmable);
+            for tool in tools.iter_mut().filter(|t| t.tool == nested::CODE_TOOL) {
+                tool.description = nested::describe_code(&tool.description, &stubs);
+            }
+        }
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         tools
     }

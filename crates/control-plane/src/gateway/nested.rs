@@ -7,11 +7,60 @@
 use super::Gateway;
 use super::admission::Invocation;
 use crate::scheduler::NestedCaller;
+use toolgrid_catalog::ResolvedTool;
 use toolgrid_core::auth::Principal;
 use toolgrid_core::call::{
     CallRecord, CallState, ErrorKind, NestedAnswer, NestedOutcome, NestedRequest, nested,
 };
 use toolgrid_core::ids::ObjectKey;
+
+/// The built-in tool whose programs call tools (`builtins/manifests/code.yaml`).
+pub const CODE_TOOL: &str = "code";
+
+/// The typed stubs of what a program may call: each tool's allowed commands (all for
+/// `None`), sorted by name.
+pub fn stubs_of(tools: &[(std::sync::Arc<ResolvedTool>, Option<Vec<String>>)]) -> String {
+    use toolgrid_codegen::typescript::{StubCommand, StubTool, stubs};
+    let schemas: Vec<(&ResolvedTool, Vec<_>)> = tools
+        .iter()
+        .map(|(tool, allowed)| {
+            let commands = tool
+                .commands
+                .iter()
+                .filter(|c| allowed.as_ref().is_none_or(|a| a.contains(&c.name)))
+                .map(|c| (c.clone(), c.args_schema(), c.result_schema().cloned()))
+                .collect();
+            (&**tool, commands)
+        })
+        .collect();
+    let mut stub_tools: Vec<StubTool> = schemas
+        .iter()
+        .map(|(tool, commands)| StubTool {
+            name: &tool.key.name,
+            description: &tool.spec.description,
+            commands: commands
+                .iter()
+                .map(|(c, args, result)| StubCommand {
+                    name: &c.name,
+                    description: &c.description,
+                    args,
+                    result: result.as_ref(),
+                })
+                .collect(),
+        })
+        .collect();
+    stub_tools.sort_by(|a, b| a.name.cmp(b.name));
+    stubs(&stub_tools)
+}
+
+/// The `code` tool's description for one agent: its own, then the tools its programs may
+/// call.
+pub fn describe_code(description: &str, stubs: &str) -> String {
+    format!(
+        "{description}\n\nThe tools a program can call (TypeScript declarations; \
+         `await tools.<tool>.<command>({{...}})`):\n```ts\n{stubs}```"
+    )
+}
 
 /// Times a program's wait for one child is renewed (each as long as the child's own
 /// deadline, approval included) before it gives up with `timeout`.
@@ -82,6 +131,7 @@ impl Gateway {
             stdin: None,
             idempotency_key: Some(nested::child_key(&parent.id, seq)),
             dry_run: parent.spec.dry_run,
+            from_program: true,
         };
         let admitted = match self.admit(&caller, invocation).await {
             Ok(admitted) => admitted,

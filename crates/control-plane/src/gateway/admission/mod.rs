@@ -57,6 +57,10 @@ pub struct Invocation {
     pub idempotency_key: Option<String>,
     /// A dry run: `read` commands run for real, others are answered without running.
     pub dry_run: bool,
+    /// Made by a program of the `code` tool (a child call): allowed only where the
+    /// binding's exposure lets programs call the tool, as direct calls only where it lets
+    /// the model call it.
+    pub from_program: bool,
 }
 
 /// A recorded call, and whether it is an earlier one returned for the same key.
@@ -160,6 +164,7 @@ impl Gateway {
         let mut argv = invocation.argv;
         let command = command::command_of(&tool, invocation.command, &mut argv)?;
         let grant = authz::authorize_call(&snapshot, caller, &tool, &command.name)?;
+        authz::check_exposure(&grant, &tool.key.name, invocation.from_program)?;
         let request::Request {
             args,
             idempotency_key,

@@ -494,6 +494,7 @@ fn resolve_call(ctx: &Ctx, params: &Map<String, Value>) -> Result<Resolved, RpcE
         stdin,
         idempotency_key,
         dry_run: false,
+        from_program: false,
     };
     Ok(Resolved { tool, invocation })
 }
