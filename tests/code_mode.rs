@@ -342,21 +342,32 @@ async fn exposure_decides_what_the_model_lists_and_what_programs_may_call() {
         error.message
     );
 
-    // A program calls beta, and is refused alpha.
+    // A program finds beta by searching (alpha is not a program's), calls it, and is
+    // refused alpha.
     let program = format!(
         r#"async function main() {{
+  const found = await tools.search("beta effects", 5);
   const b = await tools.beta.run({{base: "{base}", run: "program-beta"}});
   let a = null;
   try {{ await tools.alpha.run({{base: "{base}", run: "program-alpha"}}); }} catch (e) {{ a = e.kind; }}
-  return [b.run, a];
+  return [found, b.run, a];
 }}
 main()"#
     );
     let call = run_program_as(&platform, PLANNER, &program, "exposure").await;
-    assert_eq!(
-        result_of(&call)["result"],
-        json!(["program-beta", "permission-denied"]),
-        "{call:?}"
+    let result = &result_of(&call)["result"];
+    assert_eq!(result[1], "program-beta", "{call:?}");
+    assert_eq!(result[2], "permission-denied", "{call:?}");
+    let found = result[0].as_array().unwrap();
+    assert_eq!(found.len(), 1, "{result}");
+    assert_eq!(found[0]["tool"], "beta");
+    assert_eq!(found[0]["command"], "run");
+    assert!(
+        found[0]["signature"]
+            .as_str()
+            .unwrap()
+            .starts_with("tools.beta.run(args: {"),
+        "{result}"
     );
     assert!(callers_of(&witness, "program-alpha").is_empty());
     assert!(callers_of(&witness, "direct-beta").is_empty());
@@ -378,8 +389,17 @@ async fn a_program_calling_tools_ten_thousand_times_ends_at_the_limit() {
     let oplog = platform.oplog(&call.id).await;
     assert_eq!(entries(&oplog, "tool-call").len(), 256);
 
-    // The next program is served.
+    // A program that loops forever with a tool call in flight ends with cpu-limit.
     let base = witness.base();
+    let call = start_program(
+        &platform,
+        &format!(r#"tools.alpha.run({{base: "{base}", run: "spin"}}); for (;;) {{}}"#),
+        "spin",
+    )
+    .await;
+    assert_eq!(error_kind(&call), "cpu-limit", "{call:?}");
+
+    // The next program is served.
     let call = start_program(
         &platform,
         &format!(r#"tools.alpha.run({{base: "{base}", run: "after"}}).then(r => r.run)"#),

@@ -268,7 +268,10 @@ static int settle_next(JSContext *ctx) {
 }
 
 /* `tools.<tool>.<command>(args)`; camelCase names are the tools' kebab-case ones
- * (`tools.webFetch.run` is `web-fetch run`), and `tools["web-fetch"].run` works too. */
+ * (`tools.webFetch.run` is `web-fetch run`), and `tools["web-fetch"].run` works too.
+ * `tools.search(query, limit)` finds the tools a program may call (best first, each with
+ * its signature); `tools.tool(name)` reaches a tool by its exact name (for tools named
+ * `search` or `tool`). */
 static const char TOOLS_PRELUDE[] =
     "(() => {\n"
     "  const call = globalThis.__toolgrid_call;\n"
@@ -278,8 +281,18 @@ static const char TOOLS_PRELUDE[] =
     "    if (typeof name !== 'string' || name === 'then') return undefined;\n"
     "    return f(kebab(name));\n"
     "  }});\n"
-    "  globalThis.tools = named((tool) => named((command) =>\n"
-    "    (args) => call(tool, command, args === undefined ? {} : args)));\n"
+    "  const tool = (name) => named((command) =>\n"
+    "    (args) => call(name, command, args === undefined ? {} : args));\n"
+    "  const own = {\n"
+    "    search: (query, limit) => call('$search', 'search',\n"
+    "      limit === undefined ? {query: String(query ?? '')} : {query: String(query ?? ''), limit}),\n"
+    "    tool: (name) => tool(String(name)),\n"
+    "  };\n"
+    "  globalThis.tools = new Proxy({}, {get(_, name) {\n"
+    "    if (typeof name !== 'string' || name === 'then') return undefined;\n"
+    "    if (Object.hasOwn(own, name)) return own[name];\n"
+    "    return tool(kebab(name));\n"
+    "  }});\n"
     "})();\n";
 
 static void install_tools(JSContext *ctx, JSValue global) {

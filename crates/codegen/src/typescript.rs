@@ -562,17 +562,7 @@ pub struct StubTool<'a> {
 /// camelCase when the program's camelCase-to-kebab-case mapping gives it back, else quoted
 /// (`tools["a--b"]`).
 pub fn stubs(tools: &[StubTool]) -> String {
-    let key = |name: &str| {
-        let ident = camel(name);
-        if !ident.is_empty()
-            && kebab(&ident) == name
-            && !ident.starts_with(|c: char| c.is_ascii_digit())
-        {
-            ident
-        } else {
-            ts_str(name)
-        }
-    };
+    let key = member;
     let mut out = String::from("declare const tools: {\n");
     for tool in tools {
         if !tool.description.is_empty() {
@@ -603,6 +593,40 @@ pub fn stubs(tools: &[StubTool]) -> String {
     }
     out.push_str("};\n");
     out
+}
+
+/// One command's call as a program writes it:
+/// `tools.webFetch.get(args: {...}): Promise<{...}>`.
+pub fn signature(tool: &str, command: &StubCommand) -> String {
+    let path = |name: &str| {
+        let key = member(name);
+        if key.starts_with('"') {
+            format!("[{key}]")
+        } else {
+            format!(".{key}")
+        }
+    };
+    format!(
+        "tools{}{}(args: {}): Promise<{}>",
+        path(tool),
+        path(command.name),
+        ts_type(command.args, 1),
+        command.result.map_or("unknown".into(), |r| ts_type(r, 1)),
+    )
+}
+
+/// A tool's or command's name as a member of `tools`: camelCase when the program's
+/// camelCase-to-kebab-case mapping gives it back, else a quoted key.
+fn member(name: &str) -> String {
+    let ident = camel(name);
+    if !ident.is_empty()
+        && kebab(&ident) == name
+        && !ident.starts_with(|c: char| c.is_ascii_digit())
+    {
+        ident
+    } else {
+        ts_str(name)
+    }
 }
 
 /// `webFetch` -> `web-fetch`, as the code tool's `tools` object reads a name.
@@ -686,5 +710,17 @@ mod tests {
             "a description cannot close the comment: {text}"
         );
         assert!(text.contains("\"a--b\": {"), "{text}");
+        let command = StubCommand {
+            name: "get",
+            description: "",
+            args: &args,
+            result: None,
+        };
+        assert!(
+            signature("web-fetch", &command).starts_with("tools.webFetch.get(args: {"),
+            "{}",
+            signature("web-fetch", &command)
+        );
+        assert!(signature("a--b", &command).starts_with("tools[\"a--b\"].get("));
     }
 }

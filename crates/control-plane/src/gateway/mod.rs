@@ -514,23 +514,16 @@ impl Gateway {
     ) -> Vec<toolgrid_catalog::model_tools::ModelTool> {
         let namespace = Self::namespace(caller, namespace);
         let snapshot = self.catalog.current();
-        let mut programmable = Vec::new();
         let mut tools: Vec<_> = snapshot
             .tools
             .values()
             .filter(|t| t.key.namespace == namespace)
             .flat_map(|t| match caller {
                 Principal::Operator { .. } => {
-                    if t.key.name != nested::CODE_TOOL {
-                        programmable.push((t.clone(), None));
-                    }
                     toolgrid_catalog::model_tools::model_tools_of(t, None)
                 }
                 Principal::Agent { agent } => match authz::decide(&snapshot, agent, t, None) {
                     Ok(allowed) => {
-                        if allowed.exposure.codemode() && t.key.name != nested::CODE_TOOL {
-                            programmable.push((t.clone(), Some(allowed.commands.clone())));
-                        }
                         if allowed.exposure.direct() {
                             toolgrid_catalog::model_tools::model_tools_of(
                                 t,
@@ -545,13 +538,48 @@ impl Gateway {
             })
             .collect();
         if tools.iter().any(|t| t.tool == nested::CODE_TOOL) {
-            let stubs = nested::stubs_of(&programmable);
+            let stubs = nested::stubs_of(&self.programmable_tools(caller, &namespace));
             for tool in tools.iter_mut().filter(|t| t.tool == nested::CODE_TOOL) {
                 tool.description = nested::describe_code(&tool.description, &stubs);
             }
         }
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         tools
+    }
+
+    /// The tools `caller`'s programs may call in `namespace` (exposure `codemode` or
+    /// `both`; an operator: all), with the commands allowed (`None`: all).
+    pub fn programmable_tools(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+    ) -> Vec<(Arc<toolgrid_catalog::ResolvedTool>, Option<Vec<String>>)> {
+        let namespace = Self::namespace(caller, namespace);
+        let snapshot = self.catalog.current();
+        snapshot
+            .tools
+            .values()
+            .filter(|t| t.key.namespace == namespace && t.key.name != nested::CODE_TOOL)
+            .filter_map(|t| match caller {
+                Principal::Operator { .. } => Some((t.clone(), None)),
+                Principal::Agent { agent } => authz::decide(&snapshot, agent, t, None)
+                    .ok()
+                    .filter(|allowed| allowed.exposure.codemode())
+                    .map(|allowed| (t.clone(), Some(allowed.commands))),
+            })
+            .collect()
+    }
+
+    /// `tools.search(query)` of a program of `caller`'s: the best matches among the tools
+    /// it may call, each with its typed signature.
+    pub fn search_programmable(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+        query: &str,
+        limit: usize,
+    ) -> Vec<Value> {
+        nested::rank(&self.programmable_tools(caller, namespace), query, limit)
     }
 
     /// Cancels a call `caller` may read (its own, or any for an operator).

@@ -53,6 +53,66 @@ pub fn stubs_of(tools: &[(std::sync::Arc<ResolvedTool>, Option<Vec<String>>)]) -
     stubs(&stub_tools)
 }
 
+/// Ranks the tools a program may call against `query`: a command scores one point for each
+/// word of the query in its tool's or its own name and description (names count twice); an
+/// empty query matches everything. Best first, then by name; at most `limit`.
+pub fn rank(
+    tools: &[(std::sync::Arc<ResolvedTool>, Option<Vec<String>>)],
+    query: &str,
+    limit: usize,
+) -> Vec<serde_json::Value> {
+    use toolgrid_codegen::typescript::{StubCommand, signature};
+    let words: Vec<String> = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    let mut scored = Vec::new();
+    for (tool, allowed) in tools {
+        for command in &tool.commands {
+            if allowed.as_ref().is_some_and(|a| !a.contains(&command.name)) {
+                continue;
+            }
+            let names = format!("{} {}", tool.key.name, command.name).to_lowercase();
+            let text = format!("{} {}", tool.spec.description, command.description).to_lowercase();
+            let score: usize = words
+                .iter()
+                .map(|w| {
+                    2 * usize::from(names.contains(w.as_str()))
+                        + usize::from(text.contains(w.as_str()))
+                })
+                .sum();
+            if words.is_empty() || score > 0 {
+                scored.push((score, tool.clone(), command.clone()));
+            }
+        }
+    }
+    scored.sort_by(|a, b| {
+        b.0.cmp(&a.0)
+            .then_with(|| a.1.key.name.cmp(&b.1.key.name))
+            .then_with(|| a.2.name.cmp(&b.2.name))
+    });
+    scored
+        .into_iter()
+        .take(limit)
+        .map(|(_, tool, command)| {
+            let args = command.args_schema();
+            let stub = StubCommand {
+                name: &command.name,
+                description: &command.description,
+                args: &args,
+                result: command.result_schema(),
+            };
+            serde_json::json!({
+                "tool": tool.key.name,
+                "command": command.name,
+                "description": if command.description.is_empty() { &tool.spec.description } else { &command.description },
+                "signature": signature(&tool.key.name, &stub),
+            })
+        })
+        .collect()
+}
+
 /// The `code` tool's description for one agent: its own, then the tools its programs may
 /// call.
 pub fn describe_code(description: &str, stubs: &str) -> String {
@@ -122,6 +182,23 @@ impl Gateway {
         request: NestedRequest,
     ) -> NestedAnswer {
         let caller = caller_of(parent);
+        if request.tool == nested::SEARCH_TOOL {
+            let query = request
+                .args
+                .get("query")
+                .and_then(|q| q.as_str())
+                .unwrap_or("");
+            let limit = request
+                .args
+                .get("limit")
+                .and_then(|l| l.as_u64())
+                .map_or(10, |l| (l as usize).clamp(1, nested::MAX_SEARCH_RESULTS));
+            let found = self.search_programmable(&caller, &parent.namespace, query, limit);
+            return NestedAnswer {
+                call: None,
+                outcome: NestedOutcome::Value(serde_json::Value::Array(found)),
+            };
+        }
         let invocation = Invocation {
             namespace: parent.namespace.clone(),
             tool: request.tool,

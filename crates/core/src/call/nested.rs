@@ -17,6 +17,14 @@ use serde_json::Value;
 /// [`ErrorKind::ToolCallLimit`].
 pub const MAX_NESTED_CALLS: u64 = 256;
 
+/// The pseudo-tool of `tools.search(query)`: a request with this tool name asks for the
+/// tools a program may call that match `args.query` (not a call; no child is admitted).
+/// Tool names are DNS labels, so no tool has this name.
+pub const SEARCH_TOOL: &str = "$search";
+
+/// Most matches a search returns.
+pub const MAX_SEARCH_RESULTS: usize = 50;
+
 /// Largest request document (tool, command and arguments as JSON) a program may send.
 pub const MAX_NESTED_REQUEST_BYTES: usize = 1 << 20;
 
@@ -47,7 +55,12 @@ impl NestedRequest {
         }
         let request: NestedRequest = serde_json::from_slice(document)
             .map_err(|e| format!("the request is not {{tool, command, args}}: {e}"))?;
-        for (what, name) in [("tool", &request.tool), ("command", &request.command)] {
+        let names: &[(&str, &String)] = if request.tool == SEARCH_TOOL {
+            &[("command", &request.command)]
+        } else {
+            &[("tool", &request.tool), ("command", &request.command)]
+        };
+        for (what, name) in names.iter().copied() {
             if name.is_empty() || name.len() > 253 {
                 return Err(format!("the {what} name must have 1 to 253 bytes"));
             }
