@@ -60,7 +60,7 @@ impl NestedRequest {
         } else {
             &[("tool", &request.tool), ("command", &request.command)]
         };
-        for (what, name) in names.iter().copied() {
+        for &(what, name) in names {
             if name.is_empty() || name.len() > 253 {
                 return Err(format!("the {what} name must have 1 to 253 bytes"));
             }
