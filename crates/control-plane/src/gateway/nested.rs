@@ -100,7 +100,7 @@ pub fn rank(
             let stub = StubCommand {
                 name: &command.name,
                 description: &command.description,
-                args: &args,
+                args,
                 result: command.result_schema(),
             };
             serde_json::json!({
