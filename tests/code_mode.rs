@@ -420,12 +420,12 @@ async fn a_program_replayed_after_its_worker_is_killed_repeats_no_tool_call() {
         .collect();
     ready(&platform).await;
     let base = witness.base();
-    // A first tool call, a second of CPU, a second tool call.
+    // A first tool call, a second or so of CPU (no host calls), a second tool call.
     let program = format!(
         r#"async function main() {{
   const first = await tools.alpha.run({{base: "{base}", run: "kill-1"}});
-  const until = Date.now() + 1500; let x = 0;
-  while (Date.now() < until) x++;
+  let x = 0;
+  for (let i = 0; i < 20000000; i++) x += i;
   const second = await tools.beta.run({{base: "{base}", run: "kill-2"}});
   return [first.run, second.run];
 }}

@@ -18,6 +18,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("toolgrid-sandbox", &["toolgrid-core"]),
     ("toolgrid-upstream", &["toolgrid-core"]),
     (
+        "toolgrid-codegen",
+        &["toolgrid-core", "toolgrid-api", "toolgrid-proto"],
+    ),
+    (
         "toolgrid-worker",
         &[
             "toolgrid-core",
@@ -36,6 +40,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "toolgrid-store",
             "toolgrid-sandbox",
             "toolgrid-upstream",
+            "toolgrid-codegen",
         ],
     ),
     (
@@ -62,6 +67,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "toolgrid-control-plane",
             "toolgrid-controller",
             "toolgrid-upstream",
+            "toolgrid-codegen",
         ],
     ),
     ("toolgrid-testkit", &[]),

@@ -242,3 +242,77 @@ impl Gateway {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolgrid_core::call::{CallAccess, CallError, CallSpec};
+
+    fn record(agent: Option<&str>, caller: &str) -> CallRecord {
+        CallRecord {
+            id: "c".into(),
+            namespace: "team".into(),
+            tool: "code".into(),
+            command: "run".into(),
+            release: "r".into(),
+            release_digest: "sha256:00".into(),
+            state: CallState::Running,
+            args: serde_json::json!({}),
+            spec: CallSpec {
+                access: CallAccess {
+                    agent: agent.map(String::from),
+                    ..CallAccess::default()
+                },
+                caller: caller.into(),
+                ..CallSpec::default()
+            },
+            stdin: vec![],
+            idempotency_key: None,
+            request_hash: String::new(),
+            epoch: 1,
+            worker: None,
+            result: None,
+            error: None,
+            created_at_ms: 0,
+            finished_at_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_child_calls_as_its_parents_caller() {
+        assert_eq!(
+            caller_of(&record(Some("planner"), "agent:team/planner")),
+            Principal::Agent {
+                agent: ObjectKey::new("team", "planner")
+            }
+        );
+        assert_eq!(
+            caller_of(&record(None, "operator:admin")),
+            Principal::Operator {
+                subject: "admin".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_childs_end_is_its_programs_answer() {
+        let mut done = record(None, "operator:admin");
+        done.state = CallState::Succeeded;
+        done.result = Some(serde_json::json!({"n": 1}));
+        assert_eq!(
+            answer_of(&done),
+            NestedOutcome::Value(serde_json::json!({"n": 1}))
+        );
+        done.state = CallState::Failed;
+        done.error = Some(CallError::new(ErrorKind::Denied, "no"));
+        assert_eq!(
+            answer_of(&done),
+            NestedOutcome::error(ErrorKind::Denied, "no")
+        );
+        let waiting = record(None, "operator:admin");
+        assert!(matches!(
+            answer_of(&waiting),
+            NestedOutcome::Error(e) if e.kind == ErrorKind::Timeout
+        ));
+    }
+}

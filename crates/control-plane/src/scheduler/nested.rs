@@ -102,3 +102,60 @@ impl Scheduler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A gateway that answers every request and remembers it was asked.
+    #[derive(Default)]
+    struct Answering(Mutex<Vec<u64>>);
+
+    #[async_trait::async_trait]
+    impl NestedCaller for Answering {
+        async fn call_nested(
+            &self,
+            _parent: &CallRecord,
+            seq: u64,
+            _request: NestedRequest,
+        ) -> NestedAnswer {
+            self.0.lock().unwrap().push(seq);
+            NestedAnswer {
+                call: Some("child".into()),
+                outcome: NestedOutcome::Value(serde_json::json!(1)),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tool_call_of_a_call_the_session_does_not_hold_is_refused_unasked() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("store.db").display());
+        let store = toolgrid_store::open(&url).await.unwrap();
+        let scheduler = Scheduler::new(
+            store,
+            Arc::new(crate::scheduler::CallWatch::default()),
+            crate::scheduler::SchedulerConfig::default(),
+        );
+        let gateway: Arc<dyn NestedCaller> = Arc::new(Answering::default());
+        scheduler.set_nested_caller(Arc::downgrade(&gateway));
+        let request = proto::ToolCallRequest {
+            call_id: "someone-elses".into(),
+            epoch: 1,
+            request_id: 7,
+            seq: 1,
+            tool: "fetch".into(),
+            command: "get".into(),
+            args_json: "{}".into(),
+        };
+        let answer = scheduler
+            .nested_call(&WorkerId::from("w1"), 1, request)
+            .await;
+        assert!(!answer.ok);
+        assert_eq!(answer.request_id, 7);
+        assert_eq!(answer.error_kind, ErrorKind::Unavailable.as_str());
+        assert!(answer.error_message.contains("does not hold"), "{answer:?}");
+        assert!(answer.child_call_id.is_empty());
+    }
+}
