@@ -57,8 +57,8 @@ pub trait OplogSink: Send + Sync {
         &self,
         _seq: u64,
         _request: toolgrid_core::call::NestedRequest,
-    ) -> crate::tools::NestedAnswer {
-        crate::tools::NestedAnswer {
+    ) -> toolgrid_core::call::NestedAnswer {
+        toolgrid_core::call::NestedAnswer {
             call: None,
             outcome: toolgrid_core::call::NestedOutcome::error(
                 ErrorKind::Unavailable,
