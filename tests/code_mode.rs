@@ -148,6 +148,23 @@ async fn run_program_as(platform: &Platform, token: &str, program: &str, key: &s
         .into_inner()
 }
 
+/// Runs `code run --code PROGRAM` as the coder on a task, for a test that acts while it
+/// runs.
+async fn spawn_program(
+    platform: &Platform,
+    program: &str,
+    key: &str,
+) -> tokio::task::JoinHandle<Result<proto::Call, tonic::Status>> {
+    let mut client = platform.client_with(Some(CODER), None).await;
+    let request = proto::InvokeRequest {
+        tool: "code".into(),
+        argv: vec!["run".into(), "--code".into(), program.into()],
+        idempotency_key: key.into(),
+        ..Default::default()
+    };
+    tokio::spawn(async move { client.invoke(request).await.map(|r| r.into_inner()) })
+}
+
 /// The calls that made requests the witness saw labelled `run` (the effects fixture POSTs
 /// `{"run": RUN, ...}` to /effects and GETs /effects/RUN), by their idempotency keys
 /// (`toolgrid-ID-SEQ`).
@@ -389,6 +406,17 @@ async fn a_program_calling_tools_ten_thousand_times_ends_at_the_limit() {
     let oplog = platform.oplog(&call.id).await;
     assert_eq!(entries(&oplog, "tool-call").len(), 256);
 
+    // A request that is not `{tool, command, args: {...}}` is refused to the program at
+    // once (a TypeError), and admits nothing.
+    let call = start_program(
+        &platform,
+        "let e = null; try { tools.alpha.run(5); } catch (x) { e = x.name; } e",
+        "bad-args",
+    )
+    .await;
+    assert_eq!(result_of(&call)["result"], "TypeError", "{call:?}");
+    assert!(entries(&platform.oplog(&call.id).await, "tool-call").is_empty());
+
     // A program that loops forever with a tool call in flight ends with cpu-limit.
     let base = witness.base();
     let call = start_program(
@@ -431,22 +459,7 @@ async fn a_program_replayed_after_its_worker_is_killed_repeats_no_tool_call() {
 }}
 main()"#
     );
-    let runner = {
-        let program = program.clone();
-        let client = platform.client_with(Some(CODER), None).await;
-        tokio::spawn(async move {
-            let mut client = client;
-            client
-                .invoke(proto::InvokeRequest {
-                    tool: "code".into(),
-                    argv: vec!["run".into(), "--code".into(), program],
-                    idempotency_key: "killed".into(),
-                    ..Default::default()
-                })
-                .await
-                .map(|r| r.into_inner())
-        })
-    };
+    let runner = spawn_program(&platform, &program, "killed").await;
     // Once the first tool call has made its request, kill the program's worker.
     assert!(
         witness
@@ -532,21 +545,7 @@ async fn a_tool_call_held_for_approval_waits_across_a_control_plane_restart() {
     let base = witness.base();
     let program =
         format!(r#"tools.gated.run({{base: "{base}", run: "gated-1"}}).then(r => r.run)"#);
-    let client = platform.client_with(Some(CODER), None).await;
-    let program_task = {
-        let program = program.clone();
-        tokio::spawn(async move {
-            let mut client = client;
-            client
-                .invoke(proto::InvokeRequest {
-                    tool: "code".into(),
-                    argv: vec!["run".into(), "--code".into(), program],
-                    idempotency_key: "gated".into(),
-                    ..Default::default()
-                })
-                .await
-        })
-    };
+    let program_task = spawn_program(&platform, &program, "gated").await;
     // The child waits for approval.
     let child = wait_for_child(&platform, "gated").await;
     // Kill the control plane (its workers go with it) and start it again.

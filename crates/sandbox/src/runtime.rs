@@ -110,7 +110,7 @@ pub struct ModuleState {
     http: Arc<HttpHost>,
     /// Response documents not yet taken by the guest, by handle, each counted against the
     /// call's memory until it is taken.
-    responses: HashMap<u32, (Vec<u8>, HostBytes)>,
+    responses: Documents,
     next_handle: u32,
     memory: Arc<CallMemory>,
     trips: Arc<Tripwires>,
@@ -120,8 +120,12 @@ pub struct ModuleState {
     tools: Arc<crate::tools::ToolDoor>,
     /// Answers to tool calls not yet taken by the guest, by request number, each counted
     /// against the call's memory until it is taken.
-    tool_answers: HashMap<u32, (Vec<u8>, HostBytes)>,
+    tool_answers: Documents,
 }
+
+/// Documents the host holds for a guest to take, by handle, each with the memory it is
+/// counted against.
+type Documents = HashMap<u32, (Vec<u8>, HostBytes)>;
 
 /// The state of a preview 2 call.
 pub struct ComponentState {
@@ -1356,26 +1360,36 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
          buf: u32,
          len: u32|
          -> wasmtime::Result<i32> {
-            let memory = guest_memory(&mut caller)?;
-            let fits = caller
-                .data()
-                .responses
-                .get(&handle)
-                .map(|(d, _)| d.len() <= len as usize);
-            match fits {
-                Some(true) => {
-                    let Some((document, held)) = caller.data_mut().responses.remove(&handle) else {
-                        return Ok(4);
-                    };
-                    memory.write(&mut caller, buf as usize, &document)?;
-                    drop(held);
-                    Ok(0)
-                }
-                _ => Ok(4),
-            }
+            take_document(&mut caller, |state| &mut state.responses, handle, buf, len)
         },
     )?;
     Ok(())
+}
+
+/// Copies the document held under `key` in the map `documents` picks into the guest's
+/// `buf` (at least the document's length, `len`) and frees it (and the memory it was
+/// counted against): 0, or 4 when there is no such document or `len` is too small (it is
+/// then kept).
+fn take_document(
+    caller: &mut wasmtime::Caller<'_, ModuleState>,
+    documents: fn(&mut ModuleState) -> &mut Documents,
+    key: u32,
+    buf: u32,
+    len: u32,
+) -> wasmtime::Result<i32> {
+    let memory = guest_memory(caller)?;
+    let fits = documents(caller.data_mut())
+        .get(&key)
+        .is_some_and(|(d, _)| d.len() <= len as usize);
+    if !fits {
+        return Ok(4);
+    }
+    let Some((document, held)) = documents(caller.data_mut()).remove(&key) else {
+        return Ok(4);
+    };
+    memory.write(&mut *caller, buf as usize, &document)?;
+    drop(held);
+    Ok(0)
 }
 
 /// `host.call(ptr, len, out_ptr, out_len) -> i32`: the tool-protocol door an embedder may
@@ -1486,21 +1500,7 @@ fn add_toolgrid_tools(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::R
          buf: u32,
          len: u32|
          -> wasmtime::Result<i32> {
-            let memory = guest_memory(&mut caller)?;
-            let fits = caller
-                .data()
-                .tool_answers
-                .get(&seq)
-                .map(|(d, _)| d.len() <= len as usize);
-            if fits != Some(true) {
-                return Ok(4);
-            }
-            let Some((document, held)) = caller.data_mut().tool_answers.remove(&seq) else {
-                return Ok(4);
-            };
-            memory.write(&mut caller, buf as usize, &document)?;
-            drop(held);
-            Ok(0)
+            take_document(&mut caller, |state| &mut state.tool_answers, seq, buf, len)
         },
     )?;
     Ok(())
