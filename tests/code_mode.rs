@@ -470,16 +470,7 @@ main()"#
         "the first tool call never ran; {}",
         platform.logs()
     );
-    let mut admin = platform.client().await;
-    let parent = admin
-        .list_calls(proto::ListCallsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .calls
-        .into_iter()
-        .find(|c| c.tool == "code")
-        .expect("the program's call");
+    let parent = the_program(&platform).await;
     let holder = parent.worker.clone();
     let index = workers
         .iter()
@@ -495,17 +486,8 @@ main()"#
     let call = if call.state == proto::CallState::Succeeded as i32 {
         call
     } else {
-        // The first answer may have come back before the failover finished: wait.
-        let mut coder = platform.client_with(Some(CODER), None).await;
-        coder
-            .get_call(proto::GetCallRequest {
-                id: parent.id.clone(),
-                wait: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
+        // The caller's wait may have ended before the failover finished: wait again.
+        ended(&platform, &parent.id).await
     };
     assert_eq!(
         result_of(&call)["result"],
@@ -574,32 +556,8 @@ async fn a_tool_call_held_for_approval_waits_across_a_control_plane_restart() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let parent = admin
-        .list_calls(proto::ListCallsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .calls
-        .into_iter()
-        .find(|c| c.tool == "code")
-        .expect("the program's call");
-    let mut done = parent.clone();
-    for _ in 0..10 {
-        done = admin
-            .get_call(proto::GetCallRequest {
-                id: parent.id.clone(),
-                wait: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if done.state == proto::CallState::Succeeded as i32
-            || done.state == proto::CallState::Failed as i32
-        {
-            break;
-        }
-    }
+    let parent = the_program(&platform).await;
+    let done = ended(&platform, &parent.id).await;
     assert_eq!(
         result_of(&done)["result"],
         "gated-1",
@@ -610,6 +568,44 @@ async fn a_tool_call_held_for_approval_waits_across_a_control_plane_restart() {
     let results = entries(&platform.oplog(&parent.id).await, "tool-result");
     assert_eq!(results.len(), 1, "{results:?}");
     assert_eq!(results[0]["call"], child.as_str());
+}
+
+/// The program's own call (the one call of the `code` tool).
+async fn the_program(platform: &Platform) -> proto::Call {
+    platform
+        .client()
+        .await
+        .list_calls(proto::ListCallsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .calls
+        .into_iter()
+        .find(|c| c.tool == "code")
+        .expect("the program's call")
+}
+
+/// Call `id` once it has ended (or as it is after several long waits).
+async fn ended(platform: &Platform, id: &str) -> proto::Call {
+    let mut admin = platform.client().await;
+    let mut call = proto::Call::default();
+    for _ in 0..10 {
+        call = admin
+            .get_call(proto::GetCallRequest {
+                id: id.into(),
+                wait: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if call.state == proto::CallState::Succeeded as i32
+            || call.state == proto::CallState::Failed as i32
+        {
+            break;
+        }
+    }
+    call
 }
 
 /// The id of the child call of `tool` once it waits for approval.
