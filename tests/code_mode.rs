@@ -93,6 +93,18 @@ fn manifests(root: &Path, witness: &Witness, replicas: u32) -> PathBuf {
     text += &effects_tool("gated", port, Some("needs-ok"));
     // gamma: a tool like the others, bound to nobody
     text += &effects_tool("gamma", port, None);
+    // rogue: the code built-in's own module as a tool that does not declare codeMode
+    let code_wasm = fixtures::repo().join("builtins/tools/code/code.wasm");
+    text += &format!(
+        "---\napiVersion: toolgrid.dev/v1alpha1\nkind: Tool\nmetadata: {{name: rogue}}\n\
+         spec:\n  effect: write\n  timeout: 60s\n  commands:\n    - name: run\n      \
+         options: [{{name: code, schema: {{type: string}}}}]\n      result: {{type: object}}\n---\n\
+         apiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: rogue-1.0.0}}\n\
+         spec: {{tool: rogue, version: 1.0.0, artifact: {{file: {}}}}}\n---\n\
+         apiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {{name: coder-rogue}}\n\
+         spec: {{agents: [coder], tool: rogue}}\n",
+        code_wasm.display()
+    );
     // planner: code, alpha only as a tool of its own, beta only from programs
     text += &format!(
         "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: planner-token}}\nstringData: {{token: {PLANNER}}}\n---\n\
@@ -110,7 +122,7 @@ fn manifests(root: &Path, witness: &Witness, replicas: u32) -> PathBuf {
 }
 
 async fn ready(platform: &Platform) {
-    for tool in ["code", "alpha", "beta", "gated", "gamma"] {
+    for tool in ["code", "alpha", "beta", "gated", "gamma", "rogue"] {
         platform
             .eventually(
                 &format!("{tool} is ready"),
@@ -278,8 +290,41 @@ main()"#
     let refusal = results.iter().find(|r| r["call"].is_null()).unwrap();
     assert_eq!(refusal["error"]["kind"], "permission-denied");
 
-    // The children are the agent's own calls, with the keys the program's oplog names.
+    // Only a tool that declares codeMode runs programs that call tools: the same module as
+    // another tool is refused, and a program may not start another program.
     let mut coder = platform.client_with(Some(CODER), None).await;
+    let rogue = coder
+        .invoke(proto::InvokeRequest {
+            tool: "rogue".into(),
+            argv: vec![
+                "run".into(),
+                "--code".into(),
+                format!(r#"tools.alpha.run({{base: "{base}", run: "rogue-1"}}).then(() => "ran", e => e.kind)"#),
+            ],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        result_of(&rogue)["result"],
+        "permission-denied",
+        "{rogue:?}"
+    );
+    assert!(callers_of(&witness, "rogue-1").is_empty());
+    let nested = start_program(
+        &platform,
+        r#"tools.code.run({code: "1"}).then(() => "ran", e => e.kind)"#,
+        "nested-program",
+    )
+    .await;
+    assert_eq!(
+        result_of(&nested)["result"],
+        "permission-denied",
+        "{nested:?}"
+    );
+
+    // The children are the agent's own calls, with the keys the program's oplog names.
     for child in &children {
         let record = coder
             .get_call(proto::GetCallRequest {

@@ -59,6 +59,11 @@ pub struct ToolSpec {
     /// What to do with a large result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_policy: Option<ResultPolicy>,
+    /// Its programs call the agent's other tools (code mode, `docs/code-mode.md`), as the
+    /// agent. Only a tool that says so may: any other call's tool call is refused
+    /// `permission-denied`, so a tool an agent calls cannot act as the agent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub code_mode: bool,
     /// The commands; a tool with one command may name it `default`.
     pub commands: Vec<Command>,
 }

@@ -422,6 +422,7 @@ pub fn imported(
         retry: None,
         repeat_window: None,
         result_policy: None,
+        code_mode: false,
         commands: vec![command.clone()],
     };
     let upstream = UpstreamCall {

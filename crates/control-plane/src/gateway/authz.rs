@@ -35,8 +35,20 @@ pub struct Grant {
 
 /// Refuses a direct call of a tool its binding exposes only to code-mode programs, and a
 /// program's call of one it exposes only directly ([`ErrorKind::PermissionDenied`]).
-pub fn check_exposure(grant: &Grant, tool: &str, from_program: bool) -> Result<(), ApiError> {
+pub fn check_exposure(
+    grant: &Grant,
+    tool: &toolgrid_catalog::ResolvedTool,
+    from_program: bool,
+) -> Result<(), ApiError> {
     let exposure = grant.exposure;
+    let code_mode = tool.spec.code_mode;
+    let tool = tool.key.name.as_str();
+    if from_program && code_mode {
+        return Err(ApiError::new(
+            ErrorKind::PermissionDenied,
+            format!("tool {tool} runs programs, and a program may not start another"),
+        ));
+    }
     if from_program && !exposure.codemode() {
         return Err(ApiError::new(
             ErrorKind::PermissionDenied,

@@ -505,8 +505,9 @@ impl Gateway {
 
     /// The commands `caller` may call in `namespace`, as models and MCP see them: an
     /// operator sees every command of every tool, an agent its bound ones whose exposure is
-    /// `direct` or `both`. The `code` tool's description lists, as typed stubs, the tools a
-    /// program of it may call (exposure `codemode` or `both`).
+    /// `direct` or `both`. The description of a tool that runs programs (`codeMode`, the
+    /// `code` built-in) lists, as typed stubs, the tools its programs may call (exposure
+    /// `codemode` or `both`).
     pub fn model_tools(
         &self,
         caller: &Principal,
@@ -537,9 +538,15 @@ impl Gateway {
                 },
             })
             .collect();
-        if tools.iter().any(|t| t.tool == nested::CODE_TOOL) {
+        let runs_programs = |name: &str| {
+            snapshot
+                .tools
+                .values()
+                .any(|t| t.key.namespace == namespace && t.key.name == name && t.spec.code_mode)
+        };
+        if tools.iter().any(|t| runs_programs(&t.tool)) {
             let stubs = nested::stubs_of(&self.programmable_tools(caller, &namespace));
-            for tool in tools.iter_mut().filter(|t| t.tool == nested::CODE_TOOL) {
+            for tool in tools.iter_mut().filter(|t| runs_programs(&t.tool)) {
                 tool.description = nested::describe_code(&tool.description, &stubs);
             }
         }
@@ -559,7 +566,7 @@ impl Gateway {
         snapshot
             .tools
             .values()
-            .filter(|t| t.key.namespace == namespace && t.key.name != nested::CODE_TOOL)
+            .filter(|t| t.key.namespace == namespace && !t.spec.code_mode)
             .filter_map(|t| match caller {
                 Principal::Operator { .. } => Some((t.clone(), None)),
                 Principal::Agent { agent } => authz::decide(&snapshot, agent, t, None)

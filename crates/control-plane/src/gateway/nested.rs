@@ -14,9 +14,6 @@ use toolgrid_core::call::{
 };
 use toolgrid_core::ids::ObjectKey;
 
-/// The built-in tool whose programs call tools (`builtins/manifests/code.yaml`).
-pub const CODE_TOOL: &str = "code";
-
 /// The typed stubs of what a program may call: each tool's allowed commands (all for
 /// `None`), sorted by name.
 pub fn stubs_of(tools: &[(std::sync::Arc<ResolvedTool>, Option<Vec<String>>)]) -> String {

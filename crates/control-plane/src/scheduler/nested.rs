@@ -73,6 +73,16 @@ impl Scheduler {
                 );
             }
         };
+        if !parent.spec.code_mode {
+            tracing::warn!(call = %request.call_id, tool = %parent.tool, "a tool call of a tool that does not declare codeMode was refused");
+            return refused(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "tool {} does not declare codeMode: its calls may not call other tools",
+                    parent.tool
+                ),
+            );
+        }
         let args = match serde_json::from_str(&request.args_json) {
             Ok(args) => args,
             Err(error) => {

@@ -125,6 +125,9 @@ pub struct CallSpec {
     /// return for a large result (absent: inline up to the default size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_policy: Option<crate::spec::ResultPolicy>,
+    /// The Tool declares `codeMode`: the call's program may call the caller's tools.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub code_mode: bool,
     /// An imported tool's call (a ToolSource's MCP tool or OpenAPI operation): the worker
     /// makes this upstream request instead of running a wasm instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -164,7 +164,7 @@ impl Gateway {
         let mut argv = invocation.argv;
         let command = command::command_of(&tool, invocation.command, &mut argv)?;
         let grant = authz::authorize_call(&snapshot, caller, &tool, &command.name)?;
-        authz::check_exposure(&grant, &tool.key.name, invocation.from_program)?;
+        authz::check_exposure(&grant, &tool, invocation.from_program)?;
         let request::Request {
             args,
             idempotency_key,

@@ -134,6 +134,7 @@ pub(super) fn new_call(admission: Admission<'_>) -> NewCall {
             chain,
             retry: Some(RetrySpec::of(tool.effect, tool.spec.retry.as_ref())),
             result_policy: tool.spec.result_policy.clone(),
+            code_mode: tool.spec.code_mode,
             upstream: release.upstream.as_deref().cloned(),
             files: release.files.clone(),
         },
