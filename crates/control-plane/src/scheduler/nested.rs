@@ -83,20 +83,12 @@ impl Scheduler {
                 ),
             );
         }
-        let args = match serde_json::from_str(&request.args_json) {
-            Ok(args) => args,
-            Err(error) => {
-                return refused(
-                    ErrorKind::InvalidArgument,
-                    format!("the arguments are not JSON: {error}"),
-                );
-            }
-        };
-        let nested = NestedRequest {
-            tool: request.tool.clone(),
-            command: request.command.clone(),
-            args,
-        };
+        // A hostile worker's request is bounded and checked like a guest's.
+        let nested =
+            match NestedRequest::from_wire(&request.tool, &request.command, &request.args_json) {
+                Ok(nested) => nested,
+                Err(message) => return refused(ErrorKind::InvalidArgument, message),
+            };
         if request.seq == 0 || request.seq > toolgrid_core::call::MAX_NESTED_CALLS {
             return refused(
                 ErrorKind::ToolCallLimit,
@@ -148,7 +140,8 @@ mod tests {
             Arc::new(crate::scheduler::CallWatch::default()),
             crate::scheduler::SchedulerConfig::default(),
         );
-        let gateway: Arc<dyn NestedCaller> = Arc::new(Answering::default());
+        let answering = Arc::new(Answering::default());
+        let gateway: Arc<dyn NestedCaller> = answering.clone();
         scheduler.set_nested_caller(Arc::downgrade(&gateway));
         let request = proto::ToolCallRequest {
             call_id: "someone-elses".into(),
@@ -167,5 +160,9 @@ mod tests {
         assert_eq!(answer.error_kind, ErrorKind::Unavailable.as_str());
         assert!(answer.error_message.contains("does not hold"), "{answer:?}");
         assert!(answer.child_call_id.is_empty());
+        assert!(
+            answering.0.lock().unwrap().is_empty(),
+            "the gateway was asked"
+        );
     }
 }

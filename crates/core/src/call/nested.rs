@@ -55,6 +55,31 @@ impl NestedRequest {
         }
         let request: NestedRequest = serde_json::from_slice(document)
             .map_err(|e| format!("the request is not {{tool, command, args}}: {e}"))?;
+        request.checked()
+    }
+
+    /// A request as the worker link carries it (arguments as JSON text), checked by the
+    /// same rules as a guest's document: a hostile worker's request is bounded the same.
+    pub fn from_wire(tool: &str, command: &str, args_json: &str) -> Result<Self, String> {
+        if tool.len() + command.len() + args_json.len() > MAX_NESTED_REQUEST_BYTES {
+            return Err(format!(
+                "the request is more than {MAX_NESTED_REQUEST_BYTES} bytes"
+            ));
+        }
+        let args = serde_json::from_str(args_json)
+            .map_err(|e| format!("the arguments are not JSON: {e}"))?;
+        NestedRequest {
+            tool: tool.to_string(),
+            command: command.to_string(),
+            args,
+        }
+        .checked()
+    }
+
+    /// Names non-empty and at most 253 bytes (the search's tool name aside); arguments an
+    /// object (none: an empty one).
+    fn checked(self) -> Result<Self, String> {
+        let request = self;
         let names: &[(&str, &String)] = if request.tool == SEARCH_TOOL {
             &[("command", &request.command)]
         } else {
@@ -179,6 +204,15 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+        assert!(NestedRequest::from_wire("a", "b", "{}").is_ok());
+        assert!(NestedRequest::from_wire("", "b", "{}").is_err());
+        assert!(NestedRequest::from_wire("a", "b", "[1]").is_err());
+        let big = format!("{{\"x\": \"{}\"}}", "y".repeat(MAX_NESTED_REQUEST_BYTES));
+        assert!(
+            NestedRequest::from_wire("a", "b", &big)
+                .unwrap_err()
+                .contains("more than")
+        );
         let huge = vec![b' '; MAX_NESTED_REQUEST_BYTES + 1];
         assert!(
             NestedRequest::parse(&huge)
