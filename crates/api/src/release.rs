@@ -4,7 +4,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use toolgrid_core::spec::{ArtifactSource, NetworkPolicy, ReleaseFile, ReleaseLimits};
+use toolgrid_core::spec::{
+    ArtifactSource, CommandArtifact, NetworkPolicy, ReleaseFile, ReleaseLimits,
+};
 
 /// One version of a tool: the artifact that runs, its limits, egress and worker pool.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -62,6 +64,11 @@ pub struct ToolReleaseSpec {
     /// 16): an interpreter's standard library, a model, a dictionary.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<ReleaseFile>,
+    /// Commands of the Tool that run their own artifact, with their own files and limits
+    /// (at most 16): a `code` tool whose `run` is a JavaScript engine and whose `python`
+    /// is CPython. Every other command runs `artifact`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<CommandArtifact>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -22,6 +22,9 @@ pub enum ArtifactOutcome {
         kind: &'static str,
         /// The release's read-only files (`spec.files`), each loaded and checked.
         files: Vec<FileRef>,
+        /// The commands that run their own artifact (`spec.commands`), each loaded and
+        /// checked.
+        commands: Vec<CommandRef>,
     },
     Failed {
         /// CamelCase condition reason.
@@ -35,10 +38,34 @@ pub enum ArtifactOutcome {
 pub struct LoadedArtifact {
     pub outcome: ArtifactOutcome,
     pub bytes: Option<Vec<u8>>,
-    /// The bytes of the release's files, by digest, when Ready (to put in the store; empty
-    /// when they are known to be stored already).
+    /// The bytes of the release's files and of its commands' artifacts and files, by
+    /// digest, when Ready (to put in the store; empty when they are known to be stored
+    /// already).
     pub file_bytes: Vec<(String, Vec<u8>)>,
 }
+
+/// A command's own artifact (`spec.commands[]`), loaded and checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommandRef {
+    /// The Tool's command.
+    pub name: String,
+    pub digest: String,
+    pub size: u64,
+    /// `module` or `component`.
+    pub kind: &'static str,
+    /// The command's read-only files (`spec.commands[].files`).
+    pub files: Vec<FileRef>,
+}
+
+/// A command's artifact and files with their bytes (those read now), by digest.
+#[derive(Clone, Debug)]
+pub struct LoadedCommand {
+    pub command: CommandRef,
+    pub bytes: Vec<(String, Vec<u8>)>,
+}
+
+/// Largest number of commands a release may give their own artifact.
+pub const MAX_COMMAND_ARTIFACTS: usize = 16;
 
 impl LoadedArtifact {
     /// An artifact that is not Ready, and why.
@@ -72,6 +99,69 @@ impl LoadedArtifact {
         }
         self
     }
+}
+
+impl LoadedArtifact {
+    /// This artifact with its commands' (`spec.commands`): Ready only when every one is.
+    pub fn with_commands(mut self, commands: Vec<Result<LoadedCommand, (Reason, String)>>) -> Self {
+        let ArtifactOutcome::Ready { commands: refs, .. } = &mut self.outcome else {
+            return self;
+        };
+        for command in commands {
+            match command {
+                Ok(command) => {
+                    refs.push(command.command);
+                    self.file_bytes.extend(command.bytes);
+                }
+                Err((reason, message)) => return LoadedArtifact::failed(reason, message),
+            }
+        }
+        self
+    }
+
+    /// `spec.commands[index]` loaded like a release (its artifact and its files), as that
+    /// command; a failure's message names the command's fields.
+    pub fn into_command(self, index: usize, name: &str) -> Result<LoadedCommand, (Reason, String)> {
+        match self.outcome {
+            ArtifactOutcome::Ready {
+                digest,
+                size,
+                kind,
+                files,
+                ..
+            } => {
+                let mut bytes = self.file_bytes;
+                if let Some(artifact) = self.bytes {
+                    bytes.push((digest.clone(), artifact));
+                }
+                Ok(LoadedCommand {
+                    command: CommandRef {
+                        name: name.to_string(),
+                        digest,
+                        size,
+                        kind,
+                        files,
+                    },
+                    bytes,
+                })
+            }
+            ArtifactOutcome::Failed { reason, message } => {
+                Err((reason, about_command(index, &message)))
+            }
+        }
+    }
+}
+
+/// A message about a release's `spec.artifact` or `spec.files` made about
+/// `spec.commands[index]`'s.
+pub fn about_command(index: usize, message: &str) -> String {
+    message
+        .replacen(
+            "spec.artifact",
+            &format!("spec.commands[{index}].artifact"),
+            1,
+        )
+        .replacen("spec.files", &format!("spec.commands[{index}].files"), 1)
 }
 
 /// One of a release's files, checked against its digest.
@@ -183,6 +273,7 @@ pub fn check_bytes(bytes: Vec<u8>, expected: Option<&str>) -> LoadedArtifact {
                 size: bytes.len() as u64,
                 kind,
                 files: Vec::new(),
+                commands: Vec::new(),
             },
             bytes: Some(bytes),
             file_bytes: Vec::new(),
@@ -212,23 +303,51 @@ pub fn source_kind(artifact: &ArtifactSource) -> Result<&'static str, String> {
 }
 
 /// Loads a release's artifact in a manifest directory: a file relative to the manifest, or
-/// a key of a ConfigMap declared beside it. URLs are fetched by the cluster controller.
+/// a key of a ConfigMap declared beside it, with its files and its commands' artifacts
+/// (`spec.commands`). URLs are fetched by the cluster controller.
 pub fn load_local(
     release: &Sourced<ToolRelease>,
     config_maps: &[Sourced<ConfigMap>],
 ) -> LoadedArtifact {
-    let artifact = &release.object.spec.artifact;
+    let spec = &release.object.spec;
     let namespace = release
         .object
         .metadata
         .namespace
         .as_deref()
         .unwrap_or_default();
-    let loaded = match read_local(artifact, release.source.dir(), namespace, config_maps) {
+    let dir = release.source.dir();
+    let loaded = load_local_parts(&spec.artifact, &spec.files, dir, namespace, config_maps);
+    let commands = spec
+        .commands
+        .iter()
+        .enumerate()
+        .map(|(i, command)| {
+            load_local_parts(
+                &command.artifact,
+                &command.files,
+                dir,
+                namespace,
+                config_maps,
+            )
+            .into_command(i, &command.name)
+        })
+        .collect();
+    loaded.with_commands(commands)
+}
+
+/// An artifact and its files in a manifest directory, as a release's.
+fn load_local_parts(
+    artifact: &ArtifactSource,
+    files: &[ReleaseFile],
+    dir: &std::path::Path,
+    namespace: &str,
+    config_maps: &[Sourced<ConfigMap>],
+) -> LoadedArtifact {
+    let loaded = match read_local(artifact, dir, namespace, config_maps) {
         Ok(bytes) => check_bytes(bytes, artifact.digest.as_deref()),
         Err((reason, message)) => return LoadedArtifact::failed(reason, message),
     };
-    let files = &release.object.spec.files;
     if let Err((reason, message)) = check_files(files) {
         return LoadedArtifact::failed(reason, message);
     }
@@ -236,7 +355,7 @@ pub fn load_local(
         .iter()
         .enumerate()
         .map(|(i, file)| {
-            read_local(&file.artifact, release.source.dir(), namespace, config_maps)
+            read_local(&file.artifact, dir, namespace, config_maps)
                 .map_err(|e| about_file(i, e))
                 .and_then(|bytes| check_file(i, file, bytes))
         })
@@ -526,6 +645,87 @@ mod tests {
         let (twice, message) = reason("twice");
         assert_eq!(twice, Reason::InvalidReleaseFile);
         assert!(message.contains("mounted twice"), "{message}");
+    }
+
+    /// A command's own artifact and files are loaded and checked like the release's, their
+    /// bytes go to the store with the release's, and a failure names the command's field.
+    #[test]
+    fn a_commands_artifact_is_loaded_with_its_files_and_its_failures_name_it() {
+        use super::super::manifest::{ResourceSet, load_text};
+        let js = wat::parse_str(r#"(module (func (export "_start")))"#).unwrap();
+        let py = wat::parse_str(r#"(module (func (export "_start") nop))"#).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("js.wasm"), &js).unwrap();
+        std::fs::write(dir.path().join("py.wasm"), &py).unwrap();
+        std::fs::write(dir.path().join("lib.zip"), b"stdlib").unwrap();
+        let (py_digest, lib) = (digest_of(&py), digest_of(b"stdlib"));
+        let release = |name: &str, command: &str| {
+            format!(
+                "apiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: {name}}}\n\
+                 spec: {{tool: code, version: 1.0.0, artifact: {{file: js.wasm}}, commands: [{command}]}}\n---\n"
+            )
+        };
+        let zeros = format!("sha256:{}", "0".repeat(64));
+        let text = [
+            release("good", &format!("{{name: python, artifact: {{file: py.wasm, digest: \"{py_digest}\"}}, files: [{{path: /lib/py.zip, artifact: {{file: lib.zip, digest: \"{lib}\"}}}}]}}")),
+            release("wrong", &format!("{{name: python, artifact: {{file: py.wasm, digest: \"{zeros}\"}}}}")),
+            release("missing-file", &format!("{{name: python, artifact: {{file: py.wasm, digest: \"{py_digest}\"}}, files: [{{path: /lib/py.zip, artifact: {{file: nope, digest: \"{lib}\"}}}}]}}")),
+            release("not-wasm", &format!("{{name: python, artifact: {{file: lib.zip, digest: \"{lib}\"}}}}")),
+        ]
+        .concat();
+        let mut set = ResourceSet::default();
+        load_text(&dir.path().join("r.yaml"), &text, &mut set);
+        assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+        let outcome = |name: &str| {
+            let release = set
+                .releases
+                .iter()
+                .find(|r| r.object.metadata.name.as_deref() == Some(name))
+                .unwrap();
+            load_local(release, &set.config_maps)
+        };
+        let good = outcome("good");
+        match &good.outcome {
+            ArtifactOutcome::Ready {
+                digest, commands, ..
+            } => {
+                assert_eq!(digest, &digest_of(&js));
+                assert_eq!(
+                    commands,
+                    &[CommandRef {
+                        name: "python".into(),
+                        digest: py_digest.clone(),
+                        size: py.len() as u64,
+                        kind: "module",
+                        files: vec![FileRef {
+                            path: "/lib/py.zip".into(),
+                            digest: lib.clone(),
+                            size: 6
+                        }],
+                    }]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let stored: Vec<&str> = good.file_bytes.iter().map(|(d, _)| d.as_str()).collect();
+        assert_eq!(stored, [lib.as_str(), py_digest.as_str()]);
+        let failed = |name: &str| match outcome(name).outcome {
+            ArtifactOutcome::Failed { reason, message } => (reason, message),
+            other => panic!("{name}: {other:?}"),
+        };
+        let (reason, message) = failed("wrong");
+        assert_eq!(reason, Reason::DigestMismatch);
+        assert!(
+            message.starts_with("spec.commands[0].artifact.digest"),
+            "{message}"
+        );
+        let (reason, message) = failed("missing-file");
+        assert_eq!(reason, Reason::ArtifactNotFound);
+        assert!(
+            message.starts_with("spec.commands[0].files[0].artifact.file"),
+            "{message}"
+        );
+        assert_eq!(failed("not-wasm").0, Reason::InvalidArtifact);
     }
 
     #[test]

@@ -69,6 +69,58 @@ pub struct ResolvedRelease {
     pub upstream: Option<Arc<toolgrid_core::source::UpstreamCall>>,
     /// Read-only files every call sees beside the artifact (`spec.files`).
     pub files: Vec<toolgrid_core::artifact::FileRef>,
+    /// Commands that run their own artifact (`spec.commands`), by name.
+    pub commands: BTreeMap<String, CommandRelease>,
+}
+
+/// A command of a release that runs its own artifact, with its files and limits.
+#[derive(Clone, Debug)]
+pub struct CommandRelease {
+    pub digest: String,
+    pub size: u64,
+    /// `module` or `component`.
+    pub artifact_kind: &'static str,
+    pub files: Vec<toolgrid_core::artifact::FileRef>,
+    /// The release's limits with the command's in their place.
+    pub limits: Limits,
+}
+
+/// What a call of one command of a release runs.
+#[derive(Clone, Copy, Debug)]
+pub struct RunOf<'a> {
+    pub digest: &'a str,
+    pub files: &'a [toolgrid_core::artifact::FileRef],
+    pub limits: &'a Limits,
+}
+
+impl ResolvedRelease {
+    /// What a call of `command` runs: the command's own artifact when the release gives it
+    /// one, the release's otherwise.
+    pub fn run_of(&self, command: &str) -> RunOf<'_> {
+        match self.commands.get(command) {
+            Some(own) => RunOf {
+                digest: &own.digest,
+                files: &own.files,
+                limits: &own.limits,
+            },
+            None => RunOf {
+                digest: &self.digest,
+                files: &self.files,
+                limits: &self.limits,
+            },
+        }
+    }
+
+    /// Every digest a call of the release may run or mount: its artifact and files, and
+    /// its commands' (what retention keeps while the release exists).
+    pub fn digests(&self) -> impl Iterator<Item = &str> {
+        let own = std::iter::once(self.digest.as_str())
+            .chain(self.files.iter().map(|f| f.digest.as_str()));
+        let commands = self.commands.values().flat_map(|c| {
+            std::iter::once(c.digest.as_str()).chain(c.files.iter().map(|f| f.digest.as_str()))
+        });
+        own.chain(commands)
+    }
 }
 
 /// A valid WorkerPool.

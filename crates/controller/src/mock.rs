@@ -125,6 +125,7 @@ async fn fixture_with(
             size: 8,
             kind: "module",
             files: Vec::new(),
+            commands: Vec::new(),
         },
     )]
     .into();

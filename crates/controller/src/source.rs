@@ -34,7 +34,7 @@ use toolgrid_core::artifact::FileRef;
 use toolgrid_core::artifact::is_valid_digest;
 use toolgrid_core::ids::ObjectKey;
 use toolgrid_core::source::SourceLimits;
-use toolgrid_core::spec::ReleaseFile;
+use toolgrid_core::spec::{ArtifactSource, ReleaseFile};
 use toolgrid_store::Store;
 
 /// How long changes settle before the catalog is resolved again.
@@ -519,7 +519,8 @@ impl ClusterSource {
         })
     }
 
-    /// A release's artifact and its files (`spec.files`), each from a ConfigMap or a URL.
+    /// A release's artifact and its files (`spec.files`), and its commands' own artifacts
+    /// and files (`spec.commands`), each from a ConfigMap or a URL.
     async fn load_artifact(
         &self,
         release: &Sourced<ToolRelease>,
@@ -531,17 +532,41 @@ impl ClusterSource {
             .namespace
             .clone()
             .unwrap_or_default();
-        let loaded = self.load_main(release, &namespace, set).await;
+        let spec = &release.object.spec;
+        let loaded = self
+            .load_parts(&spec.artifact, &spec.files, &namespace, set)
+            .await;
         if !matches!(loaded.outcome, ArtifactOutcome::Ready { .. }) {
             return loaded;
         }
-        let files = &release.object.spec.files;
+        let mut commands = Vec::new();
+        for (i, command) in spec.commands.iter().enumerate() {
+            let parts = self
+                .load_parts(&command.artifact, &command.files, &namespace, set)
+                .await;
+            commands.push(parts.into_command(i, &command.name));
+        }
+        loaded.with_commands(commands)
+    }
+
+    /// An artifact and its files, as a release's.
+    async fn load_parts(
+        &self,
+        artifact: &ArtifactSource,
+        files: &[ReleaseFile],
+        namespace: &str,
+        set: &ResourceSet,
+    ) -> LoadedArtifact {
+        let loaded = self.load_main(artifact, namespace, set).await;
+        if !matches!(loaded.outcome, ArtifactOutcome::Ready { .. }) {
+            return loaded;
+        }
         if let Err((reason, message)) = check_files(files) {
             return LoadedArtifact::failed(reason, message);
         }
         let mut loaded_files = Vec::new();
         for (i, file) in files.iter().enumerate() {
-            loaded_files.push(self.load_file(i, file, &namespace, set).await);
+            loaded_files.push(self.load_file(i, file, namespace, set).await);
         }
         loaded.with_files(loaded_files)
     }
@@ -606,11 +631,10 @@ impl ClusterSource {
 
     async fn load_main(
         &self,
-        release: &Sourced<ToolRelease>,
+        artifact: &ArtifactSource,
         namespace: &str,
         set: &ResourceSet,
     ) -> LoadedArtifact {
-        let artifact = &release.object.spec.artifact;
         let failed = LoadedArtifact::failed;
         let source = match source_kind(artifact) {
             Ok(source) => source,

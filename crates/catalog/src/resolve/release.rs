@@ -3,15 +3,16 @@
 
 use super::tool::ValidTools;
 use super::{DEFAULT_CPU_TIME, DEFAULT_MEMORY, DEFAULT_OUTPUT, DEFAULT_POOL, MAX_MEMORY, Resolver};
-use crate::artifacts::{ArtifactOutcome, source_kind};
-use crate::snapshot::{Limits, ResolvedRelease, ResourceId};
+use crate::artifacts::{ArtifactOutcome, MAX_COMMAND_ARTIFACTS, about_command, source_kind};
+use crate::snapshot::{CommandRelease, Limits, ResolvedRelease, ResourceId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use toolgrid_api::conditions::{self, Desired, Reason};
-use toolgrid_api::{Kind, KindStatus, ToolRelease, ToolReleaseStatus};
+use toolgrid_api::{Kind, KindStatus, ToolReleaseStatus};
 use toolgrid_core::artifact::is_valid_digest;
 use toolgrid_core::ids::ObjectKey;
 use toolgrid_core::interface::FieldError;
+use toolgrid_core::spec::ReleaseLimits;
 
 impl<'a> Resolver<'a> {
     pub(super) fn releases(&mut self, tools: &ValidTools<'a>) {
@@ -58,8 +59,61 @@ impl<'a> Resolver<'a> {
                         format!("{digest:?} is not of the form sha256:<64 lowercase hex digits>"),
                     )));
                 }
-                let (limits, clamped) = release_limits(d.object).map_err(spec_error)?;
+                let base_limits = spec.limits.clone().unwrap_or_default();
+                let (limits, clamped) =
+                    release_limits("spec.limits", &base_limits).map_err(spec_error)?;
                 notes = clamped;
+                let mut command_limits = BTreeMap::new();
+                if spec.commands.len() > MAX_COMMAND_ARTIFACTS {
+                    return Err(spec_error(FieldError::new(
+                        "spec.commands",
+                        format!(
+                            "{} commands; a release may give at most {MAX_COMMAND_ARTIFACTS} their own artifact",
+                            spec.commands.len()
+                        ),
+                    )));
+                }
+                for (i, command) in spec.commands.iter().enumerate() {
+                    if command_limits.contains_key(&command.name) {
+                        return Err(spec_error(FieldError::new(
+                            format!("spec.commands[{i}].name"),
+                            format!("command {:?} is named twice", command.name),
+                        )));
+                    }
+                    let field = format!("spec.commands[{i}].artifact");
+                    source_kind(&command.artifact)
+                        .map_err(|m| spec_error(FieldError::new(&field, about_command(i, &m))))?;
+                    match &command.artifact.digest {
+                        Some(digest) if is_valid_digest(digest) => {}
+                        Some(digest) => {
+                            return Err(spec_error(FieldError::new(
+                                format!("{field}.digest"),
+                                format!(
+                                    "{digest:?} is not of the form sha256:<64 lowercase hex digits>"
+                                ),
+                            )));
+                        }
+                        None => {
+                            return Err(spec_error(FieldError::new(
+                                format!("{field}.digest"),
+                                "is required: a command's artifact is pinned by digest",
+                            )));
+                        }
+                    }
+                    let overlaid = match &command.limits {
+                        Some(own) => base_limits.overlaid(own),
+                        None => base_limits.clone(),
+                    };
+                    let (own, clamped) =
+                        release_limits(&format!("spec.commands[{i}].limits"), &overlaid)
+                            .map_err(spec_error)?;
+                    notes.extend(
+                        clamped
+                            .into_iter()
+                            .map(|note| format!("command {}: {note}", command.name)),
+                    );
+                    command_limits.insert(command.name.clone(), own);
+                }
                 for (i, rule) in spec.network.iter().flat_map(|n| &n.egress).enumerate() {
                     if rule.host.trim().is_empty() {
                         return Err(spec_error(FieldError::new(
@@ -97,26 +151,46 @@ impl<'a> Resolver<'a> {
                     };
                     return Err((Desired::not_ready(reason.0, reason.1), None));
                 }
-                let (digest, size, kind, files) = match self.input.artifacts.get(&d.id.key) {
-                    Some(ArtifactOutcome::Ready {
-                        digest,
-                        size,
-                        kind,
-                        files,
-                    }) => (digest.clone(), *size, *kind, files.clone()),
-                    Some(ArtifactOutcome::Failed { reason, message }) => {
-                        return Err((Desired::not_ready(*reason, message.clone()), None));
-                    }
-                    None => {
-                        return Err((
-                            Desired::not_ready(
-                                Reason::ArtifactPending,
-                                "the artifact has not been loaded yet",
-                            ),
-                            None,
-                        ));
-                    }
-                };
+                if let Some((_, tool)) = tools.get(&tool_key)
+                    && let Some((i, command)) = spec
+                        .commands
+                        .iter()
+                        .enumerate()
+                        .find(|(_, c)| tool.spec.command(&c.name).is_none())
+                {
+                    return Err(spec_error(FieldError::new(
+                        format!("spec.commands[{i}].name"),
+                        format!("Tool {tool_key} has no command {:?}", command.name),
+                    )));
+                }
+                let (digest, size, kind, files, loaded_commands) =
+                    match self.input.artifacts.get(&d.id.key) {
+                        Some(ArtifactOutcome::Ready {
+                            digest,
+                            size,
+                            kind,
+                            files,
+                            commands,
+                        }) => (
+                            digest.clone(),
+                            *size,
+                            *kind,
+                            files.clone(),
+                            commands.clone(),
+                        ),
+                        Some(ArtifactOutcome::Failed { reason, message }) => {
+                            return Err((Desired::not_ready(*reason, message.clone()), None));
+                        }
+                        None => {
+                            return Err((
+                                Desired::not_ready(
+                                    Reason::ArtifactPending,
+                                    "the artifact has not been loaded yet",
+                                ),
+                                None,
+                            ));
+                        }
+                    };
                 let pool = spec
                     .pool
                     .clone()
@@ -165,6 +239,22 @@ impl<'a> Resolver<'a> {
                     ));
                 }
                 versions.insert(version_key, d.id.key.clone());
+                let commands = loaded_commands
+                    .into_iter()
+                    .filter_map(|c| {
+                        let limits = *command_limits.get(&c.name)?;
+                        Some((
+                            c.name,
+                            CommandRelease {
+                                digest: c.digest,
+                                size: c.size,
+                                artifact_kind: c.kind,
+                                files: c.files,
+                                limits,
+                            },
+                        ))
+                    })
+                    .collect();
                 Ok(ResolvedRelease {
                     key: d.id.key.clone(),
                     tool: spec.tool.clone(),
@@ -177,6 +267,7 @@ impl<'a> Resolver<'a> {
                     network: spec.network.clone().unwrap_or_default(),
                     upstream: None,
                     files,
+                    commands,
                 })
             })();
             match outcome {
@@ -194,6 +285,12 @@ impl<'a> Resolver<'a> {
                         message.push_str(&format!(
                             ", with {} file(s) of {bytes} bytes",
                             release.files.len()
+                        ));
+                    }
+                    for (name, command) in &release.commands {
+                        message.push_str(&format!(
+                            "; command {name} runs {} {} of {} bytes",
+                            command.artifact_kind, command.digest, command.size
                         ));
                     }
                     for note in &notes {
@@ -247,40 +344,44 @@ fn short_digest(digest: &str) -> String {
 
 /// The limits of a release with defaults applied, and a note for each value clamped to its
 /// maximum (said in the Ready condition).
-fn release_limits(release: &ToolRelease) -> Result<(Limits, Vec<String>), FieldError> {
+/// A release's (or one command's) limits with defaults applied, checked; `field` names
+/// them in errors (`spec.limits`).
+fn release_limits(
+    field: &str,
+    limits: &ReleaseLimits,
+) -> Result<(Limits, Vec<String>), FieldError> {
     use toolgrid_api::units::ByteSize;
     use toolgrid_core::call::{
         DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES, MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES,
         MAX_RESPONSE_BYTES,
     };
-    let limits = release.spec.limits.clone().unwrap_or_default();
     let memory = limits.memory.map(|m| m.bytes()).unwrap_or(DEFAULT_MEMORY);
     if !(64 * 1024..=MAX_MEMORY).contains(&memory) {
         return Err(FieldError::new(
-            "spec.limits.memory",
+            format!("{field}.memory"),
             format!("must be between 64Ki and 4Gi (one wasm page at least), not {memory} bytes"),
         ));
     }
     let cpu_time = limits.cpu_time.map(|c| c.get()).unwrap_or(DEFAULT_CPU_TIME);
     if cpu_time.is_zero() {
         return Err(FieldError::new(
-            "spec.limits.cpuTime",
+            format!("{field}.cpuTime"),
             "must be longer than zero",
         ));
     }
     let mut notes = Vec::new();
     let mut bytes =
-        |field: &str, value: Option<ByteSize>, default: u64, max: u64| -> Result<u64, FieldError> {
+        |name: &str, value: Option<ByteSize>, default: u64, max: u64| -> Result<u64, FieldError> {
             let value = value.map(|v| v.bytes()).unwrap_or(default);
             if value == 0 {
                 return Err(FieldError::new(
-                    format!("spec.limits.{field}"),
+                    format!("{field}.{name}"),
                     "must be at least 1 byte",
                 ));
             }
             if value > max {
                 notes.push(format!(
-                    "limits.{field} {} is above the maximum of {}: calls are limited to {}",
+                    "limits.{name} {} is above the maximum of {}: calls are limited to {}",
                     ByteSize(value),
                     ByteSize(max),
                     ByteSize(max)

@@ -456,6 +456,7 @@ pub fn imported(
         },
         upstream: Some(Arc::new(upstream)),
         files: Vec::new(),
+        commands: Default::default(),
     };
     let resolved = ResolvedTool {
         key: tool_key,

@@ -336,6 +336,7 @@ spec: {agents: [ghost], tool: semver}
                         size: 10,
                         kind: "module",
                         files: Vec::new(),
+                        commands: Vec::new(),
                     },
                 )
             })

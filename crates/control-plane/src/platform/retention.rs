@@ -37,9 +37,7 @@ pub async fn run_once(store: &dyn Retention, catalog: &Catalog, retain: Duration
         .current()
         .releases
         .values()
-        .flat_map(|r| {
-            std::iter::once(r.digest.clone()).chain(r.files.iter().map(|f| f.digest.clone()))
-        })
+        .flat_map(|r| r.digests().map(str::to_string).collect::<Vec<_>>())
         .collect();
     match store.delete_finished_before(cutoff, &keep).await {
         Ok(report) => {

@@ -17,7 +17,8 @@ pub use middleware::{
     PolicyStep, RateKey, RateLimitStep, RedactStep, WasmStep,
 };
 pub use release::{
-    ArtifactSource, ConfigMapKeyRef, EgressRule, NetworkPolicy, ReleaseFile, ReleaseLimits,
+    ArtifactSource, CommandArtifact, ConfigMapKeyRef, EgressRule, NetworkPolicy, ReleaseFile,
+    ReleaseLimits,
 };
 pub use tool::{
     Command, DeclaredError, Effect, Flag, OptionArg, Overflow, Positional, ResultPolicy,

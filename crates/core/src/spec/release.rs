@@ -37,6 +37,26 @@ pub struct ReleaseFile {
     pub artifact: ArtifactSource,
 }
 
+/// A command of the Tool that runs its own artifact instead of the release's (a `code`
+/// tool whose `run` is a JavaScript engine and whose `python` is CPython). A call of the
+/// command runs this artifact, sees this entry's `files` instead of the release's, and has
+/// the release's limits with the ones given here in their place.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommandArtifact {
+    /// The Tool's command (its `commands[].name`).
+    pub name: String,
+    /// Where the command's WebAssembly module or component comes from: exactly one of
+    /// `file`, `configMap` or `url`, with `digest`.
+    pub artifact: ArtifactSource,
+    /// Read-only files the command's calls see, instead of the release's `files`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<ReleaseFile>,
+    /// Limits of the command's calls; each one given replaces the release's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ReleaseLimits>,
+}
+
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigMapKeyRef {
@@ -69,6 +89,20 @@ pub struct ReleaseLimits {
     /// Calls of this release running at once across the pool (default: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instances: Option<u32>,
+}
+
+impl ReleaseLimits {
+    /// These limits with each one `over` gives in its place.
+    pub fn overlaid(&self, over: &ReleaseLimits) -> ReleaseLimits {
+        ReleaseLimits {
+            memory: over.memory.or(self.memory),
+            cpu_time: over.cpu_time.or(self.cpu_time),
+            output_bytes: over.output_bytes.or(self.output_bytes),
+            request_bytes: over.request_bytes.or(self.request_bytes),
+            response_bytes: over.response_bytes.or(self.response_bytes),
+            instances: over.instances.or(self.instances),
+        }
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -54,6 +54,19 @@ fn ready_artifacts(set: &ResourceSet, digest: &str) -> HashMap<ObjectKey, Artifa
                     size: 10,
                     kind: "module",
                     files: Vec::new(),
+                    commands: r
+                        .object
+                        .spec
+                        .commands
+                        .iter()
+                        .map(|c| crate::artifacts::CommandRef {
+                            name: c.name.clone(),
+                            digest: c.artifact.digest.clone().unwrap_or_default(),
+                            size: 20,
+                            kind: "module",
+                            files: Vec::new(),
+                        })
+                        .collect(),
                 },
             )
         })

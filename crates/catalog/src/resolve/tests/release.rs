@@ -123,3 +123,102 @@ fn declared_egress_headers_are_checked() {
         );
     }
 }
+
+/// A release whose `python` command runs its own artifact: the command's calls run its
+/// digest with its files and limits (the release's, with the command's in their place);
+/// every other command runs the release's. A command the Tool lacks, one named twice and
+/// one with no digest are each refused with the field that is wrong.
+#[test]
+fn a_command_runs_its_own_artifact_with_its_files_and_limits() {
+    const D: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    let tool = "---\napiVersion: toolgrid.dev/v1alpha1\nkind: Tool\nmetadata: {name: code}\nspec: {effect: read, commands: [{name: run}, {name: python}]}\n";
+    let with = |name: &str, commands: &str| {
+        format!(
+            "---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: {name}}}\nspec: {{tool: code, version: \"1.0.0\", artifact: {{file: js.wasm}}, limits: {{memory: 96Mi, cpuTime: 10s}}, commands: {commands}}}\n"
+        )
+    };
+    let good = with(
+        "code-1",
+        &format!(
+            "[{{name: python, artifact: {{file: py.wasm, digest: \"{D}\"}}, limits: {{memory: 1Gi}}}}]"
+        ),
+    );
+    let set = set_of(&format!("{BASE}{tool}{good}"));
+    let snapshot = run(
+        &set,
+        &ready_artifacts(&set, "sha256:a"),
+        &HashMap::new(),
+        T0,
+    );
+    let ready = state(&snapshot, Kind::ToolRelease, "code-1");
+    assert_eq!(
+        ready.ready.reason,
+        Reason::ArtifactReady,
+        "{}",
+        ready.ready.message
+    );
+    assert!(
+        ready
+            .ready
+            .message
+            .contains(&format!("command python runs module {D}"))
+    );
+    let release = &snapshot.releases[&ObjectKey::new("default", "code-1")];
+    let python = release.run_of("python");
+    assert_eq!(python.digest, D);
+    assert_eq!(python.limits.memory_bytes, 1 << 30);
+    assert_eq!(python.limits.cpu_time, std::time::Duration::from_secs(10));
+    let js = release.run_of("run");
+    assert_eq!(js.digest, "sha256:a");
+    assert_eq!(js.limits.memory_bytes, 96 << 20);
+    let digests: Vec<&str> = release.digests().collect();
+    assert_eq!(digests, ["sha256:a", D]);
+
+    let bad = [
+        (
+            "unknown",
+            format!("[{{name: ruby, artifact: {{file: r.wasm, digest: \"{D}\"}}}}]"),
+            "spec.commands[0].name",
+        ),
+        (
+            "twice",
+            format!(
+                "[{{name: python, artifact: {{file: p.wasm, digest: \"{D}\"}}}}, {{name: python, artifact: {{file: q.wasm, digest: \"{D}\"}}}}]"
+            ),
+            "spec.commands[1].name",
+        ),
+        (
+            "unpinned",
+            "[{name: python, artifact: {file: p.wasm}}]".to_string(),
+            "spec.commands[0].artifact.digest",
+        ),
+        (
+            "limits",
+            format!(
+                "[{{name: python, artifact: {{file: p.wasm, digest: \"{D}\"}}, limits: {{cpuTime: 0s}}}}]"
+            ),
+            "spec.commands[0].limits.cpuTime",
+        ),
+    ];
+    let text: String = bad
+        .iter()
+        .map(|(name, commands, _)| with(name, commands))
+        .collect();
+    let set = set_of(&format!("{BASE}{tool}{text}"));
+    let snapshot = run(
+        &set,
+        &ready_artifacts(&set, "sha256:a"),
+        &HashMap::new(),
+        T0,
+    );
+    for (name, _, field) in bad {
+        let ready = &state(&snapshot, Kind::ToolRelease, name).ready;
+        assert_eq!(
+            ready.reason,
+            Reason::InvalidSpec,
+            "{name}: {}",
+            ready.message
+        );
+        assert!(ready.message.contains(field), "{name}: {}", ready.message);
+    }
+}

@@ -54,6 +54,8 @@ pub(super) fn new_call(admission: Admission<'_>) -> NewCall {
         chain,
     } = admission;
     let argv = command.build_argv(&tool.key.name, args);
+    // The command's own artifact, files and limits when the release gives it some.
+    let runs = release.run_of(&command.name);
     let args_value = Value::Object(args.0.clone());
     let request_hash = request_hash(
         namespace,
@@ -89,7 +91,7 @@ pub(super) fn new_call(admission: Admission<'_>) -> NewCall {
         command: command.name.clone(),
         release: release.key.name.clone(),
         version: release.version.to_string(),
-        digest: release.digest.clone(),
+        digest: runs.digest.to_string(),
         args: args_value.clone(),
         argv: argv.clone(),
         stdin_bytes: stdin.len() as u64,
@@ -103,16 +105,16 @@ pub(super) fn new_call(admission: Admission<'_>) -> NewCall {
         tool: tool.key.name.clone(),
         command: command.name.clone(),
         release: release.key.name.clone(),
-        release_digest: release.digest.clone(),
+        release_digest: runs.digest.to_string(),
         args: args_value,
         spec: CallSpec {
             pool: pool.to_string(),
             argv,
             env: Default::default(),
             limits: RunLimits {
-                memory_bytes: release.limits.memory_bytes,
-                cpu_time_ms: release.limits.cpu_time.as_millis() as u64,
-                output_bytes: release.limits.output_bytes,
+                memory_bytes: runs.limits.memory_bytes,
+                cpu_time_ms: runs.limits.cpu_time.as_millis() as u64,
+                output_bytes: runs.limits.output_bytes,
                 timeout_ms,
                 max_timeout_ms: tool
                     .spec
@@ -120,9 +122,9 @@ pub(super) fn new_call(admission: Admission<'_>) -> NewCall {
                     .map(|max| max.get().as_millis() as u64)
                     .unwrap_or(timeout_ms)
                     .max(timeout_ms),
-                instances: release.limits.instances,
-                request_bytes: release.limits.request_bytes,
-                response_bytes: release.limits.response_bytes,
+                instances: runs.limits.instances,
+                request_bytes: runs.limits.request_bytes,
+                response_bytes: runs.limits.response_bytes,
             },
             effect: tool.effect,
             command: command_spec.cloned(),
@@ -136,7 +138,7 @@ pub(super) fn new_call(admission: Admission<'_>) -> NewCall {
             result_policy: tool.spec.result_policy.clone(),
             code_mode: tool.spec.code_mode,
             upstream: release.upstream.as_deref().cloned(),
-            files: release.files.clone(),
+            files: runs.files.to_vec(),
         },
         stdin,
         idempotency_key,
