@@ -67,44 +67,92 @@ parse_args "$@"
 find_prerequisites
 build_tools
 
-# Checks (or, without --check, rewrites) the digest each manifest pins for each tool.
+# Rewrites, in manifest $1, the digest right below the line $2 (a path or a file) to $3.
+repin() {
+    python3 - "$@" <<'PY'
+import re, sys
+path, line, want = sys.argv[1:]
+text = open(path).read()
+pattern = r"(" + re.escape(line) + r"\n(?:.*\n){0,2}?\s*digest: sha256:)[0-9a-f]{64}"
+text, n = re.subn(pattern, lambda m: m.group(1) + want, text, count=1)
+if n != 1:
+    sys.exit(f"{path}: no digest below {line!r}")
+open(path, "w").write(text)
+PY
+}
+
+# Whether manifest $1 pins digest $3 right below the line $2.
+pinned() {
+    grep -A3 -- "$2\$" "$1" | grep -q "digest: sha256:$3\$"
+}
+
+# Checks (or, without --check, rewrites) the digest each manifest pins for each tool: the
+# one right below `file: ../tools/<tool>/<tool>.wasm`.
 pin() {
-    local status=0 t m want
+    local status=0 t m want line
     for t in "${ALL_TOOLS[@]}"; do
-        m=$TOOLS_DIR/manifests/$t.yaml
-        [ -f "$m" ] || die "missing ${m#"$REPO"/}"
+        [ -f "$TOOLS_DIR/manifests/$t.yaml" ] || die "missing builtins/manifests/$t.yaml"
         want=$(sha256 "$STAGE/tools/$t/$t.wasm")
-        if grep -q "digest: sha256:$want\$" "$m"; then
-            note "ok: ${m#"$REPO"/} digest"
+        line="file: ../tools/$t/$t.wasm"
+        # python/code.yaml is the code built-in with Python: it pins code.wasm too
+        for m in "$TOOLS_DIR/manifests/$t.yaml" "$TOOLS_DIR/python/$t.yaml"; do
+            [ -f "$m" ] || continue
+            if pinned "$m" "$line" "$want"; then
+                note "ok: ${m#"$REPO"/} digest"
+            elif [ "$CHECK" = 1 ]; then
+                note "STALE DIGEST: ${m#"$REPO"/} (rebuild with builtins/build.sh)"; status=1
+            else
+                repin "$m" "$line" "$want"
+                note "pinned: ${m#"$REPO"/}"
+            fi
+        done
+    done
+    return $status
+}
+
+# python's driver (tools/python/run.py) is not built: it is a release file, mounted at
+# /run by python/python.yaml and at /python by the code tool's python command
+# (python/code.yaml), pinned by the digest right below each path.
+pin_driver() {
+    local status=0 want m path
+    want=$(sha256 "$TOOLS_DIR/tools/python/run.py")
+    for m_path in "python/python.yaml:/run" "python/code.yaml:/python"; do
+        m=$TOOLS_DIR/${m_path%%:*} path=${m_path#*:}
+        if pinned "$m" "- path: $path" "$want"; then
+            note "ok: ${m#"$REPO"/} digest of run.py at $path"
         elif [ "$CHECK" = 1 ]; then
-            note "STALE DIGEST: ${m#"$REPO"/} (rebuild with builtins/build.sh)"; status=1
+            note "STALE DIGEST: ${m#"$REPO"/} run.py at $path (re-pin with builtins/build.sh)"; status=1
         else
-            sed -i -E "s/digest: sha256:[0-9a-f]{64}\$/digest: sha256:$want/" "$m"
-            note "pinned: ${m#"$REPO"/}"
+            repin "$m" "- path: $path" "$want"
+            note "pinned: ${m#"$REPO"/} run.py at $path"
         fi
     done
     return $status
 }
 
-# python's driver (tools/python/run.py) is not built: it is a release file of
-# python/python.yaml, mounted at /run and pinned by the digest right below that path.
-pin_driver() {
-    local m=$TOOLS_DIR/python/python.yaml want
-    want=$(sha256 "$TOOLS_DIR/tools/python/run.py")
-    if grep -A3 -- "- path: /run\$" "$m" | grep -q "digest: sha256:$want\$"; then
-        note "ok: ${m#"$REPO"/} digest of run.py"
-    elif [ "$CHECK" = 1 ]; then
-        note "STALE DIGEST: ${m#"$REPO"/} run.py (re-pin with builtins/build.sh)"; return 1
-    else
-        python3 - "$m" "$want" <<'PY'
-import re, sys
-path, want = sys.argv[1:]
-text = open(path).read()
-text = re.sub(r"(- path: /run\n(?:.*\n){0,2}?\s*digest: sha256:)[0-9a-f]{64}", lambda m: m.group(1) + want, text, count=1)
-open(path, "w").write(text)
+# python/code.yaml is manifests/code.yaml with a python command: the same Tool but for that
+# command (and the description that names both languages), the same release but for its
+# `commands`.
+same_code() {
+    python3 - "$TOOLS_DIR/manifests/code.yaml" "$TOOLS_DIR/python/code.yaml" <<'PY' || return 1
+import sys, yaml
+def docs(path):
+    return {d["kind"]: d for d in yaml.safe_load_all(open(path)) if d}
+js, py = docs(sys.argv[1]), docs(sys.argv[2])
+tool_js, tool_py = js["Tool"]["spec"], dict(py["Tool"]["spec"])
+tool_py["commands"] = [c for c in tool_py["commands"] if c["name"] != "python"]
+tool_py["description"] = tool_js["description"]
+release_py = dict(py["ToolRelease"]["spec"])
+release_py.pop("commands", None)
+wrong = [what for what, a, b in [
+    ("Tool", tool_js, tool_py),
+    ("ToolRelease", js["ToolRelease"]["spec"], release_py),
+    ("names", [js[k]["metadata"] for k in js], [py[k]["metadata"] for k in py]),
+] if a != b]
+if wrong:
+    sys.exit(f"builtins/python/code.yaml differs from builtins/manifests/code.yaml in: {', '.join(wrong)}")
 PY
-        note "pinned: ${m#"$REPO"/} run.py"
-    fi
+    note "ok: builtins/python/code.yaml is builtins/manifests/code.yaml with python"
 }
 
 if [ "$CHECK" = 1 ]; then
@@ -112,6 +160,7 @@ if [ "$CHECK" = 1 ]; then
     status=$CHECK_STATUS
     pin || status=1
     pin_driver || status=1
+    same_code || status=1
     exit "$status"
 fi
 install_built

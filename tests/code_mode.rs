@@ -12,7 +12,10 @@
 //!   program is replayed on another worker, the first call is answered again by the same
 //!   child call, and each ran once;
 //! - a tool call held for approval keeps its program waiting across a control plane kill
-//!   and restart, and runs once when approved.
+//!   and restart, and runs once when approved;
+//! - a Python program (`code python`) calls the agent's tools by their Python names
+//!   (`tools.delta_one.run(...)` for `delta-one`), searches them, catches an unbound one's
+//!   refusal as `ToolError`, and ends at its 257th call with `tool-call-limit`.
 
 mod common;
 
@@ -93,6 +96,8 @@ fn manifests(root: &Path, witness: &Witness, replicas: u32) -> PathBuf {
     text += &effects_tool("gated", port, Some("needs-ok"));
     // gamma: a tool like the others, bound to nobody
     text += &effects_tool("gamma", port, None);
+    // delta-one: a bound tool whose name a Python program writes as delta_one
+    text += &effects_tool("delta-one", port, Some(""));
     // rogue: the code built-in's own module as a tool that does not declare codeMode
     let code_wasm = fixtures::repo().join("builtins/tools/code/code.wasm");
     text += &format!(
@@ -122,7 +127,15 @@ fn manifests(root: &Path, witness: &Witness, replicas: u32) -> PathBuf {
 }
 
 async fn ready(platform: &Platform) {
-    for tool in ["code", "alpha", "beta", "gated", "gamma", "rogue"] {
+    for tool in [
+        "code",
+        "alpha",
+        "beta",
+        "gated",
+        "gamma",
+        "rogue",
+        "delta-one",
+    ] {
         platform
             .eventually(
                 &format!("{tool} is ready"),
@@ -672,4 +685,120 @@ async fn wait_for_child(platform: &Platform, tool: &str) -> String {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("no call of {tool} waits for approval; {}", platform.logs());
+}
+
+/// The python runtime, fetched by `builtins/fetch-python.sh` (not committed).
+fn python_runtime_present() -> bool {
+    let dir = fixtures::repo().join("builtins/runtimes/python");
+    dir.join("python-snapshot.wasm").is_file() && dir.join("python-stdlib.zip").is_file()
+}
+
+/// Runs `code python --code PROGRAM` as the coder, with `key`.
+async fn run_python(platform: &Platform, program: &str, key: &str) -> proto::Call {
+    let mut coder = platform.client_with(Some(CODER), None).await;
+    coder
+        .invoke(proto::InvokeRequest {
+            tool: "code".into(),
+            argv: vec!["python".into(), "--code".into(), program.into()],
+            idempotency_key: key.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("invoke code python")
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_program_calls_the_agents_tools_by_their_python_names() {
+    if !toolgrid_testkit::require(
+        "the python built-in's runtime (builtins/fetch-python.sh)",
+        python_runtime_present(),
+    ) {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let witness = Witness::start().await;
+    let dir = manifests(root.path(), &witness, 1);
+    // builtins/python's code (with its python command) replaces the JavaScript-only one;
+    // the interpreter compiles once per machine, into a cache every run shares.
+    let cache = fixtures::repo().join("target/toolgrid-test-cache");
+    let platform = Platform::start_with_env(
+        root.path(),
+        &dir,
+        &[],
+        &[
+            ("TOOLGRID_BUILTINS", "builtins/manifests,builtins/python"),
+            ("TOOLGRID_CACHE", cache.to_str().unwrap()),
+        ],
+    );
+    ready(&platform).await;
+    // Until it is compiled a call ends `timeout` (the compile goes on, and is cached).
+    let started = std::time::Instant::now();
+    loop {
+        let warm = platform.cli(&["call", "code", "python", "--code", "1"], None);
+        if warm.status.success() {
+            break;
+        }
+        let stderr = String::from_utf8_lossy(&warm.stderr).to_string();
+        assert!(
+            stderr.contains("timeout") && started.elapsed() < Duration::from_secs(900),
+            "{stderr}\n{}",
+            platform.logs()
+        );
+    }
+    let base = witness.base();
+    let program = format!(
+        r#"a = tools.alpha.run(base="{base}", run="py-a")
+d = tools.delta_one.run({{"base": "{base}", "run": "py-d"}})
+found = [f["tool"] for f in tools.search("delta", 5)]
+try:
+    tools.gamma.run(base="{base}", run="py-c")
+    refused = None
+except ToolError as e:
+    refused = {{"kind": e.kind, "call": e.call}}
+print("done")
+{{"a": a["run"], "d": d["run"], "found": found, "refused": refused}}"#
+    );
+    let call = run_python(&platform, &program, "py-tools").await;
+    let result = result_of(&call);
+    assert_eq!(
+        result["result"],
+        json!({"a": "py-a", "d": "py-d", "found": ["delta-one"], "refused": {"kind": "permission-denied", "call": null}}),
+        "{result}\n{:#?}",
+        platform.oplog(&call.id).await
+    );
+    assert_eq!(result["output"], "done\n");
+    // Each bound tool ran once, as a child call; the unbound one never ran.
+    assert_eq!(callers_of(&witness, "py-a").len(), 1);
+    assert_eq!(callers_of(&witness, "py-d").len(), 1);
+    assert!(callers_of(&witness, "py-c").is_empty());
+    // Every request (the search's too) is in the program's oplog, answered in order; the
+    // children are the agent's own calls.
+    let oplog = platform.oplog(&call.id).await;
+    let calls = entries(&oplog, "tool-call");
+    let named: Vec<&str> = calls.iter().map(|c| c["tool"].as_str().unwrap()).collect();
+    assert_eq!(named, ["alpha", "delta_one", "$search", "gamma"]);
+    let results = entries(&oplog, "tool-result");
+    assert_eq!(results.len(), 4);
+    let child = results[1]["call"].as_str().expect("delta-one's child call");
+    let mut coder = platform.client_with(Some(CODER), None).await;
+    let record = coder
+        .get_call(proto::GetCallRequest {
+            id: child.to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect("the agent reads its child call")
+        .into_inner();
+    assert_eq!(record.tool, "delta-one");
+    assert_eq!(record.idempotency_key, format!("{}/2", call.id));
+
+    // A program calling tools 10,000 times ends at the 257th with tool-call-limit.
+    let flood = "for i in range(10000):\n    try:\n        tools.gamma.run()\n    except ToolError:\n        pass\n";
+    let call = run_python(&platform, flood, "py-flood").await;
+    assert_eq!(error_kind(&call), "tool-call-limit", "{call:?}");
+    assert_eq!(
+        entries(&platform.oplog(&call.id).await, "tool-call").len(),
+        256
+    );
 }

@@ -24,9 +24,11 @@ pub struct UpArgs {
     manifests: PathBuf,
     /// Directory of toolgrid's built-in tools (Tools and ToolReleases; none is bound until a
     /// ToolBinding or Agent opts in); a manifest of the same kind and name replaces one.
-    /// Several directories are separated by commas; the first to declare a kind and name
-    /// wins. The default serves `python` too, once its runtime is fetched
-    /// (`builtins/fetch-python.sh`).
+    /// Several directories are separated by commas; a later directory's resource replaces
+    /// an earlier one's. The default serves `python`, and `code` with its `python`
+    /// command, from builtins/python: they are Ready once the runtime is fetched
+    /// (`builtins/fetch-python.sh`); `--builtins builtins/manifests` serves `code` for
+    /// JavaScript alone.
     #[arg(
         long,
         env = "TOOLGRID_BUILTINS",

