@@ -68,6 +68,14 @@ RUN apt-get update \
  && install -d -o 65532 -g 65532 -m 0750 /var/lib/toolgrid
 
 COPY --from=build /out/toolgrid /usr/local/bin/toolgrid
+# The built-in tools (`toolgrid controller --builtins /usr/share/toolgrid/builtins/manifests`,
+# the chart's `builtins.enabled`): their manifests and the committed artifacts they name
+# (../tools/<tool>/<tool>.wasm), pinned by digest.
+COPY builtins/manifests /usr/share/toolgrid/builtins/manifests
+COPY builtins/tools/files/files.wasm /usr/share/toolgrid/builtins/tools/files/files.wasm
+COPY builtins/tools/js/js.wasm /usr/share/toolgrid/builtins/tools/js/js.wasm
+COPY builtins/tools/code/code.wasm /usr/share/toolgrid/builtins/tools/code/code.wasm
+COPY builtins/tools/web-fetch/web-fetch.wasm /usr/share/toolgrid/builtins/tools/web-fetch/web-fetch.wasm
 
 USER 65532:65532
 # Relative paths (e.g. the worker's default cache, .toolgrid/cache) land in the data dir.

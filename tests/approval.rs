@@ -3,7 +3,7 @@
 //! (with the call's idempotency key) and prints the variable named by `--config` (here
 //! `TOOLGRID_APPROVED_BY`) in its result.
 
-mod common;
+use crate::common;
 
 use common::fixtures;
 use common::witness::Witness;

@@ -3,7 +3,7 @@
 //! audit record per call (refused ones included) with excluded arguments left out, read
 //! over the CLI, HTTP and gRPC, and copied to stdout as JSON lines.
 
-mod common;
+use crate::common;
 
 use common::fixtures;
 use common::{Platform, result_of};

@@ -2,7 +2,7 @@
 //! manifest directory (the examples' `reporter` plus the ones below), called over gRPC,
 //! HTTP and the CLI with the admin token, agent tokens, wrong tokens and none.
 
-mod common;
+use crate::common;
 
 use common::fixtures;
 use common::{Platform, result_of};

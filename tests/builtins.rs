@@ -18,13 +18,12 @@
 //!
 //! Without python3 and `mcp` the tests skip with the reason, except under `CI=true`.
 
-mod common;
+use crate::common;
 
 use common::Platform;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 const CODER: &str = "coder-token";
 const READER: &str = "reader-token";
@@ -521,18 +520,12 @@ async fn js_runs_programs_over_the_workspace_and_hostile_ones_end_named() {
     assert_eq!(after["structured"]["result"], json!([1, 4, 9]), "{after}");
 }
 
-/// The python runtime fetched by `builtins/fetch-python.sh` (not committed).
-fn python_runtime_present() -> bool {
-    let dir = common::fixtures::repo().join("builtins/runtimes/python");
-    dir.join("python-snapshot.wasm").is_file() && dir.join("python-stdlib.zip").is_file()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn python_computes_with_pandas_over_the_workspace_and_errors_end_named() {
     if !toolgrid_testkit::require("python3 with mcp 2.x", python_sdk_present())
         || !toolgrid_testkit::require(
             "the python built-in's runtime (builtins/fetch-python.sh)",
-            python_runtime_present(),
+            common::python_runtime_present(),
         )
     {
         return;
@@ -543,30 +536,9 @@ async fn python_computes_with_pandas_over_the_workspace_and_errors_end_named() {
     write_agent(&dir, "analyst", &["files", "python"]);
     // The 100 MB interpreter compiles once per machine (minutes), into a cache every run
     // of this test shares.
-    let cache = common::fixtures::repo().join("target/toolgrid-test-cache");
-    let platform = Platform::start_with_env(
-        root.path(),
-        &dir,
-        &[],
-        &[
-            ("TOOLGRID_BUILTINS", "builtins/manifests,builtins/python"),
-            ("TOOLGRID_CACHE", cache.to_str().unwrap()),
-        ],
-    );
+    let platform = common::python_platform(root.path(), &dir);
     // Until it is compiled a call ends `timeout` (the compile goes on, and is cached).
-    let started = std::time::Instant::now();
-    loop {
-        let warm = platform.cli(&["call", "python", "run", "--code", "1"], None);
-        if warm.status.success() {
-            break;
-        }
-        let stderr = String::from_utf8_lossy(&warm.stderr).to_string();
-        assert!(
-            stderr.contains("timeout") && started.elapsed() < Duration::from_secs(900),
-            "{stderr}\n{}",
-            platform.logs()
-        );
-    }
+    common::warm_python(&platform, &["call", "python", "run", "--code", "1"]);
     let analysis = "import pandas as pd\n\
                     df = pd.read_csv('sales.csv')\n\
                     print(len(df), 'rows')\n\

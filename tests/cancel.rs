@@ -7,7 +7,7 @@
 //!
 //! The tool is the `slow` fixture: one request to the witness per step (200 ms apart).
 
-mod common;
+use crate::common;
 
 use common::fixtures;
 use common::witness::Witness;

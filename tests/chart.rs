@@ -5,7 +5,7 @@
 //! helm-sdkpy the Helm test skips with the reason, except under `CI=true`, where it fails
 //! (`common::require`).
 
-mod common;
+use crate::common;
 
 use clap::Parser;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -169,6 +169,13 @@ fn the_default_install_serves_tls_made_by_the_controller() {
         args.contains(&"--tls-self-signed-secret=toolgrid-self-signed-tls".to_string()),
         "{args:?}"
     );
+    // The built-in tools of the image, served in the default pool's namespace.
+    for want in [
+        "--builtins=/usr/share/toolgrid/builtins/manifests",
+        "--builtins-namespace=toolgrid",
+    ] {
+        assert!(args.contains(&want.to_string()), "{want}: {args:?}");
+    }
     let role = objects
         .iter()
         .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "toolgrid-self-signed-tls")
@@ -227,10 +234,17 @@ fn with_cert_manager_the_default_install_serves_its_certificate() {
 
 #[test]
 fn plaintext_needs_tls_enabled_false() {
-    let Some(objects) = render(Some(r#"{"tls": {"enabled": false}}"#), true) else {
+    let Some(objects) = render(
+        Some(r#"{"tls": {"enabled": false}, "builtins": {"enabled": false}}"#),
+        true,
+    ) else {
         return;
     };
     let args = controller_args(&objects);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--builtins")),
+        "{args:?}"
+    );
     assert!(
         args.contains(&"--control-plane-address=http://toolgrid.toolgrid.svc:7070".to_string()),
         "{args:?}"
@@ -404,4 +418,40 @@ fn the_kubernetes_examples_load_and_resolve_with_configmap_artifacts() {
     for tool in ["semver", "textstats", "uuid", "fetch"] {
         assert!(snapshot.tools.keys().any(|k| k.name == tool), "{tool}");
     }
+}
+
+/// The image holds what `--builtins /usr/share/toolgrid/builtins/manifests` serves: the
+/// Dockerfile copies the manifests and every file they name, at the same relative place.
+#[test]
+fn the_image_holds_every_file_the_builtin_manifests_name() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let copies: Vec<(&str, &str)> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("COPY "))
+        .filter(|l| !l.starts_with("--"))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    let copied = |from: &str| {
+        copies
+            .iter()
+            .any(|(f, to)| *f == from && *to == format!("/usr/share/toolgrid/{from}"))
+    };
+    assert!(copied("builtins/manifests"), "{copies:?}");
+    let mut named = 0;
+    for entry in std::fs::read_dir(repo().join("builtins/manifests")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for line in text.lines() {
+            let Some(file) = line.trim().strip_prefix("file: ") else {
+                continue;
+            };
+            let path = format!("builtins/{}", file.trim().trim_start_matches("../"));
+            assert!(repo().join(&path).is_file(), "{path}");
+            assert!(
+                copied(&path),
+                "the Dockerfile does not copy {path}: {copies:?}"
+            );
+            named += 1;
+        }
+    }
+    assert!(named >= 4, "{named}");
 }

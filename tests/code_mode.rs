@@ -17,7 +17,7 @@
 //!   (`tools.delta_one.run(...)` for `delta-one`), searches them, catches an unbound one's
 //!   refusal as `ToolError`, and ends at its 257th call with `tool-call-limit`.
 
-mod common;
+use crate::common;
 
 use common::witness::Witness;
 use common::{Platform, WorkerProcess, error_kind, fixtures, result_of};
@@ -687,12 +687,6 @@ async fn wait_for_child(platform: &Platform, tool: &str) -> String {
     panic!("no call of {tool} waits for approval; {}", platform.logs());
 }
 
-/// The python runtime, fetched by `builtins/fetch-python.sh` (not committed).
-fn python_runtime_present() -> bool {
-    let dir = fixtures::repo().join("builtins/runtimes/python");
-    dir.join("python-snapshot.wasm").is_file() && dir.join("python-stdlib.zip").is_file()
-}
-
 /// Runs `code python --code PROGRAM` as the coder, with `key`.
 async fn run_python(platform: &Platform, program: &str, key: &str) -> proto::Call {
     let mut coder = platform.client_with(Some(CODER), None).await;
@@ -712,7 +706,7 @@ async fn run_python(platform: &Platform, program: &str, key: &str) -> proto::Cal
 async fn a_python_program_calls_the_agents_tools_by_their_python_names() {
     if !toolgrid_testkit::require(
         "the python built-in's runtime (builtins/fetch-python.sh)",
-        python_runtime_present(),
+        common::python_runtime_present(),
     ) {
         return;
     }
@@ -721,31 +715,10 @@ async fn a_python_program_calls_the_agents_tools_by_their_python_names() {
     let dir = manifests(root.path(), &witness, 1);
     // builtins/python's code (with its python command) replaces the JavaScript-only one;
     // the interpreter compiles once per machine, into a cache every run shares.
-    let cache = fixtures::repo().join("target/toolgrid-test-cache");
-    let platform = Platform::start_with_env(
-        root.path(),
-        &dir,
-        &[],
-        &[
-            ("TOOLGRID_BUILTINS", "builtins/manifests,builtins/python"),
-            ("TOOLGRID_CACHE", cache.to_str().unwrap()),
-        ],
-    );
+    let platform = common::python_platform(root.path(), &dir);
     ready(&platform).await;
     // Until it is compiled a call ends `timeout` (the compile goes on, and is cached).
-    let started = std::time::Instant::now();
-    loop {
-        let warm = platform.cli(&["call", "code", "python", "--code", "1"], None);
-        if warm.status.success() {
-            break;
-        }
-        let stderr = String::from_utf8_lossy(&warm.stderr).to_string();
-        assert!(
-            stderr.contains("timeout") && started.elapsed() < Duration::from_secs(900),
-            "{stderr}\n{}",
-            platform.logs()
-        );
-    }
+    common::warm_python(&platform, &["call", "code", "python", "--code", "1"]);
     let base = witness.base();
     let program = format!(
         r#"a = tools.alpha.run(base="{base}", run="py-a")

@@ -3,7 +3,7 @@
 //! (headless chromium driven by Selenium, `tests/console/test_console.py`) logs in,
 //! approves a waiting call with a reason and follows it to its end.
 
-mod common;
+use crate::common;
 
 use common::Platform;
 use common::fixtures;

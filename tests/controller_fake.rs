@@ -6,7 +6,7 @@
 //! or PyYAML is missing it skips with the reason, except under `CI=true`, where it fails
 //! (`common::require`).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! identical call within the Tool's `repeatWindow` is refused `repeated-call`, unless the
 //! command sets `allowRepeat` or the first call's idempotency key is sent again.
 
-mod common;
+use crate::common;
 
 use common::witness::Witness;
 use common::{Platform, fixtures, result_of};

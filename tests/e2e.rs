@@ -1,7 +1,7 @@
 //! End to end: `toolgrid up` as a separate process with two worker processes, called over
 //! gRPC, HTTP and the CLI.
 
-mod common;
+use crate::common;
 
 use common::fixtures::{self, tool_manifest, write_wat};
 use common::{Platform, error_kind, result_of};

@@ -2,7 +2,7 @@
 //! paused (SIGSTOP) mid-call, against real processes, with an independent witness (an HTTP
 //! server on loopback) that records every request with its idempotency key.
 
-mod common;
+use crate::common;
 
 use common::witness::{Seen, Witness};
 use common::{Platform, WorkerProcess, error_kind, fixtures};

@@ -7,7 +7,7 @@
 //!
 //! The tool is the `slow` fixture: one request to the witness per step.
 
-mod common;
+use crate::common;
 
 use common::fixtures;
 use common::witness::Witness;

@@ -6,7 +6,7 @@
 //! the example tools, declared errors included. A hostile fixture Tool's clients must
 //! compile and load without running anything its descriptions smuggle in.
 
-mod common;
+use crate::common;
 
 use common::{Platform, fixtures};
 use std::path::Path;

@@ -4,7 +4,7 @@
 //!
 //! Timing is never a pass/fail criterion here beyond generous timeouts.
 
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};

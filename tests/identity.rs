@@ -6,7 +6,7 @@
 //! upstream and a changed payload are refused; a token signed just before a rotation still
 //! verifies with the JWKS published after it.
 
-mod common;
+use crate::common;
 
 use common::Platform;
 use serde_json::{Value, json};

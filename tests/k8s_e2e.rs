@@ -7,7 +7,7 @@
 //!   `ghcr.io/toolgrid/toolgrid:0.1.0`); build it from the `Dockerfile`.
 //! - `TOOLGRID_E2E_NAMESPACE`: where to install (default `toolgrid-e2e`, deleted after).
 
-mod common;
+use crate::common;
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::core::{DynamicObject, GroupVersionKind};

@@ -7,7 +7,7 @@
 //! Fixtures: the example manifests and `tests/mcp/fixtures.yaml` (agent `mcp-agent` bound to
 //! semver, textstats and compare-{idempotent,write,external}; agent `mcp-other` bound to uuid).
 
-mod common;
+use crate::common;
 
 use common::witness::Witness;
 use common::{Platform, fixtures};

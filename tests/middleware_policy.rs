@@ -4,7 +4,7 @@
 //! (fails closed), and an `enforce: true` policy every binding of the namespace gets.
 //! Operators' own calls do not pass through the chain.
 
-mod common;
+use crate::common;
 
 use common::{Platform, fixtures, result_of};
 use serde_json::{Value, json};

@@ -3,7 +3,7 @@
 //! components that rewrite beyond the agent's permissions, trap, loop or grow their memory
 //! refuse the call, while other calls keep being served; a core module is not a Middleware.
 
-mod common;
+use crate::common;
 
 use common::fixtures;
 use common::{Platform, result_of};

@@ -3,7 +3,7 @@
 //! [COMMAND] --help`. Every example tool (and a hostile fixture Tool) is checked against the
 //! model APIs' published rules by `tests/clients/check_model_schemas.py`.
 
-mod common;
+use crate::common;
 
 use common::{Platform, fixtures};
 use serde_json::{Value, json};

@@ -8,7 +8,7 @@
 //! kinds and what callers saw, never durations: the margins (steps of 0.4 s against a
 //! timeout of 2.5 s) leave a noisy machine plenty of room.
 
-mod common;
+use crate::common;
 
 use common::fixtures;
 use common::witness::Witness;

@@ -2,7 +2,7 @@
 //! called concurrently over gRPC and over HTTP; buckets held in the store across a SIGKILL
 //! of the control plane; `key: tool` shared by agents, `key: agent` not.
 
-mod common;
+use crate::common;
 
 use common::{Platform, fixtures};
 use std::time::Duration;

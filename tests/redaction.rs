@@ -11,7 +11,7 @@
 //! The platform runs with every full oplog read failing (`TOOLGRID_FAULTS=oplog:...`): the
 //! doors must read through the paged store query, or they fail.
 
-mod common;
+use crate::common;
 
 use base64::Engine as _;
 use common::witness::Witness;

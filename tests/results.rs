@@ -4,7 +4,7 @@
 //! result still in the call record. The `flaky` fixture's `big --bytes N` prints about N
 //! bytes of JSON full of multi-byte characters.
 
-mod common;
+use crate::common;
 
 use common::{Platform, fixtures};
 use serde_json::{Value, json};

@@ -4,7 +4,7 @@
 //! answers 503 to the first N requests with a given Idempotency-Key to `/flaky/N/...`, and
 //! records every request, so it sees each attempt and the key it carried.
 
-mod common;
+use crate::common;
 
 use common::witness::Witness;
 use common::{Platform, error_kind, fixtures, result_of};

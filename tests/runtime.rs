@@ -1,7 +1,7 @@
 //! The worker's wasmtime runtime in-process, on the real example tools: preview 1 modules
 //! and preview 2 components, record and replay, the compiled-code cache.
 
-mod common;
+use crate::common;
 
 use common::fixtures;
 use common::fixtures::runtime;

@@ -14,7 +14,7 @@
 //! (result, progress events, error). All through `toolgrid up` from manifests, the agent
 //! calling over HTTP with its own token.
 
-mod common;
+use crate::common;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};

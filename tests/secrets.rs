@@ -11,7 +11,7 @@
 //! worker processes (secrets resolved at assignment, a worker killed mid-call), and the
 //! whole `toolgrid up` from manifests, the agent calling with its own token.
 
-mod common;
+use crate::common;
 
 use common::fixtures::{self, runtime};
 use common::witness::Witness;

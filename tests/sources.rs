@@ -7,7 +7,7 @@
 //! error through the same client. Without Node 22 or python3 with `mcp` the test skips
 //! with the reason, except under `CI=true`, where it fails.
 
-mod common;
+use crate::common;
 
 use common::{ChildGuard, free_port, wait_for_port};
 use serde_json::json;

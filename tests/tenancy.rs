@@ -3,7 +3,7 @@
 //! `semver` (the example's manifests again, in team-b). Each lookup that takes a namespace
 //! or a key from the request is tried across the wall.
 
-mod common;
+use crate::common;
 
 use common::Platform;
 use common::fixtures;

@@ -18,7 +18,7 @@
 //! Without python3 (`mcp`, `fastapi`, `pyjwt`) or Node 22 the tests skip with the reason,
 //! except under `CI=true`, where they fail.
 
-mod common;
+use crate::common;
 
 use common::witness::Witness;
 use common::{ChildGuard, free_port, wait_for_port};

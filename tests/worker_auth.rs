@@ -3,7 +3,7 @@
 //! attaches; with it, a rogue still cannot touch a call it does not hold, nor evict a live
 //! worker by reusing its id. And every port speaks TLS with a certificate made here.
 
-mod common;
+use crate::common;
 
 use common::witness::Witness;
 use common::{Platform, WorkerProcess, fixtures, result_of};

@@ -11,7 +11,7 @@
 //! `end_to_end` drives `toolgrid up` with Agents, agent tokens and ToolBindings granting
 //! filesystem access, through the gateway.
 
-mod common;
+use crate::common;
 
 use common::fixtures::{self, runtime};
 use sha2::{Digest, Sha256};

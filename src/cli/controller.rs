@@ -1,6 +1,7 @@
 //! `toolgrid controller`: the control plane in a Kubernetes cluster.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use toolgrid_api::units::GoDuration;
 use toolgrid_controller::Settings;
 
@@ -25,6 +26,16 @@ pub struct ControllerArgs {
     /// Watch only this namespace (default: all).
     #[arg(long, env = "TOOLGRID_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
+    /// Directories of built-in tools (Tools and ToolReleases with their artifacts, as in
+    /// the image's /usr/share/toolgrid/builtins/manifests) to serve beside the cluster's
+    /// resources; comma-separated, a later one's replacing an earlier one's, and a cluster
+    /// resource of the same kind and name replacing a built-in. None by default.
+    #[arg(long, env = "TOOLGRID_BUILTINS", value_delimiter = ',')]
+    builtins: Vec<PathBuf>,
+    /// The namespace the built-ins are served in (default: the watched namespace, else the
+    /// controller's own).
+    #[arg(long, env = "TOOLGRID_BUILTINS_NAMESPACE")]
+    builtins_namespace: Option<String>,
     /// Image of the worker pods (default: `TOOLGRID_IMAGE`, the controller's own).
     #[arg(long, env = "TOOLGRID_WORKER_IMAGE")]
     worker_image: Option<String>,
@@ -182,6 +193,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         http_listen: args.http_listen,
         metrics_listen: args.metrics_listen,
         store_url: args.store,
+        builtins_namespace: args
+            .builtins_namespace
+            .filter(|n| !n.is_empty())
+            .or_else(|| args.watch_namespace.clone().filter(|n| !n.is_empty()))
+            .unwrap_or_else(|| args.pod_namespace.clone()),
+        builtins: args.builtins,
         watch_namespace: args.watch_namespace.filter(|n| !n.is_empty()),
         worker_image: image,
         control_plane_address,

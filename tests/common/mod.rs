@@ -510,3 +510,51 @@ pub fn wait_for_port(port: u16) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Whether the python built-in's runtime is here (`builtins/fetch-python.sh`; not committed).
+pub fn python_runtime_present() -> bool {
+    let dir = fixtures::repo().join("builtins/runtimes/python");
+    dir.join("python-snapshot.wasm").is_file() && dir.join("python-stdlib.zip").is_file()
+}
+
+/// The compiled-code cache the tests that run Python share (`toolgrid up --cache`): the
+/// 100 MB interpreter compiles once per machine (minutes).
+pub fn python_cache() -> PathBuf {
+    fixtures::repo().join("target/toolgrid-test-cache")
+}
+
+/// Starts `toolgrid up` on `manifests` with the built-ins of builtins/python too (the
+/// python built-in, and `code` with its python command) and the shared compiled-code cache.
+pub fn python_platform(root: &Path, manifests: &Path) -> Platform {
+    let cache = python_cache();
+    Platform::start_with_env(
+        root,
+        manifests,
+        &[],
+        &[
+            ("TOOLGRID_BUILTINS", "builtins/manifests,builtins/python"),
+            ("TOOLGRID_CACHE", cache.to_str().expect("a UTF-8 path")),
+        ],
+    )
+}
+
+/// Makes the operator's call `argv` (one of a Python command) until it succeeds: until
+/// the interpreter is compiled a call ends `timeout` (the compile goes on, and is cached).
+/// One test warms at a time, so the next finds the cache warm instead of compiling too.
+pub fn warm_python(platform: &Platform, argv: &[&str]) {
+    static WARMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = WARMING.lock().unwrap_or_else(|e| e.into_inner());
+    let started = std::time::Instant::now();
+    loop {
+        let warm = platform.cli(argv, None);
+        if warm.status.success() {
+            return;
+        }
+        let stderr = String::from_utf8_lossy(&warm.stderr).to_string();
+        assert!(
+            stderr.contains("timeout") && started.elapsed() < Duration::from_secs(900),
+            "{stderr}\n{}",
+            platform.logs()
+        );
+    }
+}

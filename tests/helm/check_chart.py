@@ -414,6 +414,9 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
                 want_flags["otlp-endpoint"] = v["otlp"]["endpoint"]
             if v["store"].get("retain"):
                 want_flags["retain"] = v["store"]["retain"]
+            if v["builtins"]["enabled"]:
+                want_flags["builtins"] = "/usr/share/toolgrid/builtins/manifests"
+                want_flags["builtins-namespace"] = v["builtins"].get("namespace") or watch or namespace
             if tls:
                 want_flags["tls-cert"] = "/etc/toolgrid/tls/tls.crt"
                 want_flags["tls-key"] = "/etc/toolgrid/tls/tls.key"

@@ -5,6 +5,7 @@
 //! APIs and worker link. Replicas elect a leader with a Lease; only the leader works.
 
 pub mod agent_data;
+pub mod builtins;
 pub mod deployment;
 pub mod fetch;
 pub mod health;
@@ -59,6 +60,10 @@ pub struct Settings {
     pub lease_name: String,
     /// Delete calls that ended longer ago than this (retention); `None` keeps them all.
     pub retain: Option<Duration>,
+    /// Directories of built-in tools served beside the cluster's resources (a later one's
+    /// replacing an earlier one's), and the namespace they are served in.
+    pub builtins: Vec<std::path::PathBuf>,
+    pub builtins_namespace: String,
     /// TLS on the gRPC and HTTP ports, from certificate files.
     pub tls: Option<toolgrid_control_plane::platform::tls::ServerTls>,
     /// Without `tls`: serve with a CA and certificate the controller makes, keeps in this
@@ -255,6 +260,13 @@ async fn lead(
             keys,
         ));
     }
+    let builtins = if settings.builtins.is_empty() {
+        None
+    } else {
+        let loaded = builtins::Builtins::load(&settings.builtins, &settings.builtins_namespace)?;
+        tracing::info!(tools = loaded.tools(), namespace = %settings.builtins_namespace, "built-in tools loaded");
+        Some(Arc::new(loaded))
+    };
     let source = source::ClusterSource::start(
         &client,
         settings.watch_namespace.as_deref(),
@@ -262,6 +274,7 @@ async fn lead(
         store.clone(),
         settings.artifact_fetch.clone(),
         control_plane.gateway.issuer(),
+        builtins,
     );
     control_plane
         .gateway

@@ -122,6 +122,8 @@ pub struct ClusterSource {
     reader: Arc<SourceReader>,
     /// Mints the token an `auth: {type: identity}` source is listed with.
     issuer: toolgrid_control_plane::identity::IssuerCell,
+    /// The built-in tools served beside the cluster's resources (`--builtins`).
+    builtins: Option<Arc<crate::builtins::Builtins>>,
 }
 
 fn reflect<K>(api: Api<K>, changed: Arc<Notify>) -> Cache<K>
@@ -201,6 +203,7 @@ impl ClusterSource {
         store: Arc<dyn Store>,
         fetch_policy: FetchPolicy,
         issuer: toolgrid_control_plane::identity::IssuerCell,
+        builtins: Option<Arc<crate::builtins::Builtins>>,
     ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let caches = Caches {
@@ -235,6 +238,7 @@ impl ClusterSource {
             fetch_policy,
             reader: SourceReader::new(SourceLimits::default()),
             issuer,
+            builtins,
         })
     }
 
@@ -268,10 +272,11 @@ impl ClusterSource {
         }
     }
 
-    /// Everything the cluster declares, as the shared reconcile logic takes it.
+    /// Everything the cluster declares, as the shared reconcile logic takes it, with the
+    /// built-ins under it.
     pub fn resource_set(&self) -> ResourceSet {
         let c = &self.caches;
-        ResourceSet {
+        let set = ResourceSet {
             tools: sourced(&c.tools),
             releases: sourced(&c.releases),
             bindings: sourced(&c.bindings),
@@ -284,6 +289,10 @@ impl ClusterSource {
             secrets: Vec::new(),
             invalid: Vec::new(),
             ignored: 0,
+        };
+        match &self.builtins {
+            Some(builtins) => builtins.under(set),
+            None => set,
         }
     }
 
@@ -369,7 +378,13 @@ impl ClusterSource {
         let set = self.resource_set();
         let mut artifacts = HashMap::new();
         for release in &set.releases {
-            let loaded = self.load_artifact(release, &set).await;
+            let builtin = (!release.source.is_cluster())
+                .then(|| self.builtins.as_ref()?.artifact(&key_of(&release.object)))
+                .flatten();
+            let loaded = match builtin {
+                Some(loaded) => loaded,
+                None => self.load_artifact(release, &set).await,
+            };
             let outcome = self.stored.keep(&*self.store, loaded).await?;
             artifacts.insert(key_of(&release.object), outcome);
         }

@@ -38,6 +38,16 @@ pub async fn answer(door: &ToolDoor, frame: &[u8]) -> Result<Vec<u8>, DoorError>
     Ok(bounded(document))
 }
 
+/// The answer to a frame of `len` bytes, more than [`MAX_FRAME_BYTES`]: refused
+/// `invalid-argument`, unread, starting nothing.
+pub fn too_large(len: usize) -> Vec<u8> {
+    let message = format!("the request is {len} bytes, more than {MAX_FRAME_BYTES}");
+    NestedOutcome::error(ErrorKind::InvalidArgument, message)
+        .to_document(None)
+        .to_string()
+        .into_bytes()
+}
+
 /// The answer's bytes, or an `output-limit` error in their place when they are more than
 /// [`MAX_ANSWER_BYTES`].
 fn bounded(document: serde_json::Value) -> Vec<u8> {

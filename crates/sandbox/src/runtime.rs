@@ -1278,16 +1278,12 @@ fn add_toolgrid_http(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Re
                         ),
                     ));
                 }
-                let start = request as usize;
-                let Some(bytes) = start
-                    .checked_add(request_len as usize)
-                    .and_then(|end| memory.data(&caller).get(start..end))
-                else {
-                    return Err(wasmtime::Error::msg(format!(
-                        "toolgrid.http_send: the request ({request_len} bytes at {request}) is \
-                         outside the module's memory"
-                    )));
-                };
+                let bytes = guest_slice(
+                    memory.data(&caller),
+                    request,
+                    request_len,
+                    "toolgrid.http_send: the request",
+                )?;
                 // What the host builds from the document is counted against the call.
                 let held = caller
                     .data()
@@ -1410,24 +1406,17 @@ fn add_host_door(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::Result
             Box::new(async move {
                 let memory = guest_memory(&mut caller)?;
                 let trips = caller.data().trips.clone();
-                let read = if len as usize > MAX_FRAME_BYTES {
-                    // Answered as a frame too large, without copying it.
-                    vec![b' '; MAX_FRAME_BYTES + 1]
-                } else {
-                    let start = frame as usize;
-                    let Some(bytes) = start
-                        .checked_add(len as usize)
-                        .and_then(|end| memory.data(&caller).get(start..end))
-                    else {
-                        return Err(wasmtime::Error::msg(format!(
-                            "host.call: the frame ({len} bytes at {frame}) is outside the \
-                             module's memory"
-                        )));
-                    };
-                    bytes.to_vec()
-                };
                 let door = caller.data().tools.clone();
-                let answer = match host_door::answer(&door, &read).await {
+                let answered = if len as usize > MAX_FRAME_BYTES {
+                    // Refused unread.
+                    Ok(host_door::too_large(len as usize))
+                } else {
+                    let frame =
+                        guest_slice(memory.data(&caller), frame, len, "host.call: the frame")?
+                            .to_vec();
+                    host_door::answer(&door, &frame).await
+                };
+                let answer = match answered {
                     Ok(answer) => answer,
                     Err(error @ DoorError::Limit) => {
                         return Err(trap_limit(
@@ -1489,17 +1478,13 @@ fn add_toolgrid_tools(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime::R
                 if len as usize > limit {
                     return Ok(2);
                 }
-                let start = request as usize;
-                let Some(bytes) = start
-                    .checked_add(len as usize)
-                    .and_then(|end| memory.data(&caller).get(start..end))
-                else {
-                    return Err(wasmtime::Error::msg(format!(
-                        "toolgrid.tool_call: the request ({len} bytes at {request}) is outside \
-                         the module's memory"
-                    )));
-                };
-                let document = bytes.to_vec();
+                let document = guest_slice(
+                    memory.data(&caller),
+                    request,
+                    len,
+                    "toolgrid.tool_call: the request",
+                )?
+                .to_vec();
                 let door = caller.data().tools.clone();
                 match door.start(&document).await {
                     Ok(seq) => {
@@ -1576,16 +1561,12 @@ fn add_toolgrid_progress(linker: &mut wasmtime::Linker<ModuleState>) -> wasmtime
         |mut caller: wasmtime::Caller<'_, ModuleState>, (ptr, len): (u32, u32)| {
             Box::new(async move {
                 let memory = guest_memory(&mut caller)?;
-                let start = ptr as usize;
-                let Some(slice) = start
-                    .checked_add(len as usize)
-                    .and_then(|end| memory.data(&caller).get(start..end))
-                else {
-                    return Err(wasmtime::Error::msg(format!(
-                        "toolgrid.progress: the message ({len} bytes at {ptr}) is outside the \
-                         module's memory"
-                    )));
-                };
+                let slice = guest_slice(
+                    memory.data(&caller),
+                    ptr,
+                    len,
+                    "toolgrid.progress: the message",
+                )?;
                 let kept = slice.len().min(super::progress::MAX_MESSAGE_BYTES * 4);
                 let bytes = slice[..kept].to_vec();
                 let progress = caller.data().progress.clone();
@@ -1634,6 +1615,20 @@ fn add_progress_interface(
         },
     )?;
     Ok(())
+}
+
+/// The `len` bytes of the guest's memory at `ptr` (a checked slice; no copy), or the trap
+/// that names the import (`what`) and the argument that points outside the memory.
+fn guest_slice<'m>(data: &'m [u8], ptr: u32, len: u32, what: &str) -> wasmtime::Result<&'m [u8]> {
+    let start = ptr as usize;
+    start
+        .checked_add(len as usize)
+        .and_then(|end| data.get(start..end))
+        .ok_or_else(|| {
+            wasmtime::Error::msg(format!(
+                "{what} ({len} bytes at {ptr}) is outside the module's memory"
+            ))
+        })
 }
 
 fn guest_memory(

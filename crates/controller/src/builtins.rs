@@ -1,0 +1,132 @@
+//! The built-in tools in a cluster (`toolgrid controller --builtins DIR`): the Tools and
+//! ToolReleases of manifest directories shipped in the image, served in one namespace
+//! beside the cluster's own resources, as `toolgrid up` serves them. A resource of the
+//! cluster with the same kind, namespace and name replaces a built-in, and a later
+//! directory's built-in an earlier one's. Their artifacts are files of the image, read and
+//! checked once, at start; they are not objects of the API (nothing to write a status to),
+//! and none is bound until a ToolBinding or an Agent opts in.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use toolgrid_catalog::artifacts::{LoadedArtifact, load_local};
+use toolgrid_catalog::manifest::{ResourceSet, Sourced, load_dir};
+use toolgrid_core::ids::ObjectKey;
+
+/// The built-ins, loaded.
+#[derive(Debug, Default)]
+pub struct Builtins {
+    set: ResourceSet,
+    artifacts: HashMap<ObjectKey, LoadedArtifact>,
+}
+
+impl Builtins {
+    /// Loads `dirs` (a later one's resources replacing an earlier one's) into `namespace`,
+    /// with each release's artifact and files read and checked.
+    pub fn load(dirs: &[PathBuf], namespace: &str) -> std::io::Result<Builtins> {
+        let mut set = ResourceSet::default();
+        for dir in dirs.iter().rev() {
+            set = set.with_builtins(load_dir(dir)?);
+        }
+        for invalid in &set.invalid {
+            tracing::warn!(%invalid, "a built-in manifest is invalid");
+        }
+        let set = into_namespace(set, namespace);
+        let artifacts = set
+            .releases
+            .iter()
+            .map(|release| (key_of(release), load_local(release, &set.config_maps)))
+            .collect();
+        Ok(Builtins { set, artifacts })
+    }
+
+    /// `cluster`'s resources with the built-ins under them.
+    pub fn under(&self, cluster: ResourceSet) -> ResourceSet {
+        cluster.with_builtins(self.set.clone())
+    }
+
+    /// The artifact of built-in release `key`, as loaded at start.
+    pub fn artifact(&self, key: &ObjectKey) -> Option<LoadedArtifact> {
+        self.artifacts.get(key).cloned()
+    }
+
+    /// How many Tools the built-ins declare.
+    pub fn tools(&self) -> usize {
+        self.set.tools.len()
+    }
+}
+
+fn key_of<K: kube::Resource>(object: &Sourced<K>) -> ObjectKey {
+    let meta = object.object.meta();
+    ObjectKey::new(
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Every resource of `set` in `namespace`.
+fn into_namespace(mut set: ResourceSet, namespace: &str) -> ResourceSet {
+    fn put<K: kube::Resource>(objects: &mut [Sourced<K>], namespace: &str) {
+        for o in objects {
+            o.object.meta_mut().namespace = Some(namespace.to_string());
+        }
+    }
+    put(&mut set.tools, namespace);
+    put(&mut set.releases, namespace);
+    put(&mut set.bindings, namespace);
+    put(&mut set.middleware, namespace);
+    put(&mut set.agents, namespace);
+    put(&mut set.pools, namespace);
+    put(&mut set.tool_sources, namespace);
+    put(&mut set.config_maps, namespace);
+    put(&mut set.secrets, namespace);
+    set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolgrid_catalog::artifacts::ArtifactOutcome;
+    use toolgrid_catalog::manifest::load_text;
+
+    fn repo() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    /// The image's built-ins load into the namespace given, each release Ready from its
+    /// committed artifact, and a cluster resource of the same name replaces a built-in.
+    #[test]
+    fn the_shipped_builtins_load_into_a_namespace_and_the_clusters_own_replace_them() {
+        let builtins = Builtins::load(&[repo().join("builtins/manifests")], "team-a").unwrap();
+        assert_eq!(builtins.tools(), 4);
+        for release in ["files-1.0.0", "js-1.0.0", "code-1.0.0", "web-fetch-1.0.0"] {
+            let loaded = builtins
+                .artifact(&ObjectKey::new("team-a", release))
+                .unwrap_or_else(|| panic!("{release}"));
+            assert!(
+                matches!(loaded.outcome, ArtifactOutcome::Ready { .. }),
+                "{release}: {:?}",
+                loaded.outcome
+            );
+        }
+        let mut cluster = ResourceSet::default();
+        load_text(
+            std::path::Path::new("cluster"),
+            "apiVersion: toolgrid.dev/v1alpha1\nkind: Tool\nmetadata: {name: files, namespace: team-a}\n\
+             spec: {effect: read, commands: [{name: ls}]}\n",
+            &mut cluster,
+        );
+        let set = builtins.under(cluster);
+        let files: Vec<_> = set
+            .tools
+            .iter()
+            .filter(|t| t.object.metadata.name.as_deref() == Some("files"))
+            .collect();
+        assert_eq!(files.len(), 1);
+        assert_eq!(files[0].object.spec.commands.len(), 1, "the cluster's own");
+        assert!(
+            set.tools
+                .iter()
+                .all(|t| t.object.metadata.namespace.as_deref() == Some("team-a"))
+        );
+    }
+}
