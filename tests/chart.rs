@@ -171,7 +171,7 @@ fn the_default_install_serves_tls_made_by_the_controller() {
     );
     // The built-in tools of the image, served in the default pool's namespace.
     for want in [
-        "--builtins=/usr/share/toolgrid/builtins/manifests",
+        "--builtins=/usr/share/toolgrid/builtins/manifests,/usr/share/toolgrid/builtins/python",
         "--builtins-namespace=toolgrid",
     ] {
         assert!(args.contains(&want.to_string()), "{want}: {args:?}");
@@ -420,14 +420,16 @@ fn the_kubernetes_examples_load_and_resolve_with_configmap_artifacts() {
     }
 }
 
-/// The image holds what `--builtins /usr/share/toolgrid/builtins/manifests` serves: the
-/// Dockerfile copies the manifests and every file they name, at the same relative place.
+/// The image holds what `--builtins /usr/share/toolgrid/builtins/{manifests,python}` serves:
+/// the Dockerfile copies the manifests and every file they name, at the same relative place
+/// (the python runtime from the stage that fetches it).
 #[test]
 fn the_image_holds_every_file_the_builtin_manifests_name() {
     let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
     let copies: Vec<(&str, &str)> = dockerfile
         .lines()
         .filter_map(|l| l.strip_prefix("COPY "))
+        .map(|l| l.strip_prefix("--from=python-runtime /src/").unwrap_or(l))
         .filter(|l| !l.starts_with("--"))
         .filter_map(|l| l.split_once(' '))
         .collect();
@@ -437,15 +439,23 @@ fn the_image_holds_every_file_the_builtin_manifests_name() {
             .any(|(f, to)| *f == from && *to == format!("/usr/share/toolgrid/{from}"))
     };
     assert!(copied("builtins/manifests"), "{copies:?}");
+    assert!(copied("builtins/python"), "{copies:?}");
     let mut named = 0;
-    for entry in std::fs::read_dir(repo().join("builtins/manifests")).unwrap() {
+    let manifests = ["builtins/manifests", "builtins/python"]
+        .into_iter()
+        .flat_map(|dir| std::fs::read_dir(repo().join(dir)).unwrap());
+    for entry in manifests {
         let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
         for line in text.lines() {
             let Some(file) = line.trim().strip_prefix("file: ") else {
                 continue;
             };
             let path = format!("builtins/{}", file.trim().trim_start_matches("../"));
-            assert!(repo().join(&path).is_file(), "{path}");
+            // the runtime is fetched (builtins/fetch-python.sh), not committed
+            assert!(
+                path.starts_with("builtins/runtimes/") || repo().join(&path).is_file(),
+                "{path}"
+            );
             assert!(
                 copied(&path),
                 "the Dockerfile does not copy {path}: {copies:?}"

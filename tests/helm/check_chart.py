@@ -415,7 +415,8 @@ def check_objects(objs: list[dict], overrides: dict, release: str, namespace: st
             if v["store"].get("retain"):
                 want_flags["retain"] = v["store"]["retain"]
             if v["builtins"]["enabled"]:
-                want_flags["builtins"] = "/usr/share/toolgrid/builtins/manifests"
+                want_flags["builtins"] = "/usr/share/toolgrid/builtins/manifests" + (
+                    ",/usr/share/toolgrid/builtins/python" if v["builtins"]["python"] else "")
                 want_flags["builtins-namespace"] = v["builtins"].get("namespace") or watch or namespace
             if tls:
                 want_flags["tls-cert"] = "/etc/toolgrid/tls/tls.crt"

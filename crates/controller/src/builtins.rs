@@ -2,9 +2,11 @@
 //! ToolReleases of manifest directories shipped in the image, served in one namespace
 //! beside the cluster's own resources, as `toolgrid up` serves them. A resource of the
 //! cluster with the same kind, namespace and name replaces a built-in, and a later
-//! directory's built-in an earlier one's. Their artifacts are files of the image, read and
-//! checked once, at start; they are not objects of the API (nothing to write a status to),
-//! and none is bound until a ToolBinding or an Agent opts in.
+//! directory's built-in an earlier one's. Their artifacts are files of the image, read,
+//! checked and put in the store once, at start (the python runtime is 154 MB: its bytes
+//! are not held after that; retention keeps what a current release uses); they are not
+//! objects of the API (nothing to write a status to), and none is bound until a
+//! ToolBinding or an Agent opts in.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -37,6 +39,27 @@ impl Builtins {
             .map(|release| (key_of(release), load_local(release, &set.config_maps)))
             .collect();
         Ok(Builtins { set, artifacts })
+    }
+
+    /// Puts every Ready artifact's bytes (and its files' and commands') in `store`, and
+    /// keeps only their outcomes.
+    pub async fn put_in(
+        mut self,
+        store: &dyn toolgrid_store::Artifacts,
+    ) -> Result<Builtins, toolgrid_store::StoreError> {
+        for loaded in self.artifacts.values_mut() {
+            if let toolgrid_catalog::artifacts::ArtifactOutcome::Ready { digest, .. } =
+                &loaded.outcome
+            {
+                if let Some(bytes) = loaded.bytes.take() {
+                    store.put_artifact(digest, &bytes).await?;
+                }
+                for (digest, bytes) in std::mem::take(&mut loaded.file_bytes) {
+                    store.put_artifact(&digest, &bytes).await?;
+                }
+            }
+        }
+        Ok(self)
     }
 
     /// `cluster`'s resources with the built-ins under them.
@@ -128,5 +151,30 @@ mod tests {
                 .iter()
                 .all(|t| t.object.metadata.namespace.as_deref() == Some("team-a"))
         );
+    }
+
+    /// At start their bytes go to the store once; the controller keeps only the outcomes.
+    #[tokio::test]
+    async fn their_artifacts_go_to_the_store_once_and_only_outcomes_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            toolgrid_store::open(&format!("sqlite://{}", dir.path().join("s.db").display()))
+                .await
+                .unwrap();
+        let builtins = Builtins::load(&[repo().join("builtins/manifests")], "default")
+            .unwrap()
+            .put_in(store.as_ref())
+            .await
+            .unwrap();
+        let js = builtins
+            .artifact(&ObjectKey::new("default", "js-1.0.0"))
+            .unwrap();
+        assert!(js.bytes.is_none() && js.file_bytes.is_empty());
+        let ArtifactOutcome::Ready { digest, size, .. } = js.outcome else {
+            panic!("{:?}", js.outcome)
+        };
+        let stored = store.get_artifact(&digest).await.unwrap().expect("stored");
+        assert_eq!(stored.len() as u64, size);
+        assert_eq!(toolgrid_core::artifact::digest_of(&stored), digest);
     }
 }

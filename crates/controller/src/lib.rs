@@ -263,7 +263,9 @@ async fn lead(
     let builtins = if settings.builtins.is_empty() {
         None
     } else {
-        let loaded = builtins::Builtins::load(&settings.builtins, &settings.builtins_namespace)?;
+        let loaded = builtins::Builtins::load(&settings.builtins, &settings.builtins_namespace)?
+            .put_in(store.as_ref())
+            .await?;
         tracing::info!(tools = loaded.tools(), namespace = %settings.builtins_namespace, "built-in tools loaded");
         Some(Arc::new(loaded))
     };
