@@ -351,7 +351,20 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
     // Warm up: every worker compiles the release, every connection is open.
     let warmup = (args.concurrency * 4).max(32);
     run_clients(&clients, &request, warmup).await?;
+    let cpu_before = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
     let platform = run_clients(&clients, &request, args.calls).await?;
+    let cpu_after = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
+    let platform_sequential = run_clients(&clients[..1], &request, args.calls.min(1000)).await?;
+    // The raw durable-write rate of the store's disk (the started platform's data
+    // directory; the current directory for --endpoint), measured in this run.
+    let raw_dir = started
+        .as_ref()
+        .map(|s| s._data.path().to_path_buf())
+        .unwrap_or_else(|| PathBuf::from("."));
+    let fdatasync = {
+        let dir = tempfile::tempdir_in(&raw_dir)?;
+        fdatasync_loop(&dir.path().join("raw.bin"), Duration::from_secs(2))?
+    };
 
     let wasm = std::fs::read(&args.wasm)
         .with_context(|| format!("cannot read {}", args.wasm.display()))?;
@@ -381,7 +394,21 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
             .unwrap_or(1)
     );
     println!("{}", header());
-    println!("{}", platform.row("toolgrid: gRPC Invoke, end to end"));
+    println!(
+        "{}",
+        platform.row(&format!(
+            "toolgrid: gRPC Invoke, {} clients",
+            args.concurrency
+        ))
+    );
+    println!(
+        "{}",
+        platform_sequential.row("toolgrid: gRPC Invoke, 1 client")
+    );
+    println!(
+        "{}",
+        fdatasync.row("baseline: 4 KiB write + fdatasync, store disk")
+    );
     println!(
         "{}",
         in_process.row(&format!(
@@ -399,10 +426,69 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
     );
     println!(
         "end-to-end p50 overhead over in-process run: {:.3} ms; throughput {:.0}% of in-process",
-        platform.percentile(0.5) - sequential.percentile(0.5),
+        platform_sequential.percentile(0.5) - sequential.percentile(0.5),
         100.0 * platform.rate() / in_process.rate()
     );
+    // The bars of a durable call: throughput at least the disk's serial fdatasync rate,
+    // and a sequential call within the in-process run plus three fsyncs and 0.3 ms.
+    let latency_bar = sequential.percentile(0.5) + 3.0 * fdatasync.percentile(0.5) + 0.3;
+    println!(
+        "durable throughput: {:.2}x the raw fdatasync rate (bar: 1.00x); sequential p50 {:.3} ms against {:.3} ms (in-process + 3 fdatasync p50 + 0.3 ms)",
+        platform.rate() / fdatasync.rate(),
+        platform_sequential.percentile(0.5),
+        latency_bar
+    );
+    if let (Some(Some(before)), Some(Some(after))) = (cpu_before, cpu_after) {
+        let per_call = (after - before).as_secs_f64() * 1e3 / args.calls as f64;
+        let busy = (after - before).as_secs_f64() / platform.wall.as_secs_f64();
+        println!(
+            "platform CPU (toolgrid up and its workers): {per_call:.3} ms per call, {busy:.2} cores busy during the {}-client run",
+            args.concurrency
+        );
+    }
     Ok(())
+}
+
+/// CPU time of a process tree, from /proc (Linux).
+mod cpu {
+    use std::time::Duration;
+
+    /// User and system CPU time of `pid` and its children, or `None` where /proc cannot
+    /// tell.
+    pub fn of_tree(pid: u32) -> Option<Duration> {
+        let mut total = of(pid)?;
+        for child in children(pid) {
+            total += of(child).unwrap_or_default();
+        }
+        Some(total)
+    }
+
+    fn of(pid: u32) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // In USER_HZ, which Linux fixes at 100 for /proc whatever the kernel's own tick.
+        Some(Duration::from_millis(ticks * 10))
+    }
+
+    fn children(pid: u32) -> Vec<u32> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|c| {
+                c.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .collect()
+    }
 }
 
 async fn run_clients(
