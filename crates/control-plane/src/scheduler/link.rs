@@ -143,6 +143,7 @@ impl WorkerLink for WorkerLinkService {
             .map_err(|_| Status::unavailable("worker stream closed"))?;
 
         let scheduler = self.scheduler.clone();
+        let in_flight = super::nested::InFlight::default();
         tokio::spawn(async move {
             let reason = loop {
                 let next = tokio::select! {
@@ -199,9 +200,16 @@ impl WorkerLink for WorkerLinkService {
                     }
                     Some(worker_event::Event::ToolCall(request)) => {
                         // Answered when the child call ends (an approval may hold it long).
+                        // A request sent again while its first is answered is dropped: the
+                        // first's answer comes back on this stream.
+                        let Some(answering) = in_flight.begin(&request.call_id, request.seq) else {
+                            tracing::warn!(call = %request.call_id, seq = request.seq, "a tool call request sent again while it is answered was dropped");
+                            continue;
+                        };
                         let (scheduler, tx, worker) =
                             (scheduler.clone(), tx.clone(), worker.clone());
                         tokio::spawn(async move {
+                            let _answering = answering;
                             let answer = scheduler.nested_call(&worker, session, request).await;
                             let _ = tx
                                 .send(event(control_event::Event::ToolAnswer(answer)))

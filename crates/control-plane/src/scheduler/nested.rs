@@ -4,7 +4,8 @@
 //! caller).
 
 use super::Scheduler;
-use std::sync::{Arc, Weak};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, Weak};
 use toolgrid_core::call::{CallRecord, ErrorKind, NestedAnswer, NestedOutcome, NestedRequest};
 use toolgrid_core::ids::{CallId, Epoch, WorkerId};
 use toolgrid_proto as proto;
@@ -18,6 +19,41 @@ pub trait NestedCaller: Send + Sync {
         seq: u64,
         request: NestedRequest,
     ) -> NestedAnswer;
+}
+
+/// The tool call requests of one worker stream being answered, by call and number. The
+/// worker's door sends a request again only on a new stream; a request sent again on the
+/// same stream while its first is answered is dropped, so a hostile worker cannot grow the
+/// control plane's tasks and waits beyond one per call and number.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct InFlight(Arc<Mutex<HashSet<(String, u64)>>>);
+
+/// A request being answered; it leaves [`InFlight`] when dropped.
+#[derive(Debug)]
+pub(crate) struct Answering {
+    set: InFlight,
+    key: (String, u64),
+}
+
+impl InFlight {
+    /// Request `seq` of `call` begins being answered, unless it already is.
+    pub(crate) fn begin(&self, call: &str, seq: u64) -> Option<Answering> {
+        let key = (call.to_string(), seq);
+        self.set().insert(key.clone()).then(|| Answering {
+            set: self.clone(),
+            key,
+        })
+    }
+
+    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<(String, u64)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.set.set().remove(&self.key);
+    }
 }
 
 impl Scheduler {
@@ -108,7 +144,24 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+
+    #[test]
+    fn a_request_sent_again_while_it_is_answered_is_dropped() {
+        let in_flight = InFlight::default();
+        let first = in_flight.begin("c1", 1).expect("the first is answered");
+        assert!(in_flight.begin("c1", 1).is_none(), "sent again: dropped");
+        let other = in_flight
+            .begin("c1", 2)
+            .expect("another number is another request");
+        let elsewhere = in_flight.begin("c2", 1).expect("another call's");
+        drop(first);
+        assert!(
+            in_flight.begin("c1", 1).is_some(),
+            "once answered, it may come again"
+        );
+        drop((other, elsewhere));
+        assert!(in_flight.set().is_empty());
+    }
 
     /// A gateway that answers every request and remembers it was asked.
     #[derive(Default)]
