@@ -27,6 +27,7 @@ mod mcp;
 mod middleware_policy;
 mod middleware_wasm;
 mod model_schemas;
+mod pinning;
 mod progress;
 mod ratelimit;
 mod redaction;
