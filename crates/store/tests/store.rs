@@ -883,7 +883,7 @@ async fn retention_deletes_old_finished_calls_and_unused_artifacts_only() {
             call.release_digest = digest.into();
             call
         };
-        for digest in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+        for digest in ["a", "b", "c", "d", "e", "f", "g", "h", "j"] {
             store
                 .put_artifact(&format!("sha256:{digest}"), digest.as_bytes())
                 .await
@@ -895,7 +895,15 @@ async fn retention_deletes_old_finished_calls_and_unused_artifacts_only() {
             ("old-b", "sha256:b"),
             ("old-f", "sha256:f"),
         ] {
-            store.create_call(with_digest(id, digest)).await.unwrap();
+            let mut call = with_digest(id, digest);
+            if id == "old-b" {
+                call.spec.files = vec![toolgrid_core::artifact::FileRef {
+                    path: "/lib/g".into(),
+                    digest: "sha256:g".into(),
+                    size: 1,
+                }];
+            }
+            store.create_call(call).await.unwrap();
         }
         store.assign_call("old-a", "w").await.unwrap();
         store
@@ -917,10 +925,15 @@ async fn retention_deletes_old_finished_calls_and_unused_artifacts_only() {
             .create_call(with_digest("pending-d", "sha256:d"))
             .await
             .unwrap();
-        store
-            .create_call(with_digest("running-e", "sha256:e"))
-            .await
-            .unwrap();
+        // running-e mounts file j of its release (its release may be gone meanwhile);
+        // old-b mounted g, and has ended.
+        let mut running = with_digest("running-e", "sha256:e");
+        running.spec.files = vec![toolgrid_core::artifact::FileRef {
+            path: "/lib/j".into(),
+            digest: "sha256:j".into(),
+            size: 1,
+        }];
+        store.create_call(running).await.unwrap();
         store.assign_call("running-e", "w").await.unwrap();
         // More old calls than one retention batch deletes.
         let many = 450;
@@ -990,7 +1003,7 @@ async fn retention_deletes_old_finished_calls_and_unused_artifacts_only() {
                 "{backend}: {digest}"
             );
         }
-        for digest in ["c", "d", "e", "f", "h", "i"] {
+        for digest in ["c", "d", "e", "f", "h", "i", "j"] {
             let digest = format!("sha256:{digest}");
             assert!(
                 store.get_artifact(&digest).await.unwrap().is_some(),
@@ -1014,11 +1027,14 @@ async fn retention_deletes_old_finished_calls_and_unused_artifacts_only() {
             .unwrap();
         assert_eq!(store.assign_call("pending-d", "w").await.unwrap(), 1);
 
-        // Again: nothing left to delete.
+        // Again: nothing left to delete but j, which running-e no longer needs once ended.
         let report = store.delete_finished_before(cutoff, &keep).await.unwrap();
         assert_eq!(
             report,
-            toolgrid_store::RetentionReport::default(),
+            toolgrid_store::RetentionReport {
+                artifacts: vec!["sha256:j".into()],
+                ..Default::default()
+            },
             "{backend}"
         );
     }

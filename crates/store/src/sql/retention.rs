@@ -91,8 +91,9 @@ async fn purge_calls(
     Ok((calls, entries))
 }
 
-/// Deletes the artifacts stored before `cutoff_ms` that no call uses and that are not in
-/// `keep`; returns their digests.
+/// Deletes the artifacts stored before `cutoff_ms` that no call uses (as its artifact, or,
+/// for a call not yet ended, as one of its release's files) and that are not in `keep`;
+/// returns their digests.
 async fn purge_artifacts(
     conn: &mut AnyConnection,
     cutoff_ms: i64,
@@ -101,6 +102,8 @@ async fn purge_artifacts(
     let unused: Vec<String> = sqlx::query(
         "SELECT digest FROM artifacts WHERE created_at_ms < $1 \
          AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.release_digest = artifacts.digest) \
+         AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.state NOT IN ('succeeded', 'failed') \
+             AND calls.spec_json LIKE '%\"' || artifacts.digest || '\"%') \
          ORDER BY digest",
     )
     .bind(cutoff_ms)
