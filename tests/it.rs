@@ -14,6 +14,7 @@ mod chart;
 mod code_mode;
 mod console;
 mod controller_fake;
+mod drain;
 mod dryrun_repeat;
 mod e2e;
 mod failover;

@@ -34,6 +34,11 @@ pub struct WorkerArgs {
     /// Exit after the control plane has been unreachable this long.
     #[arg(long, default_value = "30s")]
     reconnect_timeout: GoDuration,
+    /// On SIGTERM, how long the calls it holds may take to finish on it (it takes no new
+    /// call meanwhile) before the rest are given up to another worker and it exits. Keep
+    /// it under the pod's terminationGracePeriodSeconds.
+    #[arg(long, env = "TOOLGRID_DRAIN_GRACE", default_value = "25s")]
+    drain_grace: GoDuration,
     /// The token that lets this worker attach: the join token of `toolgrid up` (printed
     /// nowhere; read it from `DATA/join-token` on the control plane's machine). Prefer the
     /// environment variable or `--join-token-file`: arguments are visible to other users.
@@ -88,6 +93,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         parent_pid: args.parent_pid,
         credential,
         trust,
+        drain_grace: args.drain_grace.get(),
     })
     .await
 }

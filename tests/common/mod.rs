@@ -415,6 +415,17 @@ pub struct WorkerProcess {
 
 impl WorkerProcess {
     pub fn start(platform: &Platform, id: &str, slots: u32, root: &Path) -> WorkerProcess {
+        WorkerProcess::start_with(platform, id, slots, root, &[])
+    }
+
+    /// [`WorkerProcess::start`] with more arguments (`--drain-grace 1s`).
+    pub fn start_with(
+        platform: &Platform,
+        id: &str,
+        slots: u32,
+        root: &Path,
+        extra: &[&str],
+    ) -> WorkerProcess {
         let log = root.join(format!("worker-{id}.log"));
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -438,6 +449,7 @@ impl WorkerProcess {
             // Read again at every attach: a restarted platform has a new token.
             .arg("--join-token-file")
             .arg(platform.join_token_file())
+            .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -473,6 +485,13 @@ impl WorkerProcess {
 
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// How the process ended, once it has.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 }
 

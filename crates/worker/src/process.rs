@@ -41,6 +41,9 @@ pub struct WorkerConfig {
     pub credential: WorkerCredential,
     /// What to trust for an `https://` control plane.
     pub trust: toolgrid_proto::tls::Trust,
+    /// On SIGTERM, how long the calls it holds may take to finish on it before the rest
+    /// are given up to another worker.
+    pub drain_grace: Duration,
 }
 
 /// A call this worker holds: running, or finished with its result not yet acknowledged.
@@ -105,12 +108,19 @@ pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     }
     let in_flight = Arc::new(InFlight::default());
     let slot = LinkSlot::new();
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(drain_on_sigterm(
+        config.drain_grace,
+        draining.clone(),
+        in_flight.clone(),
+        slot.clone(),
+    ));
     let mut last_attached = Instant::now();
     let mut backoff = Duration::from_millis(50);
     // The secret of this worker's last session: it proves a new session is this worker.
     let mut resume = String::new();
     loop {
-        match session(&config, &runtime, &in_flight, &slot, &mut resume).await {
+        match session(&config, &runtime, &in_flight, &slot, &draining, &mut resume).await {
             Ok(attached) => {
                 if attached {
                     last_attached = Instant::now();
@@ -139,12 +149,70 @@ pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     }
 }
 
+/// SIGTERM (a pod deleted, a rolling update, scale-in): the worker drains. It tells the
+/// control plane at once (a heartbeat with `draining`), which offers it no new call; the
+/// calls it holds finish on it, their results acknowledged, within `grace`; those that do
+/// not are given up (`Abandoned`, so they move to another worker now rather than at the
+/// lease's end); then it exits.
+async fn drain_on_sigterm(
+    grace: Duration,
+    draining: Arc<std::sync::atomic::AtomicBool>,
+    in_flight: Arc<InFlight>,
+    slot: LinkSlot,
+) {
+    use std::sync::atomic::Ordering;
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        tracing::warn!("cannot listen for SIGTERM: the worker will not drain");
+        return;
+    };
+    term.recv().await;
+    draining.store(true, Ordering::SeqCst);
+    tracing::info!(busy = in_flight.busy(), grace = ?grace, "SIGTERM: draining (no new calls; finishing those held)");
+    if let Some(link) = slot.get() {
+        let beat = proto::Heartbeat {
+            busy: in_flight.busy(),
+            cached_digests: Vec::new(),
+            draining: true,
+        };
+        link.send(worker_event::Event::Heartbeat(beat)).await;
+    }
+    let deadline = Instant::now() + grace;
+    // Held until each result is acknowledged (stored), so none is lost by exiting.
+    while !in_flight.lock().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left: Vec<(String, u64)> = in_flight
+        .lock()
+        .iter()
+        .filter(|(_, held)| held.result.is_none())
+        .map(|(id, held)| (id.clone(), held.epoch))
+        .collect();
+    for (call_id, epoch) in left {
+        tracing::warn!(call = %call_id, "the drain's grace period is over: giving the call up");
+        in_flight.abandon(&call_id);
+        if let Some(link) = slot.get() {
+            let abandoned = proto::Abandoned {
+                call_id,
+                epoch,
+                reason: "the worker stopped (its drain grace period ended)".into(),
+            };
+            link.send(worker_event::Event::Abandoned(abandoned)).await;
+        }
+    }
+    // Let the last messages leave.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tracing::info!("drained; exiting");
+    std::process::exit(0);
+}
+
 /// One attachment; returns whether it registered before it ended.
 async fn session(
     config: &WorkerConfig,
     runtime: &Arc<Runtime>,
     in_flight: &Arc<InFlight>,
     slot: &LinkSlot,
+    draining: &Arc<std::sync::atomic::AtomicBool>,
     resume: &mut String,
 ) -> anyhow::Result<bool> {
     let bearer = config.credential.bearer().map_err(anyhow::Error::msg)?;
@@ -197,7 +265,12 @@ async fn session(
     }
 
     let heartbeat = {
-        let (tx, in_flight, runtime) = (tx.clone(), in_flight.clone(), runtime.clone());
+        let (tx, in_flight, runtime, draining) = (
+            tx.clone(),
+            in_flight.clone(),
+            runtime.clone(),
+            draining.clone(),
+        );
         let every = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(50)));
         tokio::spawn(async move {
             loop {
@@ -205,6 +278,7 @@ async fn session(
                 let beat = proto::Heartbeat {
                     busy: in_flight.busy(),
                     cached_digests: runtime.compiled_digests(),
+                    draining: draining.load(std::sync::atomic::Ordering::SeqCst),
                 };
                 if tx
                     .send(WorkerEvent {
@@ -246,6 +320,16 @@ async fn session(
                 entries.extend(chunk.entries);
             }
             Some(control_event::Event::Assign(mut assign)) => {
+                if draining.load(std::sync::atomic::Ordering::SeqCst) {
+                    // Offered before the control plane heard it is stopping: back at once.
+                    let abandoned = proto::Abandoned {
+                        call_id: assign.call_id,
+                        epoch: assign.epoch,
+                        reason: "the worker is draining".into(),
+                    };
+                    link.send(worker_event::Event::Abandoned(abandoned)).await;
+                    continue;
+                }
                 if assign.replay_chunks > 0 {
                     let key = (assign.call_id.clone(), assign.epoch);
                     match replays.remove(&key) {

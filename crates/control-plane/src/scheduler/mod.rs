@@ -783,6 +783,7 @@ impl Scheduler {
             worker: worker.clone(),
             session,
             cached: heartbeat.cached_digests.clone(),
+            draining: heartbeat.draining,
         });
     }
 

@@ -125,6 +125,17 @@ pub fn heartbeat(worker: &str, session: u64) -> Event {
         worker: worker.into(),
         session,
         cached: Vec::new(),
+        draining: false,
+    }
+}
+
+/// A heartbeat of a worker that is stopping.
+pub fn draining(worker: &str, session: u64) -> Event {
+    Event::Heartbeat {
+        worker: worker.into(),
+        session,
+        cached: Vec::new(),
+        draining: true,
     }
 }
 

@@ -161,6 +161,8 @@ pub enum Event {
         worker: WorkerId,
         session: u64,
         cached: Vec<String>,
+        /// The worker is stopping: offer it no new call.
+        draining: bool,
     },
     /// A worker's stream ended.
     Detached {
@@ -341,6 +343,8 @@ struct Worker {
     busy: HashSet<CallId>,
     cached: HashSet<String>,
     lease_until: Instant,
+    /// Stopping: it is offered no new call (its held calls finish on it).
+    draining: bool,
 }
 
 struct Running {
@@ -579,12 +583,15 @@ impl State {
                 worker,
                 session,
                 cached,
+                draining,
             } => {
                 if let Some(w) = self.workers.get_mut(&worker)
                     && w.session == session
                 {
                     w.lease_until = now + self.timing.lease;
                     w.cached.extend(cached);
+                    // Once draining, always (a new session starts afresh).
+                    w.draining |= draining;
                 }
             }
             Event::Detached {
@@ -895,6 +902,7 @@ impl State {
                 busy,
                 cached: cached.into_iter().collect(),
                 lease_until: now + self.timing.lease,
+                draining: false,
             },
         );
         out.push(Command::Registered {
@@ -1077,7 +1085,7 @@ impl State {
     fn has_free_slot(&self, pool: &str) -> bool {
         self.workers
             .values()
-            .any(|w| w.pool == pool && (w.busy.len() as u32) < w.slots)
+            .any(|w| w.pool == pool && !w.draining && (w.busy.len() as u32) < w.slots)
     }
 
     /// The call of `pool` that goes to a worker next, if any may go now: its lane's party,
@@ -1120,7 +1128,9 @@ impl State {
         }
         self.workers
             .iter()
-            .filter(|(_, w)| w.pool == placement.pool && (w.busy.len() as u32) < w.slots)
+            .filter(|(_, w)| {
+                w.pool == placement.pool && !w.draining && (w.busy.len() as u32) < w.slots
+            })
             .min_by_key(|(id, w)| {
                 (
                     !w.cached.contains(placement.digest),

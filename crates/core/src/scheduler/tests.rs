@@ -740,3 +740,25 @@ fn a_waiting_call_of_one_pool_does_not_keep_another_pools_call_from_a_free_slot(
         Ok(Some("w9".into()))
     );
 }
+
+#[test]
+fn a_draining_worker_is_offered_no_new_call_and_keeps_the_one_it_holds() {
+    let (t0, mut state, s1) = w1_running_a(2);
+    let out = state.on(draining("w1", s1), t0);
+    assert!(fences(&out).is_empty(), "its call stays on it");
+    let out = state.on(Event::Submitted(pending("b")), t0);
+    assert!(
+        assigns(&out).is_empty(),
+        "a free slot, but the worker is stopping"
+    );
+    let (_, out) = attach(&mut state, "w2", 1, t0);
+    assert_eq!(assigns(&out), [("b".to_string(), "w2".to_string())]);
+    // A later heartbeat without the flag does not undo it.
+    let out = state.on(heartbeat("w1", s1), t0);
+    assert!(out.is_empty(), "{out:?}");
+    let out = state.on(Event::Submitted(pending("c")), t0);
+    assert!(assigns(&out).is_empty(), "w2 is busy, w1 still stopping");
+    // Its call ends there, as ever.
+    let out = state.on(finished("a"), t0);
+    assert!(assigns(&out).is_empty(), "{out:?}");
+}

@@ -1,0 +1,195 @@
+//! A worker told to stop (SIGTERM: a pod deleted, a rolling update, scale-in) drains: the
+//! control plane offers it no new call, the calls it holds finish on it (none replayed) when
+//! they fit its grace period, and those that do not are given up to another worker at the
+//! grace period's end and finish there exactly once (the witness counts each request by its
+//! idempotency key). Then it exits 0.
+
+use crate::common;
+use common::witness::{Seen, Witness};
+use common::{Platform, WorkerProcess, fixtures, result_of};
+use std::time::Duration;
+use toolgrid_proto as proto;
+
+fn manifests(root: &std::path::Path, witness: &Witness) -> std::path::PathBuf {
+    let dir = root.join("manifests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let wasm = fixtures::repo().join("tests/fixtures/tools/slow/slow.wasm");
+    std::fs::write(
+        dir.join("slow.yaml"),
+        format!(
+            "apiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {{name: default}}\n\
+             spec: {{replicas: 1, slotsPerWorker: 8}}\n---\n\
+             apiVersion: toolgrid.dev/v1alpha1\nkind: Tool\nmetadata: {{name: slow}}\n\
+             spec:\n  effect: read\n  timeout: 60s\n  repeatWindow: 0s\n  commands:\n    - name: run\n      \
+             options:\n        - {{name: base, schema: {{type: string}}, required: true}}\n        \
+             - {{name: run, schema: {{type: string}}, required: true}}\n        \
+             - {{name: steps, schema: {{type: integer}}}}\n        \
+             - {{name: sleep-ms, schema: {{type: integer}}}}\n      result: {{type: object}}\n---\n\
+             apiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: slow-1.0.0}}\n\
+             spec:\n  tool: slow\n  version: 1.0.0\n  artifact: {{file: {}}}\n  \
+             network: {{egress: [{{host: 127.0.0.1, ports: [{}], allowPrivate: true}}]}}\n",
+            wasm.display(),
+            witness.addr.port()
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+/// Starts `slow run` with `steps` requests `sleep_ms` apart on a task.
+async fn start(
+    platform: &Platform,
+    base: &str,
+    run: &str,
+    steps: u32,
+    sleep_ms: u32,
+) -> tokio::task::JoinHandle<proto::Call> {
+    let mut client = platform.client().await;
+    let request = proto::InvokeRequest {
+        tool: "slow".into(),
+        argv: [
+            "run",
+            "--base",
+            base,
+            "--run",
+            run,
+            "--steps",
+            &steps.to_string(),
+            "--sleep-ms",
+            &sleep_ms.to_string(),
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Default::default()
+    };
+    tokio::spawn(async move { client.invoke(request).await.expect("invoke").into_inner() })
+}
+
+fn requests_of<'s>(seen: &'s [Seen], run: &str) -> Vec<&'s Seen> {
+    seen.iter()
+        .filter(|s| {
+            s.query
+                .as_deref()
+                .is_some_and(|q| q.contains(&format!("run={run}&")))
+        })
+        .collect()
+}
+
+/// Each of `runs` made `steps` requests, each once.
+fn each_request_once(witness: &Witness, runs: &[String], steps: usize) {
+    let seen = witness.seen();
+    for run in runs {
+        let mut keys: Vec<&str> = requests_of(&seen, run)
+            .iter()
+            .filter_map(|s| s.key.as_deref())
+            .collect();
+        assert_eq!(keys.len(), steps, "{run}: {keys:?}");
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), steps, "{run}: a request was made twice");
+    }
+}
+
+async fn exits_zero(worker: &mut WorkerProcess, within: Duration) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = worker.exited() {
+            assert!(status.success(), "{status:?}\n{}", worker.logs());
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker did not exit after draining\n{}",
+            worker.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_worker_finishes_what_fits_its_grace_and_gives_up_the_rest() {
+    let root = tempfile::tempdir().unwrap();
+    let witness = Witness::start().await;
+    let dir = manifests(root.path(), &witness);
+    let platform = Platform::start(root.path(), &dir, &["--no-workers", "--lease", "2s"]);
+    let base = witness.base();
+    let mut w1 = WorkerProcess::start(&platform, "w1", 8, root.path());
+    platform
+        .eventually("slow is ready", Duration::from_secs(60), || async {
+            platform
+                .resource("tools", "slow")
+                .await
+                .is_some_and(|r| r.ready == "True")
+        })
+        .await;
+    let warm = start(&platform, &base, "warm", 1, 0).await.await.unwrap();
+    assert_eq!(warm.worker, "w1", "{warm:?}");
+
+    // Six calls run on w1, the only worker, when it is told to stop; each fits its grace.
+    let runs: Vec<String> = (0..6).map(|i| format!("fit{i}")).collect();
+    let mut calls = Vec::new();
+    for run in &runs {
+        calls.push(start(&platform, &base, run, 3, 700).await);
+    }
+    let started = |seen: &[Seen]| runs.iter().all(|r| !requests_of(seen, r).is_empty());
+    assert!(
+        witness.wait_for(Duration::from_secs(30), started).await,
+        "{}",
+        platform.logs()
+    );
+    let mut w2 = WorkerProcess::start(&platform, "w2", 8, root.path());
+    w1.signal(libc::SIGTERM);
+    // New calls go to the other worker, not to the one stopping.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = start(&platform, &base, "after", 1, 0).await.await.unwrap();
+    assert_eq!(after.state, proto::CallState::Succeeded as i32, "{after:?}");
+    assert_eq!(after.worker, "w2", "{after:?}\n{}", w1.logs());
+    for (run, call) in runs.iter().zip(calls) {
+        let call = call.await.unwrap();
+        assert_eq!(
+            call.state,
+            proto::CallState::Succeeded as i32,
+            "{run}: {call:?}\n{}",
+            w1.logs()
+        );
+        assert_eq!(result_of(&call)["run"], run.as_str());
+        // Finished where it ran: never replayed.
+        assert_eq!((call.worker.as_str(), call.epoch), ("w1", 1), "{run}");
+    }
+    each_request_once(&witness, &runs, 3);
+    exits_zero(&mut w1, Duration::from_secs(10)).await;
+
+    // A worker whose grace period (1 s) is shorter than its calls: they are given up at
+    // its end, move to w2 at once, and finish there, each request made once.
+    let mut w3 =
+        WorkerProcess::start_with(&platform, "w3", 8, root.path(), &["--drain-grace", "1s"]);
+    // w2 stops too (it holds nothing: it exits at once), so w3 alone is offered them.
+    w2.signal(libc::SIGTERM);
+    exits_zero(&mut w2, Duration::from_secs(10)).await;
+    let long: Vec<String> = (0..2).map(|i| format!("long{i}")).collect();
+    let mut calls = Vec::new();
+    for run in &long {
+        calls.push(start(&platform, &base, run, 4, 1000).await);
+    }
+    let started = |seen: &[Seen]| long.iter().all(|r| !requests_of(seen, r).is_empty());
+    assert!(witness.wait_for(Duration::from_secs(30), started).await);
+    let _w4 = WorkerProcess::start(&platform, "w4", 8, root.path());
+    w3.signal(libc::SIGTERM);
+    for (run, call) in long.iter().zip(calls) {
+        let call = call.await.unwrap();
+        assert_eq!(
+            call.state,
+            proto::CallState::Succeeded as i32,
+            "{run}: {call:?}\n{}",
+            w3.logs()
+        );
+        assert_eq!(result_of(&call)["run"], run.as_str());
+        assert_eq!(
+            call.worker, "w4",
+            "{run}: moved on at the grace period's end"
+        );
+        assert!(call.epoch >= 2, "{run}: {call:?}");
+    }
+    each_request_once(&witness, &long, 4);
+    exits_zero(&mut w3, Duration::from_secs(10)).await;
+}
