@@ -2,13 +2,16 @@
 //! control plane offers it no new call, the calls it holds finish on it (none replayed) when
 //! they fit its grace period, and those that do not are given up to another worker at the
 //! grace period's end and finish there exactly once (the witness counts each request by its
-//! idempotency key). Then it exits 0.
+//! idempotency key). Then it exits 0. `toolgrid drain WORKER` does the same on an
+//! operator's word (an agent is refused `permission-denied`).
 
 use crate::common;
 use common::witness::{Seen, Witness};
 use common::{Platform, WorkerProcess, fixtures, result_of};
 use std::time::Duration;
 use toolgrid_proto as proto;
+
+const VIEWER: &str = "viewer-token";
 
 fn manifests(root: &std::path::Path, witness: &Witness) -> std::path::PathBuf {
     let dir = root.join("manifests");
@@ -19,6 +22,9 @@ fn manifests(root: &std::path::Path, witness: &Witness) -> std::path::PathBuf {
         format!(
             "apiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {{name: default}}\n\
              spec: {{replicas: 1, slotsPerWorker: 8}}\n---\n\
+             apiVersion: v1\nkind: Secret\nmetadata: {{name: viewer-token}}\nstringData: {{token: {VIEWER}}}\n---\n\
+             apiVersion: toolgrid.dev/v1alpha1\nkind: Agent\nmetadata: {{name: viewer}}\n\
+             spec:\n  tokenSecretRef: {{name: viewer-token, key: token}}\n  permissions: [{{tools: [\"*\"]}}]\n---\n\
              apiVersion: toolgrid.dev/v1alpha1\nkind: Tool\nmetadata: {{name: slow}}\n\
              spec:\n  effect: read\n  timeout: 60s\n  repeatWindow: 0s\n  commands:\n    - name: run\n      \
              options:\n        - {{name: base, schema: {{type: string}}, required: true}}\n        \
@@ -173,7 +179,7 @@ async fn a_draining_worker_finishes_what_fits_its_grace_and_gives_up_the_rest() 
     }
     let started = |seen: &[Seen]| long.iter().all(|r| !requests_of(seen, r).is_empty());
     assert!(witness.wait_for(Duration::from_secs(30), started).await);
-    let _w4 = WorkerProcess::start(&platform, "w4", 8, root.path());
+    let mut w4 = WorkerProcess::start(&platform, "w4", 8, root.path());
     w3.signal(libc::SIGTERM);
     for (run, call) in long.iter().zip(calls) {
         let call = call.await.unwrap();
@@ -192,4 +198,39 @@ async fn a_draining_worker_finishes_what_fits_its_grace_and_gives_up_the_rest() 
     }
     each_request_once(&witness, &long, 4);
     exits_zero(&mut w3, Duration::from_secs(10)).await;
+
+    // `toolgrid drain WORKER` does the same on an operator's word; an agent may not, and a
+    // worker that is not attached is not found.
+    let kind = |status: tonic::Status| {
+        status
+            .metadata()
+            .get("toolgrid-error-kind")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut agent = platform.client_with(Some(VIEWER), None).await;
+    let refused = agent
+        .drain_worker(proto::DrainWorkerRequest {
+            worker: "w4".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(kind(refused), "permission-denied");
+    let mut operator = platform.client().await;
+    let missing = operator
+        .drain_worker(proto::DrainWorkerRequest {
+            worker: "nobody".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(kind(missing), "not-found");
+    let drained = platform.cli(&["drain", "w4"], None);
+    assert!(
+        drained.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drained.stderr)
+    );
+    assert!(String::from_utf8_lossy(&drained.stdout).contains("worker w4 is draining"));
+    exits_zero(&mut w4, Duration::from_secs(10)).await;
 }

@@ -1147,6 +1147,40 @@ mod tests {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct DrainArgs {
+    /// The worker's id (`toolgrid get pools` shows how many are attached; a worker logs its
+    /// id when it attaches).
+    worker: String,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+/// `toolgrid drain WORKER`: the worker takes no new call, finishes those it holds within
+/// its grace period, gives up the rest to other workers and exits.
+pub async fn drain(args: DrainArgs) -> ExitCode {
+    let result = async {
+        let mut client = connect(&args.endpoint).await?;
+        let response = client
+            .drain_worker(proto::DrainWorkerRequest {
+                worker: args.worker.clone(),
+            })
+            .await
+            .map_err(|s| error_of(&s))?
+            .into_inner();
+        println!(
+            "worker {} is draining: {} call(s) held finish on it within its grace period; it takes no new call",
+            args.worker, response.busy
+        );
+        Ok::<(), ApiError>(())
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
+}
+
+#[derive(clap::Args, Debug)]
 pub struct RefreshArgs {
     /// The ToolSource (`NAME` or `NAMESPACE/NAME`).
     source: String,

@@ -46,6 +46,9 @@ enum Commands {
     /// Read a ToolSource's upstream again (its tools change only then, or on a new
     /// generation) and print what was added, removed and changed.
     Refresh(client::RefreshArgs),
+    /// Drain a worker: it takes no new call, finishes those it holds within its grace
+    /// period, gives up the rest to other workers and exits.
+    Drain(client::DrainArgs),
     /// Recent calls (same as `get calls`); `calls ID [--wait]` for one,
     /// `--awaiting-approval` for those waiting for a decision.
     Calls(client::CallsArgs),
@@ -124,6 +127,7 @@ pub fn main() -> ExitCode {
             Commands::Call(args) => client::call(args).await,
             Commands::Get(args) => client::get(args).await,
             Commands::Refresh(args) => client::refresh(args).await,
+            Commands::Drain(args) => client::drain(args).await,
             Commands::Calls(args) => client::calls(args).await,
             Commands::Oplog(args) => client::oplog(args).await,
             Commands::Workspace(args) => workspace::run(args).await,

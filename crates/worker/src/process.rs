@@ -109,9 +109,11 @@ pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     let in_flight = Arc::new(InFlight::default());
     let slot = LinkSlot::new();
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let drain_asked = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(drain_on_sigterm(
         config.drain_grace,
         draining.clone(),
+        drain_asked.clone(),
         in_flight.clone(),
         slot.clone(),
     ));
@@ -120,7 +122,16 @@ pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     // The secret of this worker's last session: it proves a new session is this worker.
     let mut resume = String::new();
     loop {
-        match session(&config, &runtime, &in_flight, &slot, &draining, &mut resume).await {
+        match session(
+            &config,
+            &runtime,
+            &in_flight,
+            &slot,
+            (&draining, &drain_asked),
+            &mut resume,
+        )
+        .await
+        {
             Ok(attached) => {
                 if attached {
                     last_attached = Instant::now();
@@ -149,7 +160,8 @@ pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     }
 }
 
-/// SIGTERM (a pod deleted, a rolling update, scale-in): the worker drains. It tells the
+/// SIGTERM (a pod deleted, a rolling update, scale-in) or the control plane's `Drain`
+/// (`toolgrid drain`): the worker drains. It tells the
 /// control plane at once (a heartbeat with `draining`), which offers it no new call; the
 /// calls it holds finish on it, their results acknowledged, within `grace`; those that do
 /// not are given up (`Abandoned`, so they move to another worker now rather than at the
@@ -157,18 +169,25 @@ pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
 async fn drain_on_sigterm(
     grace: Duration,
     draining: Arc<std::sync::atomic::AtomicBool>,
+    asked: Arc<tokio::sync::Notify>,
     in_flight: Arc<InFlight>,
     slot: LinkSlot,
 ) {
     use std::sync::atomic::Ordering;
-    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-    else {
-        tracing::warn!("cannot listen for SIGTERM: the worker will not drain");
-        return;
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    let why = match term {
+        Ok(mut term) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = asked.notified() => "the control plane asked",
+        },
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGTERM: only the control plane can drain this worker");
+            asked.notified().await;
+            "the control plane asked"
+        }
     };
-    term.recv().await;
     draining.store(true, Ordering::SeqCst);
-    tracing::info!(busy = in_flight.busy(), grace = ?grace, "SIGTERM: draining (no new calls; finishing those held)");
+    tracing::info!(busy = in_flight.busy(), grace = ?grace, "{why}: draining (no new calls; finishing those held)");
     if let Some(link) = slot.get() {
         let beat = proto::Heartbeat {
             busy: in_flight.busy(),
@@ -212,7 +231,10 @@ async fn session(
     runtime: &Arc<Runtime>,
     in_flight: &Arc<InFlight>,
     slot: &LinkSlot,
-    draining: &Arc<std::sync::atomic::AtomicBool>,
+    (draining, drain_asked): (
+        &Arc<std::sync::atomic::AtomicBool>,
+        &Arc<tokio::sync::Notify>,
+    ),
     resume: &mut String,
 ) -> anyhow::Result<bool> {
     let bearer = config.credential.bearer().map_err(anyhow::Error::msg)?;
@@ -387,9 +409,8 @@ async fn session(
                     in_flight.abandon(&cancel.call_id);
                 }
             }
-            Some(control_event::Event::Drain(_))
-            | Some(control_event::Event::Registered(_))
-            | None => {}
+            Some(control_event::Event::Drain(_)) => drain_asked.notify_one(),
+            Some(control_event::Event::Registered(_)) | None => {}
         }
     };
     heartbeat.abort();

@@ -354,6 +354,18 @@ impl Tools for ToolsService {
         }))
     }
 
+    async fn drain_worker(
+        &self,
+        request: Request<proto::DrainWorkerRequest>,
+    ) -> Result<Response<proto::DrainWorkerResponse>, Status> {
+        let caller = caller(&request)?;
+        let busy = self
+            .gateway
+            .drain_worker(&caller, &request.into_inner().worker)
+            .map_err(status_of)?;
+        Ok(Response::new(proto::DrainWorkerResponse { busy }))
+    }
+
     async fn cancel(
         &self,
         request: Request<proto::CancelRequest>,

@@ -10,6 +10,7 @@ pub mod authz;
 mod chain;
 pub mod console;
 pub mod convert;
+mod drain;
 pub mod follow;
 mod grpc;
 mod http;

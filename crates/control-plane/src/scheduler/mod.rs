@@ -328,6 +328,20 @@ impl Scheduler {
         });
     }
 
+    /// Drains worker `worker` (`toolgrid drain`): the scheduler offers it no new call and
+    /// tells it to drain. The calls it holds, or `None` when no such worker is attached.
+    pub fn drain(self: &Arc<Self>, worker: &str) -> Option<u32> {
+        let busy = self
+            .workers()
+            .into_iter()
+            .find(|w| w.id.as_str() == worker)?
+            .busy;
+        self.on(Event::Drain {
+            worker: WorkerId::from(worker),
+        });
+        Some(busy)
+    }
+
     /// Workers attached now.
     pub fn workers(&self) -> Vec<WorkerInfo> {
         self.lock().workers()
@@ -408,6 +422,13 @@ impl Scheduler {
         let this = self.clone();
         match command {
             Command::Registered { .. } | Command::RefuseAttach { .. } => {}
+            Command::Drain { worker, session } => {
+                self.send(
+                    &worker,
+                    session,
+                    control_event::Event::Drain(proto::Drain {}),
+                );
+            }
             Command::EndSession { worker, session } => {
                 if let Some(s) = self.sessions().remove(&(worker, session)) {
                     s.stop.notify_one();

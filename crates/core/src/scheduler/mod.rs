@@ -164,6 +164,11 @@ pub enum Event {
         /// The worker is stopping: offer it no new call.
         draining: bool,
     },
+    /// An operator drains a worker (`toolgrid drain`): it is offered no new call and told
+    /// to drain.
+    Drain {
+        worker: WorkerId,
+    },
     /// A worker's stream ended.
     Detached {
         worker: WorkerId,
@@ -239,6 +244,12 @@ pub enum Command {
     /// Refuse a worker's `Register`: its id has a live session and it did not present that
     /// session's secret.
     RefuseAttach {
+        worker: WorkerId,
+        session: u64,
+    },
+    /// Tell a worker to drain (finish what it holds within its grace period, give up the
+    /// rest, exit).
+    Drain {
         worker: WorkerId,
         session: u64,
     },
@@ -327,6 +338,7 @@ impl std::fmt::Debug for Command {
                 write!(f, "Cancel({call_id} @{epoch} on {worker})")
             }
             Command::EndSession { worker, session } => write!(f, "EndSession({worker}#{session})"),
+            Command::Drain { worker, session } => write!(f, "Drain({worker}#{session})"),
             Command::RefuseAttach { worker, session } => {
                 write!(f, "RefuseAttach({worker}: #{session} lives)")
             }
@@ -592,6 +604,15 @@ impl State {
                     w.cached.extend(cached);
                     // Once draining, always (a new session starts afresh).
                     w.draining |= draining;
+                }
+            }
+            Event::Drain { worker } => {
+                if let Some(w) = self.workers.get_mut(&worker) {
+                    w.draining = true;
+                    out.push(Command::Drain {
+                        worker,
+                        session: w.session,
+                    });
                 }
             }
             Event::Detached {

@@ -762,3 +762,27 @@ fn a_draining_worker_is_offered_no_new_call_and_keeps_the_one_it_holds() {
     let out = state.on(finished("a"), t0);
     assert!(assigns(&out).is_empty(), "{out:?}");
 }
+
+#[test]
+fn an_operators_drain_tells_the_worker_and_offers_it_nothing_more() {
+    let (t0, mut state, s1) = w1_running_a(2);
+    let out = state.on(
+        Event::Drain {
+            worker: "w1".into(),
+        },
+        t0,
+    );
+    assert!(
+        matches!(out.as_slice(), [Command::Drain { worker, session }] if worker.as_str() == "w1" && *session == s1),
+        "{out:?}"
+    );
+    let out = state.on(Event::Submitted(pending("b")), t0);
+    assert!(assigns(&out).is_empty(), "{out:?}");
+    let out = state.on(
+        Event::Drain {
+            worker: "nobody".into(),
+        },
+        t0,
+    );
+    assert!(out.is_empty(), "no such worker: nothing to do");
+}
