@@ -399,6 +399,7 @@ fn the_kubernetes_examples_load_and_resolve_with_configmap_artifacts() {
         now: k8s_openapi::jiff::Timestamp::now(),
         identities: None,
         source_reads: &Default::default(),
+        rollouts: &Default::default(),
     });
     let not_ready: Vec<String> = snapshot
         .resources

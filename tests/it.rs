@@ -34,6 +34,7 @@ mod ratelimit;
 mod redaction;
 mod results;
 mod retry;
+mod rollout;
 mod runtime;
 mod secret_exfiltration;
 mod secrets;

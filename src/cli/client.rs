@@ -139,7 +139,8 @@ fn exit_code_of(kind: ErrorKind) -> u8 {
         ErrorKind::InvalidArgument
         | ErrorKind::IdempotencyConflict
         | ErrorKind::NotAwaitingApproval
-        | ErrorKind::NotCancellable => exit::USAGE,
+        | ErrorKind::NotCancellable
+        | ErrorKind::RolloutEnded => exit::USAGE,
         ErrorKind::Unauthenticated
         | ErrorKind::PermissionDenied
         | ErrorKind::Denied

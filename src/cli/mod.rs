@@ -8,6 +8,7 @@ mod controller;
 pub mod exit;
 mod failover;
 mod help;
+mod rollout;
 mod sample;
 mod schema;
 mod table;
@@ -49,6 +50,9 @@ enum Commands {
     /// Drain a worker: it takes no new call, finishes those it holds within its grace
     /// period, gives up the rest to other workers and exits.
     Drain(client::DrainArgs),
+    /// A tool's canary rollouts: `status`, `promote [--full]` (the next step, or all at
+    /// once), `abort` (roll back).
+    Rollout(rollout::RolloutArgs),
     /// Recent calls (same as `get calls`); `calls ID [--wait]` for one,
     /// `--awaiting-approval` for those waiting for a decision.
     Calls(client::CallsArgs),
@@ -128,6 +132,7 @@ pub fn main() -> ExitCode {
             Commands::Get(args) => client::get(args).await,
             Commands::Refresh(args) => client::refresh(args).await,
             Commands::Drain(args) => client::drain(args).await,
+            Commands::Rollout(args) => rollout::run(args).await,
             Commands::Calls(args) => client::calls(args).await,
             Commands::Oplog(args) => client::oplog(args).await,
             Commands::Workspace(args) => workspace::run(args).await,

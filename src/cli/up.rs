@@ -260,7 +260,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         store.clone(),
         control_plane.catalog.clone(),
     )
-    .with_issuer(control_plane.gateway.issuer());
+    .with_issuer(control_plane.gateway.issuer())
+    .with_rollouts(control_plane.gateway.rollouts());
     let source = source.with_builtins(builtins_dirs(&args));
     source.reload().await.context("cannot load the manifests")?;
     control_plane.gateway.set_source_refresher(source.clone());

@@ -23,6 +23,17 @@ use serde::{Deserialize, Serialize};
         json_path = ".status.resolvedRelease"
     ),
     printcolumn(
+        name = "Canary",
+        type_ = "string",
+        json_path = ".status.rollout.canary"
+    ),
+    printcolumn(
+        name = "Weight",
+        type_ = "integer",
+        json_path = ".status.rollout.weight"
+    ),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.rollout.phase"),
+    printcolumn(
         name = "Ready",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
@@ -63,6 +74,35 @@ pub struct ToolBindingSpec {
     /// Agent's `exposure`, else `both`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exposure: Option<Exposure>,
+    /// A canary: a share of new calls runs another release of the tool, judged on its own
+    /// errors against the stable release (`spec.release`, or the newest Ready release
+    /// other than the canary), stepped on, promoted or rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
+}
+
+/// A canary rollout on a binding: `{canary: fetch-1.3.0, steps: [10, 50, 100], interval: 5m}`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Rollout {
+    /// The canary ToolRelease, by name (a release of the binding's tool).
+    pub canary: String,
+    /// The canary's share of new calls, in percent, step by step (ascending, 1 to 100;
+    /// default `[10, 50, 100]`). Past its last step at 100 the canary is promoted; a last
+    /// step below 100 holds until `toolgrid rollout promote`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<u32>,
+    /// How long each step lasts before it is judged (default `5m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<toolgrid_core::spec::GoDuration>,
+    /// The canary is rolled back when its error rate (tool errors, invalid results, traps,
+    /// limits; not refusals by policy) exceeds the stable release's by more than this many
+    /// percentage points (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_error_rate_increase: Option<f64>,
+    /// A step is judged only once the canary has ended this many calls in it (default 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_calls: Option<u64>,
 }
 
 /// How a model reaches a bound tool.
@@ -128,4 +168,28 @@ pub struct ToolBindingStatus {
     /// The release calls through this binding run now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolved_release: Option<String>,
+    /// The canary rollout, when `spec.rollout` names a Ready release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// Where a binding's rollout is: the split, the step and what each release did in the
+/// last judged step.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    pub stable: String,
+    pub canary: String,
+    /// The canary's share of new calls now, in percent.
+    pub weight: u32,
+    /// `Progressing`, `Promoted` or `Aborted`.
+    pub phase: String,
+    /// The step (from 1) of `steps`.
+    pub step: u32,
+    pub steps: Vec<u32>,
+    pub message: String,
+    pub stable_calls: u64,
+    pub stable_errors: u64,
+    pub canary_calls: u64,
+    pub canary_errors: u64,
 }

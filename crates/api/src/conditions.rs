@@ -18,6 +18,8 @@ pub const READY: &str = "Ready";
 pub const RECONCILING: &str = "Reconciling";
 /// kstatus: the object cannot become Ready until it (or its artifact) changes.
 pub const STALLED: &str = "Stalled";
+/// A binding's canary was rolled back (`True`, with the figures), or is healthy so far.
+pub const DEGRADED: &str = "Degraded";
 
 /// Declares [`Reason`]: each variant's name is its CamelCase string, and whether it is
 /// stalled is said once, next to it.
@@ -67,6 +69,11 @@ reasons! {
     WorkersAttached: ready,
     /// A pool that wants no workers.
     ScaledToZero: ready,
+    /// `Degraded=False`: the binding's canary is healthy so far (or promoted).
+    CanaryHealthy: ready,
+    /// `Degraded=True`: the binding's canary was rolled back on its error rate (or by an
+    /// operator); every new call runs the stable release.
+    CanaryRolledBack: ready,
     /// A ToolSource whose upstream was read: its tools are callable.
     SourceRead: ready,
     // Ready=False, waiting for something else: Reconciling
@@ -183,6 +190,18 @@ impl Desired {
 
 fn status_str(status: bool) -> &'static str {
     if status { "True" } else { "False" }
+}
+
+impl Desired {
+    /// A binding's `Degraded` condition: `true` when its canary was rolled back.
+    pub fn degraded(status: bool, reason: Reason, message: impl Into<String>) -> Self {
+        Desired {
+            type_: DEGRADED,
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
 }
 
 /// Merges `desired` into `conditions`: a new status gets `now` as its transition time, an

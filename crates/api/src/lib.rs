@@ -25,7 +25,8 @@ mod tool_source;
 
 pub use agent::{Agent, AgentSpec, AgentStatus, LocalObjectRef, Permission, SecretKeyRef};
 pub use binding::{
-    Exposure, FilesystemAccess, ReleaseSelector, ToolBinding, ToolBindingSpec, ToolBindingStatus,
+    Exposure, FilesystemAccess, ReleaseSelector, Rollout, RolloutStatus, ToolBinding,
+    ToolBindingSpec, ToolBindingStatus,
 };
 pub use crds::{all_crds, crds_helm_yaml, crds_yaml};
 pub use middleware::{Middleware, MiddlewareSpec, MiddlewareStatus};

@@ -18,8 +18,8 @@ pub mod sources;
 pub use resolve::Identities;
 
 pub use snapshot::{
-    Limits, ResolvedAgent, ResolvedBinding, ResolvedPool, ResolvedRelease, ResolvedTool,
-    ResourceId, ResourceState, Snapshot,
+    Limits, ResolvedAgent, ResolvedBinding, ResolvedPool, ResolvedRelease, ResolvedRollout,
+    ResolvedTool, ResourceId, ResourceState, Snapshot,
 };
 
 use std::sync::Arc;

@@ -153,8 +153,25 @@ pub struct ResolvedBinding {
     pub spec: ToolBindingSpec,
     /// The release calls through it run; `Some` exactly when it is Ready.
     pub release: Option<ObjectKey>,
+    /// Its canary, when `spec.rollout` names a Ready release and the binding is Ready.
+    pub rollout: Option<ResolvedRollout>,
     /// Its Ready condition as resolved.
     pub ready: Desired,
+}
+
+/// A binding's canary: its release, its plan and where it is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedRollout {
+    pub canary: ObjectKey,
+    pub plan: toolgrid_core::rollout::Plan,
+    pub progress: toolgrid_core::rollout::Progress,
+}
+
+impl ResolvedRollout {
+    /// The canary's share of new calls now.
+    pub fn weight(&self) -> toolgrid_core::rollout::Weight {
+        self.progress.weight(&self.plan)
+    }
 }
 
 impl ResolvedBinding {

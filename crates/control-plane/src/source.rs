@@ -42,6 +42,8 @@ pub struct ManifestSource {
     refreshes: Mutex<HashMap<ObjectKey, String>>,
     /// Mints the identity token an `auth: {type: identity}` source is listed with.
     issuer: crate::identity::IssuerCell,
+    /// Where each binding's canary rollout is; a change resolves again.
+    rollouts: Arc<crate::rollout::RolloutBook>,
 }
 
 impl ManifestSource {
@@ -57,6 +59,7 @@ impl ManifestSource {
             reader: SourceReader::new(SourceLimits::default()),
             refreshes: Mutex::default(),
             issuer: Default::default(),
+            rollouts: Default::default(),
         })
     }
 
@@ -74,6 +77,14 @@ impl ManifestSource {
     pub fn with_issuer(mut self: Arc<Self>, issuer: crate::identity::IssuerCell) -> Arc<Self> {
         if let Some(source) = Arc::get_mut(&mut self) {
             source.issuer = issuer;
+        }
+        self
+    }
+
+    /// Resolves with the rollouts `book` holds, again whenever they move.
+    pub fn with_rollouts(mut self: Arc<Self>, book: Arc<crate::rollout::RolloutBook>) -> Arc<Self> {
+        if let Some(source) = Arc::get_mut(&mut self) {
+            source.rollouts = book;
         }
         self
     }
@@ -204,6 +215,7 @@ impl ManifestSource {
             now: k8s_openapi::jiff::Timestamp::now(),
             identities: Some(&identities),
             source_reads: &source_reads,
+            rollouts: &self.rollouts.records(),
         });
         self.store.save_resources(records_of(&snapshot)).await?;
         let published = self.catalog.publish(snapshot);
@@ -301,6 +313,7 @@ impl ManifestSource {
                     return Ok(());
                 },
                 _ = self.reader.landed.notified() => {}
+                _ = self.rollouts.changed.notified() => {}
             }
             // Let a burst of writes (an editor's save, a git checkout) settle.
             loop {

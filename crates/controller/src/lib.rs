@@ -277,6 +277,7 @@ async fn lead(
         settings.artifact_fetch.clone(),
         control_plane.gateway.issuer(),
         builtins,
+        control_plane.gateway.rollouts(),
     );
     control_plane
         .gateway

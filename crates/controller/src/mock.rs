@@ -137,6 +137,7 @@ async fn fixture_with(
         now: "2026-01-01T00:00:00Z".parse().unwrap(),
         identities: Some(&Identities::default()),
         source_reads: &source_reads,
+        rollouts: &Default::default(),
     });
     let catalog = Catalog::new();
     catalog.publish(snapshot);

@@ -124,6 +124,8 @@ pub struct ClusterSource {
     issuer: toolgrid_control_plane::identity::IssuerCell,
     /// The built-in tools served beside the cluster's resources (`--builtins`).
     builtins: Option<Arc<crate::builtins::Builtins>>,
+    /// Where each binding's canary rollout is; a change resolves again.
+    rollouts: Arc<toolgrid_control_plane::rollout::RolloutBook>,
 }
 
 fn reflect<K>(api: Api<K>, changed: Arc<Notify>) -> Cache<K>
@@ -204,6 +206,7 @@ impl ClusterSource {
         fetch_policy: FetchPolicy,
         issuer: toolgrid_control_plane::identity::IssuerCell,
         builtins: Option<Arc<crate::builtins::Builtins>>,
+        rollouts: Arc<toolgrid_control_plane::rollout::RolloutBook>,
     ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let caches = Caches {
@@ -239,6 +242,7 @@ impl ClusterSource {
             reader: SourceReader::new(SourceLimits::default()),
             issuer,
             builtins,
+            rollouts,
         })
     }
 
@@ -267,6 +271,7 @@ impl ClusterSource {
             tokio::select! {
                 _ = self.changed.notified() => {}
                 _ = self.reader.landed.notified() => {}
+                _ = self.rollouts.changed.notified() => {}
             }
             tokio::time::sleep(DEBOUNCE).await;
         }
@@ -413,6 +418,7 @@ impl ClusterSource {
             now: k8s_openapi::jiff::Timestamp::now(),
             identities: Some(&identities),
             source_reads: &source_reads,
+            rollouts: &self.rollouts.records(),
         });
         Ok(self.catalog.publish(snapshot))
     }

@@ -15,6 +15,7 @@
 //! | [`middleware`] | what each middleware step decides |
 //! | [`guest`] | the guest's filesystem layout (where the workspace is mounted) |
 //! | [`workspace`] | workspace trees, paths, diffs, limits, the one-writer rule |
+//! | [`rollout`] | canary rollouts: the split of new calls by weight, stepping, promotion and rollback |
 //! | [`scheduler`] | the scheduler's decisions: `State::on(event, now) -> commands` |
 //! | [`auth`] | who calls ([`auth::Principal`]) |
 //! | [`secret`] | secret values in memory (never printed), compared in constant time; references in declared headers; scrubbing values and their encodings |
@@ -35,6 +36,7 @@ pub mod ids;
 pub mod interface;
 pub mod middleware;
 pub mod net;
+pub mod rollout;
 pub mod scheduler;
 pub mod secret;
 pub mod source;

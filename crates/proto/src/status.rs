@@ -17,7 +17,9 @@ pub fn grpc_code(kind: ErrorKind) -> Code {
         | ErrorKind::ApprovalTimeout => Code::PermissionDenied,
         ErrorKind::RateLimited | ErrorKind::QueueFull => Code::ResourceExhausted,
         ErrorKind::RepeatedCall => Code::AlreadyExists,
-        ErrorKind::NotAwaitingApproval | ErrorKind::NotCancellable => Code::FailedPrecondition,
+        ErrorKind::NotAwaitingApproval | ErrorKind::NotCancellable | ErrorKind::RolloutEnded => {
+            Code::FailedPrecondition
+        }
         ErrorKind::MiddlewareFailed => Code::Unavailable,
         ErrorKind::SecretUnavailable => Code::FailedPrecondition,
         ErrorKind::Unauthenticated => Code::Unauthenticated,

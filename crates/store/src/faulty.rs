@@ -20,6 +20,7 @@ use super::{
     RetentionReport, Store, StoreError, Workspaces,
 };
 use crate::ConsoleSessions;
+use crate::Rollouts;
 use async_trait::async_trait;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -538,6 +539,31 @@ impl ConsoleSessions for FaultyStore {
 
     async fn purge_console_sessions(&self, now_ms: i64) -> Result<u64, StoreError> {
         self.inner.purge_console_sessions(now_ms).await
+    }
+}
+
+/// Rollouts pass through (no faults are injected into them).
+#[async_trait]
+impl Rollouts for FaultyStore {
+    async fn rollouts(&self) -> Result<Vec<toolgrid_core::rollout::Record>, StoreError> {
+        self.inner.rollouts().await
+    }
+
+    async fn put_rollout(
+        &self,
+        expected: Option<&toolgrid_core::rollout::Record>,
+        next: &toolgrid_core::rollout::Record,
+    ) -> Result<bool, StoreError> {
+        self.inner.put_rollout(expected, next).await
+    }
+
+    async fn release_tallies(
+        &self,
+        namespace: &str,
+        tool: &str,
+        since_ms: i64,
+    ) -> Result<std::collections::BTreeMap<String, toolgrid_core::rollout::Tally>, StoreError> {
+        self.inner.release_tallies(namespace, tool, since_ms).await
     }
 }
 

@@ -1,7 +1,7 @@
 //! Durable state: calls, their oplogs, artifacts and resource bookkeeping.
 //!
 //! One trait per concern ([`CallLog`], [`Approvals`], [`AuditLog`], [`RateBuckets`],
-//! [`Artifacts`], [`Resources`], [`Retention`], [`Workspaces`], [`ConsoleSessions`]),
+//! [`Artifacts`], [`Resources`], [`Retention`], [`Workspaces`], [`ConsoleSessions`], [`Rollouts`]),
 //! [`Store`] for all of them,
 //! and one SQL implementation over two backends: SQLite (the embedded
 //! default: WAL, every commit fsynced) and PostgreSQL. Writes go through a single writer
@@ -33,7 +33,7 @@ pub use toolgrid_core::call::{
 pub use toolgrid_core::completion::CallOutcome;
 pub use traits::{
     Approvals, Artifacts, AuditLog, CallLog, ConsoleSessions, RateBuckets, Resources, Retention,
-    Store, Workspaces,
+    Rollouts, Store, Workspaces,
 };
 
 use std::sync::Arc;

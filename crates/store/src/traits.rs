@@ -25,6 +25,7 @@ pub trait Store:
     + Retention
     + Workspaces
     + ConsoleSessions
+    + Rollouts
     + Send
     + Sync
     + 'static
@@ -41,6 +42,7 @@ impl<T> Store for T where
         + Retention
         + Workspaces
         + ConsoleSessions
+        + Rollouts
         + Send
         + Sync
         + 'static
@@ -266,4 +268,27 @@ pub trait ConsoleSessions: Send + Sync {
     async fn delete_console_session(&self, id_hash: &[u8; 32]) -> Result<bool, StoreError>;
     /// Deletes every session lapsed at `now_ms` (idle or past its expiry): how many.
     async fn purge_console_sessions(&self, now_ms: i64) -> Result<u64, StoreError>;
+}
+
+/// Canary rollouts: where each binding's is, and what each release's calls did.
+#[async_trait]
+pub trait Rollouts: Send + Sync {
+    /// Every binding's rollout.
+    async fn rollouts(&self) -> Result<Vec<toolgrid_core::rollout::Record>, StoreError>;
+    /// Stores `next` if the binding's rollout is still `expected` (`None`: it has none
+    /// yet): whether it was stored. Two replicas judging one step at once store one
+    /// outcome.
+    async fn put_rollout(
+        &self,
+        expected: Option<&toolgrid_core::rollout::Record>,
+        next: &toolgrid_core::rollout::Record,
+    ) -> Result<bool, StoreError>;
+    /// What the calls of each release of `tool` in `namespace` that ended at or after
+    /// `since_ms` did, by release name.
+    async fn release_tallies(
+        &self,
+        namespace: &str,
+        tool: &str,
+        since_ms: i64,
+    ) -> Result<std::collections::BTreeMap<String, toolgrid_core::rollout::Tally>, StoreError>;
 }

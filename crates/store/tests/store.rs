@@ -1914,3 +1914,98 @@ async fn an_oplog_page_is_read_by_the_query_with_its_limit_capped() {
         );
     }
 }
+
+#[tokio::test]
+async fn rollouts_change_by_compare_and_set_and_releases_are_tallied() {
+    use toolgrid_core::ids::ObjectKey;
+    use toolgrid_core::rollout::{Phase, Progress, Record, Tally};
+    use toolgrid_store::Rollouts;
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let store = toolgrid_store::open(&url).await.unwrap();
+        let first = Record {
+            binding: ObjectKey::new("default", "b"),
+            canary: "semver-1.1.0".into(),
+            progress: Progress::start(1_000),
+        };
+        assert!(store.put_rollout(None, &first).await.unwrap(), "{backend}");
+        assert!(
+            !store.put_rollout(None, &first).await.unwrap(),
+            "{backend}: a second first record is refused"
+        );
+        let mut next = first.clone();
+        next.progress.step = 1;
+        next.progress.step_started_ms = 2_000;
+        next.progress.canary = Tally {
+            calls: 30,
+            errors: 1,
+        };
+        assert!(store.put_rollout(Some(&first), &next).await.unwrap());
+        // Another replica that judged the same step a moment later stores nothing.
+        let mut late = first.clone();
+        late.progress.phase = Phase::Aborted;
+        assert!(!store.put_rollout(Some(&first), &late).await.unwrap());
+        assert_eq!(
+            store.rollouts().await.unwrap(),
+            vec![next.clone()],
+            "{backend}"
+        );
+
+        // Tallies: by release, the release's own failures as errors, refusals not counted.
+        let mut call = |id: &str, release: &str| {
+            let mut call = new_call(id, None, json!({"id": id}));
+            call.release = release.into();
+            call.started.release = release.into();
+            call
+        };
+        for (id, release) in [
+            ("s1", "semver-1.0.0"),
+            ("s2", "semver-1.0.0"),
+            ("c1", "semver-1.1.0"),
+            ("c2", "semver-1.1.0"),
+            ("c3", "semver-1.1.0"),
+        ] {
+            store.create_call(call(id, release)).await.unwrap();
+        }
+        store.assign_call("s1", "w").await.unwrap();
+        store
+            .complete_call("s1", 1, 1, vec![], success(json!(1)))
+            .await
+            .unwrap();
+        store
+            .fail_call("c1", CallError::new(ErrorKind::ToolError, "boom"))
+            .await
+            .unwrap();
+        store
+            .fail_call("c2", CallError::new(ErrorKind::Denied, "no"))
+            .await
+            .unwrap();
+        store.assign_call("c3", "w").await.unwrap();
+        store
+            .complete_call("c3", 1, 1, vec![], success(json!(1)))
+            .await
+            .unwrap();
+        let tallies = store.release_tallies("default", "semver", 0).await.unwrap();
+        assert_eq!(
+            tallies.get("semver-1.0.0"),
+            Some(&Tally {
+                calls: 1,
+                errors: 0
+            }),
+            "{backend}: s2 has not ended"
+        );
+        assert_eq!(
+            tallies.get("semver-1.1.0"),
+            Some(&Tally {
+                calls: 2,
+                errors: 1
+            }),
+            "{backend}: a denial says nothing of the release"
+        );
+        let later = store
+            .release_tallies("default", "semver", i64::MAX)
+            .await
+            .unwrap();
+        assert!(later.is_empty(), "{backend}: nothing ended since");
+    }
+}

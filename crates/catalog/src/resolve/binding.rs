@@ -3,13 +3,18 @@
 
 use super::Resolver;
 use super::declared::Declared;
-use crate::snapshot::{ResolvedAgent, ResolvedBinding, ResolvedRelease, ResourceId};
+use crate::snapshot::{
+    ResolvedAgent, ResolvedBinding, ResolvedRelease, ResolvedRollout, ResourceId,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use toolgrid_api::conditions::{Desired, Reason};
-use toolgrid_api::{Agent, Kind, KindStatus, Middleware, ToolBinding, ToolBindingStatus};
+use toolgrid_api::{
+    Agent, Kind, KindStatus, Middleware, RolloutStatus, ToolBinding, ToolBindingStatus,
+};
 use toolgrid_core::ids::ObjectKey;
 use toolgrid_core::interface::FieldError;
+use toolgrid_core::rollout::{Phase, Plan, Progress};
 
 impl<'a> Resolver<'a> {
     pub(super) fn bindings(
@@ -22,7 +27,7 @@ impl<'a> Resolver<'a> {
             let ns = d.id.key.namespace.clone();
             if let Err(e) = check_binding(d.object) {
                 self.invalid(&d, e);
-                self.keep_binding(&d, None);
+                self.keep_binding(&d, None, None);
                 continue;
             }
             let mut columns = vec![
@@ -62,6 +67,8 @@ impl<'a> Resolver<'a> {
             );
             let mut status = ToolBindingStatus::default();
             let mut release = None;
+            let mut rollout = None;
+            let mut degraded = None;
             let ready = match (problem, resolved) {
                 (Some((reason, message)), _) => Desired::not_ready(reason, message),
                 (None, Err((reason, message))) => Desired::not_ready(reason, message),
@@ -69,12 +76,82 @@ impl<'a> Resolver<'a> {
                     status.resolved_release = Some(key.name.clone());
                     columns.push(("Release".into(), key.name.clone()));
                     release = Some(key.clone());
-                    Desired::ready(Reason::Resolved, format!("calls run release {}", key.name))
+                    let mut message = format!("calls run release {}", key.name);
+                    match self.rollout_of(&d, key) {
+                        Ok(None) => {}
+                        Ok(Some(canary)) => {
+                            let weight = canary.weight();
+                            message = format!(
+                                "calls run release {} and, {weight}% of them, canary {} ({})",
+                                key.name, canary.canary.name, canary.progress.phase
+                            );
+                            columns.push((
+                                "Canary".into(),
+                                format!("{} {weight}%", canary.canary.name),
+                            ));
+                            status.rollout = Some(rollout_status(&key.name, &canary));
+                            degraded = Some(degraded_of(&canary));
+                            rollout = Some(canary);
+                        }
+                        Err(why) => message = format!("{message}; {why}"),
+                    }
+                    Desired::ready(Reason::Resolved, message)
                 }
             };
-            self.record_declared(&d, ready, KindStatus::ToolBinding(status), columns);
-            self.keep_binding(&d, release);
+            self.record_declared_degraded(
+                &d,
+                ready,
+                degraded,
+                KindStatus::ToolBinding(status),
+                columns,
+            );
+            self.keep_binding(&d, release, rollout);
         }
+    }
+
+    /// The binding's canary, when `spec.rollout` names one: `Err` says why a declared
+    /// canary takes no calls (every call runs `stable`).
+    fn rollout_of(
+        &self,
+        d: &Declared<'_, ToolBinding>,
+        stable: &ObjectKey,
+    ) -> Result<Option<ResolvedRollout>, String> {
+        let spec = &d.object.spec;
+        let Some(declared) = &spec.rollout else {
+            return Ok(None);
+        };
+        // Checked by check_binding.
+        let plan = plan_of(declared).map_err(|e| e.to_string())?;
+        let key = ObjectKey::new(d.id.key.namespace.clone(), declared.canary.clone());
+        let canary = self
+            .snapshot
+            .releases
+            .get(&key)
+            .filter(|r| r.tool == spec.tool)
+            .ok_or_else(|| {
+                format!(
+                    "canary {} is not a Ready release of tool {}, so it takes no calls",
+                    declared.canary, spec.tool
+                )
+            })?;
+        if let Some((_, why)) = ungranted_secret_reference(spec, canary) {
+            return Err(format!("canary {} takes no calls: {why}", declared.canary));
+        }
+        if &key == stable {
+            return Err(format!("canary {} is the stable release", declared.canary));
+        }
+        let progress = self
+            .input
+            .rollouts
+            .get(&d.id.key)
+            .filter(|r| r.canary == declared.canary)
+            .map(|r| r.progress.clone())
+            .unwrap_or_else(|| Progress::start(self.input.now.as_millisecond()));
+        Ok(Some(ResolvedRollout {
+            canary: key,
+            plan,
+            progress,
+        }))
     }
 
     /// Why a binding in `ns` naming `listed` cannot run its chain: a Middleware it names
@@ -162,7 +239,12 @@ impl<'a> Resolver<'a> {
     }
 
     /// Keeps a binding, Ready or not, with its condition, for authorization and `why`.
-    fn keep_binding(&mut self, d: &Declared<'_, ToolBinding>, release: Option<ObjectKey>) {
+    fn keep_binding(
+        &mut self,
+        d: &Declared<'_, ToolBinding>,
+        release: Option<ObjectKey>,
+        rollout: Option<ResolvedRollout>,
+    ) {
         let Some(state) = self.snapshot.resources.get(&d.id) else {
             return;
         };
@@ -170,6 +252,7 @@ impl<'a> Resolver<'a> {
             key: d.id.key.clone(),
             spec: d.object.spec.clone(),
             release: release.filter(|_| state.ready.status),
+            rollout: rollout.filter(|_| state.ready.status),
             ready: state.ready.clone(),
         };
         self.snapshot
@@ -269,9 +352,11 @@ pub fn resolve_binding_release<'r>(
 ) -> Result<&'r ObjectKey, (Reason, String)> {
     let ns = binding.metadata.namespace.clone().unwrap_or_default();
     let spec = &binding.spec;
-    let candidates = releases
-        .values()
-        .filter(|r| r.key.namespace == ns && r.tool == spec.tool);
+    // With a rollout, the stable release is never the canary.
+    let canary = spec.rollout.as_ref().map(|r| r.canary.as_str());
+    let candidates = releases.values().filter(|r| {
+        r.key.namespace == ns && r.tool == spec.tool && Some(r.key.name.as_str()) != canary
+    });
     let selector = spec
         .release
         .clone()
@@ -319,10 +404,62 @@ pub fn resolve_binding_release<'r>(
         })
 }
 
+/// The plan a binding's `rollout` declares.
+fn plan_of(rollout: &toolgrid_api::Rollout) -> Result<Plan, FieldError> {
+    Plan::new(
+        &rollout.steps,
+        rollout
+            .interval
+            .map(|i| i64::try_from(i.get().as_millis()).unwrap_or(i64::MAX)),
+        rollout.max_error_rate_increase,
+        rollout.min_calls,
+    )
+    .map_err(|e| FieldError::new("spec.rollout", e.to_string()))
+}
+
+/// The rollout columns of a binding's status.
+fn rollout_status(stable: &str, rollout: &ResolvedRollout) -> RolloutStatus {
+    let p = &rollout.progress;
+    RolloutStatus {
+        stable: stable.to_string(),
+        canary: rollout.canary.name.clone(),
+        weight: u32::from(rollout.weight()),
+        phase: p.phase.to_string(),
+        step: u32::try_from(p.step.min(rollout.plan.steps.len().saturating_sub(1)) + 1)
+            .unwrap_or(u32::MAX),
+        steps: rollout.plan.steps.iter().map(|&w| u32::from(w)).collect(),
+        message: p.message.clone(),
+        stable_calls: p.stable.calls,
+        stable_errors: p.stable.errors,
+        canary_calls: p.canary.calls,
+        canary_errors: p.canary.errors,
+    }
+}
+
+/// `Degraded`: true once the canary was rolled back.
+fn degraded_of(rollout: &ResolvedRollout) -> Desired {
+    let p = &rollout.progress;
+    match p.phase {
+        Phase::Aborted => Desired::degraded(true, Reason::CanaryRolledBack, p.message.clone()),
+        Phase::Progressing | Phase::Promoted => {
+            Desired::degraded(false, Reason::CanaryHealthy, p.message.clone())
+        }
+    }
+}
+
 fn check_binding(binding: &ToolBinding) -> Result<(), FieldError> {
     let spec = &binding.spec;
     if spec.agents.is_empty() {
         return Err(FieldError::new("spec.agents", "bind at least one agent"));
+    }
+    if let Some(rollout) = &spec.rollout {
+        plan_of(rollout)?;
+        if spec.release.as_ref().and_then(|r| r.name.as_ref()) == Some(&rollout.canary) {
+            return Err(FieldError::new(
+                "spec.rollout.canary",
+                "the canary is the release spec.release names; name another",
+            ));
+        }
     }
     if let Some(selector) = &spec.release {
         if selector.name.is_some() && selector.version.is_some() {

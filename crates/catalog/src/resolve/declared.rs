@@ -77,6 +77,7 @@ impl<'a> Resolver<'a> {
         &mut self,
         declared: (&ResourceId, &Source, i64, &str),
         ready: Desired,
+        degraded: Option<Option<Desired>>,
         mut status: KindStatus,
         columns: Vec<(String, String)>,
     ) {
@@ -87,6 +88,13 @@ impl<'a> Resolver<'a> {
             .and_then(|c| serde_json::from_value(c.clone()).ok())
             .unwrap_or_default();
         conditions::apply_ready(&mut conditions, &ready, Some(generation), self.input.now);
+        match degraded {
+            Some(Some(degraded)) => {
+                conditions::apply(&mut conditions, &degraded, Some(generation), self.input.now)
+            }
+            Some(None) => conditions.retain(|c| c.type_ != conditions::DEGRADED),
+            None => {}
+        }
         status.set_conditions(conditions, generation);
         self.snapshot.resources.insert(
             id.clone(),
@@ -112,6 +120,26 @@ impl<'a> Resolver<'a> {
         self.record(
             (&d.id, d.source, d.generation, &d.spec_hash),
             ready,
+            None,
+            status,
+            columns,
+        );
+    }
+
+    /// As [`Self::record_declared`], with a `Degraded` condition beside Ready (a binding
+    /// with a rollout); `None` removes one left from before.
+    pub(super) fn record_declared_degraded<T>(
+        &mut self,
+        d: &Declared<'_, T>,
+        ready: Desired,
+        degraded: Option<Desired>,
+        status: KindStatus,
+        columns: Vec<(String, String)>,
+    ) {
+        self.record(
+            (&d.id, d.source, d.generation, &d.spec_hash),
+            ready,
+            Some(degraded),
             status,
             columns,
         );
@@ -195,6 +223,7 @@ impl<'a> Resolver<'a> {
             self.record(
                 (&id, &source, previous_generation, ""),
                 Desired::not_ready(Reason::DuplicateName, message),
+                None,
                 KindStatus::empty(id.kind),
                 Vec::new(),
             );
@@ -227,6 +256,7 @@ impl<'a> Resolver<'a> {
                     self.record(
                         (&id, &doc.source, generation, ""),
                         Desired::not_ready(Reason::InvalidSpec, message),
+                        None,
                         KindStatus::empty(id.kind),
                         Vec::new(),
                     );

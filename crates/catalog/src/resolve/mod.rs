@@ -71,6 +71,9 @@ pub struct ResolveInput<'a> {
     /// What each ToolSource's upstream offered when the IO layer last read it (a source
     /// missing here has not been read yet).
     pub source_reads: &'a HashMap<ObjectKey, SourceRead>,
+    /// Where each binding's rollout is, by binding (from the store; one missing here
+    /// starts at its first step).
+    pub rollouts: &'a HashMap<ObjectKey, toolgrid_core::rollout::Record>,
 }
 
 /// ServiceAccounts, Secrets and ConfigMaps that exist, by namespace and name, with the data

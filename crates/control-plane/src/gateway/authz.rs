@@ -26,6 +26,8 @@ pub use toolgrid_catalog::access::{Allowed, Refusal, ToolAccess, call_access, de
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
     pub release: Option<ObjectKey>,
+    /// The binding's canary and its share of new calls now (a rollout).
+    pub canary: Option<(ObjectKey, toolgrid_core::rollout::Weight)>,
     /// The binding the call goes through (`None` for an operator's own call).
     pub binding: Option<ObjectKey>,
     pub access: CallAccess,
@@ -84,6 +86,7 @@ pub fn authorize_call(
         Principal::Operator { .. } => {
             return Ok(Grant {
                 release: None,
+                canary: None,
                 binding: None,
                 access: CallAccess::default(),
                 exposure: toolgrid_api::Exposure::Both,
@@ -120,6 +123,10 @@ pub fn authorize_call(
     };
     Ok(Grant {
         release: Some(allowed.release),
+        canary: binding
+            .rollout
+            .as_ref()
+            .map(|r| (r.canary.clone(), r.weight())),
         binding: Some(allowed.binding.clone()),
         access: call_access(resolved, binding),
         exposure: allowed.exposure,
@@ -350,6 +357,7 @@ spec: {agents: [ghost], tool: semver}
             now: "2026-01-01T00:00:00Z".parse().unwrap(),
             identities: Some(&identities),
             source_reads: &Default::default(),
+            rollouts: &Default::default(),
         })
     }
 

@@ -366,6 +366,63 @@ impl Tools for ToolsService {
         Ok(Response::new(proto::DrainWorkerResponse { busy }))
     }
 
+    async fn rollout(
+        &self,
+        request: Request<proto::RolloutRequest>,
+    ) -> Result<Response<proto::RolloutResponse>, Status> {
+        use toolgrid_core::rollout::Order;
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let order = match proto::RolloutAction::try_from(request.action) {
+            Ok(proto::RolloutAction::Status) => None,
+            Ok(proto::RolloutAction::Promote) => Some(Order::Promote { full: false }),
+            Ok(proto::RolloutAction::PromoteFull) => Some(Order::Promote { full: true }),
+            Ok(proto::RolloutAction::Abort) => Some(Order::Abort),
+            Err(_) => {
+                return Err(status_of(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("rollout action {} is not known", request.action),
+                )));
+            }
+        };
+        let namespace = if request.namespace.is_empty() {
+            "default"
+        } else {
+            &request.namespace
+        };
+        let binding = (!request.binding.is_empty()).then_some(request.binding.as_str());
+        let live = self
+            .gateway
+            .rollout(&caller, namespace, &request.tool, binding, order)
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(proto::RolloutResponse {
+            rollouts: live
+                .into_iter()
+                .map(|l| {
+                    let p = &l.record.progress;
+                    proto::RolloutRow {
+                        namespace: l.binding.namespace.clone(),
+                        binding: l.binding.name.clone(),
+                        stable: l.stable.clone(),
+                        canary: l.record.canary.clone(),
+                        weight: u32::from(l.weight),
+                        phase: p.phase.to_string(),
+                        step: u32::try_from(p.step.min(l.steps.len().saturating_sub(1)) + 1)
+                            .unwrap_or(u32::MAX),
+                        steps: l.steps.iter().map(|&w| u32::from(w)).collect(),
+                        message: p.message.clone(),
+                        stable_calls: l.stable_now.calls,
+                        stable_errors: l.stable_now.errors,
+                        canary_calls: l.canary_now.calls,
+                        canary_errors: l.canary_now.errors,
+                        step_started_ms: p.step_started_ms,
+                    }
+                })
+                .collect(),
+        }))
+    }
+
     async fn cancel(
         &self,
         request: Request<proto::CancelRequest>,

@@ -26,7 +26,8 @@ pub fn http_status(kind: ErrorKind) -> StatusCode {
         | ErrorKind::WorkspaceConflict
         | ErrorKind::RepeatedCall
         | ErrorKind::NotAwaitingApproval
-        | ErrorKind::NotCancellable => 409,
+        | ErrorKind::NotCancellable
+        | ErrorKind::RolloutEnded => 409,
         ErrorKind::Cancelled => 499,
         ErrorKind::Internal => 500,
         ErrorKind::Unavailable => 503,

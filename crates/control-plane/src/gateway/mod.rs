@@ -20,6 +20,7 @@ mod model_schemas;
 pub mod nested;
 pub mod refresh;
 pub mod results;
+mod rollout;
 mod sse;
 pub mod workspaces;
 
@@ -140,6 +141,8 @@ pub struct Gateway {
     identity: crate::identity::IssuerCell,
     /// Who reads a ToolSource again on `toolgrid refresh`.
     refresher: std::sync::OnceLock<Arc<dyn SourceRefresher>>,
+    /// Where each binding's canary rollout is.
+    rollouts: Arc<crate::rollout::RolloutBook>,
 }
 
 impl Gateway {
@@ -163,6 +166,7 @@ impl Gateway {
             console_limits: Default::default(),
             identity: Default::default(),
             refresher: std::sync::OnceLock::new(),
+            rollouts: Default::default(),
         })
     }
 
@@ -180,6 +184,11 @@ impl Gateway {
     /// The shared cell of the issuer (set by [`Self::set_identity`]).
     pub fn issuer(&self) -> crate::identity::IssuerCell {
         self.identity.clone()
+    }
+
+    /// Where each binding's canary rollout is (the catalog's sources resolve with it).
+    pub fn rollouts(&self) -> Arc<crate::rollout::RolloutBook> {
+        self.rollouts.clone()
     }
 
     /// Sets how long console sessions opened from now on live (idle, and in all).

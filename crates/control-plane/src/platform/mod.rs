@@ -197,6 +197,11 @@ impl ControlPlane {
         let nested: Arc<dyn crate::scheduler::NestedCaller> = gateway.clone();
         scheduler.set_nested_caller(Arc::downgrade(&nested));
         tokio::spawn(approval_timer(gateway.clone()));
+        tokio::spawn(crate::rollout::run(
+            store.clone(),
+            catalog.clone(),
+            gateway.rollouts(),
+        ));
         retention::spawn_session_purge(store.clone());
         Ok(ControlPlane {
             store,

@@ -91,11 +91,13 @@ pub enum ErrorKind {
     Cancelled,
     /// A cancel of a call that has ended already (cancellation is not rollback).
     NotCancellable,
+    /// A promote or abort of a canary rollout that was promoted or rolled back already.
+    RolloutEnded,
     Internal,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 38] = [
+    pub const ALL: [ErrorKind; 39] = [
         ErrorKind::InvalidArgument,
         ErrorKind::UnknownTool,
         ErrorKind::UnknownCommand,
@@ -133,6 +135,7 @@ impl ErrorKind {
         ErrorKind::NotAwaitingApproval,
         ErrorKind::Cancelled,
         ErrorKind::NotCancellable,
+        ErrorKind::RolloutEnded,
         ErrorKind::Internal,
     ];
 
@@ -175,6 +178,7 @@ impl ErrorKind {
             ErrorKind::NotAwaitingApproval => "not-awaiting-approval",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::NotCancellable => "not-cancellable",
+            ErrorKind::RolloutEnded => "rollout-ended",
             ErrorKind::Internal => "internal",
         }
     }

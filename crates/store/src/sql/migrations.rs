@@ -120,10 +120,33 @@ const MIGRATIONS: &[Migration] = &[
             ]
         },
     },
+    // Canary rollouts: where each binding's is.
+    Migration {
+        version: 8,
+        statements: |_| {
+            vec![
+                "CREATE TABLE IF NOT EXISTS rollouts (
+                    namespace TEXT NOT NULL,
+                    binding TEXT NOT NULL,
+                    canary TEXT NOT NULL,
+                    phase TEXT NOT NULL,
+                    step BIGINT NOT NULL,
+                    step_started_ms BIGINT NOT NULL,
+                    message TEXT NOT NULL,
+                    stable_calls BIGINT NOT NULL,
+                    stable_errors BIGINT NOT NULL,
+                    canary_calls BIGINT NOT NULL,
+                    canary_errors BIGINT NOT NULL,
+                    PRIMARY KEY (namespace, binding)
+                )"
+                .into(),
+            ]
+        },
+    },
 ];
 
 /// The schema version this binary writes; a store at a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 fn schema_v5(backend: Backend) -> Vec<String> {
     let blob = match backend {

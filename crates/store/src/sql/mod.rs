@@ -6,7 +6,7 @@
 //! through one group-commit writer ([`writer`]); each concern has its module: [`calls`]
 //! (calls and their oplogs), [`workspaces`], [`approvals`] (approvals and audit),
 //! [`buckets`] (rate limits), [`resources`] (artifacts and resource bookkeeping),
-//! [`retention`], [`sessions`] (the console's); [`migrations`] is the schema, [`rows`] the helpers they share.
+//! [`retention`], [`sessions`] (the console's), [`rollouts`] (canaries); [`migrations`] is the schema, [`rows`] the helpers they share.
 
 mod approvals;
 mod buckets;
@@ -14,6 +14,7 @@ mod calls;
 mod migrations;
 mod resources;
 mod retention;
+mod rollouts;
 mod rows;
 mod sessions;
 mod workspaces;

@@ -132,3 +132,121 @@ spec: {{agents: [reporter], tool: echo, secretKeysReadable: [other]}}
         ungranted.message
     );
 }
+
+#[test]
+fn a_binding_with_a_rollout_splits_between_its_stable_release_and_its_canary() {
+    let text = format!(
+        r#"{BASE}{}{}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: Agent
+metadata: {{name: reporter}}
+spec: {{serviceAccount: reporter, permissions: [{{tools: [echo]}}]}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: canaried}}
+spec: {{agents: [reporter], tool: echo, rollout: {{canary: echo-1.3.0, steps: [10, 50, 100], interval: 1m}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: missing-canary}}
+spec: {{agents: [reporter], tool: echo, rollout: {{canary: echo-9.9.9}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: descending}}
+spec: {{agents: [reporter], tool: echo, rollout: {{canary: echo-1.3.0, steps: [50, 10]}}}}
+---
+apiVersion: toolgrid.dev/v1alpha1
+kind: ToolBinding
+metadata: {{name: same}}
+spec: {{agents: [reporter], tool: echo, release: {{name: echo-1.3.0}}, rollout: {{canary: echo-1.3.0}}}}
+"#,
+        release("echo-1.2.0", "echo", "1.2.0"),
+        release("echo-1.3.0", "echo", "1.3.0"),
+    );
+    let set = set_of(&text);
+    assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+    let artifacts = ready_artifacts(&set, "sha256:a");
+
+    let snapshot = run(&set, &artifacts, &HashMap::new(), T0);
+    let binding = &snapshot.bindings[&ObjectKey::new("default", "canaried")];
+    // The stable release is the newest Ready one other than the canary.
+    assert_eq!(binding.release.as_ref().unwrap().name, "echo-1.2.0");
+    let rollout = binding.rollout.as_ref().expect("a canary");
+    assert_eq!(rollout.canary.name, "echo-1.3.0");
+    assert_eq!(
+        rollout.weight(),
+        10,
+        "a new rollout starts at its first step"
+    );
+    let status = &state(&snapshot, Kind::ToolBinding, "canaried").status;
+    assert_eq!(status["rollout"]["weight"], 10);
+    assert_eq!(status["rollout"]["phase"], "Progressing");
+    assert_eq!(status["rollout"]["stable"], "echo-1.2.0");
+    let degraded = |snapshot: &Snapshot| {
+        state(snapshot, Kind::ToolBinding, "canaried").status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Degraded")
+            .cloned()
+            .expect("a Degraded condition")
+    };
+    assert_eq!(degraded(&snapshot)["status"], "False");
+
+    // A canary that is not a Ready release of the tool takes nothing; the binding serves.
+    let missing = &snapshot.bindings[&ObjectKey::new("default", "missing-canary")];
+    assert!(missing.is_ready() && missing.rollout.is_none());
+    assert!(
+        state(&snapshot, Kind::ToolBinding, "missing-canary")
+            .ready
+            .message
+            .contains("canary echo-9.9.9 is not a Ready release"),
+    );
+    assert_eq!(
+        state(&snapshot, Kind::ToolBinding, "descending")
+            .ready
+            .reason,
+        Reason::InvalidSpec
+    );
+    assert_eq!(
+        state(&snapshot, Kind::ToolBinding, "same").ready.reason,
+        Reason::InvalidSpec
+    );
+
+    // Where the store says the rollout is: rolled back, Degraded with its figures.
+    let mut progress = toolgrid_core::rollout::Progress::start(0);
+    progress.phase = toolgrid_core::rollout::Phase::Aborted;
+    progress.message = "rolled back at 10%: 30.0% errors".into();
+    let rollouts = HashMap::from([(
+        ObjectKey::new("default", "canaried"),
+        toolgrid_core::rollout::Record {
+            binding: ObjectKey::new("default", "canaried"),
+            canary: "echo-1.3.0".into(),
+            progress,
+        },
+    )]);
+    let aborted = resolve(&ResolveInput {
+        set: &set,
+        artifacts: &artifacts,
+        wasm: &HashMap::new(),
+        previous: &previous_of(&snapshot),
+        now: T1.parse().unwrap(),
+        identities: None,
+        source_reads: &Default::default(),
+        rollouts: &rollouts,
+    });
+    let binding = &aborted.bindings[&ObjectKey::new("default", "canaried")];
+    assert_eq!(binding.rollout.as_ref().unwrap().weight(), 0);
+    let condition = degraded(&aborted);
+    assert_eq!(condition["status"], "True");
+    assert_eq!(condition["reason"], "CanaryRolledBack");
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("30.0% errors")
+    );
+}

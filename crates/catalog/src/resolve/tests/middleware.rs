@@ -267,6 +267,7 @@ fn a_wasm_middleware_is_ready_only_with_its_component() {
         now: T0.parse().unwrap(),
         identities: None,
         source_reads: &Default::default(),
+        rollouts: &Default::default(),
     });
     let ready = |name: &str| state(&snapshot, Kind::Middleware, name).ready.clone();
     assert_eq!(ready("good").reason, Reason::Resolved);

@@ -87,6 +87,7 @@ fn run(
         now: at.parse().unwrap(),
         identities: None,
         source_reads: &Default::default(),
+        rollouts: &Default::default(),
     })
 }
 

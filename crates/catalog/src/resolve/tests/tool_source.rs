@@ -128,6 +128,7 @@ fn run(text: &str, reads: HashMap<ObjectKey, SourceRead>, identities: &Identitie
         now: T0.parse().unwrap(),
         identities: Some(identities),
         source_reads: &reads,
+        rollouts: &Default::default(),
     })
 }
 

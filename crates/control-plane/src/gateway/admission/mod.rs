@@ -197,7 +197,10 @@ impl Gateway {
             return Ok(earlier);
         }
 
-        let release = self.release_for(&snapshot, &tool, namespace, &grant)?;
+        let id = uuid::Uuid::now_v7().to_string();
+        // A rollout splits new calls by their key (a retry keeps its side), else by id.
+        let split = idempotency_key.as_deref().unwrap_or(&id);
+        let release = self.release_for(&snapshot, &tool, namespace, &grant, split)?;
         let mut candidate = chain::Candidate {
             command,
             args,
@@ -248,7 +251,7 @@ impl Gateway {
         }
         let stdin = invocation.stdin.unwrap_or_default();
         let new = record::new_call(record::Admission {
-            id: uuid::Uuid::now_v7().to_string(),
+            id,
             now_ms: now_ms(),
             caller,
             namespace,
@@ -351,15 +354,24 @@ impl Gateway {
         }))
     }
 
-    /// The release a call with `grant` runs, or why there is none.
+    /// The release a call with `grant` runs, or why there is none: the binding's canary
+    /// when `split` (the call's key) falls in its share, else its release.
     fn release_for(
         &self,
         snapshot: &Snapshot,
         tool: &ResolvedTool,
         namespace: &str,
         grant: &authz::Grant,
+        split: &str,
     ) -> Result<Arc<toolgrid_catalog::ResolvedRelease>, ApiError> {
-        let Some(release_key) = grant.release.as_ref().or(tool.release.as_ref()) else {
+        let canary = grant
+            .canary
+            .as_ref()
+            .filter(|(_, weight)| {
+                toolgrid_core::rollout::side(split, *weight) == toolgrid_core::rollout::Side::Canary
+            })
+            .map(|(key, _)| key);
+        let Some(release_key) = canary.or(grant.release.as_ref()).or(tool.release.as_ref()) else {
             let why: Vec<String> = snapshot
                 .resources_of(Kind::ToolRelease)
                 .filter(|r| {

@@ -1,0 +1,180 @@
+//! Canary rollouts: where each binding's rollout is (one row per binding, changed only by
+//! compare-and-set, so replicas judging at once agree), and what each release's ended
+//! calls were, the figures a step is judged on.
+
+use super::SqlStore;
+use super::writer::Write;
+use crate::{Rollouts, StoreError};
+use async_trait::async_trait;
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row};
+use std::collections::BTreeMap;
+use toolgrid_core::call::CallError;
+use toolgrid_core::ids::ObjectKey;
+use toolgrid_core::rollout::{Phase, Progress, Record, Tally};
+
+fn record_from_row(row: &AnyRow) -> Result<Record, StoreError> {
+    let phase: String = row.try_get("phase")?;
+    let count = |column: &str| -> Result<u64, StoreError> {
+        let n: i64 = row.try_get(column)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    Ok(Record {
+        binding: ObjectKey::new(
+            row.try_get::<String, _>("namespace")?,
+            row.try_get::<String, _>("binding")?,
+        ),
+        canary: row.try_get("canary")?,
+        progress: Progress {
+            phase: Phase::parse(&phase)
+                .ok_or_else(|| StoreError::Corrupt(format!("rollout phase {phase:?}")))?,
+            step: usize::try_from(row.try_get::<i64, _>("step")?).unwrap_or(0),
+            step_started_ms: row.try_get("step_started_ms")?,
+            message: row.try_get("message")?,
+            stable: Tally {
+                calls: count("stable_calls")?,
+                errors: count("stable_errors")?,
+            },
+            canary: Tally {
+                calls: count("canary_calls")?,
+                errors: count("canary_errors")?,
+            },
+        },
+    })
+}
+
+fn as_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Stores `next` when the row is still `expected` (none: no row yet).
+struct PutRollout {
+    expected: Option<Record>,
+    next: Record,
+}
+
+#[async_trait]
+impl Write for PutRollout {
+    type Output = bool;
+
+    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<bool, StoreError> {
+        let n = &self.next;
+        let p = &n.progress;
+        let done = match &self.expected {
+            None => sqlx::query(
+                "INSERT INTO rollouts (namespace, binding, canary, phase, step, step_started_ms, \
+                     message, stable_calls, stable_errors, canary_calls, canary_errors) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                     ON CONFLICT (namespace, binding) DO NOTHING",
+            )
+            .bind(&n.binding.namespace)
+            .bind(&n.binding.name)
+            .bind(&n.canary)
+            .bind(p.phase.as_str())
+            .bind(i64::try_from(p.step).unwrap_or(0))
+            .bind(p.step_started_ms)
+            .bind(&p.message)
+            .bind(as_i64(p.stable.calls))
+            .bind(as_i64(p.stable.errors))
+            .bind(as_i64(p.canary.calls))
+            .bind(as_i64(p.canary.errors))
+            .execute(&mut *conn)
+            .await?,
+            Some(e) => {
+                sqlx::query(
+                    "UPDATE rollouts SET canary = $3, phase = $4, step = $5, step_started_ms = $6, \
+                     message = $7, stable_calls = $8, stable_errors = $9, canary_calls = $10, \
+                     canary_errors = $11 WHERE namespace = $1 AND binding = $2 AND canary = $12 \
+                     AND phase = $13 AND step = $14 AND step_started_ms = $15",
+                )
+                .bind(&n.binding.namespace)
+                .bind(&n.binding.name)
+                .bind(&n.canary)
+                .bind(p.phase.as_str())
+                .bind(i64::try_from(p.step).unwrap_or(0))
+                .bind(p.step_started_ms)
+                .bind(&p.message)
+                .bind(as_i64(p.stable.calls))
+                .bind(as_i64(p.stable.errors))
+                .bind(as_i64(p.canary.calls))
+                .bind(as_i64(p.canary.errors))
+                .bind(&e.canary)
+                .bind(e.progress.phase.as_str())
+                .bind(i64::try_from(e.progress.step).unwrap_or(0))
+                .bind(e.progress.step_started_ms)
+                .execute(&mut *conn)
+                .await?
+            }
+        };
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+#[async_trait]
+impl Rollouts for SqlStore {
+    async fn rollouts(&self) -> Result<Vec<Record>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT namespace, binding, canary, phase, step, step_started_ms, message, \
+             stable_calls, stable_errors, canary_calls, canary_errors FROM rollouts",
+        )
+        .fetch_all(&self.reads)
+        .await?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn put_rollout(
+        &self,
+        expected: Option<&Record>,
+        next: &Record,
+    ) -> Result<bool, StoreError> {
+        self.write(PutRollout {
+            expected: expected.cloned(),
+            next: next.clone(),
+        })
+        .await
+    }
+
+    async fn release_tallies(
+        &self,
+        namespace: &str,
+        tool: &str,
+        since_ms: i64,
+    ) -> Result<BTreeMap<String, Tally>, StoreError> {
+        let mut tallies: BTreeMap<String, Tally> = BTreeMap::new();
+        let ended = sqlx::query(
+            "SELECT release, COUNT(*) AS n FROM calls WHERE namespace = $1 AND tool = $2 \
+             AND finished_at_ms >= $3 AND error_json IS NULL GROUP BY release",
+        )
+        .bind(namespace)
+        .bind(tool)
+        .bind(since_ms)
+        .fetch_all(&self.reads)
+        .await?;
+        for row in &ended {
+            let n: i64 = row.try_get("n")?;
+            tallies.entry(row.try_get("release")?).or_default().calls +=
+                u64::try_from(n).unwrap_or(0);
+        }
+        // The failures one by one: which of them the release is to blame for is the
+        // domain's rule, over the error's kind.
+        let failed = sqlx::query(
+            "SELECT release, error_json FROM calls WHERE namespace = $1 AND tool = $2 \
+             AND finished_at_ms >= $3 AND error_json IS NOT NULL",
+        )
+        .bind(namespace)
+        .bind(tool)
+        .bind(since_ms)
+        .fetch_all(&self.reads)
+        .await?;
+        for row in &failed {
+            let text: String = row.try_get("error_json")?;
+            let error: CallError = serde_json::from_str(&text)
+                .map_err(|e| StoreError::Corrupt(format!("a call's error: {e}")))?;
+            tallies
+                .entry(row.try_get("release")?)
+                .or_default()
+                .add(Some(error.kind));
+        }
+        Ok(tallies)
+    }
+}
