@@ -272,12 +272,9 @@ async fn lead(
     let source = source::ClusterSource::start(
         &client,
         settings.watch_namespace.as_deref(),
-        control_plane.catalog.clone(),
-        store.clone(),
+        &control_plane,
         settings.artifact_fetch.clone(),
-        control_plane.gateway.issuer(),
         builtins,
-        control_plane.gateway.rollouts(),
     );
     control_plane
         .gateway

@@ -135,6 +135,18 @@ where
             tracing::warn!(%error, resource = %key, "cannot publish an event");
         }
     }
+    if let Some((reason, message)) = super::status::rolled_back(&current, desired) {
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason,
+            note: Some(truncate_bytes(&message, 1024)),
+            action: "RolledBack".into(),
+            secondary: None,
+        };
+        if let Err(error) = ctx.recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::warn!(%error, resource = %key, "cannot publish an event");
+        }
+    }
     Ok(())
 }
 

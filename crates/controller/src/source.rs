@@ -201,13 +201,14 @@ impl ClusterSource {
     pub fn start(
         client: &Client,
         namespace: Option<&str>,
-        catalog: Arc<Catalog>,
-        store: Arc<dyn Store>,
+        control_plane: &toolgrid_control_plane::platform::ControlPlane,
         fetch_policy: FetchPolicy,
-        issuer: toolgrid_control_plane::identity::IssuerCell,
         builtins: Option<Arc<crate::builtins::Builtins>>,
-        rollouts: Arc<toolgrid_control_plane::rollout::RolloutBook>,
     ) -> Arc<Self> {
+        let catalog = control_plane.catalog.clone();
+        let store = control_plane.store.clone();
+        let issuer = control_plane.gateway.issuer();
+        let rollouts = control_plane.gateway.rollouts();
         let changed = Arc::new(Notify::new());
         let caches = Caches {
             tools: reflect(api::<Tool>(client, namespace), changed.clone()),

@@ -49,6 +49,23 @@ pub fn ready_transition(current: &Value, desired: &Value) -> Option<(bool, Strin
     Some((after.status == "True", after.reason, after.message))
 }
 
+/// A binding's canary rolled back since `current` (`Degraded` turned `True`): its reason
+/// and message, with the figures.
+pub fn rolled_back(current: &Value, desired: &Value) -> Option<(String, String)> {
+    let degraded = |status: &Value| -> Option<Condition> {
+        let conditions: Vec<Condition> =
+            serde_json::from_value(status.get("conditions")?.clone()).ok()?;
+        conditions
+            .into_iter()
+            .find(|c| c.type_ == conditions::DEGRADED)
+    };
+    let after = degraded(desired).filter(|c| c.status == "True")?;
+    if degraded(current).is_some_and(|c| c.status == "True") {
+        return None;
+    }
+    Some((after.reason, after.message))
+}
+
 pub use toolgrid_catalog::pool_health::LivePool;
 
 /// A pool's status: the resolved one, with the live counts, and Ready as
@@ -93,6 +110,29 @@ pub fn pool_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rollback_is_told_once() {
+        let status = |degraded: &str| {
+            json!({"conditions": [{"type": "Ready", "status": "True", "reason": "Resolved", "message": "",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "Degraded", "status": degraded, "reason": "CanaryRolledBack",
+                "message": "rolled back at 10%: 30.0% errors", "lastTransitionTime": "2026-01-01T00:00:00Z"}]})
+        };
+        assert_eq!(
+            rolled_back(&status("False"), &status("True")),
+            Some((
+                "CanaryRolledBack".into(),
+                "rolled back at 10%: 30.0% errors".into()
+            ))
+        );
+        assert_eq!(
+            rolled_back(&json!({}), &status("True")).map(|r| r.0),
+            Some("CanaryRolledBack".into())
+        );
+        assert_eq!(rolled_back(&status("True"), &status("True")), None);
+        assert_eq!(rolled_back(&status("False"), &status("False")), None);
+    }
     use toolgrid_api::Kind;
     use toolgrid_api::conditions::{Desired, Reason};
     use toolgrid_catalog::ResourceId;

@@ -1919,7 +1919,6 @@ async fn an_oplog_page_is_read_by_the_query_with_its_limit_capped() {
 async fn rollouts_change_by_compare_and_set_and_releases_are_tallied() {
     use toolgrid_core::ids::ObjectKey;
     use toolgrid_core::rollout::{Phase, Progress, Record, Tally};
-    use toolgrid_store::Rollouts;
     let dir = tempfile::tempdir().unwrap();
     for (backend, url) in backends(&dir).await {
         let store = toolgrid_store::open(&url).await.unwrap();
@@ -1952,7 +1951,7 @@ async fn rollouts_change_by_compare_and_set_and_releases_are_tallied() {
         );
 
         // Tallies: by release, the release's own failures as errors, refusals not counted.
-        let mut call = |id: &str, release: &str| {
+        let call = |id: &str, release: &str| {
             let mut call = new_call(id, None, json!({"id": id}));
             call.release = release.into();
             call.started.release = release.into();
