@@ -234,3 +234,113 @@ async fn a_draining_worker_finishes_what_fits_its_grace_and_gives_up_the_rest() 
     assert!(String::from_utf8_lossy(&drained.stdout).contains("worker w4 is draining"));
     exits_zero(&mut w4, Duration::from_secs(10)).await;
 }
+
+/// The local workers of `toolgrid up` are replaced one by one on SIGHUP, and again when
+/// their pool's settings change, while calls run: every call that was running finishes on
+/// the worker it ran on (never replayed), calls made meanwhile go to the others, none
+/// fails, every request is made once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_local_workers_under_load_fails_and_replays_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let witness = Witness::start().await;
+    let dir = manifests(root.path(), &witness);
+    let file = dir.join("slow.yaml");
+    let two = |slots: u32| {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let pool = text
+            .lines()
+            .find(|l| l.starts_with("spec: {replicas:"))
+            .unwrap()
+            .to_string();
+        std::fs::write(
+            &file,
+            text.replacen(
+                &pool,
+                &format!("spec: {{replicas: 2, slotsPerWorker: {slots}}}"),
+                1,
+            ),
+        )
+        .unwrap();
+    };
+    two(8);
+    let platform = Platform::start(root.path(), &dir, &[]);
+    let base = witness.base();
+    platform
+        .eventually("slow is ready", Duration::from_secs(60), || async {
+            platform
+                .resource("tools", "slow")
+                .await
+                .is_some_and(|r| r.ready == "True")
+        })
+        .await;
+    let warm = start(&platform, &base, "warm", 1, 0).await.await.unwrap();
+    assert_eq!(warm.state, proto::CallState::Succeeded as i32, "{warm:?}");
+
+    let mut replaced = 0;
+    for (round, change) in ["sighup", "slots"].iter().enumerate() {
+        // Calls that run when the roll starts, each fitting the grace period.
+        let runs: Vec<String> = (0..6).map(|i| format!("{change}{i}")).collect();
+        let mut calls = Vec::new();
+        for run in &runs {
+            calls.push(start(&platform, &base, run, 3, 800).await);
+        }
+        let started = |seen: &[Seen]| runs.iter().all(|r| !requests_of(seen, r).is_empty());
+        assert!(
+            witness.wait_for(Duration::from_secs(30), started).await,
+            "{}",
+            platform.logs()
+        );
+        match *change {
+            // SAFETY: a signal to the platform process this test started.
+            "sighup" => unsafe {
+                libc::kill(platform.pid() as i32, libc::SIGHUP);
+            },
+            _ => two(6),
+        }
+        // Calls made while the workers are replaced.
+        let during: Vec<String> = (0..12).map(|i| format!("{change}-during{i}")).collect();
+        let mut during_calls = Vec::new();
+        for run in &during {
+            during_calls.push(start(&platform, &base, run, 1, 0).await);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        for (run, call) in runs.iter().zip(calls) {
+            let call = call.await.unwrap();
+            assert_eq!(
+                call.state,
+                proto::CallState::Succeeded as i32,
+                "{run}: {call:?}\n{}",
+                platform.logs()
+            );
+            // Finished where it ran: never moved, never replayed.
+            assert_eq!(call.epoch, 1, "{run}: {call:?}");
+        }
+        for (run, call) in during.iter().zip(during_calls) {
+            let call = call.await.unwrap();
+            assert_eq!(
+                call.state,
+                proto::CallState::Succeeded as i32,
+                "{run}: {call:?}\n{}",
+                platform.logs()
+            );
+        }
+        each_request_once(&witness, &runs, 3);
+        each_request_once(&witness, &during, 1);
+        // Both workers were replaced, and each old one left by draining.
+        replaced += 2;
+        platform
+            .eventually(
+                &format!("round {round}: both workers replaced and gone"),
+                Duration::from_secs(60),
+                || async {
+                    let logs = platform.logs();
+                    logs.matches("worker replaced; the old one drains").count() >= replaced
+                        && logs.matches("worker left").count() >= replaced
+                },
+            )
+            .await;
+    }
+    let logs = platform.logs();
+    assert!(!logs.contains("killing it"), "a worker was killed:\n{logs}");
+    assert!(!logs.contains("restarting in"), "a worker died:\n{logs}");
+}

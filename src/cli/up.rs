@@ -305,7 +305,26 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             args.cache.clone().unwrap_or_else(|| data.join("cache")),
             join_token,
             tls_ca,
-        );
+        )
+        .with_attached({
+            let scheduler = control_plane.scheduler.clone();
+            Arc::new(move || {
+                scheduler
+                    .workers()
+                    .into_iter()
+                    .map(|w| w.id.as_str().to_string())
+                    .collect()
+            })
+        });
+        // SIGHUP: replace every local worker, one by one, each draining as it goes.
+        let restart = pools.restart_handle();
+        let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        tokio::spawn(async move {
+            while hangup.recv().await.is_some() {
+                tracing::info!("SIGHUP: restarting the local workers one by one");
+                restart.notify_one();
+            }
+        });
         Some(tokio::spawn(pools.run(control_plane.catalog.clone())))
     };
     // The one hint, which names the file and never holds the secret itself.
