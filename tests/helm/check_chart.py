@@ -255,6 +255,7 @@ def expected_namespaced_perms() -> set:
     p |= {("", "serviceaccounts", v, None) for v in ("create", "patch")}
     p |= {("apps", "deployments", v, None)
           for v in ("get", "list", "watch", "create", "patch", "update", "delete")}
+    p |= {("", "pods", v, None) for v in ("list", "patch")}
     p |= {(g, "events", v, None) for g in ("events.k8s.io", "") for v in ("create", "patch")}
     return p
 

@@ -84,6 +84,30 @@ fn worker_labels(pool: &str) -> BTreeMap<String, String> {
     .collect()
 }
 
+/// The annotation the ReplicaSet controller reads to choose which pods go first when a
+/// Deployment scales in: the lowest cost first.
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+/// The deletion cost each of a pool's pods should carry before it scales in, where it
+/// differs from what it carries (`pods`: name and current annotation): the calls its worker
+/// holds (the worker id is the pod's name), so the least busy worker is drained first;
+/// a pod whose worker is not attached (starting, or lost) costs -1, less than any idle one.
+pub fn deletion_costs(
+    pods: &[(String, Option<String>)],
+    workers: &[toolgrid_core::scheduler::WorkerInfo],
+) -> Vec<(String, String)> {
+    pods.iter()
+        .filter_map(|(pod, current)| {
+            let cost = workers
+                .iter()
+                .find(|w| w.id.as_str() == pod)
+                .map_or(-1, |w| i64::from(w.busy))
+                .to_string();
+            (current.as_deref() != Some(cost.as_str())).then(|| (pod.clone(), cost))
+        })
+        .collect()
+}
+
 /// The ServiceAccount the controller makes for a pool's workers, owned by the pool: only
 /// when the pool names none of its own (`spec.serviceAccount`) and none of that name
 /// exists yet (`exists`), so that an account someone else made is never taken over (nor
@@ -486,6 +510,38 @@ mod tests {
         let mut spec = plain_spec();
         spec.service_account = Some("gpu-runner".into());
         assert!(desired_service_account(&pool(spec), false).is_none());
+    }
+
+    #[test]
+    fn scale_in_takes_the_least_busy_worker_first() {
+        use toolgrid_core::ids::WorkerId;
+        use toolgrid_core::scheduler::WorkerInfo;
+        let worker = |id: &str, busy| WorkerInfo {
+            id: WorkerId::from(id),
+            pool: "team/default".into(),
+            slots: 8,
+            busy,
+        };
+        let workers = [
+            worker("w-busy", 7),
+            worker("w-idle", 0),
+            worker("w-some", 2),
+        ];
+        let pods = [
+            ("w-busy".to_string(), None),
+            ("w-idle".to_string(), Some("0".to_string())),
+            ("w-some".to_string(), Some("5".to_string())),
+            ("w-starting".to_string(), None),
+        ];
+        assert_eq!(
+            deletion_costs(&pods, &workers),
+            vec![
+                ("w-busy".to_string(), "7".to_string()),
+                ("w-some".to_string(), "2".to_string()),
+                ("w-starting".to_string(), "-1".to_string()),
+            ],
+            "only what differs is patched; the idle pod already says 0"
+        );
     }
 
     #[test]

@@ -454,7 +454,7 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
     let mut bigger = pool.clone();
     bigger.spec.replicas = Some(3);
     bigger.status = serde_json::from_value(status["status"].clone()).unwrap();
-    let task = tokio::spawn(reconcile::reconcile_pool(Arc::new(bigger), ctx));
+    let task = tokio::spawn(reconcile::reconcile_pool(Arc::new(bigger), ctx.clone()));
     let deployment = expect(
         &mut handle,
         Method::PATCH,
@@ -487,6 +487,72 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
         "the Deployment's ready pods"
     );
     expect_nothing(&mut handle).await;
+    task.await.unwrap().expect("reconciled");
+
+    // Scale-in to 1: before the Deployment shrinks, each pod is given its deletion cost
+    // (its worker's calls; -1 for one not attached), so the least busy go first.
+    let mut smaller = pool.clone();
+    smaller.spec.replicas = Some(1);
+    smaller.status = serde_json::from_value(status["status"].clone()).unwrap();
+    let task = tokio::spawn(reconcile::reconcile_pool(Arc::new(smaller), ctx));
+    expect(
+        &mut handle,
+        Method::GET,
+        "/api/v1/namespaces/default/pods",
+        &["labelSelector=toolgrid.dev%2Fpool%3Ddefault"],
+        StatusCode::OK,
+        |_| {
+            let pod = |name: &str, cost: Option<&str>| {
+                let mut pod = json!({"metadata": {"name": name, "namespace": "default"}});
+                if let Some(cost) = cost {
+                    pod["metadata"]["annotations"] =
+                        json!({"controller.kubernetes.io/pod-deletion-cost": cost});
+                }
+                pod
+            };
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
+                "items": [pod("w-a", None), pod("w-b", Some("-1")), pod("w-c", Some("3"))]})
+        },
+    )
+    .await;
+    for name in ["w-a", "w-c"] {
+        let patch = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("/api/v1/namespaces/default/pods/{name}"),
+            &[],
+            StatusCode::OK,
+            |body| body.clone(),
+        )
+        .await;
+        assert_eq!(
+            patch["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"], "-1",
+            "{name}: not attached"
+        );
+    }
+    let deployment = expect(
+        &mut handle,
+        Method::PATCH,
+        "/apis/apps/v1/namespaces/default/deployments/toolgrid-worker-default",
+        &["fieldManager=toolgrid-controller"],
+        StatusCode::OK,
+        |body| body.clone(),
+    )
+    .await;
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    expect(
+        &mut handle,
+        Method::PATCH,
+        "/apis/toolgrid.dev/v1alpha1/namespaces/default/workerpools/default/status",
+        &[],
+        StatusCode::OK,
+        |body| {
+            let mut object = serde_json::to_value(&pool).unwrap();
+            object["status"] = body["status"].clone();
+            object
+        },
+    )
+    .await;
     task.await.unwrap().expect("reconciled");
 }
 

@@ -4,7 +4,8 @@
 //! a WorkerPool's Deployment, a ToolRelease's finalizer while calls are in flight.
 
 use super::deployment::{
-    WorkerSettings, deployment_name, desired_deployment, desired_service_account, desired_workers,
+    DELETION_COST, POOL_LABEL, WorkerSettings, deletion_costs, deployment_name, desired_deployment,
+    desired_service_account, desired_workers,
 };
 use super::source::Caches;
 use super::status::{
@@ -13,8 +14,8 @@ use super::status::{
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, ListParams, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
@@ -235,6 +236,11 @@ pub(crate) async fn reconcile_pool(
             .await?;
     }
     let desired = desired_workers(&pool, live.busy, live.queued);
+    let before = pool.status.as_ref().map_or(0, |s| s.desired_workers);
+    if desired < before {
+        // Scale-in: the least busy workers go first (each drains on its SIGTERM).
+        mark_deletion_costs(&ctx, &key).await;
+    }
     let deployment = desired_deployment(&pool, &ctx.workers, desired);
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let applied = deployments
@@ -259,6 +265,46 @@ pub(crate) async fn reconcile_pool(
     write_status(&ctx, &*pool, &status).await?;
     // Live counts change without any watch event: look again soon.
     Ok(Action::requeue(Duration::from_secs(10)))
+}
+
+/// Annotates each worker pod of pool `key` with its deletion cost (the calls its worker
+/// holds), so the Deployment's scale-in removes the least busy first. Best effort: a
+/// failure is logged, and the scale-in goes on.
+async fn mark_deletion_costs(ctx: &Context, key: &ObjectKey) {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let listed = match pods
+        .list(&ListParams::default().labels(&format!("{POOL_LABEL}={}", key.name)))
+        .await
+    {
+        Ok(listed) => listed,
+        Err(error) => {
+            tracing::warn!(pool = %key, %error, "cannot list the pool's pods to rank them for scale-in");
+            return;
+        }
+    };
+    let named: Vec<(String, Option<String>)> = listed
+        .items
+        .iter()
+        .filter_map(|pod| {
+            let name = pod.metadata.name.clone()?;
+            let cost = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DELETION_COST))
+                .cloned();
+            Some((name, cost))
+        })
+        .collect();
+    for (name, cost) in deletion_costs(&named, &ctx.scheduler.workers()) {
+        let patch = serde_json::json!({"metadata": {"annotations": {DELETION_COST: cost}}});
+        if let Err(error) = pods
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(pool = %key, pod = %name, %error, "cannot set the pod's deletion cost");
+        }
+    }
 }
 
 fn error_policy<K: Resource<DynamicType = ()>>(
