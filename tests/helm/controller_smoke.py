@@ -22,6 +22,10 @@ recorded. Then the CRDs and the examples are created and, each "eventually, with
   - `toolgrid call semver compare 1.2.0 1.10.0` answers order -1;
   - a change of a Tool's spec is observed (generation 2) without moving the Ready
     condition's lastTransitionTime; a WorkerPool scaled to 3 scales its Deployment;
+  - a rolling update under load: the pool's slotsPerWorker changes the Deployment's
+    template (rolling with maxSurge 1, maxUnavailable 0); played with real workers (the
+    fake server runs no pods), the new one attaches, the old one gets SIGTERM, drains and
+    exits 0; no call fails and none is assigned twice;
   - ToolReleases naming a missing ConfigMap key or the wrong digest are Ready=False
     (ArtifactNotFound, DigestMismatch), with kstatus Reconciling=True and Stalled=True
     respectively, and the controller keeps running; Ready objects carry neither;
@@ -666,6 +670,89 @@ class Smoke:
             return ok, {"deployment replicas": d["spec"].get("replicas"), "pool status": status}
         eventually("WorkerPool replicas 3 reach the Deployment and the pool's status", scaled)
 
+    def check_rolling_update(self):
+        """The pool's Deployment template changes under load (slotsPerWorker 16 -> 12); the
+        fake API server runs no pods, so this plays the ReplicaSet's rolling update
+        (maxSurge 1, maxUnavailable 0) with real workers: the new pod's worker attaches, then
+        the old one gets SIGTERM, drains and exits 0. No call fails, none is replayed."""
+        import threading
+        stop = threading.Event()
+        failures, made = [], [0]
+        endpoint = f"https://127.0.0.1:{self.grpc}"
+
+        def load():
+            while not stop.is_set():
+                run = subprocess.run(
+                    [self.toolgrid, "call", "semver", "compare", "1.2.0", "1.10.0",
+                     "--endpoint", endpoint],
+                    capture_output=True, text=True, timeout=60, env=self.env)
+                made[0] += 1
+                if run.returncode != 0:
+                    failures.append(f"exit {run.returncode}: {run.stderr.strip()}")
+        threads = [threading.Thread(target=load, daemon=True) for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(1.0)
+            path = self.path_of(f"{GROUP}/v1alpha1", "WorkerPool", "default", "default")
+            code, out = self.api("PATCH", path, {"spec": {"slotsPerWorker": 12}},
+                                 ctype="application/merge-patch+json")
+            if code != 200:
+                raise Failed(f"patching the WorkerPool: {code} {_short(out)}")
+
+            def new_template():
+                d = self.get("apps/v1", "Deployment", "default", "toolgrid-worker-default")
+                args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+                strategy = d["spec"].get("strategy") or {}
+                ok = "12" in args and strategy.get("rollingUpdate") == {"maxSurge": 1, "maxUnavailable": 0}
+                return ok, {"args": args, "strategy": strategy}
+            eventually("the Deployment's template takes slotsPerWorker 12", new_template)
+            # The new pod: its worker attaches beside the old one.
+            old = self.worker
+            self.worker = subprocess.Popen(
+                [self.toolgrid, "worker", "--control-plane", endpoint,
+                 "--pool", "default/default", "--id", "w1", "--slots", "12",
+                 "--cache", os.path.join(self.tmp, "cache")],
+                env=self.env, stdin=subprocess.DEVNULL, stdout=open(self.worker_log + ".w1", "w"),
+                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+            def both():
+                status = self.get_cr("WorkerPool", "default").get("status") or {}
+                return (status.get("attachedWorkers") or 0) >= 2, status
+            eventually("the new worker attaches beside the old", both)
+            time.sleep(0.5)
+            # The old pod is deleted: SIGTERM; it drains and exits 0.
+            old.send_signal(signal.SIGTERM)
+            try:
+                code = old.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                old.kill()
+                raise Failed("the old worker did not exit within its grace period")
+            if code != 0:
+                raise Failed(f"the old worker exited {code} after draining")
+            time.sleep(1.5)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+        if failures:
+            raise Failed(f"{len(failures)} of {made[0]} calls failed during the rolling update: "
+                         + "; ".join(failures[:5]))
+        if made[0] < 5:
+            raise Failed(f"only {made[0]} calls were made during the rolling update")
+        run = subprocess.run([self.toolgrid, "calls", "--limit", "1000", "-o", "json",
+                              "--endpoint", endpoint],
+                             capture_output=True, text=True, timeout=60, env=self.env)
+        calls = json.loads(run.stdout).get("calls") if run.returncode == 0 else None
+        if not isinstance(calls, list):
+            raise Failed(f"toolgrid calls: {run.returncode} {run.stdout[:300]} {run.stderr[:300]}")
+        moved = [c for c in calls if (c.get("epoch") or 0) > 1]
+        if moved:
+            raise Failed(f"calls were assigned again (replayed): {_short(moved, 600)}")
+        with open(self.worker_log) as f:
+            if "draining" not in f.read():
+                raise Failed("the old worker's log does not say it drained")
+
     def check_invalid_releases(self):
         textstats = next(o for o in self.examples if o["kind"] == "ToolRelease"
                          and o["spec"]["tool"] == "textstats")
@@ -879,6 +966,7 @@ def main() -> int:
         ("a tool call", smoke.check_call),
         ("a spec change is observed", smoke.check_spec_change),
         ("a WorkerPool scaled", smoke.check_pool_change),
+        ("a rolling update of the pool under load", smoke.check_rolling_update),
         ("invalid ToolReleases", smoke.check_invalid_releases),
         ("a ToolRelease deleted", smoke.check_delete_release),
         ("SIGTERM", smoke.check_shutdown),
