@@ -8,6 +8,7 @@ mod common;
 mod approval;
 mod audit_redact;
 mod authz;
+mod bench;
 mod builtins;
 mod cancel;
 mod chart;

@@ -1,6 +1,8 @@
 //! `toolgrid bench`: measurements against a real platform, next to a baseline measured in
 //! the same run, printed so runs can be compared (see BENCHMARKS.md).
 
+mod stages;
+
 use super::sample::Sample;
 use anyhow::Context;
 use std::io::{BufRead, BufReader};
@@ -78,6 +80,17 @@ struct CallsArgs {
     /// The tool's artifact, for the in-process baseline.
     #[arg(long, default_value = "examples/tools/semver/semver.wasm")]
     wasm: PathBuf,
+    /// Also print where a sequential call's time goes, stage by stage (p50/p99), from the
+    /// platform's `toolgrid_call_stage_seconds` histograms.
+    #[arg(long)]
+    stages: bool,
+    /// The platform's HTTP address (`host:port`) for `--stages` with `--endpoint`.
+    #[arg(long)]
+    http: Option<String>,
+    /// Fail (exit 1) when the sequential p50 exceeds the in-process run's plus this many
+    /// raw fdatasync p50s, all measured in this run (a ratio: the machine's speed cancels).
+    #[arg(long)]
+    max_fsyncs: Option<f64>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -237,6 +250,7 @@ fn header() -> String {
 struct Started {
     child: Child,
     grpc: String,
+    http: String,
     /// The admin token of the started platform.
     token: String,
     _data: tempfile::TempDir,
@@ -287,10 +301,16 @@ fn start_platform_with(
         .find_map(|w| w.strip_prefix("grpc="))
         .context("no grpc= in the ready line")?
         .to_string();
+    let http = ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http="))
+        .context("no http= in the ready line")?
+        .to_string();
     let token = super::up::admin_token(data.path())?;
     Ok(Started {
         child,
         grpc,
+        http,
         token,
         _data: data,
     })
@@ -354,7 +374,20 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
     let cpu_before = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
     let platform = run_clients(&clients, &request, args.calls).await?;
     let cpu_after = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
+    let http = args
+        .http
+        .clone()
+        .or_else(|| started.as_ref().map(|s| s.http.clone()));
+    let scrape = || async {
+        match (&http, &token) {
+            (Some(http), Some(token)) if args.stages => stages::scrape(http, token).await.map(Some),
+            (None, _) if args.stages => anyhow::bail!("--stages with --endpoint needs --http"),
+            _ => Ok(None),
+        }
+    };
+    let stages_before = scrape().await?;
     let platform_sequential = run_clients(&clients[..1], &request, args.calls.min(1000)).await?;
+    let stages_after = scrape().await?;
     // The raw durable-write rate of the store's disk (the started platform's data
     // directory; the current directory for --endpoint), measured in this run.
     let raw_dir = started
@@ -438,12 +471,50 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
         platform_sequential.percentile(0.5),
         latency_bar
     );
+    if let (Some(before), Some(after)) = (&stages_before, &stages_after) {
+        println!(
+            "where a sequential call's time goes (the platform's toolgrid_call_stage_seconds, {} calls):",
+            platform_sequential.latencies.len()
+        );
+        println!(
+            "{:<44} {:>9} {:>9} {:>9} {:>11}",
+            "stage", "p50 ms", "p99 ms", "mean ms", "calls"
+        );
+        let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        let mut p50s = 0.0;
+        for row in stages::table(before, after) {
+            p50s += row.p50.unwrap_or(0.0);
+            println!(
+                "{:<44} {:>9} {:>9} {:>9} {:>11}",
+                format!("  {}", row.stage),
+                ms(row.p50),
+                ms(row.p99),
+                ms(row.mean),
+                row.count
+            );
+        }
+        println!(
+            "  the stages' p50s add up to {p50s:.3} ms of the {:.3} ms end-to-end p50; the rest is the client and the transport",
+            platform_sequential.percentile(0.5)
+        );
+    }
     if let (Some(Some(before)), Some(Some(after))) = (cpu_before, cpu_after) {
         let per_call = (after - before).as_secs_f64() * 1e3 / args.calls as f64;
         let busy = (after - before).as_secs_f64() / platform.wall.as_secs_f64();
         println!(
             "platform CPU (toolgrid up and its workers): {per_call:.3} ms per call, {busy:.2} cores busy during the {}-client run",
             args.concurrency
+        );
+    }
+    if let Some(fsyncs) = args.max_fsyncs {
+        let bar = sequential.percentile(0.5) + fsyncs * fdatasync.percentile(0.5);
+        let p50 = platform_sequential.percentile(0.5);
+        anyhow::ensure!(
+            p50 <= bar,
+            "the sequential p50 {p50:.3} ms is over the guard's {bar:.3} ms (in-process p50 + {fsyncs} fdatasync p50s)"
+        );
+        println!(
+            "guard: sequential p50 {p50:.3} ms within {bar:.3} ms (in-process + {fsyncs} fdatasync p50s)"
         );
     }
     Ok(())

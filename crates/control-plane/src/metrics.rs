@@ -35,6 +35,65 @@ pub struct PoolLabel {
     pub pool: String,
 }
 
+/// Where a call's time goes, stage by stage (`toolgrid bench calls --stages` reads them).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Stage {
+    /// The caller's token checked (the Tools API's layer).
+    Authenticate,
+    /// Admission and the middleware chain, up to the store write.
+    Admit,
+    /// The admission's commit (with the assignment when a slot was free).
+    StoreCommit,
+    /// From that commit to the assignment sent to the worker.
+    Dispatch,
+    /// The run on the worker, as the worker timed it.
+    WorkerRun,
+    /// From the assignment sent to its result received, less the run: the link both
+    /// ways and the worker's own work around the run (fetching, instantiating).
+    WorkerOverhead,
+    /// From the result received to its commit.
+    Completion,
+    /// From the commit to the caller's answer being handed to the transport.
+    Reply,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 8] = [
+        Stage::Authenticate,
+        Stage::Admit,
+        Stage::StoreCommit,
+        Stage::Dispatch,
+        Stage::WorkerRun,
+        Stage::WorkerOverhead,
+        Stage::Completion,
+        Stage::Reply,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Authenticate => "authenticate",
+            Stage::Admit => "admit",
+            Stage::StoreCommit => "store_commit",
+            Stage::Dispatch => "dispatch",
+            Stage::WorkerRun => "worker_run",
+            Stage::WorkerOverhead => "worker_overhead",
+            Stage::Completion => "completion",
+            Stage::Reply => "reply",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabel {
+    pub stage: String,
+}
+
+/// Buckets fine enough to read a p50 within a few percent: 10 µs growing by a fifth,
+/// up to about 3.5 s.
+fn stage_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_01, 1.2, 70))
+}
+
 /// Every metric this process exports.
 pub struct Metrics {
     registry: Registry,
@@ -46,6 +105,7 @@ pub struct Metrics {
     pub busy_slots: Family<PoolLabel, Gauge>,
     pub failovers: Counter,
     pub refusals: Family<RefusalLabels, Counter>,
+    pub call_stages: Family<StageLabel, Histogram>,
 }
 
 fn reconcile_histogram() -> Histogram {
@@ -65,6 +125,14 @@ impl Metrics {
         let busy_slots = Family::<PoolLabel, Gauge>::default();
         let failovers = Counter::default();
         let refusals = Family::<RefusalLabels, Counter>::default();
+        let call_stages = Family::<StageLabel, Histogram>::new_with_constructor(
+            stage_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "call_stage_seconds",
+            "Time a call spends in each stage of its way (authenticate, admit, store_commit, dispatch, worker_run, worker_overhead, completion, reply)",
+            call_stages.clone(),
+        );
         registry.register(
             "reconcile_duration_seconds",
             "Time spent reconciling one resource",
@@ -111,6 +179,7 @@ impl Metrics {
             busy_slots,
             failovers,
             refusals,
+            call_stages,
         }
     }
 
@@ -137,6 +206,16 @@ pub fn call_ended(tool: &str, outcome: &str) {
             outcome: outcome.to_string(),
         })
         .inc();
+}
+
+/// Records the time one call spent in `stage`.
+pub fn stage(stage: Stage, elapsed: std::time::Duration) {
+    global()
+        .call_stages
+        .get_or_create(&StageLabel {
+            stage: stage.as_str().to_string(),
+        })
+        .observe(elapsed.as_secs_f64());
 }
 
 /// Counts a refused request: `door` is `caller` or `worker`.

@@ -78,11 +78,13 @@ where
                 (a, b) => (a.and_then(Result::ok), b.and_then(Result::ok)),
             };
             let peer = peer_of(request.extensions());
+            let started = std::time::Instant::now();
             match gateway
                 .authenticate(authorization.as_deref(), act_as.as_deref(), peer)
                 .await
             {
                 Ok(principal) => {
+                    crate::metrics::stage(crate::metrics::Stage::Authenticate, started.elapsed());
                     request.extensions_mut().insert(principal);
                     inner.call(request).await
                 }

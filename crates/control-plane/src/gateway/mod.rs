@@ -264,7 +264,17 @@ impl Gateway {
     ) -> Result<CallRecord, ApiError> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            if let Some(done) = updates.borrow_and_update().finished.clone() {
+            let finished = {
+                let update = updates.borrow_and_update();
+                update
+                    .finished
+                    .clone()
+                    .map(|done| (done, update.finished_at))
+            };
+            if let Some((done, at)) = finished {
+                if let Some(at) = at {
+                    crate::metrics::stage(crate::metrics::Stage::Reply, at.elapsed());
+                }
                 return Ok(done);
             }
             match tokio::time::timeout_at(deadline, updates.changed()).await {

@@ -688,6 +688,7 @@ impl Scheduler {
         let mut assign = assign_of(call, epoch, attempt, replay, delivery);
         assign.replay_chunks = chunks;
         tracing::info!(call = %call.record.id, tool = %call.record.tool, worker = worker.as_str(), epoch = epoch.get(), "call assigned");
+        self.calls.assigned(&call.record.id);
         self.calls.progress(
             &call.record.id,
             Progress {
@@ -931,6 +932,7 @@ impl Scheduler {
         session: u64,
         result: proto::CallResult,
     ) -> ResultAnswer {
+        let received = std::time::Instant::now();
         let holding = self.lock().holding(
             &CallId::from(result.call_id.as_str()),
             worker,
@@ -961,6 +963,10 @@ impl Scheduler {
                 return ResultAnswer::Refused;
             }
         };
+        self.calls.result_received(
+            &result.call_id,
+            std::time::Duration::from_micros(result.run_micros),
+        );
         let mut outcome = judge(
             &interface,
             &call.record,
@@ -994,6 +1000,7 @@ impl Scheduler {
             .await
         {
             Ok(done) => {
+                crate::metrics::stage(crate::metrics::Stage::Completion, received.elapsed());
                 tracing::info!(
                     call = %done.id, tool = %done.tool, command = %done.command, worker = worker.as_str(), epoch = result.epoch,
                     state = done.state.as_str(), "call finished"

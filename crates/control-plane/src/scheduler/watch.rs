@@ -1,7 +1,9 @@
 //! Per-call notifications: progress while a call runs, and its final record.
 
+use crate::metrics::{self, Stage};
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use toolgrid_store::CallRecord;
 
@@ -24,12 +26,25 @@ pub struct CallUpdate {
     pub progress: Vec<Progress>,
     /// Set once the call has ended.
     pub finished: Option<CallRecord>,
+    /// When its end was committed (for the `reply` stage).
+    pub finished_at: Option<Instant>,
+}
+
+/// Calls whose stages are timed at once, at most: beyond, a call is not timed.
+const MAX_TIMED: usize = 65_536;
+
+/// When a call passed the stages the scheduler sees.
+#[derive(Clone, Copy, Debug)]
+struct Stamps {
+    admitted: Instant,
+    assigned: Option<Instant>,
 }
 
 /// Channels of the calls someone is waiting on.
 #[derive(Default)]
 pub struct CallWatch {
     channels: Mutex<HashMap<String, watch::Sender<CallUpdate>>>,
+    stamps: Mutex<HashMap<String, Stamps>>,
 }
 
 impl CallWatch {
@@ -61,18 +76,69 @@ impl CallWatch {
 
     /// Announces a call's end and forgets its channel.
     pub fn finish(&self, record: CallRecord) {
+        self.stamps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&record.id);
         let tx = self
             .channels
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&record.id);
         if let Some(tx) = tx {
-            tx.send_modify(|u| u.finished = Some(record));
+            tx.send_modify(|u| {
+                u.finished = Some(record);
+                u.finished_at = Some(Instant::now());
+            });
         }
     }
 
-    /// Drops channels nobody listens to any more.
+    /// A call's admission was committed now: its `dispatch` stage starts.
+    pub fn admitted(&self, call_id: &str) {
+        let mut stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
+        if stamps.len() < MAX_TIMED {
+            stamps.insert(
+                call_id.to_string(),
+                Stamps {
+                    admitted: Instant::now(),
+                    assigned: None,
+                },
+            );
+        }
+    }
+
+    /// A call's assignment is being sent now: its first ends the `dispatch` stage.
+    pub fn assigned(&self, call_id: &str) {
+        let mut stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = stamps.get_mut(call_id)
+            && s.assigned.is_none()
+        {
+            let now = Instant::now();
+            s.assigned = Some(now);
+            metrics::stage(Stage::Dispatch, now - s.admitted);
+        }
+    }
+
+    /// A call's result arrived now, its run having taken `run`: the `worker_run` stage,
+    /// and `worker_overhead`, the rest since the assignment was sent.
+    pub fn result_received(&self, call_id: &str, run: Duration) {
+        metrics::stage(Stage::WorkerRun, run);
+        let stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(assigned) = stamps.get(call_id).and_then(|s| s.assigned) {
+            metrics::stage(
+                Stage::WorkerOverhead,
+                assigned.elapsed().saturating_sub(run),
+            );
+        }
+    }
+
+    /// Drops channels nobody listens to any more, and the stamps of calls admitted
+    /// longer ago than an hour that never ended here (failed over to another replica).
     pub fn prune(&self) {
+        self.stamps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, s| s.admitted.elapsed() < Duration::from_secs(3600));
         self.channels
             .lock()
             .unwrap_or_else(|e| e.into_inner())

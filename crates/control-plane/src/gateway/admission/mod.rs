@@ -159,6 +159,7 @@ impl Gateway {
         namespace: &str,
         invocation: Invocation,
     ) -> Result<Admitted, chain::Refused> {
+        let started = std::time::Instant::now();
         let snapshot = self.catalog.current();
         let tool = self.tool(&snapshot, caller, namespace, &invocation.tool)?;
         let mut argv = invocation.argv;
@@ -266,6 +267,7 @@ impl Gateway {
             access: grant.access,
             chain,
         });
+        crate::metrics::stage(crate::metrics::Stage::Admit, started.elapsed());
         self.record_call(new, command, refused).await
     }
 
@@ -425,8 +427,12 @@ impl Gateway {
             }
         }
         let reserved = new.assign_to.is_some();
+        let committing = std::time::Instant::now();
         let created = match self.store.create_call(new).await {
-            Ok(created) => created,
+            Ok(created) => {
+                crate::metrics::stage(crate::metrics::Stage::StoreCommit, committing.elapsed());
+                created
+            }
             Err(error) => {
                 if queued {
                     self.scheduler.unreserve(&call_id);
@@ -439,6 +445,7 @@ impl Gateway {
         }
         match created {
             Created::New(record) => {
+                self.calls.admitted(&record.id);
                 tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, agent = record.spec.access.agent.as_deref().unwrap_or(""), state = %record.state, "call accepted");
                 let updates = self.calls.subscribe(&record.id);
                 if let Some(wait) = &record.spec.chain.approval

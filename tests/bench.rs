@@ -1,0 +1,69 @@
+//! `toolgrid bench calls --stages` against a platform it starts: every stage of the
+//! sequential run's calls is counted once per call, and the guard (`--max-fsyncs`) fails
+//! the run, naming its figures, when the sequential p50 is over its bar.
+
+use crate::common;
+use std::process::Command;
+
+fn bench(extra: &[&str]) -> std::process::Output {
+    Command::new(common::TOOLGRID)
+        .args([
+            "bench",
+            "calls",
+            "--calls",
+            "60",
+            "--concurrency",
+            "2",
+            "--stages",
+        ])
+        .args(extra)
+        .current_dir(common::fixtures::repo())
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("toolgrid bench")
+}
+
+#[test]
+fn the_stage_breakdown_counts_each_call_once_per_stage_and_the_guard_fails_named() {
+    let output = bench(&[]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for stage in [
+        "authenticate",
+        "admit",
+        "store_commit",
+        "dispatch",
+        "worker_run",
+        "worker_overhead",
+        "completion",
+        "reply",
+    ] {
+        let row = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{stage} ")))
+            .unwrap_or_else(|| panic!("no {stage} row in:\n{stdout}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells.last(),
+            Some(&"60"),
+            "{stage}: each sequential call once: {row}"
+        );
+        let p50: f64 = cells[1].parse().expect("a p50");
+        let p99: f64 = cells[2].parse().expect("a p99");
+        assert!(p50 > 0.0 && p99 >= p50, "{row}");
+    }
+    assert!(stdout.contains("the stages' p50s add up to"), "{stdout}");
+
+    // A bar no platform meets (the in-process run alone): the guard fails, with the figures.
+    let output = bench(&["--max-fsyncs", "0"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("is over the guard's") && stderr.contains("fdatasync p50s"),
+        "{stderr}"
+    );
+}
