@@ -371,9 +371,6 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
     // Warm up: every worker compiles the release, every connection is open.
     let warmup = (args.concurrency * 4).max(32);
     run_clients(&clients, &request, warmup).await?;
-    let cpu_before = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
-    let platform = run_clients(&clients, &request, args.calls).await?;
-    let cpu_after = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
     let http = args
         .http
         .clone()
@@ -385,6 +382,11 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
             _ => Ok(None),
         }
     };
+    let concurrent_before = scrape().await?;
+    let cpu_before = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
+    let platform = run_clients(&clients, &request, args.calls).await?;
+    let cpu_after = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
+    let concurrent_after = scrape().await?;
     let stages_before = scrape().await?;
     let platform_sequential = run_clients(&clients[..1], &request, args.calls.min(1000)).await?;
     let stages_after = scrape().await?;
@@ -471,10 +473,26 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
         platform_sequential.percentile(0.5),
         latency_bar
     );
-    if let (Some(before), Some(after)) = (&stages_before, &stages_after) {
+    for (what, before, after, sample) in [
+        (
+            "a sequential call's",
+            &stages_before,
+            &stages_after,
+            &platform_sequential,
+        ),
+        (
+            &*format!("a call's with {} clients", args.concurrency),
+            &concurrent_before,
+            &concurrent_after,
+            &platform,
+        ),
+    ] {
+        let (Some(before), Some(after)) = (before, after) else {
+            continue;
+        };
         println!(
-            "where a sequential call's time goes (the platform's toolgrid_call_stage_seconds, {} calls):",
-            platform_sequential.latencies.len()
+            "where {what} time goes (the platform's toolgrid_call_stage_seconds, {} calls):",
+            sample.latencies.len()
         );
         println!(
             "{:<44} {:>9} {:>9} {:>9} {:>11}",
@@ -495,7 +513,7 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
         }
         println!(
             "  the stages' p50s add up to {p50s:.3} ms of the {:.3} ms end-to-end p50; the rest is the client and the transport",
-            platform_sequential.percentile(0.5)
+            sample.percentile(0.5)
         );
     }
     if let (Some(Some(before)), Some(Some(after))) = (cpu_before, cpu_after) {
