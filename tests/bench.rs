@@ -67,3 +67,28 @@ fn the_stage_breakdown_counts_each_call_once_per_stage_and_the_guard_fails_named
         "{stderr}"
     );
 }
+
+/// `toolgrid bench catalog`: each change of one tool's release becomes callable (the bench
+/// fails otherwise), timed in a catalog of many and of one, with the control plane's RSS.
+#[test]
+fn the_catalog_bench_applies_each_change_and_reports_rss() {
+    let output = Command::new(common::TOOLGRID)
+        .args(["bench", "catalog", "--tools", "30", "--changes", "3"])
+        .current_dir(common::fixtures::repo())
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("toolgrid bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for row in [
+        "apply to callable, 30 tools",
+        "baseline: apply to callable, 1 tool",
+        "control plane RSS after the changes:",
+    ] {
+        assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
+    }
+}

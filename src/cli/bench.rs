@@ -1,6 +1,7 @@
 //! `toolgrid bench`: measurements against a real platform, next to a baseline measured in
 //! the same run, printed so runs can be compared (see BENCHMARKS.md).
 
+mod catalog;
 mod stages;
 
 use super::sample::Sample;
@@ -30,6 +31,9 @@ enum Bench {
     /// Start-up and a small call of each built-in runtime, against the same module run
     /// in-process with plain wasmtime.
     Builtins(BuiltinsArgs),
+    /// The time from one tool's manifest changing to the change being callable, in a
+    /// catalog of many tools, against a catalog of one; the control plane's RSS.
+    Catalog(catalog::CatalogArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -99,6 +103,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Oplog(args) => oplog(args).await,
         Bench::Failover(args) => super::failover::run(args).await,
         Bench::Builtins(args) => builtins(args).await,
+        Bench::Catalog(args) => catalog::run(args).await,
     }
 }
 

@@ -845,3 +845,89 @@ binaryData: {{m.wasm: "{b64}"}}
         ));
     }
 }
+
+/// What a release's local artifacts are now, without reading them: its spec's sources and,
+/// for each file, its path, size, modification time and inode. Equal fingerprints mean the
+/// bytes loaded before are still the bytes on disk, so a reload of the directory need not
+/// read, hash and validate them again (a 154 MB runtime takes seconds). `None` when a
+/// source is not a local file (a ConfigMap, a URL) or a file cannot be looked at: such a
+/// release is loaded every time.
+pub fn local_fingerprint(release: &Sourced<ToolRelease>) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::MetadataExt;
+    let spec = &release.object.spec;
+    let dir = release.source.dir();
+    let mut sources: Vec<&ArtifactSource> = vec![&spec.artifact];
+    sources.extend(spec.files.iter().map(|f| &f.artifact));
+    for command in &spec.commands {
+        sources.push(&command.artifact);
+        sources.extend(command.files.iter().map(|f| &f.artifact));
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(spec).ok()?.hash(&mut hasher);
+    for source in sources {
+        if source.config_map.is_some() || source.url.is_some() {
+            return None;
+        }
+        let path = dir.join(source.file.as_deref()?);
+        let meta = std::fs::metadata(&path).ok()?;
+        (
+            path,
+            meta.len(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+            meta.ctime(),
+            meta.ctime_nsec(),
+            meta.ino(),
+        )
+            .hash(&mut hasher);
+    }
+    Some(hasher.finish())
+}
+
+#[cfg(test)]
+mod fingerprint_tests {
+    use super::*;
+    use crate::manifest::{ResourceSet, load_text};
+
+    fn release(dir: &std::path::Path, artifact: &str) -> Sourced<ToolRelease> {
+        let mut set = ResourceSet::default();
+        load_text(
+            &dir.join("r.yaml"),
+            &format!(
+                "apiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: t-1.0.0}}\n\
+                 spec: {{tool: t, version: 1.0.0, artifact: {artifact}}}\n"
+            ),
+            &mut set,
+        );
+        set.releases.remove(0)
+    }
+
+    #[test]
+    fn a_fingerprint_changes_with_the_file_or_the_spec_and_only_local_files_have_one() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.wasm"), b"one").unwrap();
+        let by_file = release(dir.path(), "{file: a.wasm}");
+        let first = local_fingerprint(&by_file).expect("a local file");
+        assert_eq!(local_fingerprint(&by_file), Some(first), "nothing changed");
+        // The same path with other bytes: another fingerprint, so it is loaded again.
+        std::fs::write(dir.path().join("a.wasm"), b"other").unwrap();
+        let second = local_fingerprint(&by_file).unwrap();
+        assert_ne!(first, second);
+        // The spec changed (a digest named).
+        let pinned = release(
+            dir.path(),
+            &format!("{{file: a.wasm, digest: \"sha256:{}\"}}", "0".repeat(64)),
+        );
+        assert_ne!(local_fingerprint(&pinned), Some(second));
+        // A missing file, a ConfigMap or a URL: loaded every time.
+        assert_eq!(
+            local_fingerprint(&release(dir.path(), "{file: gone.wasm}")),
+            None
+        );
+        assert_eq!(
+            local_fingerprint(&release(dir.path(), "{configMap: {name: c, key: k}}")),
+            None
+        );
+    }
+}

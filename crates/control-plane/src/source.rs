@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use toolgrid_api::Kind;
 use toolgrid_api::ToolSourceStatus;
-use toolgrid_catalog::artifacts::{load_local, load_local_middleware};
+use toolgrid_catalog::artifacts::{load_local, load_local_middleware, local_fingerprint};
 use toolgrid_catalog::manifest::{ResourceSet, load_dir};
 use toolgrid_catalog::resolve::tool_source::status_is_current;
 use toolgrid_catalog::resolve::{
@@ -44,6 +44,17 @@ pub struct ManifestSource {
     issuer: crate::identity::IssuerCell,
     /// Where each binding's canary rollout is; a change resolves again.
     rollouts: Arc<crate::rollout::RolloutBook>,
+    /// The outcome of each release's artifacts as last loaded, by release, with the
+    /// fingerprint of its files then ([`local_fingerprint`]): a reload reads, hashes and
+    /// validates only what changed.
+    loaded: Mutex<LoadedCache>,
+}
+
+/// Releases' artifacts as last loaded, valid while the store has purged nothing since.
+#[derive(Default)]
+struct LoadedCache {
+    purges: u64,
+    outcomes: HashMap<ObjectKey, (u64, toolgrid_catalog::artifacts::ArtifactOutcome)>,
 }
 
 impl ManifestSource {
@@ -60,6 +71,7 @@ impl ManifestSource {
             refreshes: Mutex::default(),
             issuer: Default::default(),
             rollouts: Default::default(),
+            loaded: Mutex::default(),
         })
     }
 
@@ -158,6 +170,16 @@ impl ManifestSource {
         let _one_at_a_time = self.reloads.lock().await;
         let dir = self.dir.clone();
         let builtins = self.builtins.clone();
+        let cached = {
+            let mut cache = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+            // A purge may have taken an artifact the cache says is stored.
+            let purges = self.store.artifact_purges();
+            if cache.purges != purges {
+                cache.outcomes.clear();
+                cache.purges = purges;
+            }
+            cache.outcomes.clone()
+        };
         let (set, loaded, wasm) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
             let mut set = load_dir(&dir)?;
             // The manifests first, then the built-in directories from the last: a later
@@ -174,7 +196,14 @@ impl ManifestSource {
                         r.object.metadata.namespace.clone().unwrap_or_default(),
                         r.object.metadata.name.clone().unwrap_or_default(),
                     );
-                    (key, load_local(r, &set.config_maps))
+                    let fingerprint = local_fingerprint(r);
+                    let load = match (fingerprint, cached.get(&key)) {
+                        (Some(now), Some((then, outcome))) if now == *then => {
+                            Load::Unchanged(outcome.clone())
+                        }
+                        _ => Load::Loaded(load_local(r, &set.config_maps), fingerprint),
+                    };
+                    (key, load)
                 })
                 .collect();
             let wasm: HashMap<_, _> = set
@@ -193,9 +222,25 @@ impl ManifestSource {
         .await??;
 
         let mut artifacts = HashMap::new();
-        for (key, artifact) in loaded {
-            let outcome = self.stored.keep(&*self.store, artifact).await?;
+        let mut outcomes = HashMap::new();
+        for (key, load) in loaded {
+            let outcome = match load {
+                Load::Unchanged(outcome) => outcome,
+                Load::Loaded(artifact, fingerprint) => {
+                    let outcome = self.stored.keep(&*self.store, artifact).await?;
+                    if let Some(fingerprint) = fingerprint {
+                        outcomes.insert(key.clone(), (fingerprint, outcome.clone()));
+                    }
+                    outcome
+                }
+            };
             artifacts.insert(key, outcome);
+        }
+        {
+            let mut cache = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+            // Releases gone from the directory leave the cache; unchanged ones stay.
+            cache.outcomes.retain(|key, _| artifacts.contains_key(key));
+            cache.outcomes.extend(outcomes);
         }
         self.remember_artifact_dirs(&set);
 
@@ -328,6 +373,13 @@ impl ManifestSource {
             }
         }
     }
+}
+
+/// A release's artifacts in a reload: unchanged since the last (its outcome then), or
+/// loaded now (with the fingerprint of its files, when they are all local).
+enum Load {
+    Unchanged(toolgrid_catalog::artifacts::ArtifactOutcome),
+    Loaded(toolgrid_catalog::artifacts::LoadedArtifact, Option<u64>),
 }
 
 fn records_of(snapshot: &Snapshot) -> Vec<ResourceRecord> {

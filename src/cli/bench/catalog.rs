@@ -1,0 +1,174 @@
+//! `toolgrid bench catalog`: a manifest directory of N tools and releases; the time from
+//! one tool's manifest changing to the change being callable (its new release resolved
+//! and published), p50/p99 over repeated changes, and the control plane's RSS; next to
+//! the same with a catalog of one tool, measured in the same run.
+
+use super::{Started, start_platform};
+use crate::cli::sample::Sample;
+use anyhow::Context;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+use toolgrid_proto as proto;
+
+#[derive(clap::Args, Debug)]
+pub struct CatalogArgs {
+    /// Tools (each with one release) in the large catalog.
+    #[arg(long, default_value_t = 1000)]
+    tools: usize,
+    /// Changes of one tool's release to time, one after another.
+    #[arg(long, default_value_t = 20)]
+    changes: usize,
+    /// The artifact every release runs.
+    #[arg(long, default_value = "examples/tools/semver/semver.wasm")]
+    wasm: std::path::PathBuf,
+}
+
+fn tool_manifest(name: &str, version: &str, wasm: &Path) -> String {
+    format!(
+        "apiVersion: toolgrid.dev/v1alpha1\nkind: Tool\nmetadata: {{name: {name}}}\n\
+         spec:\n  effect: read\n  commands:\n    - name: compare\n      positional:\n        \
+         - {{name: a, schema: {{type: string}}}}\n        - {{name: b, schema: {{type: string}}}}\n      \
+         result: {{type: object}}\n---\n\
+         apiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: {name}-{version}}}\n\
+         spec: {{tool: {name}, version: \"{version}\", artifact: {{file: {}}}}}\n",
+        wasm.display()
+    )
+}
+
+/// A manifest directory with `tools` tools and a pool.
+fn lay_out(dir: &Path, tools: usize, wasm: &Path) -> anyhow::Result<()> {
+    std::fs::write(
+        dir.join("pool.yaml"),
+        "apiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {name: default}\n\
+         spec: {replicas: 1, slotsPerWorker: 4}\n",
+    )?;
+    for i in 0..tools {
+        let name = format!("t{i:04}");
+        std::fs::write(
+            dir.join(format!("{name}.yaml")),
+            tool_manifest(&name, "1.0.0", wasm),
+        )?;
+    }
+    Ok(())
+}
+
+/// Resident memory of a process, from /proc (Linux), in MiB.
+fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// The release tool `name` resolves to now.
+async fn release_of(client: &mut super::super::client::Client, name: &str) -> Option<String> {
+    let rows = client
+        .list_resources(proto::ListResourcesRequest {
+            kind: "tools".into(),
+            namespace: String::new(),
+        })
+        .await
+        .ok()?
+        .into_inner()
+        .rows;
+    rows.iter()
+        .find(|r| r.name == name)?
+        .columns
+        .iter()
+        .find(|c| c.name == "Release")
+        .map(|c| c.value.clone())
+}
+
+struct Measured {
+    apply: Sample,
+    rss_mib: Option<f64>,
+    ready: Duration,
+}
+
+async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Measured> {
+    let dir = tempfile::tempdir()?;
+    lay_out(dir.path(), tools, wasm)?;
+    let start = Instant::now();
+    let started: Started = start_platform(dir.path())?;
+    let ready = start.elapsed();
+    let channel = Channel::from_shared(format!("http://{}", started.grpc))?
+        .connect()
+        .await?;
+    let credentials = super::super::client::Credentials::new(Some(&started.token), None)?;
+    let mut client = super::super::client::client_of(channel, credentials);
+    let target = format!("t{:04}", tools / 2);
+    anyhow::ensure!(
+        release_of(&mut client, &target).await.as_deref() == Some(&format!("{target}-1.0.0")),
+        "tool {target} is not callable after start"
+    );
+    let mut latencies = Vec::with_capacity(changes);
+    let wall = Instant::now();
+    for change in 1..=changes {
+        let version = format!("1.0.{change}");
+        let wanted = format!("{target}-{version}");
+        let written = Instant::now();
+        std::fs::write(
+            dir.path().join(format!("{target}.yaml")),
+            tool_manifest(&target, &version, wasm),
+        )?;
+        loop {
+            if release_of(&mut client, &target).await.as_deref() == Some(wanted.as_str()) {
+                break;
+            }
+            anyhow::ensure!(
+                written.elapsed() < Duration::from_secs(120),
+                "the change to {wanted} was not applied within 120 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        latencies.push(written.elapsed());
+    }
+    let rss_mib = rss_mib(started.child.id());
+    Ok(Measured {
+        apply: Sample {
+            latencies,
+            wall: wall.elapsed(),
+        },
+        rss_mib,
+        ready,
+    })
+}
+
+pub async fn run(args: CatalogArgs) -> anyhow::Result<()> {
+    let wasm = args
+        .wasm
+        .canonicalize()
+        .with_context(|| format!("cannot find {}", args.wasm.display()))?;
+    let one = measure(1, args.changes, &wasm).await?;
+    let many = measure(args.tools, args.changes, &wasm).await?;
+    println!(
+        "toolgrid bench catalog: {} changes of one tool's release in a manifest directory, {} cores",
+        args.changes,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    println!("{}", super::header());
+    println!(
+        "{}",
+        many.apply
+            .row(&format!("apply to callable, {} tools", args.tools))
+    );
+    println!("{}", one.apply.row("baseline: apply to callable, 1 tool"));
+    let rss = |m: &Measured| m.rss_mib.map_or("?".into(), |r| format!("{r:.1} MiB"));
+    println!(
+        "control plane RSS after the changes: {} with {} tools, {} with 1 (baseline); start to ready: {:.2} s and {:.2} s",
+        rss(&many),
+        args.tools,
+        rss(&one),
+        many.ready.as_secs_f64(),
+        one.ready.as_secs_f64()
+    );
+    Ok(())
+}
