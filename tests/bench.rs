@@ -88,6 +88,7 @@ fn the_catalog_bench_applies_each_change_and_reports_rss() {
         "apply to callable, 30 tools",
         "baseline: apply to callable, 1 tool",
         "control plane RSS after the changes:",
+        "idle RSS (ready, nothing called): control plane",
     ] {
         assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
     }

@@ -569,7 +569,7 @@ mod cpu {
         Some(Duration::from_millis(ticks * 10))
     }
 
-    fn children(pid: u32) -> Vec<u32> {
+    pub fn children(pid: u32) -> Vec<u32> {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             return Vec::new();
         };

@@ -88,6 +88,9 @@ async fn release_of(client: &mut super::super::client::Client, name: &str) -> Op
 struct Measured {
     apply: Sample,
     rss_mib: Option<f64>,
+    /// Once ready, before any call or change: the control plane's RSS and its workers'.
+    idle_mib: Option<f64>,
+    idle_workers_mib: Vec<f64>,
     ready: Duration,
 }
 
@@ -102,6 +105,13 @@ async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Me
         .await?;
     let credentials = super::super::client::Credentials::new(Some(&started.token), None)?;
     let mut client = super::super::client::client_of(channel, credentials);
+    // Idle: ready, its workers attached, nothing called yet.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_mib = rss_mib(started.child.id());
+    let idle_workers_mib: Vec<f64> = super::cpu::children(started.child.id())
+        .into_iter()
+        .filter_map(rss_mib)
+        .collect();
     let target = format!("t{:04}", tools / 2);
     anyhow::ensure!(
         release_of(&mut client, &target).await.as_deref() == Some(&format!("{target}-1.0.0")),
@@ -136,6 +146,8 @@ async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Me
             wall: wall.elapsed(),
         },
         rss_mib,
+        idle_mib,
+        idle_workers_mib,
         ready,
     })
 }
@@ -169,6 +181,22 @@ pub async fn run(args: CatalogArgs) -> anyhow::Result<()> {
         rss(&one),
         many.ready.as_secs_f64(),
         one.ready.as_secs_f64()
+    );
+    let workers = |m: &Measured| {
+        m.idle_workers_mib
+            .iter()
+            .map(|r| format!("{r:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "idle RSS (ready, nothing called): control plane {} with 1 tool, {} with {}; each worker {} MiB (1 tool), {} MiB ({} tools)",
+        one.idle_mib.map_or("?".into(), |r| format!("{r:.1} MiB")),
+        many.idle_mib.map_or("?".into(), |r| format!("{r:.1} MiB")),
+        args.tools,
+        workers(&one),
+        workers(&many),
+        args.tools
     );
     Ok(())
 }
