@@ -152,6 +152,30 @@ async fn binding_status(platform: &Platform) -> serde_json::Value {
     serde_json::from_str(&row.status_json).expect("status JSON")
 }
 
+/// `toolgrid rollout promote greet`: the canary at `weight` at once, and in the binding's
+/// status soon after.
+async fn promote_to(platform: &Platform, weight: u64) {
+    let (code, json, stderr) = rollout_json(platform, &["promote", "greet", "-o", "json"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(json[0]["weight"], weight, "{json}");
+    platform
+        .eventually(
+            &format!("the canary at {weight}%"),
+            Duration::from_secs(30),
+            || async { binding_status(platform).await["rollout"]["weight"] == weight },
+        )
+        .await;
+}
+
+/// The binding's `Degraded` condition.
+fn degraded(status: &serde_json::Value) -> serde_json::Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Degraded"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no Degraded condition in {status}"))
+}
+
 /// Calls all along, with new keys, until told to stop: how many, and every failure.
 struct Load {
     stop: Arc<AtomicBool>,
@@ -249,28 +273,14 @@ async fn a_canary_takes_its_weight_steps_on_and_a_failing_one_is_rolled_back() {
     );
 
     // An operator steps it to 50%.
-    let (code, json, stderr) = rollout_json(&platform, &["promote", "greet", "-o", "json"]).await;
-    assert_eq!(code, 0, "{stderr}");
-    assert_eq!(json[0]["weight"], 50, "{json}");
-    platform
-        .eventually("the canary at 50%", Duration::from_secs(30), || async {
-            binding_status(&platform).await["rollout"]["weight"] == 50
-        })
-        .await;
+    promote_to(&platform, 50).await;
     let half = batch(&platform, "half", BATCH).await;
     let observed = share(&half, "greet-1.1.0");
     eprintln!("at 50%: {half:?}");
     assert!((observed - 50.0).abs() <= 6.0, "at 50%: {half:?}");
 
     // ... and to 100%.
-    let (code, json, stderr) = rollout_json(&platform, &["promote", "greet", "-o", "json"]).await;
-    assert_eq!(code, 0, "{stderr}");
-    assert_eq!(json[0]["weight"], 100, "{json}");
-    platform
-        .eventually("the canary at 100%", Duration::from_secs(30), || async {
-            binding_status(&platform).await["rollout"]["weight"] == 100
-        })
-        .await;
+    promote_to(&platform, 100).await;
     let all = batch(&platform, "all", 64).await;
     assert_eq!(all.keys().collect::<Vec<_>>(), ["greet-1.1.0"], "{all:?}");
 
@@ -333,18 +343,12 @@ async fn a_canary_takes_its_weight_steps_on_and_a_failing_one_is_rolled_back() {
     let status = binding_status(&platform).await;
     eprintln!("rolled back: {}", status["rollout"]);
     assert_eq!(status["rollout"]["weight"], 0, "{status}");
-    let degraded = status["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Degraded")
-        .cloned()
-        .expect("a Degraded condition");
-    assert_eq!(degraded["status"], "True", "{degraded}");
-    assert_eq!(degraded["reason"], "CanaryRolledBack");
+    let condition = degraded(&status);
+    assert_eq!(condition["status"], "True", "{condition}");
+    assert_eq!(condition["reason"], "CanaryRolledBack");
     assert!(
-        degraded["message"].as_str().unwrap().contains("errors in"),
-        "the figures: {degraded}"
+        condition["message"].as_str().unwrap().contains("errors in"),
+        "the figures: {condition}"
     );
     assert!(
         status["rollout"]["canaryErrors"].as_u64().unwrap() > 0,
@@ -396,14 +400,8 @@ async fn a_canary_takes_its_weight_steps_on_and_a_failing_one_is_rolled_back() {
             .starts_with("promoted: the canary had 0 errors"),
         "{status}"
     );
-    let degraded = status["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Degraded")
-        .cloned()
-        .expect("a Degraded condition");
-    assert_eq!(degraded["status"], "False", "{degraded}");
+    let condition = degraded(&status);
+    assert_eq!(condition["status"], "False", "{condition}");
     let promoted = batch(&platform, "promoted", 32).await;
     assert_eq!(
         promoted.keys().collect::<Vec<_>>(),

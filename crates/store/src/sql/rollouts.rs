@@ -47,6 +47,27 @@ fn as_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// Binds a record's columns as `$1` to `$11` (namespace, binding, canary, phase, step,
+/// step start, message, the stable and canary calls and errors).
+fn bind_record<'q>(
+    query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    n: &'q Record,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    let p = &n.progress;
+    query
+        .bind(n.binding.namespace.as_str())
+        .bind(n.binding.name.as_str())
+        .bind(n.canary.as_str())
+        .bind(p.phase.as_str())
+        .bind(i64::try_from(p.step).unwrap_or(0))
+        .bind(p.step_started_ms)
+        .bind(p.message.as_str())
+        .bind(as_i64(p.stable.calls))
+        .bind(as_i64(p.stable.errors))
+        .bind(as_i64(p.canary.calls))
+        .bind(as_i64(p.canary.errors))
+}
+
 /// Stores `next` when the row is still `expected` (none: no row yet).
 struct PutRollout {
     expected: Option<Record>,
@@ -59,46 +80,31 @@ impl Write for PutRollout {
 
     async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<bool, StoreError> {
         let n = &self.next;
-        let p = &n.progress;
         let done = match &self.expected {
-            None => sqlx::query(
-                "INSERT INTO rollouts (namespace, binding, canary, phase, step, step_started_ms, \
-                     message, stable_calls, stable_errors, canary_calls, canary_errors) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
-                     ON CONFLICT (namespace, binding) DO NOTHING",
-            )
-            .bind(&n.binding.namespace)
-            .bind(&n.binding.name)
-            .bind(&n.canary)
-            .bind(p.phase.as_str())
-            .bind(i64::try_from(p.step).unwrap_or(0))
-            .bind(p.step_started_ms)
-            .bind(&p.message)
-            .bind(as_i64(p.stable.calls))
-            .bind(as_i64(p.stable.errors))
-            .bind(as_i64(p.canary.calls))
-            .bind(as_i64(p.canary.errors))
-            .execute(&mut *conn)
-            .await?,
-            Some(e) => {
-                sqlx::query(
-                    "UPDATE rollouts SET canary = $3, phase = $4, step = $5, step_started_ms = $6, \
-                     message = $7, stable_calls = $8, stable_errors = $9, canary_calls = $10, \
-                     canary_errors = $11 WHERE namespace = $1 AND binding = $2 AND canary = $12 \
-                     AND phase = $13 AND step = $14 AND step_started_ms = $15",
+            None => {
+                bind_record(
+                    sqlx::query(
+                        "INSERT INTO rollouts (namespace, binding, canary, phase, step, step_started_ms, \
+                         message, stable_calls, stable_errors, canary_calls, canary_errors) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                         ON CONFLICT (namespace, binding) DO NOTHING",
+                    ),
+                    n,
                 )
-                .bind(&n.binding.namespace)
-                .bind(&n.binding.name)
-                .bind(&n.canary)
-                .bind(p.phase.as_str())
-                .bind(i64::try_from(p.step).unwrap_or(0))
-                .bind(p.step_started_ms)
-                .bind(&p.message)
-                .bind(as_i64(p.stable.calls))
-                .bind(as_i64(p.stable.errors))
-                .bind(as_i64(p.canary.calls))
-                .bind(as_i64(p.canary.errors))
-                .bind(&e.canary)
+                .execute(&mut *conn)
+                .await?
+            }
+            Some(e) => {
+                bind_record(
+                    sqlx::query(
+                        "UPDATE rollouts SET canary = $3, phase = $4, step = $5, step_started_ms = $6, \
+                         message = $7, stable_calls = $8, stable_errors = $9, canary_calls = $10, \
+                         canary_errors = $11 WHERE namespace = $1 AND binding = $2 AND canary = $12 \
+                         AND phase = $13 AND step = $14 AND step_started_ms = $15",
+                    ),
+                    n,
+                )
+                .bind(e.canary.as_str())
                 .bind(e.progress.phase.as_str())
                 .bind(i64::try_from(e.progress.step).unwrap_or(0))
                 .bind(e.progress.step_started_ms)
