@@ -1195,17 +1195,23 @@ pub struct RefreshArgs {
     endpoint: Endpoint,
 }
 
-/// `toolgrid refresh SOURCE`: read a ToolSource's upstream again and say what changed.
-pub async fn refresh(args: RefreshArgs) -> ExitCode {
-    let (namespace, name) = match args.source.split_once('/') {
+/// A resource named `NAME` (in `namespace`, else `default`) or `NAMESPACE/NAME`: its
+/// namespace and name.
+pub(super) fn namespaced(given: &str, namespace: Option<&str>) -> (String, String) {
+    match given.split_once('/') {
         Some((ns, name)) => (ns.to_string(), name.to_string()),
         None => (
-            args.namespace
-                .clone()
-                .unwrap_or_else(|| toolgrid_api::DEFAULT_NAMESPACE.to_string()),
-            args.source.clone(),
+            namespace
+                .unwrap_or(toolgrid_api::DEFAULT_NAMESPACE)
+                .to_string(),
+            given.to_string(),
         ),
-    };
+    }
+}
+
+/// `toolgrid refresh SOURCE`: read a ToolSource's upstream again and say what changed.
+pub async fn refresh(args: RefreshArgs) -> ExitCode {
+    let (namespace, name) = namespaced(&args.source, args.namespace.as_deref());
     let result = async {
         let mut client = connect(&args.endpoint).await?;
         let response = client

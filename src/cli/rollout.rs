@@ -56,13 +56,7 @@ pub async fn run(args: RolloutArgs) -> ExitCode {
         Action::Promote { target, full: true } => (target, proto::RolloutAction::PromoteFull),
         Action::Abort(target) => (target, proto::RolloutAction::Abort),
     };
-    let (namespace, tool) = match target.tool.split_once('/') {
-        Some((ns, name)) => (ns.to_string(), name.to_string()),
-        None => (
-            target.namespace.clone().unwrap_or_default(),
-            target.tool.clone(),
-        ),
-    };
+    let (namespace, tool) = super::client::namespaced(&target.tool, target.namespace.as_deref());
     let result = async {
         let mut client = connect(&target.endpoint).await?;
         let response = client

@@ -82,13 +82,9 @@ async fn tick(
             continue;
         };
         let earlier = stored.get(&binding.key);
-        let Some(record) = earlier.filter(|r| r.canary == rollout.canary.name) else {
+        let Some(record) = stored_for(&stored, &binding.key, &rollout.canary.name) else {
             // A new canary (or the binding's first): it starts now.
-            let record = Record {
-                binding: binding.key.clone(),
-                canary: rollout.canary.name.clone(),
-                progress: Progress::start(now_ms),
-            };
+            let record = fresh(&binding.key, &rollout.canary.name, Progress::start(now_ms));
             if store.put_rollout(earlier, &record).await? {
                 tracing::info!(binding = %binding.key, canary = %record.canary, weight = record.progress.weight(&rollout.plan), "canary rollout started");
                 book.put(record);
@@ -127,6 +123,24 @@ async fn tick(
     Ok(changed)
 }
 
+/// The stored record of `binding`'s rollout of `canary` (none for another canary).
+fn stored_for<'r>(
+    stored: &'r HashMap<ObjectKey, Record>,
+    binding: &ObjectKey,
+    canary: &str,
+) -> Option<&'r Record> {
+    stored.get(binding).filter(|r| r.canary == canary)
+}
+
+/// A record of `binding`'s rollout of `canary` the store does not have yet.
+fn fresh(binding: &ObjectKey, canary: &str, progress: Progress) -> Record {
+    Record {
+        binding: binding.clone(),
+        canary: canary.to_string(),
+        progress,
+    }
+}
+
 fn by_binding(records: Vec<Record>) -> HashMap<ObjectKey, Record> {
     records
         .into_iter()
@@ -141,6 +155,8 @@ pub struct Live {
     pub stable: String,
     pub record: Record,
     pub weight: u8,
+    /// The step, from 1, of `steps`.
+    pub step: u32,
     pub steps: Vec<u8>,
     pub stable_now: Tally,
     pub canary_now: Tally,
@@ -183,15 +199,9 @@ pub async fn status(
         let (Some(rollout), Some(stable)) = (&binding.rollout, &binding.release) else {
             continue;
         };
-        let record = stored
-            .get(&binding.key)
-            .filter(|r| r.canary == rollout.canary.name)
+        let record = stored_for(&stored, &binding.key, &rollout.canary.name)
             .cloned()
-            .unwrap_or_else(|| Record {
-                binding: binding.key.clone(),
-                canary: rollout.canary.name.clone(),
-                progress: rollout.progress.clone(),
-            });
+            .unwrap_or_else(|| fresh(&binding.key, &rollout.canary.name, rollout.progress.clone()));
         let tallies = store
             .release_tallies(namespace, tool, record.progress.step_started_ms)
             .await
@@ -200,6 +210,7 @@ pub async fn status(
             binding: binding.key.clone(),
             stable: stable.name.clone(),
             weight: record.progress.weight(&rollout.plan),
+            step: record.progress.step_number(&rollout.plan),
             steps: rollout.plan.steps.clone(),
             stable_now: tallies.get(&stable.name).copied().unwrap_or_default(),
             canary_now: tallies.get(&record.canary).copied().unwrap_or_default(),
@@ -235,14 +246,9 @@ pub async fn order(
             continue;
         };
         let earlier = stored.get(&binding.key);
-        let current = earlier
-            .filter(|r| r.canary == rollout.canary.name)
+        let current = stored_for(&stored, &binding.key, &rollout.canary.name)
             .cloned()
-            .unwrap_or_else(|| Record {
-                binding: binding.key.clone(),
-                canary: rollout.canary.name.clone(),
-                progress: Progress::start(now_ms),
-            });
+            .unwrap_or_else(|| fresh(&binding.key, &rollout.canary.name, Progress::start(now_ms)));
         let progress =
             apply(&rollout.plan, &current.progress, order, now_ms).map_err(|e| match e {
                 OrderError::Ended(_) => ApiError::new(

@@ -151,6 +151,12 @@ impl Progress {
         }
     }
 
+    /// The step it is at, counted from 1 (the last when the plan has fewer).
+    pub fn step_number(&self, plan: &Plan) -> u32 {
+        let last = plan.steps.len().saturating_sub(1);
+        u32::try_from(self.step.min(last) + 1).unwrap_or(u32::MAX)
+    }
+
     /// The canary's share of new calls now.
     pub fn weight(&self, plan: &Plan) -> Weight {
         match self.phase {
@@ -466,6 +472,7 @@ mod tests {
             (next.phase, next.step, next.weight(&plan)),
             (Phase::Progressing, 1, 50)
         );
+        assert_eq!((start.step_number(&plan), next.step_number(&plan)), (1, 2));
         assert_eq!(next.step_started_ms, 60_000);
         assert_eq!(next.canary, tally(30, 0));
     }

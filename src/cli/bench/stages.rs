@@ -5,18 +5,7 @@
 use anyhow::Context;
 use std::collections::BTreeMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// The stages in the order a call passes them (as the control plane names them).
-pub const STAGES: [&str; 8] = [
-    "authenticate",
-    "admit",
-    "store_commit",
-    "dispatch",
-    "worker_run",
-    "worker_overhead",
-    "completion",
-    "reply",
-];
+use toolgrid_control_plane::metrics::Stage;
 
 /// One stage's histogram: cumulative counts by upper bound (seconds), its sum and count.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -164,14 +153,15 @@ pub fn table(
     before: &BTreeMap<String, Histogram>,
     after: &BTreeMap<String, Histogram>,
 ) -> Vec<Row> {
-    STAGES
+    Stage::ALL
         .iter()
         .map(|stage| {
+            let stage = stage.as_str();
             let empty = Histogram::default();
             let run = after
-                .get(*stage)
+                .get(stage)
                 .unwrap_or(&empty)
-                .since(before.get(*stage).unwrap_or(&empty));
+                .since(before.get(stage).unwrap_or(&empty));
             Row {
                 stage,
                 p50: run.quantile_ms(0.5),
@@ -207,7 +197,7 @@ mod tests {
         let none = admit.since(admit);
         assert_eq!((none.count, none.quantile_ms(0.5)), (0, None));
         let rows = table(&BTreeMap::new(), &parsed);
-        assert_eq!(rows.len(), STAGES.len());
+        assert_eq!(rows.len(), Stage::ALL.len());
         assert_eq!((rows[1].stage, rows[1].count), ("admit", 4));
     }
 }

@@ -425,8 +425,7 @@ fn rollout_status(stable: &str, rollout: &ResolvedRollout) -> RolloutStatus {
         canary: rollout.canary.name.clone(),
         weight: u32::from(rollout.weight()),
         phase: p.phase.to_string(),
-        step: u32::try_from(p.step.min(rollout.plan.steps.len().saturating_sub(1)) + 1)
-            .unwrap_or(u32::MAX),
+        step: p.step_number(&rollout.plan),
         steps: rollout.plan.steps.iter().map(|&w| u32::from(w)).collect(),
         message: p.message.clone(),
         stable_calls: p.stable.calls,

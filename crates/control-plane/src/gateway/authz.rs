@@ -35,6 +35,18 @@ pub struct Grant {
     pub exposure: toolgrid_api::Exposure,
 }
 
+/// Refuses anyone but an operator ([`ErrorKind::PermissionDenied`], "only operators may
+/// `what`").
+pub fn operators_only(caller: &Principal, what: &str) -> Result<(), ApiError> {
+    match caller {
+        Principal::Operator { .. } => Ok(()),
+        Principal::Agent { .. } => Err(ApiError::new(
+            ErrorKind::PermissionDenied,
+            format!("only operators may {what}"),
+        )),
+    }
+}
+
 /// Refuses a direct call of a tool its binding exposes only to code-mode programs, and a
 /// program's call of one it exposes only directly ([`ErrorKind::PermissionDenied`]).
 pub fn check_exposure(

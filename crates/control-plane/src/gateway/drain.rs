@@ -11,12 +11,7 @@ impl Gateway {
     /// Drains `worker`; answers how many calls it held. Operators only
     /// (`permission-denied`); a worker not attached is `not-found`.
     pub fn drain_worker(&self, caller: &Principal, worker: &str) -> Result<u32, ApiError> {
-        if !matches!(caller, Principal::Operator { .. }) {
-            return Err(ApiError::new(
-                ErrorKind::PermissionDenied,
-                "only operators may drain a worker",
-            ));
-        }
+        super::authz::operators_only(caller, "drain a worker")?;
         let busy = self.scheduler.drain(worker).ok_or_else(|| {
             ApiError::new(
                 ErrorKind::NotFound,

@@ -410,8 +410,7 @@ impl Tools for ToolsService {
                         canary: l.record.canary.clone(),
                         weight: u32::from(l.weight),
                         phase: p.phase.to_string(),
-                        step: u32::try_from(p.step.min(l.steps.len().saturating_sub(1)) + 1)
-                            .unwrap_or(u32::MAX),
+                        step: l.step,
                         steps: l.steps.iter().map(|&w| u32::from(w)).collect(),
                         message: p.message.clone(),
                         stable_calls: l.stable_now.calls,

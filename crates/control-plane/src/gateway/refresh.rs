@@ -50,12 +50,7 @@ impl Gateway {
         namespace: &str,
         name: &str,
     ) -> Result<RefreshReport, ApiError> {
-        if !matches!(caller, Principal::Operator { .. }) {
-            return Err(ApiError::new(
-                ErrorKind::PermissionDenied,
-                "only operators may refresh a tool source",
-            ));
-        }
+        super::authz::operators_only(caller, "refresh a tool source")?;
         let id = ResourceId {
             kind: Kind::ToolSource,
             key: ObjectKey::new(namespace, name),

@@ -4,7 +4,7 @@
 use super::Gateway;
 use crate::rollout::{self, Live};
 use toolgrid_core::auth::Principal;
-use toolgrid_core::error::{ApiError, ErrorKind};
+use toolgrid_core::error::ApiError;
 use toolgrid_core::rollout::Order;
 
 impl Gateway {
@@ -20,12 +20,7 @@ impl Gateway {
         binding: Option<&str>,
         order: Option<Order>,
     ) -> Result<Vec<Live>, ApiError> {
-        if !matches!(caller, Principal::Operator { .. }) {
-            return Err(ApiError::new(
-                ErrorKind::PermissionDenied,
-                "only operators may look at or change a rollout",
-            ));
-        }
+        super::authz::operators_only(caller, "look at or change a rollout")?;
         let snapshot = self.catalog.current();
         if let Some(order) = order {
             rollout::order(

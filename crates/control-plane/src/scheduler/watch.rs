@@ -30,41 +30,62 @@ pub struct CallUpdate {
     pub finished_at: Option<Instant>,
 }
 
-/// Calls whose stages are timed at once, at most: beyond, a call is not timed.
-const MAX_TIMED: usize = 65_536;
-
-/// When a call passed the stages the scheduler sees.
-#[derive(Clone, Copy, Debug)]
-struct Stamps {
-    admitted: Instant,
+/// A call's channel, and when it passed the stages the scheduler sees (for
+/// `toolgrid_call_stage_seconds`).
+struct Watched {
+    tx: watch::Sender<CallUpdate>,
+    admitted: Option<Instant>,
     assigned: Option<Instant>,
+}
+
+impl Watched {
+    fn new() -> Self {
+        Watched {
+            tx: watch::Sender::new(CallUpdate::default()),
+            admitted: None,
+            assigned: None,
+        }
+    }
 }
 
 /// Channels of the calls someone is waiting on.
 #[derive(Default)]
 pub struct CallWatch {
-    channels: Mutex<HashMap<String, watch::Sender<CallUpdate>>>,
-    stamps: Mutex<HashMap<String, Stamps>>,
+    channels: Mutex<HashMap<String, Watched>>,
 }
 
 impl CallWatch {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Watched>> {
+        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Subscribes to a call. Subscribe before reading the call's state from the store, so
     /// an end between the two is not missed.
     pub fn subscribe(&self, call_id: &str) -> watch::Receiver<CallUpdate> {
-        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        channels
+        self.lock()
             .entry(call_id.to_string())
-            .or_insert_with(|| watch::Sender::new(CallUpdate::default()))
+            .or_insert_with(Watched::new)
+            .tx
             .subscribe()
+    }
+
+    /// Subscribes to a call whose admission was committed now: its `dispatch` stage
+    /// starts.
+    pub fn admitted(&self, call_id: &str) -> watch::Receiver<CallUpdate> {
+        let mut channels = self.lock();
+        let watched = channels
+            .entry(call_id.to_string())
+            .or_insert_with(Watched::new);
+        watched.admitted = Some(Instant::now());
+        watched.tx.subscribe()
     }
 
     /// Publishes a progress event. A call keeps at most [`MAX_PROGRESS`] events (a tool
     /// reports at most 1000 per run); later ones are dropped, so the events already
     /// published keep their positions.
     pub fn progress(&self, call_id: &str, progress: Progress) {
-        let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = channels.get(call_id) {
-            tx.send_if_modified(|u| {
+        if let Some(watched) = self.lock().get(call_id) {
+            watched.tx.send_if_modified(|u| {
                 if u.progress.len() >= MAX_PROGRESS {
                     return false;
                 }
@@ -76,46 +97,25 @@ impl CallWatch {
 
     /// Announces a call's end and forgets its channel.
     pub fn finish(&self, record: CallRecord) {
-        self.stamps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&record.id);
-        let tx = self
-            .channels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&record.id);
-        if let Some(tx) = tx {
-            tx.send_modify(|u| {
+        let watched = self.lock().remove(&record.id);
+        if let Some(watched) = watched {
+            watched.tx.send_modify(|u| {
                 u.finished = Some(record);
                 u.finished_at = Some(Instant::now());
             });
         }
     }
 
-    /// A call's admission was committed now: its `dispatch` stage starts.
-    pub fn admitted(&self, call_id: &str) {
-        let mut stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
-        if stamps.len() < MAX_TIMED {
-            stamps.insert(
-                call_id.to_string(),
-                Stamps {
-                    admitted: Instant::now(),
-                    assigned: None,
-                },
-            );
-        }
-    }
-
     /// A call's assignment is being sent now: its first ends the `dispatch` stage.
     pub fn assigned(&self, call_id: &str) {
-        let mut stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = stamps.get_mut(call_id)
-            && s.assigned.is_none()
+        if let Some(watched) = self.lock().get_mut(call_id)
+            && watched.assigned.is_none()
         {
             let now = Instant::now();
-            s.assigned = Some(now);
-            metrics::stage(Stage::Dispatch, now - s.admitted);
+            watched.assigned = Some(now);
+            if let Some(admitted) = watched.admitted {
+                metrics::stage(Stage::Dispatch, now - admitted);
+            }
         }
     }
 
@@ -123,8 +123,8 @@ impl CallWatch {
     /// and `worker_overhead`, the rest since the assignment was sent.
     pub fn result_received(&self, call_id: &str, run: Duration) {
         metrics::stage(Stage::WorkerRun, run);
-        let stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(assigned) = stamps.get(call_id).and_then(|s| s.assigned) {
+        let assigned = self.lock().get(call_id).and_then(|w| w.assigned);
+        if let Some(assigned) = assigned {
             metrics::stage(
                 Stage::WorkerOverhead,
                 assigned.elapsed().saturating_sub(run),
@@ -132,16 +132,8 @@ impl CallWatch {
         }
     }
 
-    /// Drops channels nobody listens to any more, and the stamps of calls admitted
-    /// longer ago than an hour that never ended here (failed over to another replica).
+    /// Drops channels nobody listens to any more.
     pub fn prune(&self) {
-        self.stamps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|_, s| s.admitted.elapsed() < Duration::from_secs(3600));
-        self.channels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|_, tx| tx.receiver_count() > 0);
+        self.lock().retain(|_, w| w.tx.receiver_count() > 0);
     }
 }

@@ -445,9 +445,8 @@ impl Gateway {
         }
         match created {
             Created::New(record) => {
-                self.calls.admitted(&record.id);
                 tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, agent = record.spec.access.agent.as_deref().unwrap_or(""), state = %record.state, "call accepted");
-                let updates = self.calls.subscribe(&record.id);
+                let updates = self.calls.admitted(&record.id);
                 if let Some(wait) = &record.spec.chain.approval
                     && record.state == toolgrid_core::call::CallState::AwaitingApproval
                 {
