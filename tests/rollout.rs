@@ -229,7 +229,7 @@ async fn a_canary_takes_its_weight_steps_on_and_a_failing_one_is_rolled_back() {
     std::fs::create_dir_all(&dir).unwrap();
     base_manifests(&dir);
     write_manifests(&dir, "");
-    let platform = Arc::new(Platform::start(root.path(), &dir, &[]));
+    let mut platform = Arc::new(Platform::start(root.path(), &dir, &[]));
     platform
         .eventually("the binding is ready", Duration::from_secs(60), || async {
             platform
@@ -360,6 +360,21 @@ async fn a_canary_takes_its_weight_steps_on_and_a_failing_one_is_rolled_back() {
         after.keys().collect::<Vec<_>>(),
         ["greet-1.0.0"],
         "{after:?}"
+    );
+    // ... from the first call after a restart of the control plane (the rollback is
+    // read from the store before the catalog first resolves).
+    Arc::get_mut(&mut platform)
+        .expect("no load holds the platform")
+        .restart(libc::SIGKILL);
+    let restarted = batch(&platform, "restarted", 64).await;
+    assert_eq!(
+        restarted.keys().collect::<Vec<_>>(),
+        ["greet-1.0.0"],
+        "{restarted:?}"
+    );
+    assert_eq!(
+        binding_status(&platform).await["rollout"]["phase"],
+        "Aborted"
     );
     // An order to a rollout that has ended.
     let (code, _, stderr) = rollout_json(&platform, &["promote", "greet"]).await;

@@ -45,6 +45,13 @@ impl RolloutBook {
         true
     }
 
+    /// Reads every rollout from the store: a control plane does this before its catalog
+    /// first resolves, so a canary rolled back before a restart takes no call after it.
+    pub async fn load(&self, store: &dyn Store) -> Result<(), StoreError> {
+        self.replace(by_binding(store.rollouts().await?));
+        Ok(())
+    }
+
     fn put(&self, record: Record) {
         self.records
             .write()
@@ -75,6 +82,10 @@ async fn tick(
     book: &RolloutBook,
     now_ms: i64,
 ) -> Result<bool, StoreError> {
+    // No binding has a canary: nothing to judge, nothing to read.
+    if snapshot.bindings.values().all(|b| b.rollout.is_none()) {
+        return Ok(false);
+    }
     let stored = by_binding(store.rollouts().await?);
     let mut changed = book.replace(stored.clone());
     for binding in snapshot.bindings.values() {

@@ -197,6 +197,7 @@ impl ControlPlane {
         let nested: Arc<dyn crate::scheduler::NestedCaller> = gateway.clone();
         scheduler.set_nested_caller(Arc::downgrade(&nested));
         tokio::spawn(approval_timer(gateway.clone()));
+        gateway.rollouts().load(&*store).await?;
         tokio::spawn(crate::rollout::run(
             store.clone(),
             catalog.clone(),
