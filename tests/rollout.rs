@@ -307,6 +307,23 @@ async fn a_canary_takes_its_weight_steps_on_and_a_failing_one_is_rolled_back() {
             .and_then(|v| v.to_str().ok()),
         Some("permission-denied")
     );
+    // An action the API does not know is named, not guessed.
+    let mut admin = platform.client().await;
+    let unknown = admin
+        .rollout(proto::RolloutRequest {
+            tool: "greet".into(),
+            action: 99,
+            ..Default::default()
+        })
+        .await
+        .expect_err("an unknown action is refused");
+    assert_eq!(
+        unknown
+            .metadata()
+            .get("toolgrid-error-kind")
+            .and_then(|v| v.to_str().ok()),
+        Some("invalid-argument")
+    );
 
     // A canary that fails 30% of its calls: rolled back on its own, quickly, under load
     // whose last digit spreads over 0-9.
