@@ -42,5 +42,6 @@ mod secrets;
 mod sources;
 mod tenancy;
 mod tool_sources;
+mod traces;
 mod worker_auth;
 mod workspace;

@@ -108,11 +108,6 @@ pub fn main() -> ExitCode {
         Commands::Controller(_) => "toolgrid-controller",
         _ => "toolgrid",
     };
-    let _telemetry = crate::telemetry::init(
-        if server { "info" } else { "warn" },
-        service,
-        otlp.as_deref(),
-    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -123,7 +118,17 @@ pub fn main() -> ExitCode {
             return ExitCode::from(exit::INTERNAL);
         }
     };
-    runtime.block_on(async move {
+    // The OTLP exporter's gRPC channel runs on the runtime: set up inside it, flushed (the
+    // guard dropped) before it stops.
+    let telemetry = {
+        let _runtime = runtime.enter();
+        crate::telemetry::init(
+            if server { "info" } else { "warn" },
+            service,
+            otlp.as_deref(),
+        )
+    };
+    let code = runtime.block_on(async move {
         match cli.command {
             Commands::Up(args) => report(up::run(*args).await),
             Commands::Worker(args) => report(worker::run(args).await),
@@ -157,7 +162,12 @@ pub fn main() -> ExitCode {
             Commands::Bench(args) => report(bench::run(args).await),
             Commands::Componentize(args) => report(componentize::run(args)),
         }
-    })
+    });
+    {
+        let _runtime = runtime.enter();
+        drop(telemetry);
+    }
+    code
 }
 
 fn report(result: anyhow::Result<()>) -> ExitCode {

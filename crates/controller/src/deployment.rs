@@ -26,6 +26,8 @@ pub struct WorkerSettings {
     /// The CA certificates (PEM) the workers trust for an `https://` control plane, given
     /// to them inline (`TOOLGRID_TLS_CA_PEM`; a certificate is public).
     pub tls_ca: WorkerCa,
+    /// The OTLP/gRPC endpoint the workers export traces to (`OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The CA certificates workers trust, as they are now: fixed (`--worker-tls-ca`), or
@@ -173,6 +175,13 @@ fn worker_env(settings: &WorkerSettings) -> Vec<EnvVar> {
         env.push(EnvVar {
             name: toolgrid_proto::tls::TLS_CA_PEM_ENV.into(),
             value: Some(pem),
+            ..EnvVar::default()
+        });
+    }
+    if let Some(endpoint) = &settings.otlp_endpoint {
+        env.push(EnvVar {
+            name: "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+            value: Some(endpoint.clone()),
             ..EnvVar::default()
         });
     }
@@ -333,6 +342,7 @@ mod tests {
             image: "ghcr.io/toolgrid/toolgrid:0.1.0".into(),
             control_plane: "http://toolgrid.toolgrid.svc:7070".into(),
             tls_ca: WorkerCa::default(),
+            otlp_endpoint: None,
         }
     }
 
@@ -414,6 +424,24 @@ mod tests {
             e.name == toolgrid_proto::tls::TLS_CA_PEM_ENV
                 && e.value.as_deref() == Some("-----BEGIN CERTIFICATE-----")
         }));
+
+        assert!(
+            env(&plain)
+                .iter()
+                .all(|e| e.name != "OTEL_EXPORTER_OTLP_ENDPOINT"),
+            "no trace endpoint unless the controller has one"
+        );
+        let traced = WorkerSettings {
+            otlp_endpoint: Some("http://collector.monitoring:4317".into()),
+            ..settings()
+        };
+        assert!(
+            env(&desired_deployment(&pool(spec.clone()), &traced, 1))
+                .iter()
+                .any(|e| e.name == "OTEL_EXPORTER_OTLP_ENDPOINT"
+                    && e.value.as_deref() == Some("http://collector.monitoring:4317")),
+            "the workers trace where the controller does"
+        );
 
         spec.image = Some("registry.local/worker:dev".into());
         let deployment = desired_deployment(&pool(spec), &settings(), 1);

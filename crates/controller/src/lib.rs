@@ -47,6 +47,8 @@ pub struct Settings {
     /// Watch one namespace, or all.
     pub watch_namespace: Option<String>,
     pub worker_image: String,
+    /// Where the workers it runs send their traces (OTLP/gRPC), as the controller does.
+    pub otlp_endpoint: Option<String>,
     /// What worker pods dial.
     pub control_plane_address: String,
     pub worker_lease: Duration,
@@ -345,6 +347,7 @@ async fn lead(
             image: settings.worker_image.clone(),
             control_plane: settings.control_plane_address.clone(),
             tls_ca: worker_ca,
+            otlp_endpoint: settings.otlp_endpoint.clone(),
         },
         namespace: settings.watch_namespace.clone(),
         service_accounts: caches.service_accounts.clone(),

@@ -168,6 +168,7 @@ async fn fixture_with(
             image: "ghcr.io/toolgrid/toolgrid:0.1.0".into(),
             control_plane: "http://toolgrid.toolgrid.svc:7070".into(),
             tls_ca: Default::default(),
+            otlp_endpoint: None,
         },
         namespace: None,
         service_accounts,

@@ -309,7 +309,27 @@ impl HttpHost {
         self.send_as(self.next_seq(), request, true).await
     }
 
+    /// Sends request `seq` (or answers it from the oplog) in its own span, a host call's:
+    /// the request carries that span's `traceparent` when the worker traces.
     async fn send_as(
+        &self,
+        seq: u64,
+        request: OutgoingRequest,
+        no_effect: bool,
+    ) -> Result<Response, HttpFailure> {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!(
+            "http_request",
+            seq,
+            method = %request.method.to_ascii_uppercase(),
+            url = %self.secrets.redact_text(&request.url),
+        );
+        self.send_traced(seq, request, no_effect)
+            .instrument(span)
+            .await
+    }
+
+    async fn send_traced(
         &self,
         seq: u64,
         request: OutgoingRequest,
@@ -584,13 +604,20 @@ impl HttpHost {
         let method = reqwest::Method::from_bytes(method.as_bytes())
             .map_err(|e| format!("bad method: {e}"))?;
         let mut outgoing = client.request(method.clone(), &sending.url);
+        // The host call's span is the receiver's parent; a tool's own traceparent stands
+        // only where the worker traces nothing.
+        let traceparent = toolgrid_trace::current();
         for (name, value) in &sending.headers {
             if name.eq_ignore_ascii_case(IDEMPOTENCY_KEY)
                 || name.eq_ignore_ascii_case(ATTEMPT_HEADER)
+                || (traceparent.is_some() && name.eq_ignore_ascii_case(toolgrid_trace::TRACEPARENT))
             {
                 continue;
             }
             outgoing = outgoing.header(name, value);
+        }
+        if let Some(traceparent) = traceparent {
+            outgoing = outgoing.header(toolgrid_trace::TRACEPARENT, traceparent);
         }
         let response = outgoing
             .header(IDEMPOTENCY_KEY, idempotency_key(&self.call_id, seq))

@@ -427,7 +427,9 @@ fn start_call(
 ) {
     let call_id = assign.call_id.clone();
     let epoch = assign.epoch;
-    let span = tracing::info_span!("call", call = %call_id, tool = %assign.tool, command = %assign.command, agent = %assign.agent, worker = %config.worker_id, epoch);
+    // The run's span, child of the scheduler's dispatch span when the control plane traces.
+    let span = tracing::info_span!("run", call = %call_id, tool = %assign.tool, command = %assign.command, agent = %assign.agent, worker = %config.worker_id, epoch, attempt = assign.attempt);
+    toolgrid_trace::adopt(&span, &assign.traceparent);
     {
         // A newer assignment of a call replaces an older one still held here.
         let mut calls = in_flight.lock();
@@ -773,7 +775,10 @@ async fn run_call(
             })
             .await
         }
-        (None, Some(compiled)) => runtime.run(compiled, request).await,
+        (None, Some(compiled)) => {
+            let span = tracing::info_span!("sandbox", digest = %digest);
+            runtime.run(compiled, request).instrument(span).await
+        }
         (None, None) => {
             result.failure_kind = "internal".into();
             result.failure_message = "no artifact was prepared".into();
@@ -923,6 +928,8 @@ impl OplogSink for LinkSink {
         seq: u64,
         request: toolgrid_core::call::NestedRequest,
     ) -> toolgrid_sandbox::tools::NestedAnswer {
+        let span =
+            tracing::info_span!("tool_call", seq, tool = %request.tool, command = %request.command);
         let wire = proto::ToolCallRequest {
             call_id: self.call_id.clone(),
             epoch: self.epoch,
@@ -931,16 +938,21 @@ impl OplogSink for LinkSink {
             tool: request.tool,
             command: request.command,
             args_json: request.args.to_string(),
+            traceparent: toolgrid_trace::traceparent(&span).unwrap_or_default(),
         };
-        let mut previous = None;
-        loop {
-            let link = self.slot.next_after(previous.as_ref()).await;
-            if let Some(answer) = link.tool_call(wire.clone()).await {
-                return proto::convert::nested_answer(answer);
+        async {
+            let mut previous = None;
+            loop {
+                let link = self.slot.next_after(previous.as_ref()).await;
+                if let Some(answer) = link.tool_call(wire.clone()).await {
+                    return proto::convert::nested_answer(answer);
+                }
+                tracing::warn!(call = %self.call_id, seq, "the stream closed before a tool call's answer; sending it again on the next attachment");
+                previous = Some(link);
             }
-            tracing::warn!(call = %self.call_id, seq, "the stream closed before a tool call's answer; sending it again on the next attachment");
-            previous = Some(link);
         }
+        .instrument(span)
+        .await
     }
 }
 

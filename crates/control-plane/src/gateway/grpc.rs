@@ -135,7 +135,15 @@ impl ToolsService {
     }
 }
 
-fn invocation(request: proto::InvokeRequest) -> Result<Invocation, ApiError> {
+/// The call a request asks for, with the caller's trace context from its `traceparent`
+/// metadata.
+fn invocation(request: Request<proto::InvokeRequest>) -> Result<Invocation, ApiError> {
+    let traceparent = request
+        .metadata()
+        .get(toolgrid_trace::TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let request = request.into_inner();
     let args = if request.args_json.trim().is_empty() {
         None
     } else {
@@ -156,6 +164,7 @@ fn invocation(request: proto::InvokeRequest) -> Result<Invocation, ApiError> {
         idempotency_key: Some(request.idempotency_key).filter(|k| !k.is_empty()),
         dry_run: request.dry_run,
         from_program: false,
+        traceparent,
     })
 }
 
@@ -206,10 +215,7 @@ impl Tools for ToolsService {
         let caller = caller(&request)?;
         let admitted = self
             .gateway
-            .invoke(
-                &caller,
-                invocation(request.into_inner()).map_err(status_of)?,
-            )
+            .invoke(&caller, invocation(request).map_err(status_of)?)
             .await
             .map_err(status_of)?;
         Ok(Response::new(call_to_proto(
@@ -225,10 +231,7 @@ impl Tools for ToolsService {
         let caller = caller(&request)?;
         let admitted = self
             .gateway
-            .admit(
-                &caller,
-                invocation(request.into_inner()).map_err(status_of)?,
-            )
+            .admit(&caller, invocation(request).map_err(status_of)?)
             .await
             .map_err(status_of)?;
         let gateway = self.gateway.clone();

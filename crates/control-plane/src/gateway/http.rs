@@ -228,6 +228,10 @@ async fn call(
         idempotency_key: body.idempotency_key.or(header_key),
         dry_run: body.dry_run,
         from_program: false,
+        traceparent: headers
+            .get(toolgrid_trace::TRACEPARENT)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from),
     };
     let model_view = wants_model_view(query.as_deref())?;
     if super::sse::wants_events(&headers) {

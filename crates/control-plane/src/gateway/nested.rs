@@ -165,9 +165,8 @@ impl NestedCaller for Gateway {
         seq: u64,
         request: NestedRequest,
     ) -> NestedAnswer {
-        use tracing::Instrument;
-        let span = tracing::info_span!("tool_call", parent = %parent.id, seq, tool = %request.tool, command = %request.command);
-        self.child_call(parent, seq, request).instrument(span).await
+        // In the scheduler's `tool_call` span.
+        self.child_call(parent, seq, request).await
     }
 }
 
@@ -256,6 +255,8 @@ impl Gateway {
             idempotency_key: Some(nested::child_key(&parent.id, seq)),
             dry_run: parent.spec.dry_run,
             from_program: true,
+            // Under the current span: the worker's host call's, adopted by the scheduler.
+            traceparent: None,
         };
         let admitted = match self.admit(&caller, invocation).await {
             Ok(admitted) => admitted,

@@ -37,6 +37,7 @@ use toolgrid_core::middleware::redact::Redactor;
 use toolgrid_core::scheduler::{Call, Command, Event, Reported, State, Timing};
 use toolgrid_proto::{self as proto, ControlEvent, control_event};
 use toolgrid_store::{CallRecord, Store, StoreError, now_ms};
+use tracing::Instrument as _;
 
 /// Timing of the worker link.
 #[derive(Clone, Copy, Debug)]
@@ -629,6 +630,8 @@ impl Scheduler {
         }
     }
 
+    /// Sends an assignment in the call's `dispatch` span (a child of the span that admitted
+    /// the call), whose trace context the worker's spans take up.
     async fn send_assignment(
         self: &Arc<Self>,
         call: &Call,
@@ -637,6 +640,32 @@ impl Scheduler {
         epoch: Epoch,
         replay: Vec<proto::OplogEntry>,
         attempt: u32,
+    ) {
+        let span = toolgrid_trace::child_span!(
+            call.record.spec.traceparent.as_deref(),
+            "dispatch",
+            call = %call.record.id,
+            tool = %call.record.tool,
+            worker = worker.as_str(),
+            epoch = epoch.get(),
+            attempt,
+        );
+        let traceparent = toolgrid_trace::traceparent(&span).unwrap_or_default();
+        self.send_assignment_in(call, worker, session, epoch, replay, attempt, traceparent)
+            .instrument(span)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn send_assignment_in(
+        self: &Arc<Self>,
+        call: &Call,
+        worker: &WorkerId,
+        session: u64,
+        epoch: Epoch,
+        replay: Vec<proto::OplogEntry>,
+        attempt: u32,
+        traceparent: String,
     ) {
         // Secret values are read now, for this assignment only, and never stored; a call
         // whose secrets cannot be read fails rather than run without them.
@@ -687,6 +716,7 @@ impl Scheduler {
         };
         let mut assign = assign_of(call, epoch, attempt, replay, delivery);
         assign.replay_chunks = chunks;
+        assign.traceparent = traceparent;
         tracing::info!(call = %call.record.id, tool = %call.record.tool, worker = worker.as_str(), epoch = epoch.get(), "call assigned");
         self.calls.assigned(&call.record.id);
         self.calls.progress(
@@ -946,6 +976,28 @@ impl Scheduler {
                 return ResultAnswer::NotHeld(refusal);
             }
         };
+        let span = toolgrid_trace::child_span!(
+            call.record.spec.traceparent.as_deref(),
+            "complete",
+            call = %call.record.id,
+            tool = %call.record.tool,
+            worker = worker.as_str(),
+            epoch = result.epoch,
+        );
+        self.complete_held(worker, session, result, received, call)
+            .instrument(span)
+            .await
+    }
+
+    /// Completes a call the session holds (see [`Scheduler::complete`]).
+    async fn complete_held(
+        self: &Arc<Self>,
+        worker: &WorkerId,
+        session: u64,
+        result: proto::CallResult,
+        received: std::time::Instant,
+        call: Call,
+    ) -> ResultAnswer {
         let interface = match &call.interface {
             Some(interface) => interface.clone(),
             None => match interface_of(&call.record) {
@@ -1311,6 +1363,8 @@ fn assign_of(
                 size: f.size,
             })
             .collect(),
+        // The dispatch span's, set as it is sent.
+        traceparent: String::new(),
     }
 }
 

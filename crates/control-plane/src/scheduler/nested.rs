@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 use toolgrid_core::call::{CallRecord, ErrorKind, NestedAnswer, NestedOutcome, NestedRequest};
 use toolgrid_core::ids::{CallId, Epoch, WorkerId};
 use toolgrid_proto as proto;
+use tracing::Instrument as _;
 
 /// Admits a program's tool call as a child of `parent` and answers when it ends.
 #[async_trait::async_trait]
@@ -132,7 +133,16 @@ impl Scheduler {
             );
         }
         match self.nested_caller() {
-            Some(caller) => caller.call_nested(&parent, request.seq, nested).await,
+            Some(caller) => {
+                // Under the worker's span of the host call: the child call's admission,
+                // run and completion join the parent call's trace.
+                let span = tracing::info_span!("tool_call", parent = %parent.id, seq = request.seq, tool = %nested.tool, command = %nested.command);
+                toolgrid_trace::adopt(&span, &request.traceparent);
+                caller
+                    .call_nested(&parent, request.seq, nested)
+                    .instrument(span)
+                    .await
+            }
             None => refused(
                 ErrorKind::Unavailable,
                 "this control plane admits no tool calls from programs".into(),
@@ -204,6 +214,7 @@ mod tests {
             tool: "fetch".into(),
             command: "get".into(),
             args_json: "{}".into(),
+            traceparent: String::new(),
         };
         let answer = scheduler
             .nested_call(&WorkerId::from("w1"), 1, request)

@@ -135,6 +135,11 @@ pub struct CallSpec {
     /// The release's read-only files when the call was admitted (`spec.files`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<crate::artifact::FileRef>,
+    /// The W3C trace context of the span that admitted the call: the spans of its
+    /// dispatches, runs and completion, on any replica or worker and after a failover, are
+    /// its children. None when the control plane exported no traces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// A call as the gateway admits it.

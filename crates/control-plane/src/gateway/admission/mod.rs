@@ -37,6 +37,7 @@ use toolgrid_core::call::{CallRecord, Created, Decision, NewCall, StepKind, Verd
 use toolgrid_core::error::{ApiError, ErrorKind};
 use toolgrid_core::ids::ObjectKey;
 use toolgrid_core::interface::CommandInterface;
+use tracing::Instrument as _;
 
 /// How long an agent's identical call is refused as `repeated-call` when the Tool sets no
 /// `repeatWindow`.
@@ -61,6 +62,10 @@ pub struct Invocation {
     /// binding's exposure lets programs call the tool, as direct calls only where it lets
     /// the model call it.
     pub from_program: bool,
+    /// The caller's W3C trace context (a `traceparent` header, gRPC metadata or MCP
+    /// `_meta`): the call's spans join the caller's trace. None: a trace of its own (or the
+    /// current span's).
+    pub traceparent: Option<String>,
 }
 
 /// A recorded call, and whether it is an earlier one returned for the same key.
@@ -85,6 +90,29 @@ impl Gateway {
         invocation: Invocation,
     ) -> Result<Admitted, ApiError> {
         let namespace = Self::namespace(caller, &invocation.namespace);
+        // The call's root span (under the caller's, when it sent its trace context); the
+        // scheduler's and the worker's spans of the call are its children.
+        let span = tracing::info_span!(
+            "call",
+            call = tracing::field::Empty,
+            tool = %invocation.tool,
+            namespace = %namespace,
+            agent = %authz::agent_scope(caller),
+        );
+        if let Some(traceparent) = &invocation.traceparent {
+            toolgrid_trace::adopt(&span, traceparent);
+        }
+        self.admit_in(caller, namespace, invocation)
+            .instrument(span)
+            .await
+    }
+
+    async fn admit_in(
+        &self,
+        caller: &Principal,
+        namespace: String,
+        invocation: Invocation,
+    ) -> Result<Admitted, ApiError> {
         let tool_name = invocation.tool.clone();
         let command_hint = invocation.command.clone();
         let args_hint = invocation.args.clone();
@@ -199,6 +227,7 @@ impl Gateway {
         }
 
         let id = uuid::Uuid::now_v7().to_string();
+        tracing::Span::current().record("call", id.as_str());
         // A rollout splits new calls by their key (a retry keeps its side), else by id.
         let split = idempotency_key.as_deref().unwrap_or(&id);
         let release = self.release_for(&snapshot, &tool, namespace, &grant, split)?;
@@ -218,6 +247,7 @@ impl Gateway {
                 invocation.stdin.as_deref(),
                 dry_run,
             )
+            .instrument(tracing::info_span!("middleware"))
             .await
             .map_err(|mut refused| {
                 refused.call.get_or_insert_with(|| {
@@ -266,6 +296,7 @@ impl Gateway {
             pool: &pool,
             access: grant.access,
             chain,
+            traceparent: toolgrid_trace::current(),
         });
         crate::metrics::stage(crate::metrics::Stage::Admit, started.elapsed());
         self.record_call(new, command, refused).await
@@ -428,7 +459,12 @@ impl Gateway {
         }
         let reserved = new.assign_to.is_some();
         let committing = std::time::Instant::now();
-        let created = match self.store.create_call(new).await {
+        let created = match self
+            .store
+            .create_call(new)
+            .instrument(tracing::info_span!("store_commit"))
+            .await
+        {
             Ok(created) => {
                 crate::metrics::stage(crate::metrics::Stage::StoreCommit, committing.elapsed());
                 created

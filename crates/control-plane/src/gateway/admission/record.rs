@@ -33,6 +33,8 @@ pub(super) struct Admission<'a> {
     pub pool: &'a ObjectKey,
     pub access: CallAccess,
     pub chain: ChainRecord,
+    /// The trace context of the call's admission span, kept with the call.
+    pub traceparent: Option<String>,
 }
 
 /// The call to record.
@@ -52,6 +54,7 @@ pub(super) fn new_call(admission: Admission<'_>) -> NewCall {
         pool,
         access,
         chain,
+        traceparent,
     } = admission;
     let argv = command.build_argv(&tool.key.name, args);
     // The command's own artifact, files and limits when the release gives it some.
@@ -139,6 +142,7 @@ pub(super) fn new_call(admission: Admission<'_>) -> NewCall {
             code_mode: tool.spec.code_mode,
             upstream: release.upstream.as_deref().cloned(),
             files: runs.files.to_vec(),
+            traceparent,
         },
         stdin,
         idempotency_key,

@@ -495,6 +495,11 @@ fn resolve_call(ctx: &Ctx, params: &Map<String, Value>) -> Result<Resolved, RpcE
         idempotency_key,
         dry_run: false,
         from_program: false,
+        // The trace context a client puts in `_meta` (as MCP's tracing convention does).
+        traceparent: meta
+            .and_then(|m| m.get(toolgrid_trace::TRACEPARENT))
+            .and_then(Value::as_str)
+            .map(str::to_string),
     };
     Ok(Resolved { tool, invocation })
 }
