@@ -15,7 +15,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("toolgrid-catalog", &["toolgrid-core", "toolgrid-api"]),
     ("toolgrid-proto", &["toolgrid-core"]),
     ("toolgrid-store", &["toolgrid-core"]),
-    ("toolgrid-sandbox", &["toolgrid-core"]),
+    ("toolgrid-trace", &[]),
+    ("toolgrid-sandbox", &["toolgrid-core", "toolgrid-trace"]),
     ("toolgrid-upstream", &["toolgrid-core"]),
     (
         "toolgrid-codegen",
@@ -28,6 +29,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "toolgrid-proto",
             "toolgrid-sandbox",
             "toolgrid-upstream",
+            "toolgrid-trace",
         ],
     ),
     (
@@ -41,6 +43,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "toolgrid-sandbox",
             "toolgrid-upstream",
             "toolgrid-codegen",
+            "toolgrid-trace",
         ],
     ),
     (
@@ -68,6 +71,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "toolgrid-controller",
             "toolgrid-upstream",
             "toolgrid-codegen",
+            "toolgrid-trace",
         ],
     ),
     ("toolgrid-testkit", &[]),

@@ -201,7 +201,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         builtins: args.builtins,
         watch_namespace: args.watch_namespace.filter(|n| !n.is_empty()),
         worker_image: image,
-        otlp_endpoint: args.otlp_endpoint(),
+        otlp_endpoint: args.otlp_endpoint.clone().filter(|e| !e.is_empty()),
         control_plane_address,
         worker_lease: args.lease.get(),
         heartbeat: args.heartbeat.get(),
