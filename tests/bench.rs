@@ -1,6 +1,7 @@
 //! `toolgrid bench calls --stages` against a platform it starts: every stage of the
 //! sequential run's calls is counted once per call, and the guard (`--max-fsyncs`) fails
-//! the run, naming its figures, when the sequential p50 is over its bar.
+//! the run, naming its figures, when the sequential p50 is over its bar; `bench waiting`
+//! drains queued calls in order.
 
 use crate::common;
 use std::process::Command;
@@ -92,4 +93,34 @@ fn the_catalog_bench_applies_each_change_and_reports_rss() {
     ] {
         assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
     }
+}
+
+/// `toolgrid bench waiting`: calls queued behind a busy slot hold no slot (the pool shows
+/// one busy, all the rest queued), and once the slot frees they all run, each once, in
+/// admission order (the bench exits 1 otherwise, naming the first out of place).
+#[test]
+fn calls_waiting_for_a_busy_pool_hold_no_slot_and_drain_once_each_in_order() {
+    let output = Command::new(common::TOOLGRID)
+        .args(["bench", "waiting", "--calls", "150"])
+        .current_dir(common::fixtures::repo())
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("toolgrid bench waiting");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let row = |label: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no {label:?} row in:\n{stdout}"))
+            .to_string()
+    };
+    assert!(row("worker slots busy while they wait").contains("Queued=150"));
+    assert!(row("drain through the one slot").contains("in admission order, each once"));
+    let waiting = row("control plane RSS, 150 calls waiting");
+    assert!(waiting.contains("KiB per waiting call"), "{waiting}");
 }

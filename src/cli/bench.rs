@@ -3,6 +3,7 @@
 
 mod catalog;
 mod stages;
+mod waiting;
 
 use super::sample::Sample;
 use anyhow::Context;
@@ -34,6 +35,9 @@ enum Bench {
     /// The time from one tool's manifest changing to the change being callable, in a
     /// catalog of many tools, against a catalog of one; the control plane's RSS.
     Catalog(catalog::CatalogArgs),
+    /// Many calls queued behind a busy worker slot: the control plane's RSS with them
+    /// waiting, the slots they hold, and how fast and in what order they drain.
+    Waiting(waiting::WaitingArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -104,6 +108,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Failover(args) => super::failover::run(args).await,
         Bench::Builtins(args) => builtins(args).await,
         Bench::Catalog(args) => catalog::run(args).await,
+        Bench::Waiting(args) => waiting::run(args).await,
     }
 }
 
@@ -276,6 +281,18 @@ fn start_platform_with(
     manifests: &std::path::Path,
     env: &[(&str, &std::path::Path)],
 ) -> anyhow::Result<Started> {
+    start_platform_full(manifests, env, &[])
+}
+
+fn start_platform_with_args(manifests: &std::path::Path, args: &[&str]) -> anyhow::Result<Started> {
+    start_platform_full(manifests, &[], args)
+}
+
+fn start_platform_full(
+    manifests: &std::path::Path,
+    env: &[(&str, &std::path::Path)],
+    args: &[&str],
+) -> anyhow::Result<Started> {
     let data = tempfile::tempdir()?;
     let mut child = Command::new(std::env::current_exe()?)
         .arg("up")
@@ -285,6 +302,7 @@ fn start_platform_with(
         .arg(data.path())
         .arg("--listen")
         .arg("127.0.0.1:0")
+        .args(args)
         .env("RUST_LOG", "warn")
         .envs(env.iter().copied())
         .stdin(Stdio::null())

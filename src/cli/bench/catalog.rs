@@ -54,7 +54,7 @@ fn lay_out(dir: &Path, tools: usize, wasm: &Path) -> anyhow::Result<()> {
 }
 
 /// Resident memory of a process, from /proc (Linux), in MiB.
-fn rss_mib(pid: u32) -> Option<f64> {
+pub(super) fn rss_mib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kib: f64 = status
         .lines()

@@ -577,21 +577,32 @@ fn async_stream(
             return;
         }
         let mut follow = super::follow::Follow::new(&gateway, &record, admitted.updates);
-        let final_record = loop {
-            match follow.next(&gateway).await {
-                super::follow::Step::Progress(news) => {
-                    for p in news {
-                        if tx
-                            .send(Ok(progress(&p.stage, p.worker, p.epoch, p.message)))
-                            .await
-                            .is_err()
-                        {
-                            return;
+        let followed = async {
+            loop {
+                match follow.next(&gateway).await {
+                    super::follow::Step::Progress(news) => {
+                        for p in news {
+                            if tx
+                                .send(Ok(progress(&p.stage, p.worker, p.epoch, p.message)))
+                                .await
+                                .is_err()
+                            {
+                                return None;
+                            }
                         }
                     }
+                    super::follow::Step::Ended(ended) => return Some(*ended),
                 }
-                super::follow::Step::Ended(ended) => break *ended,
             }
+        };
+        // A caller that went away (a call queued for long, then forgotten) leaves nothing
+        // behind: the call goes on, its follower stops now.
+        let final_record = tokio::select! {
+            _ = tx.closed() => return,
+            followed = followed => match followed {
+                Some(record) => record,
+                None => return,
+            },
         };
         let event = final_record.map(|r| proto::InvokeEvent {
             event: Some(proto::invoke_event::Event::Call(call_to_proto(
