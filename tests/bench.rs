@@ -89,9 +89,26 @@ fn the_catalog_bench_applies_each_change_and_reports_rss() {
         "apply to callable, 30 tools",
         "baseline: apply to callable, 1 tool",
         "control plane RSS after the changes:",
-        "idle RSS (ready, nothing called): control plane",
+        "idle memory (ready, nothing called) in MiB, RSS / private / PSS:",
     ] {
         assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
+    }
+    // Each process's figures are read from /proc: private memory is part of the RSS.
+    for label in ["  control plane, 1 tool", "  worker 0"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no {label:?} row in:\n{stdout}"));
+        let figures: Vec<f64> = line[label.len()..]
+            .split('(')
+            .next()
+            .unwrap()
+            .split('/')
+            .map(|f| f.trim().parse().expect("a figure"))
+            .collect();
+        assert_eq!(figures.len(), 3, "{line}");
+        let (rss, private, pss) = (figures[0], figures[1], figures[2]);
+        assert!(private > 0.0 && private < rss && pss <= rss, "{line}");
     }
 }
 

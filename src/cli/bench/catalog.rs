@@ -66,6 +66,43 @@ pub(super) fn rss_mib(pid: u32) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// A process's memory, in MiB: resident (RSS, which counts the pages of the toolgrid
+/// binary it has run: shared with every toolgrid process on the machine), private
+/// (anonymous: its own heap and stacks) and proportional (PSS: private plus its share of
+/// the shared pages).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Memory {
+    pub rss: f64,
+    pub private: f64,
+    pub pss: f64,
+}
+
+impl Memory {
+    /// From /proc (Linux).
+    pub(super) fn of(pid: u32) -> Option<Memory> {
+        let kib = |text: &str, key: &str| -> Option<f64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key))?
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
+                .map(|k| k / 1024.0)
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+        Some(Memory {
+            rss: kib(&status, "VmRSS:")?,
+            private: kib(&status, "RssAnon:")?,
+            pss: kib(&rollup, "Pss:")?,
+        })
+    }
+
+    fn cells(&self) -> String {
+        format!("{:.1} / {:.1} / {:.1}", self.rss, self.private, self.pss)
+    }
+}
+
 /// The release tool `name` resolves to now.
 async fn release_of(client: &mut super::super::client::Client, name: &str) -> Option<String> {
     let rows = client
@@ -88,9 +125,9 @@ async fn release_of(client: &mut super::super::client::Client, name: &str) -> Op
 struct Measured {
     apply: Sample,
     rss_mib: Option<f64>,
-    /// Once ready, before any call or change: the control plane's RSS and its workers'.
-    idle_mib: Option<f64>,
-    idle_workers_mib: Vec<f64>,
+    /// Once ready, before any call or change: the control plane's memory and its workers'.
+    idle: Option<Memory>,
+    idle_workers: Vec<Memory>,
     ready: Duration,
 }
 
@@ -107,10 +144,10 @@ async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Me
     let mut client = super::super::client::client_of(channel, credentials);
     // Idle: ready, its workers attached, nothing called yet.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle_mib = rss_mib(started.child.id());
-    let idle_workers_mib: Vec<f64> = super::cpu::children(started.child.id())
+    let idle = Memory::of(started.child.id());
+    let idle_workers: Vec<Memory> = super::cpu::children(started.child.id())
         .into_iter()
-        .filter_map(rss_mib)
+        .filter_map(Memory::of)
         .collect();
     let target = format!("t{:04}", tools / 2);
     anyhow::ensure!(
@@ -146,8 +183,8 @@ async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Me
             wall: wall.elapsed(),
         },
         rss_mib,
-        idle_mib,
-        idle_workers_mib,
+        idle,
+        idle_workers,
         ready,
     })
 }
@@ -182,21 +219,26 @@ pub async fn run(args: CatalogArgs) -> anyhow::Result<()> {
         many.ready.as_secs_f64(),
         one.ready.as_secs_f64()
     );
-    let workers = |m: &Measured| {
-        m.idle_workers_mib
-            .iter()
-            .map(|r| format!("{r:.1}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    println!("idle memory (ready, nothing called) in MiB, RSS / private / PSS:");
+    let memory = |m: Option<Memory>| m.map_or("?".into(), |m| m.cells());
     println!(
-        "idle RSS (ready, nothing called): control plane {} with 1 tool, {} with {}; each worker {} MiB (1 tool), {} MiB ({} tools)",
-        one.idle_mib.map_or("?".into(), |r| format!("{r:.1} MiB")),
-        many.idle_mib.map_or("?".into(), |r| format!("{r:.1} MiB")),
+        "  control plane, 1 tool                    {}   (bar: private 32)",
+        memory(one.idle)
+    );
+    println!(
+        "  control plane, {:<5} tools              {}",
         args.tools,
-        workers(&one),
-        workers(&many),
-        args.tools
+        memory(many.idle)
+    );
+    for (i, worker) in one.idle_workers.iter().enumerate() {
+        println!(
+            "  worker {i}                                 {}   (bar: private 16)",
+            worker.cells()
+        );
+    }
+    println!(
+        "  (RSS counts the pages of the toolgrid binary a process has run, which every toolgrid \
+         process on the machine shares; private is its own heap and stacks, PSS adds its share)"
     );
     Ok(())
 }

@@ -4,15 +4,15 @@
 use super::SqlStore;
 use super::approvals::insert_audit;
 use super::rows::{
-    call_columns, call_from_row, insert_entry, is_postgres, json_text, parse_json, placeholders,
-    select_call,
+    EntryRow, call_columns, call_from_row, insert_entry, insert_rows, is_postgres, json_text,
+    parse_json, select_call,
 };
 use super::workspaces::{commit_refusal, commit_version, pin_workspace_base};
 use super::writer::Write;
 use crate::{CallLog, StoreError};
 use async_trait::async_trait;
 use serde_json::Value;
-use sqlx::{AnyConnection, AssertSqlSafe, Row};
+use sqlx::{AnyConnection, Row};
 use toolgrid_core::call::{
     Assigned, CallError, CallFilter, CallRecord, CallSpec, CallState, Created, Ended, EntryKind,
     ErrorKind, Fenced, Lifecycle, NewCall, OplogEntry, OplogRecord, Outcome, now_ms,
@@ -422,8 +422,9 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
             .ok_or_else(|| StoreError::Corrupt(format!("call {} exists twice", call.id)))?;
         return same_key(call, existing);
     };
+    // The call's first entries go in with one statement.
     let started = OplogEntry::CallStarted(call.started.clone());
-    insert_entry(conn, &call.id, 0, 0, &started, now).await?;
+    let mut rows = vec![EntryRow::of(0, 0, &started)];
     if dry_run.is_some() {
         // Ended by the control plane, so no run summary (as for a call it fails).
         let outcome = OplogEntry::Outcome(Outcome {
@@ -431,7 +432,7 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
             error: None,
             run: None,
         });
-        insert_entry(conn, &call.id, 1, 0, &outcome, now).await?;
+        rows.push(EntryRow::of(1, 0, &outcome));
     }
     if let Some((lifecycle, assigned)) = &assignment {
         let base = pin_workspace_base(conn, &call.id, &call.namespace, &call.spec).await?;
@@ -439,8 +440,9 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
         if let OplogEntry::Assigned(entry) = &mut assigned {
             entry.workspace_version = base;
         }
-        insert_entry(conn, &call.id, 1, lifecycle.epoch as i64, &assigned, now).await?;
+        rows.push(EntryRow::of(1, lifecycle.epoch as i64, &assigned));
     }
+    insert_rows(conn, &call.id, &rows, now).await?;
     let record = call_from_row(&inserted)?;
     if record.state.is_terminal() {
         // A dry run answered without running ends here: its audit record too.
@@ -578,12 +580,19 @@ async fn reserve_and_insert(
         return Err(refusal(conn, call_id, epoch).await);
     };
     let first = row.try_get::<i64, _>("next_seq")? - count;
-    let mut rows: Vec<(EntryKind, Value, Option<i64>)> = entries
+    let epoch = epoch as i64;
+    let mut rows: Vec<EntryRow> = entries
         .iter()
         .enumerate()
         .map(|(i, e)| {
             let (kind, payload) = e.to_parts();
-            (kind, payload, Some((first_wseq + i as u64) as i64))
+            EntryRow {
+                seq: first + i as i64,
+                epoch,
+                kind,
+                payload,
+                wseq: Some((first_wseq + i as u64) as i64),
+            }
         })
         .collect();
     if let Some(outcome) = outcome {
@@ -596,54 +605,13 @@ async fn reserve_and_insert(
             error: ended,
             run: Some(outcome.run.clone()),
         });
-        let (kind, payload) = entry.to_parts();
-        rows.push((kind, payload, None));
+        rows.push(EntryRow::of(first + entries.len() as i64, epoch, &entry));
     }
-    insert_entries(conn, call_id, first, epoch as i64, &rows, now).await?;
+    insert_rows(conn, call_id, &rows, now).await?;
     match outcome {
         Some(_) => Ok(Some(call_from_row(&row)?)),
         None => Ok(None),
     }
-}
-
-/// Entries per INSERT statement (7 parameters each, well under every backend's limit).
-const ENTRIES_PER_INSERT: usize = 100;
-
-/// Writes consecutive entries from sequence number `first`, many rows per statement.
-async fn insert_entries(
-    conn: &mut AnyConnection,
-    call_id: &str,
-    first: i64,
-    epoch: i64,
-    rows: &[(EntryKind, Value, Option<i64>)],
-    now: i64,
-) -> Result<(), StoreError> {
-    for (chunk_index, chunk) in rows.chunks(ENTRIES_PER_INSERT).enumerate() {
-        let mut sql = String::from(
-            "INSERT INTO oplog (call_id, seq, epoch, kind, payload, recorded_at_ms, wseq) VALUES ",
-        );
-        for i in 0..chunk.len() {
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str(&format!("({})", placeholders(i * 7 + 1, 7)));
-        }
-        // Only numbered placeholders are formatted into the statement.
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for (i, (kind, payload, wseq)) in chunk.iter().enumerate() {
-            let seq = first + (chunk_index * ENTRIES_PER_INSERT + i) as i64;
-            query = query
-                .bind(call_id)
-                .bind(seq)
-                .bind(epoch)
-                .bind(kind.as_str())
-                .bind(payload.to_string())
-                .bind(now)
-                .bind(*wseq);
-        }
-        query.execute(&mut *conn).await?;
-    }
-    Ok(())
 }
 
 async fn fail(

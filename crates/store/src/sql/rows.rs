@@ -4,7 +4,7 @@
 use crate::StoreError;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
-use toolgrid_core::call::{CallRecord, CallState, OplogEntry};
+use toolgrid_core::call::{CallRecord, CallState, EntryKind, OplogEntry};
 
 /// The columns of a [`CallRecord`], as a literal so queries stay static strings.
 macro_rules! call_columns {
@@ -30,6 +30,67 @@ pub(super) fn placeholders(first: usize, n: usize) -> String {
 pub(super) fn json_text(value: &impl serde::Serialize) -> String {
     // Serializing our own plain data types cannot fail.
     serde_json::to_string(value).unwrap_or_else(|_| "null".into())
+}
+
+/// One oplog row of a call to insert.
+pub(super) struct EntryRow {
+    pub seq: i64,
+    pub epoch: i64,
+    pub kind: EntryKind,
+    pub payload: serde_json::Value,
+    /// The writer's number (a worker's append); None for the control plane's entries.
+    pub wseq: Option<i64>,
+}
+
+impl EntryRow {
+    pub(super) fn of(seq: i64, epoch: i64, entry: &OplogEntry) -> EntryRow {
+        let (kind, payload) = entry.to_parts();
+        EntryRow {
+            seq,
+            epoch,
+            kind,
+            payload,
+            wseq: None,
+        }
+    }
+}
+
+/// Rows per INSERT statement (7 parameters each, well under every backend's limit).
+const ROWS_PER_INSERT: usize = 100;
+
+/// Inserts a call's oplog rows, many per statement: one round trip to the database for
+/// the entries a write adds, not one each.
+pub(super) async fn insert_rows(
+    conn: &mut AnyConnection,
+    call_id: &str,
+    rows: &[EntryRow],
+    now: i64,
+) -> Result<(), StoreError> {
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
+        let mut sql = String::from(
+            "INSERT INTO oplog (call_id, seq, epoch, kind, payload, recorded_at_ms, wseq) VALUES ",
+        );
+        for i in 0..chunk.len() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!("({})", placeholders(i * 7 + 1, 7)));
+        }
+        // Only numbered placeholders are formatted into the statement.
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for row in chunk {
+            query = query
+                .bind(call_id)
+                .bind(row.seq)
+                .bind(row.epoch)
+                .bind(row.kind.as_str())
+                .bind(row.payload.to_string())
+                .bind(now)
+                .bind(row.wseq);
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(())
 }
 
 /// Inserts one oplog entry at sequence number `seq` (entries without a writer's number).
