@@ -3,6 +3,7 @@
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
+use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -51,12 +52,15 @@ pub fn init(default_level: &str, service: &str, otlp_endpoint: Option<&str>) -> 
                 }
             }
         });
-    let otel = provider
-        .as_ref()
-        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("toolgrid")));
+    // The log level (RUST_LOG) filters the log lines only: traces keep every span at info,
+    // whatever the logs show.
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("toolgrid"))
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    });
     let _ = tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
+        .with(fmt.with_filter(filter))
         .with(otel)
         .try_init();
     Guard { provider }

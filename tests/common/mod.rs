@@ -160,8 +160,9 @@ impl Platform {
             .args(&self.extra_args)
             // The python built-in (154 MB of runtime) only where a test asks for it.
             .env("TOOLGRID_BUILTINS", "builtins/manifests")
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("RUST_LOG", "info")
+            // A test's own environment goes last: it may set RUST_LOG too.
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
