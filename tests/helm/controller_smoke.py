@@ -753,7 +753,7 @@ class Smoke:
         for path in (self.worker_log, self.worker_log + ".w1"):
             with open(path) as f:
                 text = f.read()
-            ran.append(set(re.findall(r"call\{call=([0-9a-f-]+) [^}]*\}: call ran", text)))
+            ran.append(set(re.findall(r"run\{call=([0-9a-f-]+) [^}]*\}: call ran", text)))
         twice = ran[0] & ran[1]
         if twice:
             raise Failed(f"calls ran on both workers (replayed): {sorted(twice)[:5]}")
