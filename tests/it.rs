@@ -21,6 +21,7 @@ mod e2e;
 mod failover;
 mod fairness;
 mod gen_client;
+mod ha;
 mod hostile;
 mod identity;
 mod k8s_e2e;

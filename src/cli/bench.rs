@@ -2,6 +2,7 @@
 //! the same run, printed so runs can be compared (see BENCHMARKS.md).
 
 mod catalog;
+mod ha;
 mod stages;
 mod waiting;
 
@@ -38,6 +39,9 @@ enum Bench {
     /// Many calls queued behind a busy worker slot: the control plane's RSS with them
     /// waiting, the slots they hold, and how fast and in what order they drain.
     Waiting(waiting::WaitingArgs),
+    /// Two control-plane replicas on PostgreSQL, the leader killed with SIGKILL under load
+    /// again and again: takeover time p50/p99, every call exactly once.
+    Ha(ha::HaArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -109,6 +113,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Builtins(args) => builtins(args).await,
         Bench::Catalog(args) => catalog::run(args).await,
         Bench::Waiting(args) => waiting::run(args).await,
+        Bench::Ha(args) => ha::run(args),
     }
 }
 

@@ -65,6 +65,16 @@ pub struct ControllerArgs {
     /// Name of the leader election Lease.
     #[arg(long, default_value = "toolgrid-controller")]
     lease_name: String,
+    /// How long the leader's Lease holds without a renewal: a standby takes over after it.
+    #[arg(long, env = "TOOLGRID_LEADER_LEASE", default_value = "15s")]
+    leader_lease: GoDuration,
+    /// The leader steps down after this long without a successful renewal (shorter than
+    /// --leader-lease: the margin keeps two leaders from acting at once).
+    #[arg(long, default_value = "10s")]
+    leader_renew_deadline: GoDuration,
+    /// How often the leader renews its Lease (and a standby tries to take it).
+    #[arg(long, default_value = "2s")]
+    leader_renew_every: GoDuration,
     /// Delete calls that ended longer ago than this (e.g. `7d`), with their oplogs and the
     /// artifacts no current release or remaining call uses; checked at start and hourly.
     /// Default: keep all.
@@ -213,6 +223,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         pod_name,
         pod_namespace: args.pod_namespace,
         lease_name: args.lease_name,
+        leader_timing: (
+            args.leader_lease.get(),
+            args.leader_renew_deadline.get(),
+            args.leader_renew_every.get(),
+        ),
         retain: args.retain,
         tls,
         self_signed,

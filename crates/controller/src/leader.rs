@@ -47,6 +47,29 @@ impl LeaseSettings {
         }
     }
 
+    /// The same lease with other timing, when it keeps two leaders from acting at once:
+    /// renewals more often than the step-down deadline, which is shorter than the lease.
+    pub fn with_timing(
+        self,
+        duration: Duration,
+        renew_deadline: Duration,
+        renew_every: Duration,
+    ) -> Result<LeaseSettings, String> {
+        if renew_every.is_zero() || renew_every >= renew_deadline || renew_deadline >= duration {
+            return Err(format!(
+                "the leader lease needs renewals ({renew_every:?}) more often than its \
+                 step-down deadline ({renew_deadline:?}), which must be shorter than the lease \
+                 ({duration:?})"
+            ));
+        }
+        Ok(LeaseSettings {
+            duration,
+            renew_deadline,
+            renew_every,
+            ..self
+        })
+    }
+
     /// Until when `standing` lets us lead (None when following).
     pub fn lead_until(&self, standing: Standing) -> Option<Instant> {
         match standing {
@@ -324,6 +347,26 @@ impl LeaderElector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_timing_that_could_let_two_leaders_act_at_once_is_refused() {
+        let standard = || LeaseSettings::standard("l".into(), "ns".into(), "me".into());
+        let s = Duration::from_secs;
+        let quick = standard()
+            .with_timing(s(4), s(3), Duration::from_millis(500))
+            .expect("a shorter lease keeps its order");
+        assert_eq!(quick.duration, s(4));
+        assert_eq!(quick.identity, "me");
+        for (duration, deadline, every) in
+            [(s(4), s(4), s(1)), (s(4), s(3), s(3)), (s(4), s(5), s(1))]
+        {
+            let refused = standard()
+                .with_timing(duration, deadline, every)
+                .unwrap_err();
+            assert!(refused.contains("more often than"), "{refused}");
+        }
+        assert!(standard().with_timing(s(4), s(3), s(0)).is_err());
+    }
 
     fn settings(identity: &str) -> LeaseSettings {
         LeaseSettings {

@@ -60,6 +60,8 @@ pub struct Settings {
     pub pod_name: String,
     pub pod_namespace: String,
     pub lease_name: String,
+    /// The leader lease's timing: (duration, renew deadline, renew period).
+    pub leader_timing: (Duration, Duration, Duration),
     /// Delete calls that ended longer ago than this (retention); `None` keeps them all.
     pub retain: Option<Duration>,
     /// Directories of built-in tools served beside the cluster's resources (a later one's
@@ -148,7 +150,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             settings.lease_name.clone(),
             settings.pod_namespace.clone(),
             settings.pod_name.clone(),
-        ),
+        )
+        .with_timing(
+            settings.leader_timing.0,
+            settings.leader_timing.1,
+            settings.leader_timing.2,
+        )
+        .map_err(anyhow::Error::msg)?,
     ));
     let mut leading = elector.clone().run();
     tracing::info!(identity = %settings.pod_name, "campaigning for leadership");

@@ -913,6 +913,16 @@ impl State {
             .filter(|(id, r)| r.worker == worker && r.session != session && !adopted.contains(*id))
             .map(|(id, _)| id.clone())
             .collect();
+        // So are the calls a previous control plane left running on it that it does not
+        // report (it gave them up when its stream broke): no need to wait out the grace.
+        let unreported: Vec<CallId> = self
+            .orphans
+            .iter()
+            .filter(|(id, o)| {
+                o.call.record.worker.as_deref() == Some(worker.as_str()) && !adopted.contains(*id)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
         self.workers.insert(
             worker.clone(),
             Worker {
@@ -935,6 +945,13 @@ impl State {
             if let Some(running) = self.running.remove(&id) {
                 let reason = format!("worker {worker} re-attached without it");
                 self.fence(running.call, running.epoch, reason, out);
+            }
+        }
+        for id in unreported {
+            if let Some(orphan) = self.orphans.remove(&id) {
+                let epoch = orphan.call.recorded_epoch();
+                let reason = format!("worker {worker} re-attached without it");
+                self.fence(orphan.call, epoch, reason, out);
             }
         }
     }

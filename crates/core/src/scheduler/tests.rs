@@ -208,6 +208,46 @@ fn an_orphan_whose_worker_does_not_return_is_fenced_after_grace() {
 }
 
 #[test]
+fn an_orphan_its_worker_reattaches_without_is_fenced_at_once() {
+    let (t0, mut state) = start();
+    state.on(Event::Listening, t0);
+    let kept = running("a", 3, "w1");
+    state.on(
+        Event::Recovered(vec![
+            kept.clone(),
+            running("b", 2, "w1"),
+            running("c", 1, "w2"),
+        ]),
+        t0,
+    );
+    // w1 comes back holding only a: b is no longer running anywhere.
+    let out = state.on(
+        Attaching {
+            in_flight: vec![reported("a", 3, kept)],
+            ..attaching("w1", 1)
+        }
+        .into(),
+        t0 + Duration::from_millis(300),
+    );
+    assert_eq!(fences(&out), [("b".to_string(), 2)]);
+    let session = match &out[0] {
+        Command::Registered {
+            abandon, session, ..
+        } if abandon.is_empty() => *session,
+        other => panic!("{other:?}"),
+    };
+    assert!(holding(&state, "a", "w1", session, 3).is_ok());
+    // c's worker has not come back: c waits out the grace as before (w1 heartbeats).
+    for secs in [1, 2, 3, 4] {
+        state.on(heartbeat("w1", session), t0 + Duration::from_secs(secs));
+    }
+    let out = state.on(Event::Tick, t0 + Duration::from_secs(4));
+    assert!(fences(&out).is_empty());
+    let out = state.on(Event::Tick, t0 + Duration::from_secs(5));
+    assert_eq!(fences(&out), [("c".to_string(), 1)]);
+}
+
+#[test]
 fn a_worker_of_another_pool_cannot_claim_a_call_by_its_worker_id() {
     let (t0, mut state) = start();
     state.on(Event::Listening, t0);
