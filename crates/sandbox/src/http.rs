@@ -590,20 +590,14 @@ impl HttpHost {
         };
         // Messages are recorded and shown to the guest: never with a substituted value.
         let failed = |e: &reqwest::Error| self.secrets.redact_text(&describe(e)).into_owned();
-        let mut builder = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(self.timeout);
-        if host.parse::<std::net::IpAddr>().is_err() {
-            // Connect to exactly the addresses the policy checked.
-            builder = builder.resolve_to_addrs(&host, &addrs);
-        }
-        let client = builder
-            .build()
+        // A client per destination, pinned to exactly the addresses the policy checked.
+        let client = crate::clients::for_destination(&host, &addrs)
             .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
         let method = reqwest::Method::from_bytes(method.as_bytes())
             .map_err(|e| format!("bad method: {e}"))?;
-        let mut outgoing = client.request(method.clone(), &sending.url);
+        let mut outgoing = client
+            .request(method.clone(), &sending.url)
+            .timeout(self.timeout);
         // The host call's span is the receiver's parent; a tool's own traceparent stands
         // only where the worker traces nothing.
         let traceparent = toolgrid_trace::current();

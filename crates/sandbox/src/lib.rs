@@ -10,6 +10,7 @@
 //! settings. What it records goes to an [`http::OplogSink`]; the worker process
 //! (`toolgrid-worker`) is the one that sends it over the link.
 
+mod clients;
 pub mod egress;
 pub mod exchange;
 pub mod files;
