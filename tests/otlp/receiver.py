@@ -1,7 +1,8 @@
 """An OTLP/gRPC trace receiver for the trace tests: the collector's TraceService built from
 the opentelemetry-proto definitions. It listens on loopback, prints `LISTENING <port>`, and
 appends every exported span to a JSON-lines file (one object per span: trace and span ids
-in hex, the parent's id, the name, the service that sent it and the attributes)."""
+in hex, the parent's id, the name, its start and end in Unix nanoseconds, the service that
+sent it and the attributes)."""
 
 import json
 import sys
@@ -36,6 +37,8 @@ class Traces(trace_service_pb2_grpc.TraceServiceServicer):
                         "span_id": span.span_id.hex(),
                         "parent_span_id": span.parent_span_id.hex(),
                         "name": span.name,
+                        "start_ns": span.start_time_unix_nano,
+                        "end_ns": span.end_time_unix_nano,
                         "service": resource.get("service.name"),
                         "attributes": {a.key: value_of(a.value) for a in span.attributes},
                     }))
