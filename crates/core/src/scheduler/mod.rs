@@ -1019,14 +1019,21 @@ impl State {
         let grace = self.timing.deadline_grace.as_millis() as i64;
         let pending = Lifecycle::admitted();
         let mut late = Vec::new();
-        self.queue
-            .retain(|q| match pending.expire(q.call.deadline_ms, grace, wall) {
-                Some(error) => {
-                    late.push((q.call.clone(), error));
-                    false
-                }
-                None => true,
-            });
+        // Only when the earliest waiting deadline has passed is the queue looked through.
+        if self
+            .queue
+            .earliest_deadline_ms()
+            .is_some_and(|deadline| deadline <= wall)
+        {
+            self.queue
+                .retain(|q| match pending.expire(q.call.deadline_ms, grace, wall) {
+                    Some(error) => {
+                        late.push((q.call.clone(), error));
+                        false
+                    }
+                    None => true,
+                });
+        }
         for (call, error) in late {
             self.fail(call, error, out);
         }
@@ -1260,7 +1267,7 @@ impl State {
     pub fn next_wake(&self) -> Option<Instant> {
         let leases = self.workers.values().map(|w| w.lease_until);
         let orphans = self.orphans.values().filter_map(|o| o.until);
-        let queued = self.queue.iter().filter_map(|q| q.not_before);
+        let queued = self.queue.earliest_not_before();
         let fences = self.fencing.values().filter_map(|f| f.retry_at);
         let fails = self.failing.values().filter_map(|f| f.retry_at);
         leases
@@ -1275,18 +1282,14 @@ impl State {
     /// grace for running ones: when a deadline must be checked.
     pub fn next_deadline_ms(&self) -> Option<i64> {
         let grace = self.timing.deadline_grace.as_millis() as i64;
-        let queued = self
-            .queue
-            .iter()
-            .map(|q| q.call.deadline_ms)
-            .filter(|d| *d > 0);
+        let queued = self.queue.earliest_deadline_ms();
         let running = self
             .running
             .values()
             .map(|r| r.call.deadline_ms)
             .filter(|d| *d > 0)
             .map(|d| d + grace);
-        queued.chain(running).min()
+        queued.into_iter().chain(running).min()
     }
 
     /// The call, when worker session `session` of `worker` holds it under `epoch` (it was

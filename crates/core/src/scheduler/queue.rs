@@ -13,7 +13,7 @@ use super::Call;
 use crate::call::CallRecord;
 use crate::error::{ApiError, ErrorKind};
 use crate::ids::{CallId, ObjectKey};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
 
 /// The default cap of an agent's calls waiting in one pool.
@@ -124,15 +124,53 @@ impl Pool {
 #[derive(Default)]
 pub(super) struct Queue {
     pools: BTreeMap<String, Pool>,
+    /// The waiting calls' deadlines (Unix ms; calls without one are not here), earliest
+    /// first: the timer asks for the earliest on every wake, with thousands waiting.
+    deadlines: BTreeSet<(i64, CallId)>,
+    /// The waiting calls that may not be offered before a time, earliest first.
+    not_before: BTreeSet<(Instant, CallId)>,
 }
 
 impl Queue {
+    fn index(&mut self, queued: &Queued) {
+        let id = queued.call.id();
+        if queued.call.deadline_ms > 0 {
+            self.deadlines.insert((queued.call.deadline_ms, id.clone()));
+        }
+        if let Some(at) = queued.not_before {
+            self.not_before.insert((at, id.clone()));
+        }
+    }
+
+    fn unindex(
+        deadlines: &mut BTreeSet<(i64, CallId)>,
+        not_before: &mut BTreeSet<(Instant, CallId)>,
+        queued: &Queued,
+    ) {
+        let id = queued.call.id();
+        deadlines.remove(&(queued.call.deadline_ms, id.clone()));
+        if let Some(at) = queued.not_before {
+            not_before.remove(&(at, id.clone()));
+        }
+    }
+
+    /// The earliest deadline (Unix ms) of a waiting call.
+    pub fn earliest_deadline_ms(&self) -> Option<i64> {
+        self.deadlines.first().map(|(deadline, _)| *deadline)
+    }
+
+    /// The earliest time a waiting call may be offered again after a backoff.
+    pub fn earliest_not_before(&self) -> Option<Instant> {
+        self.not_before.first().map(|(at, _)| *at)
+    }
+
     fn pool_mut(&mut self, pool: &str) -> &mut Pool {
         self.pools.entry(pool.to_string()).or_default()
     }
 
     /// Queues a call at the back of its lane.
     pub fn push_back(&mut self, queued: Queued) {
+        self.index(&queued);
         let lane = Lane::of(&queued.call.record);
         self.pool_mut(&lane.pool)
             .lane_mut(lane.party)
@@ -141,6 +179,7 @@ impl Queue {
 
     /// Queues a call at the front of its lane (a call taken back keeps its place).
     pub fn push_front(&mut self, queued: Queued) {
+        self.index(&queued);
         let lane = Lane::of(&queued.call.record);
         self.pool_mut(&lane.pool)
             .lane_mut(lane.party)
@@ -170,12 +209,27 @@ impl Queue {
         })
     }
 
-    /// Every waiting call, to change in place.
+    /// Changes waiting call `id` in place (tests: a deadline moved into the past).
     #[cfg(test)]
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Queued> {
-        self.pools
-            .values_mut()
-            .flat_map(|pool| pool.lanes.values_mut().flatten())
+    pub fn update(&mut self, id: &CallId, change: impl FnOnce(&mut Queued)) {
+        let Queue {
+            pools,
+            deadlines,
+            not_before,
+        } = self;
+        for lane in pools.values_mut().flat_map(|pool| pool.lanes.values_mut()) {
+            if let Some(queued) = lane.iter_mut().find(|q| q.call.id() == id) {
+                Self::unindex(deadlines, not_before, queued);
+                change(queued);
+                if queued.call.deadline_ms > 0 {
+                    deadlines.insert((queued.call.deadline_ms, id.clone()));
+                }
+                if let Some(at) = queued.not_before {
+                    not_before.insert((at, id.clone()));
+                }
+                return;
+            }
+        }
     }
 
     /// The pools with waiting calls.
@@ -209,6 +263,7 @@ impl Queue {
         let waiting = self.pools.get_mut(pool)?;
         let lane = waiting.lanes.get_mut(party)?;
         let queued = lane.remove(index)?;
+        Self::unindex(&mut self.deadlines, &mut self.not_before, &queued);
         let empty = lane.is_empty();
         waiting.turns.retain(|p| p != party);
         if empty {
@@ -224,13 +279,24 @@ impl Queue {
 
     /// Keeps only the calls for which `keep` is true.
     pub fn retain(&mut self, mut keep: impl FnMut(&Queued) -> bool) {
-        for pool in self.pools.values_mut() {
+        let Queue {
+            pools,
+            deadlines,
+            not_before,
+        } = self;
+        for pool in pools.values_mut() {
             for lane in pool.lanes.values_mut() {
-                lane.retain(&mut keep);
+                lane.retain(|queued| {
+                    let kept = keep(queued);
+                    if !kept {
+                        Self::unindex(deadlines, not_before, queued);
+                    }
+                    kept
+                });
             }
             pool.forget_empty();
         }
-        self.pools.retain(|_, p| !p.lanes.is_empty());
+        pools.retain(|_, p| !p.lanes.is_empty());
     }
 
     /// The waiting call `id`.

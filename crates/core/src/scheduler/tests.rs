@@ -547,11 +547,11 @@ fn a_call_waiting_out_its_backoff_keeps_its_deadline() {
     state.on(fenced("a"), t0);
     assert!(state.next_deadline_ms().is_some());
     // The queued call's deadline moves into the past: the next look fails it.
-    if let Some(q) = state.queue.iter_mut().find(|q| q.call.record.id == "a") {
+    state.queue.update(&CallId::from("a"), |q| {
         let mut record = (*q.call.record).clone();
         record.spec.deadline_ms = crate::call::now_ms() - 60_000;
         q.call = Call::new(record, None);
-    }
+    });
     let out = state.on(Event::Tick, t0 + Duration::from_millis(1));
     assert_eq!(fails(&out), [("a".to_string(), ErrorKind::Timeout)]);
     assert!(assigns(&out).is_empty());
@@ -825,4 +825,27 @@ fn an_operators_drain_tells_the_worker_and_offers_it_nothing_more() {
         t0,
     );
     assert!(out.is_empty(), "no such worker: nothing to do");
+}
+
+#[test]
+fn the_earliest_waiting_deadline_follows_the_queue_as_calls_come_and_go() {
+    let (t0, mut state) = start();
+    assert_eq!(state.next_deadline_ms(), None);
+    let base = crate::call::now_ms() + 600_000;
+    for (id, offset) in [("a", 30), ("b", 10), ("c", 20)] {
+        let mut call = record(id);
+        call.spec.deadline_ms = base + offset;
+        state.on(Event::Submitted(Call::new(call, None)), t0);
+    }
+    assert_eq!(state.next_deadline_ms(), Some(base + 10), "b's");
+    // b is cancelled: the queue lets it go, and its deadline with it.
+    state.queue.retain(|q| q.call.record.id != "b");
+    assert_eq!(state.next_deadline_ms(), Some(base + 20), "c's");
+    // A worker takes the queue's front (a, then c): nothing waits, no deadline is due.
+    let (_, out) = attach(&mut state, "w1", 2, t0);
+    assert_eq!(assigns(&out).len(), 2, "{out:?}");
+    assert!(
+        state.next_deadline_ms().is_none_or(|d| d > base + 30),
+        "only running calls' deadlines (with grace) remain"
+    );
 }
