@@ -16,7 +16,6 @@ const VIEWER: &str = "viewer-token";
 fn manifests(root: &std::path::Path, witness: &Witness) -> std::path::PathBuf {
     let dir = root.join("manifests");
     std::fs::create_dir_all(&dir).unwrap();
-    let wasm = fixtures::repo().join("tests/fixtures/tools/slow/slow.wasm");
     std::fs::write(
         dir.join("slow.yaml"),
         format!(
@@ -24,18 +23,8 @@ fn manifests(root: &std::path::Path, witness: &Witness) -> std::path::PathBuf {
              spec: {{replicas: 1, slotsPerWorker: 8}}\n---\n\
              apiVersion: v1\nkind: Secret\nmetadata: {{name: viewer-token}}\nstringData: {{token: {VIEWER}}}\n---\n\
              apiVersion: toolgrid.dev/v1alpha1\nkind: Agent\nmetadata: {{name: viewer}}\n\
-             spec:\n  tokenSecretRef: {{name: viewer-token, key: token}}\n  permissions: [{{tools: [\"*\"]}}]\n---\n\
-             apiVersion: toolgrid.dev/v1alpha1\nkind: Tool\nmetadata: {{name: slow}}\n\
-             spec:\n  effect: read\n  timeout: 60s\n  repeatWindow: 0s\n  commands:\n    - name: run\n      \
-             options:\n        - {{name: base, schema: {{type: string}}, required: true}}\n        \
-             - {{name: run, schema: {{type: string}}, required: true}}\n        \
-             - {{name: steps, schema: {{type: integer}}}}\n        \
-             - {{name: sleep-ms, schema: {{type: integer}}}}\n      result: {{type: object}}\n---\n\
-             apiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: slow-1.0.0}}\n\
-             spec:\n  tool: slow\n  version: 1.0.0\n  artifact: {{file: {}}}\n  \
-             network: {{egress: [{{host: 127.0.0.1, ports: [{}], allowPrivate: true}}]}}\n",
-            wasm.display(),
-            witness.addr.port()
+             spec:\n  tokenSecretRef: {{name: viewer-token, key: token}}\n  permissions: [{{tools: [\"*\"]}}]\n---\n{}",
+            fixtures::slow_manifest(witness.addr.port())
         ),
     )
     .unwrap();

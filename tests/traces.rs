@@ -96,23 +96,12 @@ async fn one_calls_spans_form_one_trace_across_gateway_scheduler_worker_and_its_
     let witness = Witness::start().await;
     let dir = root.path().join("manifests");
     std::fs::create_dir_all(&dir).unwrap();
-    let wasm = fixtures::repo().join("tests/fixtures/tools/slow/slow.wasm");
     std::fs::write(
         dir.join("tool.yaml"),
         format!(
             "apiVersion: toolgrid.dev/v1alpha1\nkind: WorkerPool\nmetadata: {{name: default}}\n\
-             spec: {{replicas: 1, slotsPerWorker: 4}}\n---\n\
-             apiVersion: toolgrid.dev/v1alpha1\nkind: Tool\nmetadata: {{name: slow}}\n\
-             spec:\n  effect: read\n  timeout: 60s\n  repeatWindow: 0s\n  commands:\n    - name: run\n      \
-             options:\n        - {{name: base, schema: {{type: string}}, required: true}}\n        \
-             - {{name: run, schema: {{type: string}}, required: true}}\n        \
-             - {{name: steps, schema: {{type: integer}}}}\n        \
-             - {{name: sleep-ms, schema: {{type: integer}}}}\n      result: {{type: object}}\n\
-             ---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: slow-1.0.0}}\n\
-             spec:\n  tool: slow\n  version: 1.0.0\n  artifact: {{file: {}}}\n  \
-             network: {{egress: [{{host: 127.0.0.1, ports: [{}], allowPrivate: true}}]}}\n",
-            wasm.display(),
-            witness.addr.port()
+             spec: {{replicas: 1, slotsPerWorker: 4}}\n---\n{}",
+            fixtures::slow_manifest(witness.addr.port())
         ),
     )
     .unwrap();

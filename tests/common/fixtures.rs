@@ -84,6 +84,25 @@ spec: {{tool: {name}, version: 1.0.0, artifact: {{file: {artifact}}}, limits: {l
     )
 }
 
+/// The `slow` test fixture as a Tool and its release (YAML documents, `---` between them,
+/// none after): `slow run --base URL --run ID [--steps N] [--sleep-ms M]`, allowed to reach
+/// 127.0.0.1 on `witness_port` (a witness's).
+pub fn slow_manifest(witness_port: u16) -> String {
+    let wasm = repo().join("tests/fixtures/tools/slow/slow.wasm");
+    format!(
+        "apiVersion: toolgrid.dev/v1alpha1\nkind: Tool\nmetadata: {{name: slow}}\n\
+         spec:\n  effect: read\n  timeout: 60s\n  repeatWindow: 0s\n  commands:\n    - name: run\n      \
+         options:\n        - {{name: base, schema: {{type: string}}, required: true}}\n        \
+         - {{name: run, schema: {{type: string}}, required: true}}\n        \
+         - {{name: steps, schema: {{type: integer}}}}\n        \
+         - {{name: sleep-ms, schema: {{type: integer}}}}\n      result: {{type: object}}\n---\n\
+         apiVersion: toolgrid.dev/v1alpha1\nkind: ToolRelease\nmetadata: {{name: slow-1.0.0}}\n\
+         spec:\n  tool: slow\n  version: 1.0.0\n  artifact: {{file: {}}}\n  \
+         network: {{egress: [{{host: 127.0.0.1, ports: [{witness_port}], allowPrivate: true}}]}}\n",
+        wasm.display(),
+    )
+}
+
 /// An in-process worker runtime (4 slots, pooling) with its compiled-code cache in `cache`.
 pub fn runtime(cache: &Path) -> toolgrid_sandbox::Runtime {
     toolgrid_sandbox::Runtime::new(&toolgrid_sandbox::RuntimeConfig {
