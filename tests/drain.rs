@@ -60,6 +60,29 @@ async fn start(
     tokio::spawn(async move { client.invoke(request).await.expect("invoke").into_inner() })
 }
 
+/// Starts a call of `runs` each (`steps` requests `sleep_ms` apart) and waits until every
+/// one has reached the witness (up to 30 s): they are running.
+async fn start_running(
+    platform: &Platform,
+    witness: &Witness,
+    runs: &[String],
+    steps: u32,
+    sleep_ms: u32,
+) -> Vec<tokio::task::JoinHandle<proto::Call>> {
+    let base = witness.base();
+    let mut calls = Vec::new();
+    for run in runs {
+        calls.push(start(platform, &base, run, steps, sleep_ms).await);
+    }
+    let started = |seen: &[Seen]| runs.iter().all(|r| !requests_of(seen, r).is_empty());
+    assert!(
+        witness.wait_for(Duration::from_secs(30), started).await,
+        "{}",
+        platform.logs()
+    );
+    calls
+}
+
 fn requests_of<'s>(seen: &'s [Seen], run: &str) -> Vec<&'s Seen> {
     seen.iter()
         .filter(|s| {
@@ -138,29 +161,13 @@ async fn a_draining_worker_finishes_what_fits_its_grace_and_gives_up_the_rest() 
     let platform = Platform::start(root.path(), &dir, &["--no-workers", "--lease", "2s"]);
     let base = witness.base();
     let mut w1 = WorkerProcess::start(&platform, "w1", 8, root.path());
-    platform
-        .eventually("slow is ready", Duration::from_secs(60), || async {
-            platform
-                .resource("tools", "slow")
-                .await
-                .is_some_and(|r| r.ready == "True")
-        })
-        .await;
+    platform.ready("tools", "slow").await;
     let warm = start(&platform, &base, "warm", 1, 0).await.await.unwrap();
     assert_eq!(warm.worker, "w1", "{warm:?}");
 
     // Six calls run on w1, the only worker, when it is told to stop; each fits its grace.
     let runs: Vec<String> = (0..6).map(|i| format!("fit{i}")).collect();
-    let mut calls = Vec::new();
-    for run in &runs {
-        calls.push(start(&platform, &base, run, 3, 700).await);
-    }
-    let started = |seen: &[Seen]| runs.iter().all(|r| !requests_of(seen, r).is_empty());
-    assert!(
-        witness.wait_for(Duration::from_secs(30), started).await,
-        "{}",
-        platform.logs()
-    );
+    let calls = start_running(&platform, &witness, &runs, 3, 700).await;
     let mut w2 = WorkerProcess::start(&platform, "w2", 8, root.path());
     w1.signal(libc::SIGTERM);
     // New calls go to the other worker, not to the one stopping.
@@ -191,12 +198,7 @@ async fn a_draining_worker_finishes_what_fits_its_grace_and_gives_up_the_rest() 
     w2.signal(libc::SIGTERM);
     exits_zero(&mut w2, Duration::from_secs(10)).await;
     let long: Vec<String> = (0..2).map(|i| format!("long{i}")).collect();
-    let mut calls = Vec::new();
-    for run in &long {
-        calls.push(start(&platform, &base, run, 4, 1000).await);
-    }
-    let started = |seen: &[Seen]| long.iter().all(|r| !requests_of(seen, r).is_empty());
-    assert!(witness.wait_for(Duration::from_secs(30), started).await);
+    let calls = start_running(&platform, &witness, &long, 4, 1000).await;
     let mut w4 = WorkerProcess::start(&platform, "w4", 8, root.path());
     w3.signal(libc::SIGTERM);
     for (run, call) in long.iter().zip(calls) {
@@ -285,14 +287,7 @@ async fn a_rolling_restart_of_local_workers_under_load_fails_and_replays_nothing
     two(8);
     let platform = Platform::start(root.path(), &dir, &[]);
     let base = witness.base();
-    platform
-        .eventually("slow is ready", Duration::from_secs(60), || async {
-            platform
-                .resource("tools", "slow")
-                .await
-                .is_some_and(|r| r.ready == "True")
-        })
-        .await;
+    platform.ready("tools", "slow").await;
     let warm = start(&platform, &base, "warm", 1, 0).await.await.unwrap();
     assert_eq!(warm.state, proto::CallState::Succeeded as i32, "{warm:?}");
 
@@ -300,16 +295,7 @@ async fn a_rolling_restart_of_local_workers_under_load_fails_and_replays_nothing
     for (round, change) in ["sighup", "slots"].iter().enumerate() {
         // Calls that run when the roll starts, each fitting the grace period.
         let runs: Vec<String> = (0..6).map(|i| format!("{change}{i}")).collect();
-        let mut calls = Vec::new();
-        for run in &runs {
-            calls.push(start(&platform, &base, run, 3, 800).await);
-        }
-        let started = |seen: &[Seen]| runs.iter().all(|r| !requests_of(seen, r).is_empty());
-        assert!(
-            witness.wait_for(Duration::from_secs(30), started).await,
-            "{}",
-            platform.logs()
-        );
+        let calls = start_running(&platform, &witness, &runs, 3, 800).await;
         match *change {
             // SAFETY: a signal to the platform process this test started.
             "sighup" => unsafe {

@@ -45,14 +45,7 @@ async fn a_release_deleted_while_its_calls_run_lets_them_finish_on_its_digest() 
     )
     .unwrap();
     let platform = Platform::start(root.path(), &dir, &[]);
-    platform
-        .eventually("slow is ready", Duration::from_secs(60), || async {
-            platform
-                .resource("tools", "slow")
-                .await
-                .is_some_and(|r| r.ready == "True")
-        })
-        .await;
+    platform.ready("tools", "slow").await;
 
     let base = witness.base();
     let mut calls = Vec::new();

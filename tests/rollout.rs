@@ -230,14 +230,7 @@ async fn a_canary_takes_its_weight_steps_on_and_a_failing_one_is_rolled_back() {
     base_manifests(&dir);
     write_manifests(&dir, "");
     let mut platform = Arc::new(Platform::start(root.path(), &dir, &[]));
-    platform
-        .eventually("the binding is ready", Duration::from_secs(60), || async {
-            platform
-                .resource("bindings", "greeters")
-                .await
-                .is_some_and(|r| r.ready == "True")
-        })
-        .await;
+    platform.ready("bindings", "greeters").await;
 
     // Steady load from here to the end of the manual rollout.
     let load = Load::start(platform.clone(), "load", 7);

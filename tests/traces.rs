@@ -117,14 +117,7 @@ async fn one_calls_spans_form_one_trace_across_gateway_scheduler_worker_and_its_
             ("RUST_LOG", "warn"),
         ],
     );
-    platform
-        .eventually("slow is ready", Duration::from_secs(60), || async {
-            platform
-                .resource("tools", "slow")
-                .await
-                .is_some_and(|r| r.ready == "True")
-        })
-        .await;
+    platform.ready("tools", "slow").await;
 
     // The caller's own trace: the call's root span is a child of the caller's span.
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";

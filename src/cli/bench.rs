@@ -186,11 +186,7 @@ async fn builtins(args: BuiltinsArgs) -> anyhow::Result<()> {
     // Compiled code is kept across runs: the python runtime takes minutes to compile.
     let cache = std::path::Path::new(".toolgrid/cache");
     let started = start_platform_with(&args.manifests, &[("TOOLGRID_CACHE", cache)])?;
-    let credentials = super::client::Credentials::new(Some(&started.token), None)?;
-    let channel = Channel::from_shared(format!("http://{}", started.grpc))?
-        .connect()
-        .await?;
-    let clients = [super::client::client_of(channel, credentials)];
+    let clients = [started.client().await?];
     println!(
         "toolgrid bench builtins: {} sequential calls of each (fewer where it says), {} cores",
         args.calls,
@@ -269,6 +265,40 @@ struct Started {
     /// The admin token of the started platform.
     token: String,
     _data: tempfile::TempDir,
+}
+
+impl Started {
+    /// A gRPC client of the started platform with its admin token.
+    async fn client(&self) -> anyhow::Result<super::client::Client> {
+        let credentials = super::client::Credentials::new(Some(&self.token), None)?;
+        let channel = Channel::from_shared(format!("http://{}", self.grpc))?
+            .connect()
+            .await?;
+        Ok(super::client::client_of(channel, credentials))
+    }
+}
+
+/// The rows `toolgrid get KIND` shows, every namespace.
+async fn resource_rows(
+    client: &mut super::client::Client,
+    kind: &str,
+) -> anyhow::Result<Vec<proto::ResourceRow>> {
+    Ok(client
+        .list_resources(proto::ListResourcesRequest {
+            kind: kind.into(),
+            namespace: String::new(),
+        })
+        .await?
+        .into_inner()
+        .rows)
+}
+
+/// The value of `row`'s column `name`.
+fn column<'a>(row: &'a proto::ResourceRow, name: &str) -> Option<&'a str> {
+    row.columns
+        .iter()
+        .find(|c| c.name == name)
+        .map(|c| c.value.as_str())
 }
 
 impl Drop for Started {
@@ -376,26 +406,12 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
         let channel = Channel::from_shared(url.clone())?.connect().await?;
         clients.push(super::client::client_of(channel, credentials.clone()));
     }
-    let workers = {
-        let mut client = clients[0].clone();
-        let rows = client
-            .list_resources(proto::ListResourcesRequest {
-                kind: "pools".into(),
-                namespace: String::new(),
-            })
-            .await?
-            .into_inner()
-            .rows;
-        rows.iter()
-            .flat_map(|r| {
-                r.columns
-                    .iter()
-                    .filter(|c| c.name == "Attached")
-                    .map(|c| c.value.clone())
-            })
-            .collect::<Vec<_>>()
-            .join("+")
-    };
+    let workers = resource_rows(&mut clients[0].clone(), "pools")
+        .await?
+        .iter()
+        .filter_map(|r| column(r, "Attached"))
+        .collect::<Vec<_>>()
+        .join("+");
     // Warm up: every worker compiles the release, every connection is open.
     let warmup = (args.concurrency * 4).max(32);
     run_clients(&clients, &request, warmup).await?;

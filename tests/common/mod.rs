@@ -348,6 +348,21 @@ impl Platform {
         panic!("timed out waiting for {what}; log:\n{}", self.logs());
     }
 
+    /// Waits (up to a minute) until resource `name` of `kind` (`tools`, `bindings`, ...) is
+    /// Ready.
+    pub async fn ready(&self, kind: &str, name: &str) {
+        self.eventually(
+            &format!("{kind} {name} is ready"),
+            Duration::from_secs(60),
+            || async {
+                self.resource(kind, name)
+                    .await
+                    .is_some_and(|r| r.ready == "True")
+            },
+        )
+        .await;
+    }
+
     /// Runs the `toolgrid` CLI against this platform.
     pub fn cli(&self, args: &[&str], stdin: Option<&[u8]>) -> std::process::Output {
         use std::io::Write;

@@ -71,6 +71,24 @@ pub(super) async fn expect(
 }
 
 /// Asserts nothing more is asked of the API for a while.
+/// Expects the status patch of WorkerPool `default/default` and answers with `pool` as it
+/// stands under the patched status.
+async fn expect_pool_status(handle: &mut Handle, pool: &WorkerPool, query: &[&str]) -> Value {
+    expect(
+        handle,
+        Method::PATCH,
+        "/apis/toolgrid.dev/v1alpha1/namespaces/default/workerpools/default/status",
+        query,
+        StatusCode::OK,
+        |body| {
+            let mut object = serde_json::to_value(pool).unwrap();
+            object["status"] = body["status"].clone();
+            object
+        },
+    )
+    .await
+}
+
 pub(super) async fn expect_nothing(handle: &mut Handle) {
     if let Ok(Some((request, _))) =
         tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await
@@ -417,19 +435,8 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
         .find_map(|v| v["projected"]["sources"][0].get("serviceAccountToken"))
         .expect("a projected token");
     assert_eq!(token["audience"], "toolgrid-worker");
-    let status = expect(
-        &mut handle,
-        Method::PATCH,
-        "/apis/toolgrid.dev/v1alpha1/namespaces/default/workerpools/default/status",
-        &["fieldManager=toolgrid-controller"],
-        StatusCode::OK,
-        |body| {
-            let mut object = serde_json::to_value(&pool).unwrap();
-            object["status"] = body["status"].clone();
-            object
-        },
-    )
-    .await;
+    let status =
+        expect_pool_status(&mut handle, &pool, &["fieldManager=toolgrid-controller"]).await;
     assert_eq!(status["status"]["desiredWorkers"], 2);
     assert_eq!(status["status"]["attachedWorkers"], 0);
     assert_eq!(status["status"]["conditions"][0]["reason"], "NoWorkers");
@@ -470,19 +477,7 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
     )
     .await;
     assert_eq!(deployment["spec"]["replicas"], 3);
-    let status = expect(
-        &mut handle,
-        Method::PATCH,
-        "/apis/toolgrid.dev/v1alpha1/namespaces/default/workerpools/default/status",
-        &[],
-        StatusCode::OK,
-        |body| {
-            let mut object = serde_json::to_value(&pool).unwrap();
-            object["status"] = body["status"].clone();
-            object
-        },
-    )
-    .await;
+    let status = expect_pool_status(&mut handle, &pool, &[]).await;
     assert_eq!(
         status["status"]["readyWorkers"], 3,
         "the Deployment's ready pods"
@@ -541,19 +536,7 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
     )
     .await;
     assert_eq!(deployment["spec"]["replicas"], 1);
-    expect(
-        &mut handle,
-        Method::PATCH,
-        "/apis/toolgrid.dev/v1alpha1/namespaces/default/workerpools/default/status",
-        &[],
-        StatusCode::OK,
-        |body| {
-            let mut object = serde_json::to_value(&pool).unwrap();
-            object["status"] = body["status"].clone();
-            object
-        },
-    )
-    .await;
+    expect_pool_status(&mut handle, &pool, &[]).await;
     task.await.unwrap().expect("reconciled");
 }
 

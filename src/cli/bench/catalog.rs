@@ -8,8 +8,6 @@ use crate::cli::sample::Sample;
 use anyhow::Context;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tonic::transport::Channel;
-use toolgrid_proto as proto;
 
 #[derive(clap::Args, Debug)]
 pub struct CatalogArgs {
@@ -105,21 +103,9 @@ impl Memory {
 
 /// The release tool `name` resolves to now.
 async fn release_of(client: &mut super::super::client::Client, name: &str) -> Option<String> {
-    let rows = client
-        .list_resources(proto::ListResourcesRequest {
-            kind: "tools".into(),
-            namespace: String::new(),
-        })
-        .await
-        .ok()?
-        .into_inner()
-        .rows;
-    rows.iter()
-        .find(|r| r.name == name)?
-        .columns
-        .iter()
-        .find(|c| c.name == "Release")
-        .map(|c| c.value.clone())
+    let rows = super::resource_rows(client, "tools").await.ok()?;
+    let row = rows.iter().find(|r| r.name == name)?;
+    super::column(row, "Release").map(str::to_string)
 }
 
 struct Measured {
@@ -137,11 +123,7 @@ async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Me
     let start = Instant::now();
     let started: Started = start_platform(dir.path())?;
     let ready = start.elapsed();
-    let channel = Channel::from_shared(format!("http://{}", started.grpc))?
-        .connect()
-        .await?;
-    let credentials = super::super::client::Credentials::new(Some(&started.token), None)?;
-    let mut client = super::super::client::client_of(channel, credentials);
+    let mut client = started.client().await?;
     // Idle: ready, its workers attached, nothing called yet.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle = Memory::of(started.child.id());

@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tonic::transport::Channel;
 use toolgrid_proto as proto;
 
 #[derive(clap::Args, Debug)]
@@ -120,22 +119,14 @@ async fn admit(
 }
 
 /// The pool's live columns (Busy, Queued).
-async fn pool_columns(
-    client: &mut crate::cli::client::Client,
-) -> anyhow::Result<HashMap<String, String>> {
-    let rows = client
-        .list_resources(proto::ListResourcesRequest {
-            kind: "pools".into(),
-            namespace: String::new(),
-        })
-        .await?
-        .into_inner()
-        .rows;
+async fn pool_columns(client: &mut crate::cli::client::Client) -> anyhow::Result<(String, String)> {
+    let rows = super::resource_rows(client, "pools").await?;
     let row = rows
-        .into_iter()
+        .iter()
         .find(|r| r.name == "default")
         .context("no pool")?;
-    Ok(row.columns.into_iter().map(|c| (c.name, c.value)).collect())
+    let value = |name| super::column(row, name).unwrap_or_default().to_string();
+    Ok((value("Busy"), value("Queued")))
 }
 
 pub async fn run(args: WaitingArgs) -> anyhow::Result<()> {
@@ -154,11 +145,7 @@ pub async fn run(args: WaitingArgs) -> anyhow::Result<()> {
     let lane = (args.calls + 16).to_string();
     let started: Started =
         start_platform_with_args(dir.path(), &["--max-queued-per-agent", &lane])?;
-    let channel = Channel::from_shared(format!("http://{}", started.grpc))?
-        .connect()
-        .await?;
-    let credentials = crate::cli::client::Credentials::new(Some(&started.token), None)?;
-    let mut client = crate::cli::client::client_of(channel, credentials);
+    let mut client = started.client().await?;
     let ready_by = Instant::now() + Duration::from_secs(120);
     loop {
         let warm = client.invoke(request(&base, "warm", 0)).await;
@@ -183,9 +170,7 @@ pub async fn run(args: WaitingArgs) -> anyhow::Result<()> {
     let admitted_in = admitting.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let waiting_mib = super::catalog::rss_mib(cp).context("no RSS of the control plane")?;
-    let pool = pool_columns(&mut client).await?;
-    let busy = pool.get("Busy").cloned().unwrap_or_default();
-    let queued = pool.get("Queued").cloned().unwrap_or_default();
+    let (busy, queued) = pool_columns(&mut client).await?;
     anyhow::ensure!(
         busy == "1" && queued == args.calls.to_string(),
         "with {} calls waiting the pool shows Busy={busy} Queued={queued} (want 1 and {})",

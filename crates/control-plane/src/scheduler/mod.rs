@@ -650,13 +650,11 @@ impl Scheduler {
             epoch = epoch.get(),
             attempt,
         );
-        let traceparent = toolgrid_trace::traceparent(&span).unwrap_or_default();
-        self.send_assignment_in(call, worker, session, epoch, replay, attempt, traceparent)
+        self.send_assignment_in(call, worker, session, epoch, replay, attempt)
             .instrument(span)
             .await
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn send_assignment_in(
         self: &Arc<Self>,
         call: &Call,
@@ -665,7 +663,6 @@ impl Scheduler {
         epoch: Epoch,
         replay: Vec<proto::OplogEntry>,
         attempt: u32,
-        traceparent: String,
     ) {
         // Secret values are read now, for this assignment only, and never stored; a call
         // whose secrets cannot be read fails rather than run without them.
@@ -716,7 +713,8 @@ impl Scheduler {
         };
         let mut assign = assign_of(call, epoch, attempt, replay, delivery);
         assign.replay_chunks = chunks;
-        assign.traceparent = traceparent;
+        // The dispatch span's (this runs in it).
+        assign.traceparent = toolgrid_trace::current().unwrap_or_default();
         tracing::info!(call = %call.record.id, tool = %call.record.tool, worker = worker.as_str(), epoch = epoch.get(), "call assigned");
         self.calls.assigned(&call.record.id);
         self.calls.progress(

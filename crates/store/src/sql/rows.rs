@@ -102,19 +102,7 @@ pub(super) async fn insert_entry(
     entry: &OplogEntry,
     now: i64,
 ) -> Result<(), StoreError> {
-    let (kind, payload) = entry.to_parts();
-    sqlx::query(
-        "INSERT INTO oplog (call_id, seq, epoch, kind, payload, recorded_at_ms) VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(call_id)
-    .bind(seq)
-    .bind(epoch)
-    .bind(kind.as_str())
-    .bind(payload.to_string())
-    .bind(now)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+    insert_rows(conn, call_id, &[EntryRow::of(seq, epoch, entry)], now).await
 }
 
 pub(super) async fn select_call(
