@@ -83,6 +83,7 @@ const NOT_IN_CORE: &[&str] = &[
     "tonic",
     "prost",
     "sqlx",
+    "rusqlite",
     "kube",
     "k8s-openapi",
     "wasmtime",

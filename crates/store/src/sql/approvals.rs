@@ -2,11 +2,11 @@
 //! ended call's record, written in the commit that ends it, and refused calls' records).
 
 use super::SqlStore;
+use super::conn::{Conn, query};
 use super::rows::{insert_entry, json_text, parse_json, select_call};
 use super::writer::Write;
 use crate::{Approvals, AuditLog, StoreError};
 use async_trait::async_trait;
-use sqlx::{AnyConnection, Row};
 use toolgrid_core::call::{
     ApprovalDecision, AuditFilter, AuditRecord, CallError, CallRecord, CallSpec, CallState, Ended,
     ErrorKind, OplogEntry, Outcome, now_ms,
@@ -23,7 +23,7 @@ struct DecideApproval {
 impl Write for DecideApproval {
     type Output = CallRecord;
 
-    async fn apply(&self, conn: &mut AnyConnection, again: bool) -> Result<CallRecord, StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<CallRecord, StoreError> {
         let DecideApproval {
             call_id,
             decision,
@@ -47,7 +47,7 @@ struct AppendAudit(AuditRecord);
 impl Write for AppendAudit {
     type Output = ();
 
-    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<(), StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<(), StoreError> {
         write_audit(conn, &self.0.call_id, &self.0).await
     }
 }
@@ -56,13 +56,13 @@ impl Write for AppendAudit {
 /// (`state = 'awaiting-approval'`) is what lets only one of two concurrent decisions win,
 /// across connections and replicas alike.
 async fn decide(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     decision: &ApprovalDecision,
     error: Option<&CallError>,
 ) -> Result<CallRecord, StoreError> {
     let now = now_ms();
-    let row = sqlx::query("SELECT state, spec_json FROM calls WHERE id = $1")
+    let row = query("SELECT state, spec_json FROM calls WHERE id = $1")
         .bind(call_id)
         .fetch_optional(&mut *conn)
         .await?;
@@ -78,7 +78,7 @@ async fn decide(
             state,
         });
     }
-    let mut spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
+    let mut spec: CallSpec = parse_json(&row.try_get::<String>("spec_json")?, "spec")?;
     spec.chain.approved = Some(decision.clone());
     let ended = (!decision.approved).then(|| {
         error.cloned().unwrap_or_else(|| {
@@ -96,7 +96,7 @@ async fn decide(
         None => (CallState::Pending, 1_i64, None, None),
         Some(error) => (CallState::Failed, 2, Some(json_text(error)), Some(now)),
     };
-    let updated = sqlx::query(
+    let updated = query(
         "UPDATE calls SET state = $2, spec_json = $3, next_seq = next_seq + $4, error_json = $5, \
          finished_at_ms = $6 WHERE id = $1 AND state = 'awaiting-approval' RETURNING next_seq, epoch",
     )
@@ -119,7 +119,7 @@ async fn decide(
             state,
         });
     };
-    let first = updated.try_get::<i64, _>("next_seq")? - entries;
+    let first = updated.try_get::<i64>("next_seq")? - entries;
     let epoch: i64 = updated.try_get("epoch")?;
     let approval = OplogEntry::Approval(decision.clone());
     insert_entry(conn, call_id, first, epoch, &approval, now).await?;
@@ -144,10 +144,7 @@ async fn decide(
 /// Writes the audit record of `call`, which has just ended, in the transaction that ends
 /// it ([`toolgrid_core::middleware::audit::record_of`], keyed by the call's id): a call gets one
 /// record however often its end is written again. Every path that ends a call calls it.
-pub(super) async fn insert_audit(
-    conn: &mut AnyConnection,
-    call: &CallRecord,
-) -> Result<(), StoreError> {
+pub(super) async fn insert_audit(conn: &mut dyn Conn, call: &CallRecord) -> Result<(), StoreError> {
     let at = call.finished_at_ms.unwrap_or_else(now_ms);
     let record = toolgrid_core::middleware::audit::record_of(call, at);
     write_audit(conn, &call.id, &record).await
@@ -156,11 +153,11 @@ pub(super) async fn insert_audit(
 /// Inserts one audit record under `seq_id` (a sortable unique id: the call's id, or a
 /// fresh UUIDv7 for a refusal); an id already written is left as it is (append-only).
 async fn write_audit(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     seq_id: &str,
     record: &AuditRecord,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    query(
         "INSERT INTO audit (seq_id, call_id, at_ms, namespace, agent, tool, outcome, record_json) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (seq_id) DO NOTHING",
     )
@@ -206,7 +203,7 @@ impl AuditLog for SqlStore {
         } else {
             filter.limit.min(10_000)
         };
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT record_json FROM audit WHERE ($1 = '' OR namespace = $1) \
              AND ($2 = '' OR agent = $2) AND ($3 = '' OR tool = $3) AND at_ms >= $4 \
              ORDER BY at_ms DESC, seq_id DESC LIMIT $5",
@@ -216,10 +213,10 @@ impl AuditLog for SqlStore {
         .bind(filter.tool.as_deref().unwrap_or(""))
         .bind(filter.since_ms.unwrap_or(i64::MIN))
         .bind(i64::from(limit))
-        .fetch_all(&self.reads)
+        .fetch_all(&mut *self.reads.acquire().await?)
         .await?;
         rows.iter()
-            .map(|row| parse_json(&row.try_get::<String, _>("record_json")?, "audit record"))
+            .map(|row| parse_json(&row.try_get::<String>("record_json")?, "audit record"))
             .collect()
     }
 }

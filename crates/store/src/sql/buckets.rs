@@ -1,11 +1,11 @@
 //! Rate-limit token buckets, shared by every connection, process and replica.
 
 use super::SqlStore;
+use super::conn::{Conn, query};
 use super::rows::is_postgres;
 use super::writer::Write;
 use crate::{RateBuckets, StoreError};
 use async_trait::async_trait;
-use sqlx::{AnyConnection, Row};
 
 /// Takes a token from a rate-limit bucket (see [`RateBuckets::take_token`]).
 struct TakeToken {
@@ -21,11 +21,7 @@ impl Write for TakeToken {
 
     // A batch run again may take a second token for one request: the bucket errs on the
     // side of refusing.
-    async fn apply(
-        &self,
-        conn: &mut AnyConnection,
-        _again: bool,
-    ) -> Result<Option<u64>, StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<Option<u64>, StoreError> {
         take_token(conn, &self.key, self.burst, self.per_second, self.now_ms).await
     }
 }
@@ -34,13 +30,13 @@ impl Write for TakeToken {
 /// (`FOR UPDATE`) until the transaction ends, so replicas take turns; SQLite's write lock,
 /// taken by the insert, serialises every writer of the database file.
 async fn take_token(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     key: &str,
     burst: u32,
     per_second: f64,
     now: i64,
 ) -> Result<Option<u64>, StoreError> {
-    sqlx::query(
+    query(
         "INSERT INTO rate_buckets (key, tokens, updated_at_ms) VALUES ($1, $2, $3) \
          ON CONFLICT (key) DO NOTHING",
     )
@@ -54,7 +50,7 @@ async fn take_token(
     } else {
         "SELECT tokens, updated_at_ms FROM rate_buckets WHERE key = $1"
     };
-    let row = sqlx::query(select).bind(key).fetch_one(&mut *conn).await?;
+    let row = query(select).bind(key).fetch_one(&mut *conn).await?;
     let taken = toolgrid_core::middleware::bucket::take(
         row.try_get("tokens")?,
         row.try_get("updated_at_ms")?,
@@ -62,7 +58,7 @@ async fn take_token(
         per_second,
         now,
     );
-    sqlx::query("UPDATE rate_buckets SET tokens = $2, updated_at_ms = $3 WHERE key = $1")
+    query("UPDATE rate_buckets SET tokens = $2, updated_at_ms = $3 WHERE key = $1")
         .bind(key)
         .bind(taken.tokens)
         .bind(taken.updated_at_ms)

@@ -3,6 +3,7 @@
 
 use super::SqlStore;
 use super::approvals::insert_audit;
+use super::conn::{Conn, Row, query};
 use super::rows::{
     EntryRow, call_columns, call_from_row, insert_entry, insert_rows, is_postgres, json_text,
     parse_json, select_call,
@@ -12,7 +13,6 @@ use super::writer::Write;
 use crate::{CallLog, StoreError};
 use async_trait::async_trait;
 use serde_json::Value;
-use sqlx::{AnyConnection, Row};
 use toolgrid_core::call::{
     Assigned, CallError, CallFilter, CallRecord, CallSpec, CallState, Created, Ended, EntryKind,
     ErrorKind, Fenced, Lifecycle, NewCall, OplogEntry, OplogRecord, Outcome, now_ms,
@@ -26,7 +26,7 @@ struct CreateCall(NewCall);
 impl Write for CreateCall {
     type Output = Created;
 
-    async fn apply(&self, conn: &mut AnyConnection, again: bool) -> Result<Created, StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<Created, StoreError> {
         let call = &self.0;
         if again
             && let Some(existing) = select_call(conn, &call.id).await?
@@ -48,7 +48,7 @@ struct AssignCall {
 impl Write for AssignCall {
     type Output = u64;
 
-    async fn apply(&self, conn: &mut AnyConnection, again: bool) -> Result<u64, StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<u64, StoreError> {
         let AssignCall { call_id, worker } = self;
         if again && let Some(epoch) = committed_assignment(conn, call_id, worker).await? {
             return Ok(epoch);
@@ -68,7 +68,7 @@ struct FenceCall {
 impl Write for FenceCall {
     type Output = u64;
 
-    async fn apply(&self, conn: &mut AnyConnection, again: bool) -> Result<u64, StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<u64, StoreError> {
         let FenceCall {
             call_id,
             epoch,
@@ -98,7 +98,7 @@ struct AppendOplog {
 impl Write for AppendOplog {
     type Output = ();
 
-    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<(), StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<(), StoreError> {
         let AppendOplog {
             call_id,
             epoch,
@@ -133,11 +133,7 @@ struct CompleteCall {
 impl Write for CompleteCall {
     type Output = CallRecord;
 
-    async fn apply(
-        &self,
-        conn: &mut AnyConnection,
-        _again: bool,
-    ) -> Result<CallRecord, StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<CallRecord, StoreError> {
         let CompleteCall {
             call_id,
             epoch,
@@ -200,11 +196,7 @@ struct FailCall {
 impl Write for FailCall {
     type Output = CallRecord;
 
-    async fn apply(
-        &self,
-        conn: &mut AnyConnection,
-        _again: bool,
-    ) -> Result<CallRecord, StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<CallRecord, StoreError> {
         fail(conn, &self.call_id, &self.error).await
     }
 }
@@ -219,7 +211,7 @@ struct CancelCall {
 impl Write for CancelCall {
     type Output = CallRecord;
 
-    async fn apply(&self, conn: &mut AnyConnection, again: bool) -> Result<CallRecord, StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<CallRecord, StoreError> {
         let CancelCall { call_id, reason } = self;
         match cancel(conn, call_id, reason).await {
             // A batch run again finds the call ended by this very cancel.
@@ -235,7 +227,7 @@ impl Write for CancelCall {
 /// on SQLite the write transaction already does), so that of two racing identical calls
 /// one sees the other.
 async fn lock_request(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     namespace: &str,
     agent: &str,
     request_hash: &str,
@@ -247,7 +239,7 @@ async fn lock_request(
     let digest = Sha256::digest(format!("repeat\0{namespace}\0{agent}\0{request_hash}"));
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
-    sqlx::query("SELECT 1 FROM (SELECT pg_advisory_xact_lock($1)) AS repeat_lock")
+    query("SELECT 1 FROM (SELECT pg_advisory_xact_lock($1)) AS repeat_lock")
         .bind(i64::from_be_bytes(first))
         .fetch_one(&mut *conn)
         .await?;
@@ -256,13 +248,13 @@ async fn lock_request(
 
 /// The agent's newest call with `request_hash` created at or after `since_ms`.
 async fn select_repeat(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     namespace: &str,
     agent: &str,
     request_hash: &str,
     since_ms: i64,
 ) -> Result<Option<CallRecord>, StoreError> {
-    let row = sqlx::query(concat!(
+    let row = query(concat!(
         "SELECT ",
         call_columns!(),
         " FROM calls WHERE agent <> '' AND namespace = $1 AND agent = $2 AND request_hash = $3 \
@@ -279,19 +271,18 @@ async fn select_repeat(
 
 /// Whether an append numbered from `first_wseq` under (call, epoch) is already stored.
 async fn wseq_stored(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     epoch: u64,
     first_wseq: u64,
 ) -> Result<bool, StoreError> {
-    let row = sqlx::query(
-        "SELECT 1 AS stored FROM oplog WHERE call_id = $1 AND epoch = $2 AND wseq = $3",
-    )
-    .bind(call_id)
-    .bind(epoch as i64)
-    .bind(first_wseq as i64)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let row =
+        query("SELECT 1 AS stored FROM oplog WHERE call_id = $1 AND epoch = $2 AND wseq = $3")
+            .bind(call_id)
+            .bind(epoch as i64)
+            .bind(first_wseq as i64)
+            .fetch_optional(&mut *conn)
+            .await?;
     Ok(row.is_some())
 }
 
@@ -309,11 +300,11 @@ fn ended_by(record: &CallRecord, epoch: u64, outcome: &CallOutcome) -> bool {
 /// The epoch of an assignment of the call to `worker` that is the call's last entry, i.e.
 /// one that committed in an attempt whose outcome was unknown.
 async fn committed_assignment(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     worker: &str,
 ) -> Result<Option<u64>, StoreError> {
-    let row = sqlx::query(
+    let row = query(
         "SELECT c.epoch AS epoch FROM calls c JOIN oplog o ON o.call_id = c.id AND o.seq = c.next_seq - 1 \
          WHERE c.id = $1 AND c.state = 'running' AND c.worker = $2 AND o.kind = 'assigned' AND o.epoch = c.epoch",
     )
@@ -322,12 +313,12 @@ async fn committed_assignment(
     .fetch_optional(&mut *conn)
     .await?;
     Ok(row
-        .map(|r| r.try_get::<i64, _>("epoch"))
+        .map(|r| r.try_get::<i64>("epoch"))
         .transpose()?
         .map(|e| e as u64))
 }
 
-async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, StoreError> {
+async fn create(conn: &mut dyn Conn, call: &NewCall) -> Result<Created, StoreError> {
     let now = now_ms();
     // The idempotency scope and the listing filter of agents; '' for an operator's call.
     let agent = call.spec.access.agent.as_deref().unwrap_or("");
@@ -386,7 +377,7 @@ async fn create(conn: &mut AnyConnection, call: &NewCall) -> Result<Created, Sto
         None if awaiting => CallState::AwaitingApproval,
         None => lifecycle.state,
     };
-    let inserted = sqlx::query(concat!(
+    let inserted = query(concat!(
         "INSERT INTO calls (id, namespace, tool, command, release, release_digest, state, args_json, \
          spec_json, stdin, idempotency_key, request_hash, epoch, worker, next_seq, result_json, \
          error_json, created_at_ms, finished_at_ms, agent) \
@@ -463,8 +454,8 @@ fn same_key(call: &NewCall, existing: CallRecord) -> Result<Created, StoreError>
     Ok(Created::Existing(existing))
 }
 
-async fn assign(conn: &mut AnyConnection, call_id: &str, worker: &str) -> Result<u64, StoreError> {
-    let row = sqlx::query(
+async fn assign(conn: &mut dyn Conn, call_id: &str, worker: &str) -> Result<u64, StoreError> {
+    let row = query(
         "UPDATE calls SET epoch = epoch + 1, worker = $2, state = 'running', next_seq = next_seq + 1 \
          WHERE id = $1 AND state IN ('pending', 'running') \
          RETURNING epoch, next_seq, namespace, spec_json, workspace_base",
@@ -478,11 +469,11 @@ async fn assign(conn: &mut AnyConnection, call_id: &str, worker: &str) -> Result
     };
     let epoch: i64 = row.try_get("epoch")?;
     let next_seq: i64 = row.try_get("next_seq")?;
-    let workspace_version = match row.try_get::<Option<i64>, _>("workspace_base")? {
+    let workspace_version = match row.try_get::<Option<i64>>("workspace_base")? {
         Some(base) => Some(base as u64),
         None => {
             let namespace: String = row.try_get("namespace")?;
-            let spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
+            let spec: CallSpec = parse_json(&row.try_get::<String>("spec_json")?, "spec")?;
             pin_workspace_base(conn, call_id, &namespace, &spec).await?
         }
     };
@@ -496,12 +487,12 @@ async fn assign(conn: &mut AnyConnection, call_id: &str, worker: &str) -> Result
 }
 
 async fn fence(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     epoch: u64,
     reason: &str,
 ) -> Result<u64, StoreError> {
-    let row = sqlx::query(
+    let row = query(
         "UPDATE calls SET epoch = epoch + 1, worker = NULL, state = 'pending', next_seq = next_seq + 1 \
          WHERE id = $1 AND epoch = $2 AND state = 'running' RETURNING epoch, next_seq",
     )
@@ -525,7 +516,7 @@ async fn fence(
 /// Reserves sequence numbers under the caller's epoch (the conditional update is the fence)
 /// and writes `entries`, then the outcome when there is one (returning the ended call).
 async fn reserve_and_insert(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     epoch: u64,
     first_wseq: u64,
@@ -542,7 +533,7 @@ async fn reserve_and_insert(
             } else {
                 first_wseq as i64
             };
-            sqlx::query(
+            query(
                 "UPDATE calls SET next_seq = next_seq + $3 \
                  WHERE id = $1 AND epoch = $2 AND state = 'running' \
                  AND NOT EXISTS (SELECT 1 FROM oplog WHERE call_id = $1 AND epoch = $2 AND wseq = $4) \
@@ -560,7 +551,7 @@ async fn reserve_and_insert(
                 Ok(value) => (CallState::Succeeded, Some(value.to_string()), None),
                 Err(error) => (CallState::Failed, None, Some(json_text(error))),
             };
-            sqlx::query(concat!(
+            query(concat!(
                 "UPDATE calls SET next_seq = next_seq + $3, state = $4, result_json = $5, error_json = $6, \
                  finished_at_ms = $7 WHERE id = $1 AND epoch = $2 AND state = 'running' RETURNING next_seq, ",
                 call_columns!()
@@ -579,7 +570,7 @@ async fn reserve_and_insert(
     let Some(row) = row else {
         return Err(refusal(conn, call_id, epoch).await);
     };
-    let first = row.try_get::<i64, _>("next_seq")? - count;
+    let first = row.try_get::<i64>("next_seq")? - count;
     let epoch = epoch as i64;
     let mut rows: Vec<EntryRow> = entries
         .iter()
@@ -615,12 +606,12 @@ async fn reserve_and_insert(
 }
 
 async fn fail(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     error: &CallError,
 ) -> Result<CallRecord, StoreError> {
     let now = now_ms();
-    let row = sqlx::query(
+    let row = query(
         "UPDATE calls SET next_seq = next_seq + 1, state = 'failed', error_json = $2, finished_at_ms = $3 \
          WHERE id = $1 AND state IN ('awaiting-approval', 'pending', 'running') RETURNING next_seq, epoch",
     )
@@ -630,7 +621,7 @@ async fn fail(
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(row) = row {
-        let seq: i64 = row.try_get::<i64, _>("next_seq")? - 1;
+        let seq: i64 = row.try_get::<i64>("next_seq")? - 1;
         let epoch: i64 = row.try_get("epoch")?;
         let entry = OplogEntry::Outcome(Outcome {
             state: Ended::Failed,
@@ -652,7 +643,7 @@ async fn fail(
 /// Cancels a call in the writer's transaction: its requests are counted and it is ended
 /// in the same transaction, so no append of its worker falls between the two.
 async fn cancel(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     reason: &str,
 ) -> Result<CallRecord, StoreError> {
@@ -665,7 +656,7 @@ async fn cancel(
             state: call.state,
         });
     }
-    let row = sqlx::query("SELECT COUNT(*) AS n FROM oplog WHERE call_id = $1 AND kind = $2")
+    let row = query("SELECT COUNT(*) AS n FROM oplog WHERE call_id = $1 AND kind = $2")
         .bind(call_id)
         .bind(EntryKind::HttpRequest.as_str())
         .fetch_one(&mut *conn)
@@ -681,8 +672,8 @@ async fn cancel(
 }
 
 /// Explains why a fenced update matched no row.
-async fn refusal(conn: &mut AnyConnection, call_id: &str, epoch: u64) -> StoreError {
-    let row = sqlx::query("SELECT epoch, state FROM calls WHERE id = $1")
+async fn refusal(conn: &mut dyn Conn, call_id: &str, epoch: u64) -> StoreError {
+    let row = query("SELECT epoch, state FROM calls WHERE id = $1")
         .bind(call_id)
         .fetch_optional(&mut *conn)
         .await;
@@ -690,25 +681,25 @@ async fn refusal(conn: &mut AnyConnection, call_id: &str, epoch: u64) -> StoreEr
         Ok(Some(row)) => StoreError::StaleEpoch {
             call_id: call_id.to_string(),
             epoch,
-            current: row.try_get::<i64, _>("epoch").unwrap_or_default() as u64,
+            current: row.try_get::<i64>("epoch").unwrap_or_default() as u64,
             state: row
-                .try_get::<String, _>("state")
+                .try_get::<String>("state")
                 .ok()
                 .and_then(|s| CallState::parse(&s))
                 .unwrap_or(CallState::Failed),
         },
         Ok(None) => StoreError::NotFound(call_id.to_string()),
-        Err(error) => StoreError::Database(error),
+        Err(error) => error,
     }
 }
 
 async fn select_by_key(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     namespace: &str,
     agent: &str,
     key: &str,
 ) -> Result<Option<CallRecord>, StoreError> {
-    let row = sqlx::query(concat!(
+    let row = query(concat!(
         "SELECT ",
         call_columns!(),
         " FROM calls WHERE namespace = $1 AND agent = $2 AND idempotency_key = $3"
@@ -796,7 +787,7 @@ impl CallLog for SqlStore {
 
     async fn get_call(&self, id: &str) -> Result<Option<CallRecord>, StoreError> {
         let mut conn = self.reads.acquire().await?;
-        select_call(&mut conn, id).await
+        select_call(&mut *conn, id).await
     }
 
     async fn find_call_by_key(
@@ -806,7 +797,7 @@ impl CallLog for SqlStore {
         key: &str,
     ) -> Result<Option<CallRecord>, StoreError> {
         let mut conn = self.reads.acquire().await?;
-        select_by_key(&mut conn, namespace, agent, key).await
+        select_by_key(&mut *conn, namespace, agent, key).await
     }
 
     async fn list_calls(&self, filter: &CallFilter) -> Result<Vec<CallRecord>, StoreError> {
@@ -815,7 +806,7 @@ impl CallLog for SqlStore {
         } else {
             filter.limit.min(10_000)
         };
-        let rows = sqlx::query(concat!(
+        let rows = query(concat!(
             "SELECT ",
             call_columns!(),
             " FROM calls WHERE ($1 = '' OR namespace = $1) AND ($2 = '' OR tool = $2) \
@@ -827,28 +818,28 @@ impl CallLog for SqlStore {
         .bind(i64::from(limit))
         .bind(filter.agent.as_deref().unwrap_or(""))
         .bind(filter.state.map(CallState::as_str).unwrap_or(""))
-        .fetch_all(&self.reads)
+        .fetch_all(&mut *self.reads.acquire().await?)
         .await?;
         rows.iter().map(call_from_row).collect()
     }
 
     async fn unfinished_calls(&self) -> Result<Vec<CallRecord>, StoreError> {
-        let rows = sqlx::query(concat!(
+        let rows = query(concat!(
             "SELECT ",
             call_columns!(),
             " FROM calls WHERE state IN ('pending', 'running') ORDER BY created_at_ms, id"
         ))
-        .fetch_all(&self.reads)
+        .fetch_all(&mut *self.reads.acquire().await?)
         .await?;
         rows.iter().map(call_from_row).collect()
     }
 
     async fn oplog(&self, call_id: &str) -> Result<Vec<OplogRecord>, StoreError> {
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT seq, epoch, kind, payload, recorded_at_ms FROM oplog WHERE call_id = $1 ORDER BY seq",
         )
         .bind(call_id)
-        .fetch_all(&self.reads)
+        .fetch_all(&mut *self.reads.acquire().await?)
         .await?;
         rows.iter().map(oplog_from_row).collect()
     }
@@ -867,23 +858,23 @@ impl CallLog for SqlStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT seq, epoch, kind, payload, recorded_at_ms FROM oplog \
              WHERE call_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
         )
         .bind(call_id)
         .bind(from_seq)
         .bind(i64::from(limit))
-        .fetch_all(&self.reads)
+        .fetch_all(&mut *self.reads.acquire().await?)
         .await?;
         rows.iter().map(oplog_from_row).collect()
     }
 }
 
-fn oplog_from_row(row: &sqlx::any::AnyRow) -> Result<OplogRecord, StoreError> {
+fn oplog_from_row(row: &Row) -> Result<OplogRecord, StoreError> {
     Ok(OplogRecord {
-        seq: row.try_get::<i64, _>("seq")? as u64,
-        epoch: row.try_get::<i64, _>("epoch")? as u64,
+        seq: row.try_get::<i64>("seq")? as u64,
+        epoch: row.try_get::<i64>("epoch")? as u64,
         kind: row.try_get("kind")?,
         payload: row.try_get("payload")?,
         recorded_at_ms: row.try_get("recorded_at_ms")?,

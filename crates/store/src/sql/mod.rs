@@ -11,7 +11,9 @@
 mod approvals;
 mod buckets;
 mod calls;
+mod conn;
 mod migrations;
+mod native;
 mod resources;
 mod retention;
 mod rollouts;
@@ -183,6 +185,7 @@ impl SqlStore {
     /// [`SqlStore::open`] with explicit options.
     pub async fn open_with(url: &str, mut options: OpenOptions) -> Result<Self, StoreError> {
         sqlx::any::install_default_drivers();
+        let mut sqlite_path = None;
         let (backend, url) = if let Some(path) = url.strip_prefix("sqlite://") {
             let (path, query) = path.split_once('?').unwrap_or((path, ""));
             for (key, value) in query.split('&').filter_map(|kv| kv.split_once('=')) {
@@ -198,6 +201,7 @@ impl SqlStore {
                 std::fs::create_dir_all(parent)
                     .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
             }
+            sqlite_path = Some(std::path::PathBuf::from(path));
             (Backend::Sqlite, format!("sqlite://{path}?mode=rwc"))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             (Backend::Postgres, url.to_string())
@@ -215,7 +219,18 @@ impl SqlStore {
             .connect(&url)
             .await?;
         let commits = Arc::new(AtomicU64::new(0));
-        let writer = writer::spawn(write_pool, options.retry, commits.clone());
+        let sink = match sqlite_path {
+            Some(path) => {
+                // The schema is upgraded: the writer's own connection takes over the writes.
+                write_pool.close().await;
+                writer::Sink::Native(tokio::sync::Mutex::new(native::NativeSqlite::open(
+                    &path,
+                    options.busy_timeout,
+                )?))
+            }
+            None => writer::Sink::Pool(write_pool),
+        };
+        let writer = writer::spawn(sink, options.retry, commits.clone())?;
         Ok(SqlStore {
             reads,
             writer,

@@ -1,11 +1,11 @@
 //! Artifacts (stored by digest) and the bookkeeping of declared resources.
 
 use super::SqlStore;
+use super::conn::{Conn, query};
 use super::rows::parse_json;
 use super::writer::Write;
 use crate::{Artifacts, Resources, StoreError};
 use async_trait::async_trait;
-use sqlx::{AnyConnection, Row};
 use std::sync::atomic::Ordering;
 use toolgrid_core::call::{ResourceRecord, now_ms};
 
@@ -19,11 +19,11 @@ struct PutArtifact {
 impl Write for PutArtifact {
     type Output = ();
 
-    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<(), StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<(), StoreError> {
         let PutArtifact { digest, bytes } = self;
         // Storing an artifact again refreshes its time, so retention keeps what the
         // catalog has just stored.
-        sqlx::query(
+        query(
             "INSERT INTO artifacts (digest, size, bytes, created_at_ms) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (digest) DO UPDATE SET created_at_ms = excluded.created_at_ms",
         )
@@ -44,12 +44,10 @@ struct SaveResources(Vec<ResourceRecord>);
 impl Write for SaveResources {
     type Output = ();
 
-    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM resources")
-            .execute(&mut *conn)
-            .await?;
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<(), StoreError> {
+        query("DELETE FROM resources").execute(&mut *conn).await?;
         for r in &self.0 {
-            sqlx::query(
+            query(
                 "INSERT INTO resources (kind, namespace, name, spec_hash, generation, status_json) \
                  VALUES ($1, $2, $3, $4, $5, $6)",
             )
@@ -77,9 +75,9 @@ impl Artifacts for SqlStore {
     }
 
     async fn get_artifact(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let row = sqlx::query("SELECT bytes FROM artifacts WHERE digest = $1")
+        let row = query("SELECT bytes FROM artifacts WHERE digest = $1")
             .bind(digest)
-            .fetch_optional(&self.reads)
+            .fetch_optional(&mut *self.reads.acquire().await?)
             .await?;
         Ok(row.map(|r| r.try_get("bytes")).transpose()?)
     }
@@ -92,10 +90,10 @@ impl Artifacts for SqlStore {
 #[async_trait]
 impl Resources for SqlStore {
     async fn load_resources(&self) -> Result<Vec<ResourceRecord>, StoreError> {
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT kind, namespace, name, spec_hash, generation, status_json FROM resources",
         )
-        .fetch_all(&self.reads)
+        .fetch_all(&mut *self.reads.acquire().await?)
         .await?;
         rows.iter()
             .map(|row| {
@@ -105,10 +103,7 @@ impl Resources for SqlStore {
                     name: row.try_get("name")?,
                     spec_hash: row.try_get("spec_hash")?,
                     generation: row.try_get("generation")?,
-                    status: parse_json(
-                        &row.try_get::<String, _>("status_json")?,
-                        "resource status",
-                    )?,
+                    status: parse_json(&row.try_get::<String>("status_json")?, "resource status")?,
                 })
             })
             .collect()

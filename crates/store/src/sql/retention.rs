@@ -2,11 +2,11 @@
 //! batches.
 
 use super::SqlStore;
+use super::conn::{Conn, built_query, query};
 use super::rows::placeholders;
 use super::writer::Write;
 use crate::{Retention, RetentionReport, StoreError};
 use async_trait::async_trait;
-use sqlx::{AnyConnection, AssertSqlSafe, Row};
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
@@ -24,11 +24,7 @@ struct PurgeCalls {
 impl Write for PurgeCalls {
     type Output = (u64, u64);
 
-    async fn apply(
-        &self,
-        conn: &mut AnyConnection,
-        _again: bool,
-    ) -> Result<(u64, u64), StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<(u64, u64), StoreError> {
         purge_calls(conn, self.cutoff_ms, self.limit).await
     }
 }
@@ -44,11 +40,7 @@ struct PurgeArtifacts {
 impl Write for PurgeArtifacts {
     type Output = Vec<String>;
 
-    async fn apply(
-        &self,
-        conn: &mut AnyConnection,
-        _again: bool,
-    ) -> Result<Vec<String>, StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<Vec<String>, StoreError> {
         purge_artifacts(conn, self.cutoff_ms, &self.keep).await
     }
 }
@@ -56,11 +48,11 @@ impl Write for PurgeArtifacts {
 /// Deletes up to `limit` calls that ended before `cutoff_ms`, oldest first, with their
 /// oplogs; returns how many calls and entries went.
 async fn purge_calls(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     cutoff_ms: i64,
     limit: i64,
 ) -> Result<(u64, u64), StoreError> {
-    let ids: Vec<String> = sqlx::query(
+    let ids: Vec<String> = query(
         "SELECT id FROM calls WHERE state IN ('succeeded', 'failed') AND finished_at_ms < $1 \
          ORDER BY finished_at_ms, id LIMIT $2",
     )
@@ -76,18 +68,16 @@ async fn purge_calls(
     }
     // Only numbered placeholders are formatted into the statements.
     let list = placeholders(1, ids.len());
-    let mut entries = sqlx::query(AssertSqlSafe(format!(
-        "DELETE FROM oplog WHERE call_id IN ({list})"
-    )));
-    let mut calls = sqlx::query(AssertSqlSafe(format!(
+    let mut entries = built_query(format!("DELETE FROM oplog WHERE call_id IN ({list})"));
+    let mut calls = built_query(format!(
         "DELETE FROM calls WHERE id IN ({list}) AND state IN ('succeeded', 'failed')"
-    )));
+    ));
     for id in &ids {
         entries = entries.bind(id.as_str());
         calls = calls.bind(id.as_str());
     }
-    let entries = entries.execute(&mut *conn).await?.rows_affected();
-    let calls = calls.execute(&mut *conn).await?.rows_affected();
+    let entries = entries.execute(&mut *conn).await?;
+    let calls = calls.execute(&mut *conn).await?;
     Ok((calls, entries))
 }
 
@@ -95,11 +85,11 @@ async fn purge_calls(
 /// for a call not yet ended, as one of its release's files) and that are not in `keep`;
 /// returns their digests.
 async fn purge_artifacts(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     cutoff_ms: i64,
     keep: &HashSet<String>,
 ) -> Result<Vec<String>, StoreError> {
-    let unused: Vec<String> = sqlx::query(
+    let unused: Vec<String> = query(
         "SELECT digest FROM artifacts WHERE created_at_ms < $1 \
          AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.release_digest = artifacts.digest) \
          AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.state NOT IN ('succeeded', 'failed') \
@@ -114,7 +104,7 @@ async fn purge_artifacts(
     .collect::<Result<_, _>>()?;
     let mut deleted = Vec::new();
     for digest in unused.into_iter().filter(|d| !keep.contains(d)) {
-        sqlx::query("DELETE FROM artifacts WHERE digest = $1")
+        query("DELETE FROM artifacts WHERE digest = $1")
             .bind(digest.as_str())
             .execute(&mut *conn)
             .await?;

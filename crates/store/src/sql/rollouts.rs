@@ -3,17 +3,16 @@
 //! calls were, the figures a step is judged on.
 
 use super::SqlStore;
+use super::conn::{Conn, Query, Row, query};
 use super::writer::Write;
 use crate::{Rollouts, StoreError};
 use async_trait::async_trait;
-use sqlx::any::AnyRow;
-use sqlx::{AnyConnection, Row};
 use std::collections::BTreeMap;
 use toolgrid_core::call::CallError;
 use toolgrid_core::ids::ObjectKey;
 use toolgrid_core::rollout::{Phase, Progress, Record, Tally};
 
-fn record_from_row(row: &AnyRow) -> Result<Record, StoreError> {
+fn record_from_row(row: &Row) -> Result<Record, StoreError> {
     let phase: String = row.try_get("phase")?;
     let count = |column: &str| -> Result<u64, StoreError> {
         let n: i64 = row.try_get(column)?;
@@ -21,14 +20,14 @@ fn record_from_row(row: &AnyRow) -> Result<Record, StoreError> {
     };
     Ok(Record {
         binding: ObjectKey::new(
-            row.try_get::<String, _>("namespace")?,
-            row.try_get::<String, _>("binding")?,
+            row.try_get::<String>("namespace")?,
+            row.try_get::<String>("binding")?,
         ),
         canary: row.try_get("canary")?,
         progress: Progress {
             phase: Phase::parse(&phase)
                 .ok_or_else(|| StoreError::Corrupt(format!("rollout phase {phase:?}")))?,
-            step: usize::try_from(row.try_get::<i64, _>("step")?).unwrap_or(0),
+            step: usize::try_from(row.try_get::<i64>("step")?).unwrap_or(0),
             step_started_ms: row.try_get("step_started_ms")?,
             message: row.try_get("message")?,
             stable: Tally {
@@ -49,10 +48,7 @@ fn as_i64(n: u64) -> i64 {
 
 /// Binds a record's columns as `$1` to `$11` (namespace, binding, canary, phase, step,
 /// step start, message, the stable and canary calls and errors).
-fn bind_record<'q>(
-    query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
-    n: &'q Record,
-) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+fn bind_record<'q>(query: Query<'q>, n: &'q Record) -> Query<'q> {
     let p = &n.progress;
     query
         .bind(n.binding.namespace.as_str())
@@ -78,12 +74,12 @@ struct PutRollout {
 impl Write for PutRollout {
     type Output = bool;
 
-    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<bool, StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<bool, StoreError> {
         let n = &self.next;
         let done = match &self.expected {
             None => {
                 bind_record(
-                    sqlx::query(
+                    query(
                         "INSERT INTO rollouts (namespace, binding, canary, phase, step, step_started_ms, \
                          message, stable_calls, stable_errors, canary_calls, canary_errors) \
                          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
@@ -96,7 +92,7 @@ impl Write for PutRollout {
             }
             Some(e) => {
                 bind_record(
-                    sqlx::query(
+                    query(
                         "UPDATE rollouts SET canary = $3, phase = $4, step = $5, step_started_ms = $6, \
                          message = $7, stable_calls = $8, stable_errors = $9, canary_calls = $10, \
                          canary_errors = $11 WHERE namespace = $1 AND binding = $2 AND canary = $12 \
@@ -112,18 +108,18 @@ impl Write for PutRollout {
                 .await?
             }
         };
-        Ok(done.rows_affected() == 1)
+        Ok(done == 1)
     }
 }
 
 #[async_trait]
 impl Rollouts for SqlStore {
     async fn rollouts(&self) -> Result<Vec<Record>, StoreError> {
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT namespace, binding, canary, phase, step, step_started_ms, message, \
              stable_calls, stable_errors, canary_calls, canary_errors FROM rollouts",
         )
-        .fetch_all(&self.reads)
+        .fetch_all(&mut *self.reads.acquire().await?)
         .await?;
         rows.iter().map(record_from_row).collect()
     }
@@ -147,14 +143,14 @@ impl Rollouts for SqlStore {
         since_ms: i64,
     ) -> Result<BTreeMap<String, Tally>, StoreError> {
         let mut tallies: BTreeMap<String, Tally> = BTreeMap::new();
-        let ended = sqlx::query(
+        let ended = query(
             "SELECT release, COUNT(*) AS n FROM calls WHERE namespace = $1 AND tool = $2 \
              AND finished_at_ms >= $3 AND error_json IS NULL GROUP BY release",
         )
         .bind(namespace)
         .bind(tool)
         .bind(since_ms)
-        .fetch_all(&self.reads)
+        .fetch_all(&mut *self.reads.acquire().await?)
         .await?;
         for row in &ended {
             let n: i64 = row.try_get("n")?;
@@ -163,14 +159,14 @@ impl Rollouts for SqlStore {
         }
         // The failures one by one: which of them the release is to blame for is the
         // domain's rule, over the error's kind.
-        let failed = sqlx::query(
+        let failed = query(
             "SELECT release, error_json FROM calls WHERE namespace = $1 AND tool = $2 \
              AND finished_at_ms >= $3 AND error_json IS NOT NULL",
         )
         .bind(namespace)
         .bind(tool)
         .bind(since_ms)
-        .fetch_all(&self.reads)
+        .fetch_all(&mut *self.reads.acquire().await?)
         .await?;
         for row in &failed {
             let text: String = row.try_get("error_json")?;

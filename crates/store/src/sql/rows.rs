@@ -1,9 +1,9 @@
 //! What the concerns share: the call row and its columns, JSON columns, oplog entries,
 //! numbered placeholders, and the backend of a connection.
 
+use super::Backend;
+use super::conn::{Conn, Row, built_query, query};
 use crate::StoreError;
-use sqlx::any::AnyRow;
-use sqlx::{AnyConnection, Row};
 use toolgrid_core::call::{CallRecord, CallState, EntryKind, OplogEntry};
 
 /// The columns of a [`CallRecord`], as a literal so queries stay static strings.
@@ -15,8 +15,8 @@ macro_rules! call_columns {
 }
 pub(super) use call_columns;
 
-pub(super) fn is_postgres(conn: &AnyConnection) -> bool {
-    conn.backend_name() == "PostgreSQL"
+pub(super) fn is_postgres(conn: &dyn Conn) -> bool {
+    conn.backend() == Backend::Postgres
 }
 
 /// Placeholders `$first, $first+1, ...` for `n` values.
@@ -61,7 +61,7 @@ const ROWS_PER_INSERT: usize = 100;
 /// Inserts a call's oplog rows, many per statement: one round trip to the database for
 /// the entries a write adds, not one each.
 pub(super) async fn insert_rows(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     rows: &[EntryRow],
     now: i64,
@@ -77,7 +77,7 @@ pub(super) async fn insert_rows(
             sql.push_str(&format!("({})", placeholders(i * 7 + 1, 7)));
         }
         // Only numbered placeholders are formatted into the statement.
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        let mut query = built_query(sql);
         for row in chunk {
             query = query
                 .bind(call_id)
@@ -95,7 +95,7 @@ pub(super) async fn insert_rows(
 
 /// Inserts one oplog entry at sequence number `seq` (entries without a writer's number).
 pub(super) async fn insert_entry(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     seq: i64,
     epoch: i64,
@@ -106,10 +106,10 @@ pub(super) async fn insert_entry(
 }
 
 pub(super) async fn select_call(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     id: &str,
 ) -> Result<Option<CallRecord>, StoreError> {
-    let row = sqlx::query(concat!(
+    let row = query(concat!(
         "SELECT ",
         call_columns!(),
         " FROM calls WHERE id = $1"
@@ -127,7 +127,7 @@ pub(super) fn parse_json<T: serde::de::DeserializeOwned>(
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
 }
 
-pub(super) fn call_from_row(row: &AnyRow) -> Result<CallRecord, StoreError> {
+pub(super) fn call_from_row(row: &Row) -> Result<CallRecord, StoreError> {
     let state: String = row.try_get("state")?;
     let result: Option<String> = row.try_get("result_json")?;
     let error: Option<String> = row.try_get("error_json")?;
@@ -140,12 +140,12 @@ pub(super) fn call_from_row(row: &AnyRow) -> Result<CallRecord, StoreError> {
         release_digest: row.try_get("release_digest")?,
         state: CallState::parse(&state)
             .ok_or_else(|| StoreError::Corrupt(format!("call state {state:?}")))?,
-        args: parse_json(&row.try_get::<String, _>("args_json")?, "call arguments")?,
-        spec: parse_json(&row.try_get::<String, _>("spec_json")?, "call spec")?,
+        args: parse_json(&row.try_get::<String>("args_json")?, "call arguments")?,
+        spec: parse_json(&row.try_get::<String>("spec_json")?, "call spec")?,
         stdin: row.try_get("stdin")?,
         idempotency_key: row.try_get("idempotency_key")?,
         request_hash: row.try_get("request_hash")?,
-        epoch: row.try_get::<i64, _>("epoch")? as u64,
+        epoch: row.try_get::<i64>("epoch")? as u64,
         worker: row.try_get("worker")?,
         result: result.map(|r| parse_json(&r, "call result")).transpose()?,
         error: error.map(|e| parse_json(&e, "call error")).transpose()?,

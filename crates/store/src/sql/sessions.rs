@@ -2,11 +2,10 @@
 //! every replica on the store.
 
 use super::SqlStore;
+use super::conn::{Conn, Row, query};
 use super::writer::Write;
 use crate::{ConsoleSessions, StoreError};
 use async_trait::async_trait;
-use sqlx::any::AnyRow;
-use sqlx::{AnyConnection, Row};
 use toolgrid_core::auth::{ConsoleSession, Principal};
 use toolgrid_core::ids::ObjectKey;
 
@@ -34,7 +33,7 @@ fn principal_from_parts(
     }
 }
 
-fn session_from_row(row: &AnyRow) -> Result<ConsoleSession, StoreError> {
+fn session_from_row(row: &Row) -> Result<ConsoleSession, StoreError> {
     let id: String = row.try_get("id_hash")?;
     let id_hash = decode_hash(&id)
         .ok_or_else(|| StoreError::Corrupt(format!("console session id hash {id:?}")))?;
@@ -74,11 +73,11 @@ struct CreateSession(ConsoleSession);
 impl Write for CreateSession {
     type Output = ();
 
-    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<(), StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<(), StoreError> {
         let s = &self.0;
         let (kind, namespace, name) = principal_parts(&s.principal);
         // A repeat of a committed insert (same random id) changes nothing.
-        sqlx::query(
+        query(
             "INSERT INTO console_sessions (id_hash, principal_kind, principal_namespace, \
              principal_name, created_at_ms, last_seen_ms, idle_timeout_ms, expires_at_ms) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id_hash) DO NOTHING",
@@ -106,9 +105,9 @@ struct TouchSession {
 impl Write for TouchSession {
     type Output = ();
 
-    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<(), StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<(), StoreError> {
         // Never backwards: another replica may have recorded a later use.
-        sqlx::query(
+        query(
             "UPDATE console_sessions SET last_seen_ms = $2 WHERE id_hash = $1 AND last_seen_ms < $2",
         )
         .bind(encode_hash(&self.id_hash))
@@ -125,12 +124,12 @@ struct DeleteSession([u8; 32]);
 impl Write for DeleteSession {
     type Output = bool;
 
-    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM console_sessions WHERE id_hash = $1")
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<bool, StoreError> {
+        let done = query("DELETE FROM console_sessions WHERE id_hash = $1")
             .bind(encode_hash(&self.0))
             .execute(&mut *conn)
             .await?;
-        Ok(done.rows_affected() > 0)
+        Ok(done > 0)
     }
 }
 
@@ -140,15 +139,15 @@ struct PurgeSessions(i64);
 impl Write for PurgeSessions {
     type Output = u64;
 
-    async fn apply(&self, conn: &mut AnyConnection, _again: bool) -> Result<u64, StoreError> {
-        let done = sqlx::query(
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<u64, StoreError> {
+        let done = query(
             "DELETE FROM console_sessions WHERE expires_at_ms <= $1 \
              OR last_seen_ms + idle_timeout_ms <= $1",
         )
         .bind(self.0)
         .execute(&mut *conn)
         .await?;
-        Ok(done.rows_affected())
+        Ok(done)
     }
 }
 
@@ -162,12 +161,12 @@ impl ConsoleSessions for SqlStore {
         &self,
         id_hash: &[u8; 32],
     ) -> Result<Option<ConsoleSession>, StoreError> {
-        let row = sqlx::query(
+        let row = query(
             "SELECT id_hash, principal_kind, principal_namespace, principal_name, created_at_ms, \
              last_seen_ms, idle_timeout_ms, expires_at_ms FROM console_sessions WHERE id_hash = $1",
         )
         .bind(encode_hash(id_hash))
-        .fetch_optional(&self.reads)
+        .fetch_optional(&mut *self.reads.acquire().await?)
         .await?;
         row.as_ref().map(session_from_row).transpose()
     }

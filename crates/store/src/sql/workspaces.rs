@@ -2,12 +2,11 @@
 //! checks and writes of a workspace commit.
 
 use super::SqlStore;
+use super::conn::{Conn, Row, built_query, query};
 use super::rows::{parse_json, placeholders};
 use super::writer::Write;
 use crate::{CallWorkspace, StoreError, Workspaces};
 use async_trait::async_trait;
-use sqlx::any::AnyRow;
-use sqlx::{AnyConnection, AssertSqlSafe, Row};
 use std::collections::HashSet;
 use toolgrid_core::call::{CallError, CallSpec, CallState, ErrorKind, now_ms};
 use toolgrid_core::workspace::{self, WorkspaceKey};
@@ -25,11 +24,7 @@ struct CommitWorkspace {
 impl Write for CommitWorkspace {
     type Output = Option<u64>;
 
-    async fn apply(
-        &self,
-        conn: &mut AnyConnection,
-        again: bool,
-    ) -> Result<Option<u64>, StoreError> {
+    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<Option<u64>, StoreError> {
         let CommitWorkspace {
             key,
             base,
@@ -40,7 +35,7 @@ impl Write for CommitWorkspace {
         if head != *base {
             // Run again, this very commit may be the head already.
             if again && head == base + 1 {
-                let row = sqlx::query(
+                let row = query(
                     "SELECT tree_digest, call_id FROM workspace_versions \
                      WHERE namespace = $1 AND agent = $2 AND version = $3",
                 )
@@ -49,8 +44,8 @@ impl Write for CommitWorkspace {
                 .bind(head as i64)
                 .fetch_one(&mut *conn)
                 .await?;
-                if row.try_get::<String, _>("tree_digest")? == commit.tree.digest()
-                    && row.try_get::<String, _>("call_id")? == *call_id
+                if row.try_get::<String>("tree_digest")? == commit.tree.digest()
+                    && row.try_get::<String>("call_id")? == *call_id
                 {
                     return Ok(Some(head));
                 }
@@ -66,7 +61,7 @@ impl Write for CommitWorkspace {
 /// every later assignment (a replay after failover) starts from the same version. Returns
 /// the base (`None` for a call without a workspace).
 pub(super) async fn pin_workspace_base(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     namespace: &str,
     spec: &CallSpec,
@@ -75,7 +70,7 @@ pub(super) async fn pin_workspace_base(
         return Ok(None);
     };
     let head = head_version(conn, &key).await?;
-    sqlx::query("UPDATE calls SET workspace_base = $2 WHERE id = $1 AND workspace_base IS NULL")
+    query("UPDATE calls SET workspace_base = $2 WHERE id = $1 AND workspace_base IS NULL")
         .bind(call_id)
         .bind(head as i64)
         .execute(&mut *conn)
@@ -85,29 +80,29 @@ pub(super) async fn pin_workspace_base(
 
 /// The newest stored version of a workspace (0 when none is).
 pub(super) async fn head_version(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     key: &WorkspaceKey,
 ) -> Result<u64, StoreError> {
-    let row = sqlx::query(
+    let row = query(
         "SELECT MAX(version) AS head FROM workspace_versions WHERE namespace = $1 AND agent = $2",
     )
     .bind(key.namespace.as_str())
     .bind(key.agent.as_str())
     .fetch_one(&mut *conn)
     .await?;
-    Ok(row.try_get::<Option<i64>, _>("head")?.unwrap_or(0) as u64)
+    Ok(row.try_get::<Option<i64>>("head")?.unwrap_or(0) as u64)
 }
 
 /// Why a succeeded call's workspace commit cannot be taken (the call then fails with it),
 /// checked in the transaction that would end the call. `Ok(None)`: the commit may go in
 /// (or the call is not running under `epoch`, which the completion itself refuses).
 pub(super) async fn commit_refusal(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     epoch: u64,
     commit: &workspace::Commit,
 ) -> Result<Option<CallError>, StoreError> {
-    let row = sqlx::query(
+    let row = query(
         "SELECT namespace, spec_json, workspace_base FROM calls \
          WHERE id = $1 AND epoch = $2 AND state = 'running'",
     )
@@ -117,12 +112,12 @@ pub(super) async fn commit_refusal(
     .await?;
     let Some(row) = row else { return Ok(None) };
     let namespace: String = row.try_get("namespace")?;
-    let spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
+    let spec: CallSpec = parse_json(&row.try_get::<String>("spec_json")?, "spec")?;
     let invalid = |message: String| Ok(Some(CallError::new(ErrorKind::WorkspaceInvalid, message)));
     let Some(key) = WorkspaceKey::written_by(&namespace, &spec.access) else {
         return invalid("the worker sent a workspace for a call that may not write one".into());
     };
-    let Some(base) = row.try_get::<Option<i64>, _>("workspace_base")? else {
+    let Some(base) = row.try_get::<Option<i64>>("workspace_base")? else {
         return invalid("the call has no base version".into());
     };
     let head = head_version(conn, &key).await?;
@@ -176,7 +171,7 @@ pub(super) async fn commit_refusal(
 
 /// Which of `digests` are stored.
 async fn stored_blobs(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     digests: &[String],
 ) -> Result<HashSet<String>, StoreError> {
     let mut out = HashSet::new();
@@ -186,12 +181,12 @@ async fn stored_blobs(
             placeholders(1, chunk.len())
         );
         // Only numbered placeholders are formatted into the statement.
-        let mut query = sqlx::query(AssertSqlSafe(sql));
+        let mut query = built_query(sql);
         for digest in chunk {
             query = query.bind(digest.as_str());
         }
         for row in query.fetch_all(&mut *conn).await? {
-            out.insert(row.try_get::<String, _>("digest")?);
+            out.insert(row.try_get::<String>("digest")?);
         }
     }
     Ok(out)
@@ -200,27 +195,27 @@ async fn stored_blobs(
 /// Writes a commit as version `base + 1` of the call's workspace (checked by
 /// [`commit_refusal`] in the same transaction).
 pub(super) async fn commit_version(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     call_id: &str,
     commit: &workspace::Commit,
 ) -> Result<(), StoreError> {
-    let row = sqlx::query("SELECT namespace, spec_json, workspace_base FROM calls WHERE id = $1")
+    let row = query("SELECT namespace, spec_json, workspace_base FROM calls WHERE id = $1")
         .bind(call_id)
         .fetch_one(&mut *conn)
         .await?;
     let namespace: String = row.try_get("namespace")?;
-    let spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
+    let spec: CallSpec = parse_json(&row.try_get::<String>("spec_json")?, "spec")?;
     let key = WorkspaceKey::written_by(&namespace, &spec.access)
         .ok_or_else(|| StoreError::Corrupt(format!("call {call_id} writes no workspace")))?;
     let base = row
-        .try_get::<Option<i64>, _>("workspace_base")?
+        .try_get::<Option<i64>>("workspace_base")?
         .ok_or_else(|| StoreError::Corrupt(format!("call {call_id} has no base version")))?;
     insert_version(conn, &key, base as u64 + 1, commit, call_id).await
 }
 
 /// Inserts version `version` of workspace `key` with the blobs it brings.
 async fn insert_version(
-    conn: &mut AnyConnection,
+    conn: &mut dyn Conn,
     key: &WorkspaceKey,
     version: u64,
     commit: &workspace::Commit,
@@ -228,7 +223,7 @@ async fn insert_version(
 ) -> Result<(), StoreError> {
     let now = now_ms();
     for (digest, bytes) in &commit.blobs {
-        sqlx::query(
+        query(
             "INSERT INTO workspace_blobs (digest, size, bytes, created_at_ms) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (digest) DO NOTHING",
         )
@@ -239,7 +234,7 @@ async fn insert_version(
         .execute(&mut *conn)
         .await?;
     }
-    sqlx::query(
+    query(
         "INSERT INTO workspace_versions (namespace, agent, version, tree_json, tree_digest, created_at_ms, call_id) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
@@ -255,15 +250,15 @@ async fn insert_version(
     Ok(())
 }
 
-fn version_from_row(row: &AnyRow) -> Result<workspace::Version, StoreError> {
-    let tree = workspace::Tree::from_json(&row.try_get::<String, _>("tree_json")?)
+fn version_from_row(row: &Row) -> Result<workspace::Version, StoreError> {
+    let tree = workspace::Tree::from_json(&row.try_get::<String>("tree_json")?)
         .map_err(|e| StoreError::Corrupt(format!("workspace tree: {e}")))?;
     Ok(workspace::Version {
         key: WorkspaceKey::new(
-            row.try_get::<String, _>("namespace")?,
-            row.try_get::<String, _>("agent")?,
+            row.try_get::<String>("namespace")?,
+            row.try_get::<String>("agent")?,
         ),
-        version: row.try_get::<i64, _>("version")? as u64,
+        version: row.try_get::<i64>("version")? as u64,
         tree,
         tree_digest: row.try_get("tree_digest")?,
         created_at_ms: row.try_get("created_at_ms")?,
@@ -274,15 +269,15 @@ fn version_from_row(row: &AnyRow) -> Result<workspace::Version, StoreError> {
 #[async_trait]
 impl Workspaces for SqlStore {
     async fn call_workspace(&self, call_id: &str) -> Result<Option<CallWorkspace>, StoreError> {
-        let row = sqlx::query(
+        let row = query(
             "SELECT namespace, spec_json, workspace_base, state, epoch FROM calls WHERE id = $1",
         )
         .bind(call_id)
-        .fetch_optional(&self.reads)
+        .fetch_optional(&mut *self.reads.acquire().await?)
         .await?;
         let Some(row) = row else { return Ok(None) };
         let namespace: String = row.try_get("namespace")?;
-        let spec: CallSpec = parse_json(&row.try_get::<String, _>("spec_json")?, "spec")?;
+        let spec: CallSpec = parse_json(&row.try_get::<String>("spec_json")?, "spec")?;
         let Some(key) = WorkspaceKey::of_call(&namespace, &spec.access) else {
             return Ok(None);
         };
@@ -291,23 +286,23 @@ impl Workspaces for SqlStore {
             key,
             filesystem: spec.access.filesystem,
             base: row
-                .try_get::<Option<i64>, _>("workspace_base")?
+                .try_get::<Option<i64>>("workspace_base")?
                 .map(|v| v as u64),
             state: CallState::parse(&state)
                 .ok_or_else(|| StoreError::Corrupt(format!("call state {state:?}")))?,
-            epoch: row.try_get::<i64, _>("epoch")? as u64,
+            epoch: row.try_get::<i64>("epoch")? as u64,
         }))
     }
 
     async fn workspace_head(&self, key: &WorkspaceKey) -> Result<workspace::Version, StoreError> {
-        let row = sqlx::query(
+        let row = query(
             "SELECT namespace, agent, version, tree_json, tree_digest, created_at_ms, call_id \
              FROM workspace_versions WHERE namespace = $1 AND agent = $2 \
              ORDER BY version DESC LIMIT 1",
         )
         .bind(key.namespace.as_str())
         .bind(key.agent.as_str())
-        .fetch_optional(&self.reads)
+        .fetch_optional(&mut *self.reads.acquire().await?)
         .await?;
         match row {
             Some(row) => version_from_row(&row),
@@ -323,14 +318,14 @@ impl Workspaces for SqlStore {
         if version == 0 {
             return Ok(Some(workspace::Version::empty(key.clone())));
         }
-        let row = sqlx::query(
+        let row = query(
             "SELECT namespace, agent, version, tree_json, tree_digest, created_at_ms, call_id \
              FROM workspace_versions WHERE namespace = $1 AND agent = $2 AND version = $3",
         )
         .bind(key.namespace.as_str())
         .bind(key.agent.as_str())
         .bind(version.min(i64::MAX as u64) as i64)
-        .fetch_optional(&self.reads)
+        .fetch_optional(&mut *self.reads.acquire().await?)
         .await?;
         row.map(|row| version_from_row(&row)).transpose()
     }
@@ -339,13 +334,13 @@ impl Workspaces for SqlStore {
         &self,
         key: &WorkspaceKey,
     ) -> Result<Vec<workspace::Version>, StoreError> {
-        let rows = sqlx::query(
+        let rows = query(
             "SELECT namespace, agent, version, tree_json, tree_digest, created_at_ms, call_id \
              FROM workspace_versions WHERE namespace = $1 AND agent = $2 ORDER BY version",
         )
         .bind(key.namespace.as_str())
         .bind(key.agent.as_str())
-        .fetch_all(&self.reads)
+        .fetch_all(&mut *self.reads.acquire().await?)
         .await?;
         rows.iter().map(version_from_row).collect()
     }
@@ -358,11 +353,11 @@ impl Workspaces for SqlStore {
                 placeholders(1, chunk.len())
             );
             // Only numbered placeholders are formatted into the statement.
-            let mut query = sqlx::query(AssertSqlSafe(sql));
+            let mut query = built_query(sql);
             for digest in chunk {
                 query = query.bind(digest.as_str());
             }
-            for row in query.fetch_all(&self.reads).await? {
+            for row in query.fetch_all(&mut *self.reads.acquire().await?).await? {
                 out.push((row.try_get("digest")?, row.try_get("bytes")?));
             }
         }

@@ -5,11 +5,17 @@
 //! Each kind of write is its own type implementing [`Write`]; [`SqlStore::write`] queues it
 //! as a [`Job`] (the write, its answer once applied, and where to send that answer, its
 //! output type erased) and waits for the answer, which is sent only after the commit.
+//!
+//! On PostgreSQL the writer is a task on sqlx's pool of one connection. On SQLite it is a
+//! thread of its own with its own connection ([`NativeSqlite`]): a batch's statements are
+//! direct calls into SQLite there, so applying a batch costs little beside its commit.
 
+use super::conn::Conn;
+use super::native::NativeSqlite;
 use super::{RetryPolicy, SqlStore, retrying};
 use crate::StoreError;
 use async_trait::async_trait;
-use sqlx::{AnyConnection, AnyPool};
+use sqlx::AnyPool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{mpsc, oneshot};
@@ -30,11 +36,7 @@ pub(super) trait Write: Send + Sync + 'static {
     /// whose outcome was unknown; the write then recognises its own commit instead of
     /// being applied twice (appends and completions always do). A database error aborts
     /// the batch; any other error is this write's own refusal and changes nothing.
-    async fn apply(
-        &self,
-        conn: &mut AnyConnection,
-        again: bool,
-    ) -> Result<Self::Output, StoreError>;
+    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<Self::Output, StoreError>;
 }
 
 /// A queued write, its output type erased so that one queue carries every kind of write.
@@ -42,7 +44,7 @@ pub(super) trait Write: Send + Sync + 'static {
 pub(super) trait Job: Send + Sync {
     /// Applies the write in the batch's transaction and keeps its answer (a refusal too)
     /// until the batch commits; a database error is returned: it aborts the batch.
-    async fn apply(&self, conn: &mut AnyConnection, again: bool) -> Result<(), sqlx::Error>;
+    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<(), sqlx::Error>;
     /// Sends the answer the last [`apply`](Job::apply) kept (after the commit).
     fn answer(self: Box<Self>);
     /// Sends `error` instead of an answer.
@@ -58,7 +60,7 @@ struct Queued<W: Write> {
 
 #[async_trait]
 impl<W: Write> Job for Queued<W> {
-    async fn apply(&self, conn: &mut AnyConnection, again: bool) -> Result<(), sqlx::Error> {
+    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<(), sqlx::Error> {
         match self.write.apply(conn, again).await {
             Err(StoreError::Database(error)) => Err(error),
             answer => {
@@ -101,19 +103,43 @@ impl SqlStore {
     }
 }
 
-/// Starts the writer on `pool` (its one connection); returns the queue of its jobs.
+/// Where the writer's transactions go.
+pub(super) enum Sink {
+    /// sqlx's pool of one connection (PostgreSQL).
+    Pool(AnyPool),
+    /// The writer's own SQLite connection, used on the writer's thread only (the lock is
+    /// never contended; it lets a batch borrow the connection across a retry's awaits).
+    Native(tokio::sync::Mutex<NativeSqlite>),
+}
+
+/// Starts the writer on `sink`; returns the queue of its jobs. A native SQLite sink gets a
+/// thread of its own.
 pub(super) fn spawn(
-    pool: AnyPool,
+    sink: Sink,
     retry: RetryPolicy,
     commits: Arc<AtomicU64>,
-) -> mpsc::Sender<Box<dyn Job>> {
+) -> Result<mpsc::Sender<Box<dyn Job>>, StoreError> {
     let (jobs, rx) = mpsc::channel(QUEUE);
-    tokio::spawn(run(pool, rx, retry, commits));
-    jobs
+    match sink {
+        Sink::Pool(_) => {
+            tokio::spawn(run(sink, rx, retry, commits));
+        }
+        Sink::Native(_) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
+            std::thread::Builder::new()
+                .name("store-writer".into())
+                .spawn(move || runtime.block_on(run(sink, rx, retry, commits)))
+                .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
+        }
+    }
+    Ok(jobs)
 }
 
 async fn run(
-    pool: AnyPool,
+    sink: Sink,
     mut rx: mpsc::Receiver<Box<dyn Job>>,
     retry: RetryPolicy,
     commits: Arc<AtomicU64>,
@@ -129,7 +155,7 @@ async fn run(
         // A retried batch may have committed already (the connection died during COMMIT):
         // every operation recognises its own earlier commit (see `Write::apply`).
         let result = retrying(retry, |tried| {
-            commit_batch(&pool, &batch, tried > 0, &commits)
+            commit_batch(&sink, &batch, tried > 0, &commits)
         })
         .await;
         match result {
@@ -152,7 +178,7 @@ async fn run(
             Err(_) => {
                 for job in batch {
                     let single = std::slice::from_ref(&job);
-                    match retrying(retry, |_| commit_batch(&pool, single, true, &commits)).await {
+                    match retrying(retry, |_| commit_batch(&sink, single, true, &commits)).await {
                         Ok(()) => job.answer(),
                         Err(error) => job.fail(error),
                     }
@@ -166,16 +192,35 @@ async fn run(
 /// stale epoch are per job and change nothing. `again` says the batch (or a batch with
 /// these jobs) was tried before and may have committed.
 async fn commit_batch(
-    pool: &AnyPool,
+    sink: &Sink,
     jobs: &[Box<dyn Job>],
     again: bool,
     commits: &AtomicU64,
 ) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await?;
-    for job in jobs {
-        job.apply(&mut tx, again).await?;
+    match sink {
+        Sink::Pool(pool) => {
+            let mut tx = pool.begin().await?;
+            for job in jobs {
+                job.apply(&mut *tx, again).await?;
+            }
+            tx.commit().await?;
+        }
+        Sink::Native(conn) => {
+            let mut conn = conn.lock().await;
+            conn.begin()?;
+            let mut applied = Ok(());
+            for job in jobs {
+                applied = job.apply(&mut *conn, again).await.map_err(StoreError::from);
+                if applied.is_err() {
+                    break;
+                }
+            }
+            if let Err(error) = applied.and_then(|()| conn.commit()) {
+                conn.rollback();
+                return Err(error);
+            }
+        }
     }
-    tx.commit().await?;
     commits.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
