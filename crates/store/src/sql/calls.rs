@@ -13,28 +13,87 @@ use super::writer::Write;
 use crate::{CallLog, StoreError};
 use async_trait::async_trait;
 use serde_json::Value;
+use std::sync::Arc;
 use toolgrid_core::call::{
     Assigned, CallError, CallFilter, CallRecord, CallSpec, CallState, Created, Ended, EntryKind,
     ErrorKind, Fenced, Lifecycle, NewCall, OplogEntry, OplogRecord, Outcome, now_ms,
 };
 use toolgrid_core::completion::CallOutcome;
 
-/// Records a new call (see [`CallLog::create_call`]).
-struct CreateCall(NewCall);
+/// Records a new call (see [`CallLog::create_call`]). Its JSON columns are serialized
+/// before it is queued, so the writer's thread (the one every write waits on) does not.
+struct CreateCall {
+    call: Arc<NewCall>,
+    args_json: String,
+    spec_json: String,
+}
+
+/// What recording a new call did: inserted it (the record is built from the call by
+/// [`Admission::into_created`], off the writer's thread), or found its answer stored.
+enum Admission {
+    Inserted(Inserted),
+    Stored(Created),
+}
+
+/// The columns an insert set that the new call does not carry itself.
+struct Inserted {
+    state: CallState,
+    epoch: u64,
+    worker: Option<String>,
+    created_at_ms: i64,
+    finished_at_ms: Option<i64>,
+}
+
+impl Inserted {
+    /// The record of `call` as inserted.
+    fn record(self, call: NewCall) -> CallRecord {
+        CallRecord {
+            id: call.id,
+            namespace: call.namespace,
+            tool: call.tool,
+            command: call.command,
+            release: call.release,
+            release_digest: call.release_digest,
+            state: self.state,
+            args: call.args,
+            spec: call.spec,
+            stdin: call.stdin,
+            idempotency_key: call.idempotency_key,
+            request_hash: call.request_hash,
+            epoch: self.epoch,
+            worker: self.worker,
+            result: call.dry_run_result,
+            error: None,
+            created_at_ms: self.created_at_ms,
+            finished_at_ms: self.finished_at_ms,
+        }
+    }
+}
+
+impl Admission {
+    fn into_created(self, call: Arc<NewCall>) -> Created {
+        match self {
+            Admission::Inserted(inserted) => Created::New(
+                inserted.record(Arc::try_unwrap(call).unwrap_or_else(|call| (*call).clone())),
+            ),
+            Admission::Stored(created) => created,
+        }
+    }
+}
 
 #[async_trait]
 impl Write for CreateCall {
-    type Output = Created;
+    type Output = Admission;
 
-    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<Created, StoreError> {
-        let call = &self.0;
+    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<Admission, StoreError> {
+        let call = &self.call;
         if again
             && let Some(existing) = select_call(conn, &call.id).await?
             && existing.request_hash == call.request_hash
         {
-            return Ok(Created::New(existing));
+            return Ok(Admission::Stored(Created::New(existing)));
         }
-        create(conn, call).await
+        create(conn, call, &self.args_json, &self.spec_json).await
     }
 }
 
@@ -318,7 +377,12 @@ async fn committed_assignment(
         .map(|e| e as u64))
 }
 
-async fn create(conn: &mut dyn Conn, call: &NewCall) -> Result<Created, StoreError> {
+async fn create(
+    conn: &mut dyn Conn,
+    call: &NewCall,
+    args_json: &str,
+    spec_json: &str,
+) -> Result<Admission, StoreError> {
     let now = now_ms();
     // The idempotency scope and the listing filter of agents; '' for an operator's call.
     let agent = call.spec.access.agent.as_deref().unwrap_or("");
@@ -327,7 +391,7 @@ async fn create(conn: &mut dyn Conn, call: &NewCall) -> Result<Created, StoreErr
         if let Some(key) = &call.idempotency_key
             && let Some(existing) = select_by_key(conn, &call.namespace, agent, key).await?
         {
-            return same_key(call, existing);
+            return same_key(call, existing).map(Admission::Stored);
         }
         lock_request(conn, &call.namespace, agent, &call.request_hash).await?;
         if let Some(earlier) = select_repeat(
@@ -339,7 +403,7 @@ async fn create(conn: &mut dyn Conn, call: &NewCall) -> Result<Created, StoreErr
         )
         .await?
         {
-            return Ok(Created::Repeated(earlier));
+            return Ok(Admission::Stored(Created::Repeated(earlier)));
         }
     }
     // A dry run that does not run is recorded ended: never assigned, no worker, epoch 0.
@@ -382,8 +446,7 @@ async fn create(conn: &mut dyn Conn, call: &NewCall) -> Result<Created, StoreErr
          spec_json, stdin, idempotency_key, request_hash, epoch, worker, next_seq, result_json, \
          error_json, created_at_ms, finished_at_ms, agent) \
          VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, $9, $10, $11, $14, $15, $16, $18, NULL, $12, $19, $17) \
-         ON CONFLICT DO NOTHING RETURNING ",
-        call_columns!()
+         ON CONFLICT DO NOTHING RETURNING id",
     ))
     .bind(call.id.as_str())
     .bind(call.namespace.as_str())
@@ -391,8 +454,8 @@ async fn create(conn: &mut dyn Conn, call: &NewCall) -> Result<Created, StoreErr
     .bind(call.command.as_str())
     .bind(call.release.as_str())
     .bind(call.release_digest.as_str())
-    .bind(json_text(&call.args))
-    .bind(json_text(&call.spec))
+    .bind(args_json)
+    .bind(spec_json)
     .bind(call.stdin.as_slice())
     .bind(call.idempotency_key.as_deref())
     .bind(call.request_hash.as_str())
@@ -406,13 +469,13 @@ async fn create(conn: &mut dyn Conn, call: &NewCall) -> Result<Created, StoreErr
     .bind(dry_run.map(|_| now))
     .fetch_optional(&mut *conn)
     .await?;
-    let Some(inserted) = inserted else {
+    if inserted.is_none() {
         let key = call.idempotency_key.clone().unwrap_or_default();
         let existing = select_by_key(conn, &call.namespace, agent, &key)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("call {} exists twice", call.id)))?;
-        return same_key(call, existing);
-    };
+        return same_key(call, existing).map(Admission::Stored);
+    }
     // The call's first entries go in with one statement.
     let started = OplogEntry::CallStarted(call.started.clone());
     let mut rows = vec![EntryRow::of(0, 0, &started)];
@@ -434,12 +497,20 @@ async fn create(conn: &mut dyn Conn, call: &NewCall) -> Result<Created, StoreErr
         rows.push(EntryRow::of(1, lifecycle.epoch as i64, &assigned));
     }
     insert_rows(conn, &call.id, &rows, now).await?;
-    let record = call_from_row(&inserted)?;
-    if record.state.is_terminal() {
+    let inserted = Inserted {
+        state,
+        epoch: lifecycle.epoch,
+        worker: lifecycle.worker,
+        created_at_ms: now,
+        finished_at_ms: dry_run.map(|_| now),
+    };
+    if state.is_terminal() {
         // A dry run answered without running ends here: its audit record too.
+        let record = inserted.record(call.clone());
         insert_audit(conn, &record).await?;
+        return Ok(Admission::Stored(Created::New(record)));
     }
-    Ok(Created::New(record))
+    Ok(Admission::Inserted(inserted))
 }
 
 /// The answer to a call whose idempotency key `existing` already used: that call, or a
@@ -715,7 +786,15 @@ async fn select_by_key(
 #[async_trait]
 impl CallLog for SqlStore {
     async fn create_call(&self, call: NewCall) -> Result<Created, StoreError> {
-        self.write(CreateCall(call)).await
+        let call = Arc::new(call);
+        let admission = self
+            .write(CreateCall {
+                call: call.clone(),
+                args_json: json_text(&call.args),
+                spec_json: json_text(&call.spec),
+            })
+            .await?;
+        Ok(admission.into_created(call))
     }
 
     async fn assign_call(&self, call_id: &str, worker: &str) -> Result<u64, StoreError> {
