@@ -97,7 +97,11 @@ fn pool_options(backend: Backend, max: u32, busy_timeout: Duration) -> AnyPoolOp
         Backend::Sqlite => options.after_connect(move |conn, _| {
             Box::pin(async move {
                 // WAL lets readers run beside the writer; FULL fsyncs every commit.
-                for pragma in ["PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL"] {
+                for pragma in [
+                    "PRAGMA page_size=1024",
+                    "PRAGMA journal_mode=WAL",
+                    "PRAGMA synchronous=FULL",
+                ] {
                     sqlx::query(pragma).execute(&mut *conn).await?;
                 }
                 let busy = format!("PRAGMA busy_timeout={}", busy_timeout.as_millis());
