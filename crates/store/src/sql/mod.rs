@@ -291,6 +291,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_new_database_has_small_pages_and_an_old_one_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let page_size = |path: &std::path::Path| -> i64 {
+            rusqlite::Connection::open(path)
+                .unwrap()
+                .query_row("PRAGMA page_size", [], |row| row.get(0))
+                .unwrap()
+        };
+        let new = dir.path().join("new.db");
+        let store = SqlStore::open(&format!("sqlite://{}", new.display()))
+            .await
+            .unwrap();
+        drop(store);
+        assert_eq!(page_size(&new), 1024);
+
+        let old = dir.path().join("old.db");
+        rusqlite::Connection::open(&old)
+            .unwrap()
+            .execute_batch("PRAGMA page_size=4096; CREATE TABLE before (k INTEGER)")
+            .unwrap();
+        let store = SqlStore::open(&format!("sqlite://{}", old.display()))
+            .await
+            .unwrap();
+        drop(store);
+        assert_eq!(page_size(&old), 4096);
+    }
+
+    #[tokio::test]
     async fn real_errors_are_classified() {
         sqlx::any::install_default_drivers();
         let dir = tempfile::tempdir().unwrap();
