@@ -32,7 +32,7 @@ struct CreateCall {
 /// [`Admission::into_created`], off the writer's thread), or found its answer stored.
 enum Admission {
     Inserted(Inserted),
-    Stored(Created),
+    Stored(Box<Created>),
 }
 
 /// The columns an insert set that the new call does not carry itself.
@@ -76,7 +76,7 @@ impl Admission {
             Admission::Inserted(inserted) => Created::New(
                 inserted.record(Arc::try_unwrap(call).unwrap_or_else(|call| (*call).clone())),
             ),
-            Admission::Stored(created) => created,
+            Admission::Stored(created) => *created,
         }
     }
 }
@@ -91,7 +91,7 @@ impl Write for CreateCall {
             && let Some(existing) = select_call(conn, &call.id).await?
             && existing.request_hash == call.request_hash
         {
-            return Ok(Admission::Stored(Created::New(existing)));
+            return Ok(Admission::Stored(Box::new(Created::New(existing))));
         }
         create(conn, call, &self.args_json, &self.spec_json).await
     }
@@ -391,7 +391,7 @@ async fn create(
         if let Some(key) = &call.idempotency_key
             && let Some(existing) = select_by_key(conn, &call.namespace, agent, key).await?
         {
-            return same_key(call, existing).map(Admission::Stored);
+            return same_key(call, existing).map(|created| Admission::Stored(Box::new(created)));
         }
         lock_request(conn, &call.namespace, agent, &call.request_hash).await?;
         if let Some(earlier) = select_repeat(
@@ -403,7 +403,7 @@ async fn create(
         )
         .await?
         {
-            return Ok(Admission::Stored(Created::Repeated(earlier)));
+            return Ok(Admission::Stored(Box::new(Created::Repeated(earlier))));
         }
     }
     // A dry run that does not run is recorded ended: never assigned, no worker, epoch 0.
@@ -441,13 +441,13 @@ async fn create(
         None if awaiting => CallState::AwaitingApproval,
         None => lifecycle.state,
     };
-    let inserted = query(concat!(
+    let inserted = query(
         "INSERT INTO calls (id, namespace, tool, command, release, release_digest, state, args_json, \
          spec_json, stdin, idempotency_key, request_hash, epoch, worker, next_seq, result_json, \
          error_json, created_at_ms, finished_at_ms, agent) \
          VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, $9, $10, $11, $14, $15, $16, $18, NULL, $12, $19, $17) \
          ON CONFLICT DO NOTHING RETURNING id",
-    ))
+    )
     .bind(call.id.as_str())
     .bind(call.namespace.as_str())
     .bind(call.tool.as_str())
@@ -474,7 +474,7 @@ async fn create(
         let existing = select_by_key(conn, &call.namespace, agent, &key)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("call {} exists twice", call.id)))?;
-        return same_key(call, existing).map(Admission::Stored);
+        return same_key(call, existing).map(|created| Admission::Stored(Box::new(created)));
     }
     // The call's first entries go in with one statement.
     let started = OplogEntry::CallStarted(call.started.clone());
@@ -508,7 +508,7 @@ async fn create(
         // A dry run answered without running ends here: its audit record too.
         let record = inserted.record(call.clone());
         insert_audit(conn, &record).await?;
-        return Ok(Admission::Stored(Created::New(record)));
+        return Ok(Admission::Stored(Box::new(Created::New(record))));
     }
     Ok(Admission::Inserted(inserted))
 }
