@@ -223,7 +223,11 @@ fn owned(value: ValueRef<'_>) -> Value {
         ValueRef::Null => Value::Null,
         ValueRef::Integer(i) => Value::Integer(i),
         ValueRef::Real(r) => Value::Real(r),
-        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Text(t) => Value::Text(match std::str::from_utf8(t) {
+            Ok(text) => text.to_owned(),
+            // SQLite does not check that what it stores as text is UTF-8.
+            Err(_) => String::from_utf8_lossy(t).into_owned(),
+        }),
         ValueRef::Blob(b) => Value::Blob(b.to_vec()),
     }
 }
