@@ -466,3 +466,31 @@ fn the_image_holds_every_file_the_builtin_manifests_name() {
     }
     assert!(named >= 4, "{named}");
 }
+
+/// The image's binary is built with the repository's build settings (SQLite's `fdatasync`,
+/// mimalloc's commit on use, in `.cargo/config.toml`): the Dockerfile copies them before
+/// its first `cargo build`, and the build context keeps them.
+#[test]
+fn the_image_is_built_with_the_repository_build_settings() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let config = std::fs::read_to_string(repo().join(".cargo/config.toml")).unwrap();
+    assert!(config.contains("LIBSQLITE3_FLAGS"), "{config}");
+    assert!(config.contains("MI_DEFAULT_ARENA_EAGER_COMMIT"), "{config}");
+    let copy = dockerfile
+        .find("\nCOPY .cargo ./.cargo\n")
+        .expect("the Dockerfile copies .cargo");
+    let build = dockerfile
+        .find("cargo build")
+        .expect("the Dockerfile builds");
+    assert!(
+        copy < build,
+        "the settings are copied before the first build"
+    );
+    let ignored = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
+    assert!(
+        !ignored
+            .lines()
+            .any(|l| l.trim().trim_end_matches('/') == ".cargo"),
+        "{ignored}"
+    );
+}
