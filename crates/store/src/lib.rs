@@ -5,8 +5,8 @@
 //! [`Store`] for all of them,
 //! and one SQL implementation over two backends: SQLite (the embedded
 //! default: WAL, every commit fsynced) and PostgreSQL. Writes go through a single writer
-//! task that commits whatever is queued in one transaction (group commit), so a burst of
-//! oplog appends costs one fsync, not one each. Fencing lives here: an append or a
+//! (on SQLite a thread with its own connection) that commits whatever is queued in one
+//! transaction (group commit), so a burst of oplog appends costs one fsync, not one each. Fencing lives here: an append or a
 //! completion whose epoch is not the call's current one is refused.
 //!
 //! The schema carries a version and upgrades itself in place when opened (see

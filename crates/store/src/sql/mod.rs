@@ -6,7 +6,9 @@
 //! through one group-commit writer ([`writer`]); each concern has its module: [`calls`]
 //! (calls and their oplogs), [`workspaces`], [`approvals`] (approvals and audit),
 //! [`buckets`] (rate limits), [`resources`] (artifacts and resource bookkeeping),
-//! [`retention`], [`sessions`] (the console's), [`rollouts`] (canaries); [`migrations`] is the schema, [`rows`] the helpers they share.
+//! [`retention`], [`sessions`] (the console's), [`rollouts`] (canaries); [`migrations`] is the schema, [`rows`] the helpers they share,
+//! [`conn`] runs their SQL on either kind of connection and [`native`] is the SQLite
+//! writer's own connection.
 
 mod approvals;
 mod buckets;
