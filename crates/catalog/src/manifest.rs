@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde::de::DeserializeOwned;
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use toolgrid_api::{
@@ -111,6 +112,34 @@ pub struct ResourceSet {
 }
 
 impl ResourceSet {
+    /// Adds `other`'s documents after this set's.
+    pub fn extend(&mut self, other: ResourceSet) {
+        let ResourceSet {
+            tools,
+            releases,
+            bindings,
+            middleware,
+            agents,
+            pools,
+            tool_sources,
+            config_maps,
+            secrets,
+            invalid,
+            ignored,
+        } = other;
+        self.tools.extend(tools);
+        self.releases.extend(releases);
+        self.bindings.extend(bindings);
+        self.middleware.extend(middleware);
+        self.agents.extend(agents);
+        self.pools.extend(pools);
+        self.tool_sources.extend(tool_sources);
+        self.config_maps.extend(config_maps);
+        self.secrets.extend(secrets);
+        self.invalid.extend(invalid);
+        self.ignored += ignored;
+    }
+
     /// This set with `builtins` (toolgrid's built-in tools) added under it: a resource of
     /// the built-ins whose kind, namespace and name this set declares already is left out,
     /// so a team's own manifest replaces a built-in.
@@ -148,24 +177,109 @@ impl ResourceSet {
 
 /// Loads every `.yaml` and `.yml` file under `dir` (sorted, hidden entries skipped).
 pub fn load_dir(dir: &Path) -> std::io::Result<ResourceSet> {
+    load_dir_cached(dir, &mut ParsedFiles::default())
+}
+
+/// The documents of manifest files as last parsed, kept between loads of a directory: a
+/// file whose size, modification and change times and inode are what they were is not
+/// read or parsed again (a reload of a large directory re-reads only what changed).
+#[derive(Default)]
+pub struct ParsedFiles {
+    files: HashMap<PathBuf, (FileStamp, ResourceSet)>,
+    /// Files read and parsed by the last load (the rest came from here).
+    parsed: usize,
+}
+
+impl ParsedFiles {
+    /// How many files the last load read and parsed.
+    pub fn parsed(&self) -> usize {
+        self.parsed
+    }
+}
+
+/// What tells a file's content changed without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    #[cfg(unix)]
+    inode: u64,
+    #[cfg(unix)]
+    changed: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<FileStamp> {
+        let meta = std::fs::metadata(path).ok()?;
+        #[cfg(unix)]
+        use std::os::unix::fs::MetadataExt as _;
+        Some(FileStamp {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            #[cfg(unix)]
+            inode: meta.ino(),
+            #[cfg(unix)]
+            changed: (meta.ctime(), meta.ctime_nsec()),
+        })
+    }
+}
+
+/// [`load_dir`], reading again only the files `cache` does not hold as they are now; the
+/// cache then holds this directory's files (and those of other directories loaded with it).
+pub fn load_dir_cached(dir: &Path, cache: &mut ParsedFiles) -> std::io::Result<ResourceSet> {
     let mut files = Vec::new();
     collect_yaml_files(dir, &mut files)?;
     files.sort();
     let mut set = ResourceSet::default();
     for file in files {
-        match std::fs::read_to_string(&file) {
-            Ok(text) => load_text(&file, &text, &mut set),
-            Err(error) => set.invalid.push(InvalidDocument {
-                source: Source { file, document: 0 },
-                kind: None,
-                namespace: String::new(),
-                name: None,
-                field: String::new(),
-                message: format!("cannot read the file: {error}"),
-            }),
-        }
+        let stamp = FileStamp::of(&file);
+        let parsed = match (stamp, cache.files.get(&file)) {
+            (Some(now), Some((then, parsed))) if now == *then => parsed.clone(),
+            _ => {
+                cache.parsed += 1;
+                let parsed = parse_file(&file);
+                match stamp {
+                    Some(stamp) => {
+                        cache.files.insert(file.clone(), (stamp, parsed.clone()));
+                    }
+                    None => {
+                        cache.files.remove(&file);
+                    }
+                }
+                parsed
+            }
+        };
+        set.extend(parsed);
     }
     Ok(set)
+}
+
+impl ParsedFiles {
+    /// Starts a load of some directories: counts afresh, and forgets files that are gone.
+    pub fn begin(&mut self) {
+        self.parsed = 0;
+        self.files.retain(|path, _| path.is_file());
+    }
+}
+
+/// One file's documents.
+fn parse_file(file: &Path) -> ResourceSet {
+    let mut set = ResourceSet::default();
+    match std::fs::read_to_string(file) {
+        Ok(text) => load_text(file, &text, &mut set),
+        Err(error) => set.invalid.push(InvalidDocument {
+            source: Source {
+                file: file.to_path_buf(),
+                document: 0,
+            },
+            kind: None,
+            namespace: String::new(),
+            name: None,
+            field: String::new(),
+            message: format!("cannot read the file: {error}"),
+        }),
+    }
+    set
 }
 
 fn collect_yaml_files(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
@@ -361,6 +475,74 @@ fn with_ns<T: kube::Resource>(mut object: T, namespace: &str) -> T {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tool(name: &str, description: &str) -> String {
+        format!(
+            "apiVersion: toolgrid.dev/v1alpha1\nkind: Tool\nmetadata: {{name: {name}}}\n\
+             spec: {{description: {description}, effect: read, commands: [{{name: default}}]}}\n"
+        )
+    }
+
+    fn tools(set: &ResourceSet) -> Vec<(String, String)> {
+        set.tools
+            .iter()
+            .map(|t| {
+                (
+                    t.object.metadata.name.clone().unwrap_or_default(),
+                    t.object.spec.description.clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cached_load_parses_only_the_files_that_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.yaml"), dir.path().join("sub/b.yaml"));
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(&a, tool("alpha", "first")).unwrap();
+        std::fs::write(&b, tool("beta", "first")).unwrap();
+        let mut cache = ParsedFiles::default();
+        cache.begin();
+        let set = load_dir_cached(dir.path(), &mut cache).unwrap();
+        assert_eq!(cache.parsed(), 2);
+        let first = tools(&set);
+        assert_eq!(
+            first,
+            [
+                ("alpha".into(), "first".into()),
+                ("beta".into(), "first".into())
+            ]
+        );
+        assert_eq!(tools(&load_dir(dir.path()).unwrap()), first);
+
+        // Nothing changed: nothing is read again, and the set is the same.
+        cache.begin();
+        let set = load_dir_cached(dir.path(), &mut cache).unwrap();
+        assert_eq!(cache.parsed(), 0);
+        assert_eq!(tools(&set), first);
+
+        // One file rewritten: only it is parsed again.
+        std::fs::write(&b, tool("beta", "once more")).unwrap();
+        cache.begin();
+        let set = load_dir_cached(dir.path(), &mut cache).unwrap();
+        assert_eq!(cache.parsed(), 1);
+        assert_eq!(
+            tools(&set),
+            [
+                ("alpha".into(), "first".into()),
+                ("beta".into(), "once more".into())
+            ]
+        );
+
+        // A file removed: its resources are gone, and so is its cached copy.
+        std::fs::remove_file(&a).unwrap();
+        cache.begin();
+        let set = load_dir_cached(dir.path(), &mut cache).unwrap();
+        assert_eq!(cache.parsed(), 0);
+        assert_eq!(tools(&set), [("beta".into(), "once more".into())]);
+        assert!(!cache.files.contains_key(&a));
+    }
 
     fn load(text: &str) -> ResourceSet {
         let mut set = ResourceSet::default();

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use toolgrid_api::Kind;
 use toolgrid_api::ToolSourceStatus;
 use toolgrid_catalog::artifacts::{load_local, load_local_middleware, local_fingerprint};
-use toolgrid_catalog::manifest::{ResourceSet, load_dir};
+use toolgrid_catalog::manifest::{ParsedFiles, ResourceSet, load_dir_cached};
 use toolgrid_catalog::resolve::tool_source::status_is_current;
 use toolgrid_catalog::resolve::{
     PreviousState, ResolveInput, SourceRead, check_source, previous_of, resolve, spec_hash,
@@ -48,6 +48,8 @@ pub struct ManifestSource {
     /// fingerprint of its files then ([`local_fingerprint`]): a reload reads, hashes and
     /// validates only what changed.
     loaded: Mutex<LoadedCache>,
+    /// The manifest files as last parsed: a reload reads and parses only what changed.
+    parsed: Mutex<ParsedFiles>,
 }
 
 /// Releases' artifacts as last loaded, valid while the store has purged nothing since.
@@ -72,6 +74,7 @@ impl ManifestSource {
             issuer: Default::default(),
             rollouts: Default::default(),
             loaded: Mutex::default(),
+            parsed: Mutex::default(),
         })
     }
 
@@ -180,46 +183,51 @@ impl ManifestSource {
             }
             cache.outcomes.clone()
         };
-        let (set, loaded, wasm) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
-            let mut set = load_dir(&dir)?;
-            // The manifests first, then the built-in directories from the last: a later
-            // directory's resource replaces an earlier one's (builtins/python's `code`,
-            // with Python, replaces builtins/manifests' JavaScript-only one).
-            for dir in builtins.iter().rev() {
-                set = set.with_builtins(load_dir(dir)?);
-            }
-            let loaded: Vec<_> = set
-                .releases
-                .iter()
-                .map(|r| {
-                    let key = ObjectKey::new(
-                        r.object.metadata.namespace.clone().unwrap_or_default(),
-                        r.object.metadata.name.clone().unwrap_or_default(),
-                    );
-                    let fingerprint = local_fingerprint(r);
-                    let load = match (fingerprint, cached.get(&key)) {
-                        (Some(now), Some((then, outcome))) if now == *then => {
-                            Load::Unchanged(outcome.clone())
-                        }
-                        _ => Load::Loaded(load_local(r, &set.config_maps), fingerprint),
-                    };
-                    (key, load)
-                })
-                .collect();
-            let wasm: HashMap<_, _> = set
-                .middleware
-                .iter()
-                .filter_map(|m| {
-                    let key = ObjectKey::new(
-                        m.object.metadata.namespace.clone().unwrap_or_default(),
-                        m.object.metadata.name.clone().unwrap_or_default(),
-                    );
-                    Some((key, load_local_middleware(m, &set.config_maps)?))
-                })
-                .collect();
-            Ok((set, loaded, wasm))
-        })
-        .await??;
+        let mut parsed =
+            std::mem::take(&mut *self.parsed.lock().unwrap_or_else(|e| e.into_inner()));
+        let (set, loaded, wasm, parsed) =
+            tokio::task::spawn_blocking(move || -> std::io::Result<_> {
+                parsed.begin();
+                let mut set = load_dir_cached(&dir, &mut parsed)?;
+                // The manifests first, then the built-in directories from the last: a later
+                // directory's resource replaces an earlier one's (builtins/python's `code`,
+                // with Python, replaces builtins/manifests' JavaScript-only one).
+                for dir in builtins.iter().rev() {
+                    set = set.with_builtins(load_dir_cached(dir, &mut parsed)?);
+                }
+                let loaded: Vec<_> = set
+                    .releases
+                    .iter()
+                    .map(|r| {
+                        let key = ObjectKey::new(
+                            r.object.metadata.namespace.clone().unwrap_or_default(),
+                            r.object.metadata.name.clone().unwrap_or_default(),
+                        );
+                        let fingerprint = local_fingerprint(r);
+                        let load = match (fingerprint, cached.get(&key)) {
+                            (Some(now), Some((then, outcome))) if now == *then => {
+                                Load::Unchanged(outcome.clone())
+                            }
+                            _ => Load::Loaded(load_local(r, &set.config_maps), fingerprint),
+                        };
+                        (key, load)
+                    })
+                    .collect();
+                let wasm: HashMap<_, _> = set
+                    .middleware
+                    .iter()
+                    .filter_map(|m| {
+                        let key = ObjectKey::new(
+                            m.object.metadata.namespace.clone().unwrap_or_default(),
+                            m.object.metadata.name.clone().unwrap_or_default(),
+                        );
+                        Some((key, load_local_middleware(m, &set.config_maps)?))
+                    })
+                    .collect();
+                Ok((set, loaded, wasm, parsed))
+            })
+            .await??;
+        *self.parsed.lock().unwrap_or_else(|e| e.into_inner()) = parsed;
 
         let mut artifacts = HashMap::new();
         let mut outcomes = HashMap::new();
@@ -243,7 +251,6 @@ impl ManifestSource {
             cache.outcomes.extend(outcomes);
         }
         self.remember_artifact_dirs(&set);
-
         let current = self.catalog.current();
         let previous = if current.revision == 0 {
             self.stored_previous().await?
