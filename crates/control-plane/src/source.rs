@@ -133,10 +133,7 @@ impl ManifestSource {
             .tool_sources
             .iter()
             .filter_map(|source| {
-                let key = ObjectKey::new(
-                    source.object.metadata.namespace.clone().unwrap_or_default(),
-                    source.object.metadata.name.clone().unwrap_or_default(),
-                );
+                let key = key_of(&source.object.metadata);
                 let plan = check_source(&source.object, &key).ok()?;
                 let spec_hash = spec_hash(&source.object.spec);
                 let refresh = refreshes.get(&key).cloned();
@@ -199,10 +196,7 @@ impl ManifestSource {
                     .releases
                     .iter()
                     .map(|r| {
-                        let key = ObjectKey::new(
-                            r.object.metadata.namespace.clone().unwrap_or_default(),
-                            r.object.metadata.name.clone().unwrap_or_default(),
-                        );
+                        let key = key_of(&r.object.metadata);
                         let fingerprint = local_fingerprint(r);
                         let load = match (fingerprint, cached.get(&key)) {
                             (Some(now), Some((then, outcome))) if now == *then => {
@@ -217,10 +211,7 @@ impl ManifestSource {
                     .middleware
                     .iter()
                     .filter_map(|m| {
-                        let key = ObjectKey::new(
-                            m.object.metadata.namespace.clone().unwrap_or_default(),
-                            m.object.metadata.name.clone().unwrap_or_default(),
-                        );
+                        let key = key_of(&m.object.metadata);
                         Some((key, load_local_middleware(m, &set.config_maps)?))
                     })
                     .collect();
@@ -411,4 +402,13 @@ impl crate::gateway::SourceRefresher for ManifestSource {
             .await
             .map_err(|e| format!("{e:#}"))
     }
+}
+
+/// A resource's namespace and name (empty when absent: such a resource is refused as it
+/// resolves).
+fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
+    ObjectKey::new(
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
 }
