@@ -1122,14 +1122,9 @@ async fn store_writes_that_fail_on_cue_leave_no_call_behind() {
 /// refused while it comes back): the call still ends exactly once, every effect once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_restart_mid_call_leaves_no_call_behind() {
-    let admin = std::env::var("TOOLGRID_TEST_POSTGRES_URL").ok();
-    if !common::require(
-        "PostgreSQL (TOOLGRID_TEST_POSTGRES_URL, from .ci/start-postgres)",
-        admin.is_some(),
-    ) {
+    let Some(url) = common::postgres::fresh_test_database().await else {
         return;
-    }
-    let url = common::postgres::fresh_postgres(&admin.unwrap_or_default()).await;
+    };
     let witness = Witness::start().await;
     let root = tempfile::tempdir().unwrap();
     let manifests = manifests(root.path(), &witness);

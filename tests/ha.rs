@@ -10,14 +10,9 @@ use std::process::Command;
 
 #[tokio::test]
 async fn the_standby_takes_over_a_killed_leader_and_every_call_finishes_exactly_once() {
-    let admin = std::env::var("TOOLGRID_TEST_POSTGRES_URL").ok();
-    if !common::require(
-        "PostgreSQL (TOOLGRID_TEST_POSTGRES_URL, from .ci/start-postgres)",
-        admin.is_some(),
-    ) {
+    let Some(url) = common::postgres::fresh_test_database().await else {
         return;
-    }
-    let url = common::postgres::fresh_postgres(&admin.unwrap_or_default()).await;
+    };
     let Some(run) = common::run_python_check(
         Command::new(common::TOOLGRID)
             .args([

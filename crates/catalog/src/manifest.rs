@@ -185,12 +185,23 @@ pub fn load_dir(dir: &Path) -> std::io::Result<ResourceSet> {
 /// read or parsed again (a reload of a large directory re-reads only what changed).
 #[derive(Default)]
 pub struct ParsedFiles {
+    /// The files loaded since [`begin`](ParsedFiles::begin).
     files: HashMap<PathBuf, (FileStamp, ResourceSet)>,
-    /// Files read and parsed by the last load (the rest came from here).
+    /// The files of the loads before it not loaded again yet: dropped at the next `begin`,
+    /// so a file gone from the directories leaves the cache.
+    previous: HashMap<PathBuf, (FileStamp, ResourceSet)>,
+    /// Files read and parsed since `begin` (the rest came from here).
     parsed: usize,
 }
 
 impl ParsedFiles {
+    /// Starts a load of some directories: counts afresh; the files the last load kept and
+    /// this one does not load again are dropped at the next `begin`.
+    pub fn begin(&mut self) {
+        self.parsed = 0;
+        self.previous = std::mem::take(&mut self.files);
+    }
+
     /// How many files the last load read and parsed.
     pub fn parsed(&self) -> usize {
         self.parsed
@@ -233,33 +244,23 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParsedFiles) -> std::io::Result<R
     let mut set = ResourceSet::default();
     for file in files {
         let stamp = FileStamp::of(&file);
-        let parsed = match (stamp, cache.files.get(&file)) {
-            (Some(now), Some((then, parsed))) if now == *then => parsed.clone(),
+        let kept = cache
+            .previous
+            .remove(&file)
+            .or_else(|| cache.files.remove(&file));
+        let parsed = match (stamp, kept) {
+            (Some(now), Some((then, parsed))) if now == then => parsed,
             _ => {
                 cache.parsed += 1;
-                let parsed = parse_file(&file);
-                match stamp {
-                    Some(stamp) => {
-                        cache.files.insert(file.clone(), (stamp, parsed.clone()));
-                    }
-                    None => {
-                        cache.files.remove(&file);
-                    }
-                }
-                parsed
+                parse_file(&file)
             }
         };
+        if let Some(stamp) = stamp {
+            cache.files.insert(file, (stamp, parsed.clone()));
+        }
         set.extend(parsed);
     }
     Ok(set)
-}
-
-impl ParsedFiles {
-    /// Starts a load of some directories: counts afresh, and forgets files that are gone.
-    pub fn begin(&mut self) {
-        self.parsed = 0;
-        self.files.retain(|path, _| path.is_file());
-    }
 }
 
 /// One file's documents.

@@ -9,23 +9,15 @@ use toolgrid_core::call::{
     ErrorKind, RunSummary,
 };
 use toolgrid_store::{CallError, CallOutcome, CallSpec, NewCall};
-use toolgrid_testkit::postgres::fresh_postgres;
+use toolgrid_testkit::postgres::fresh_test_database;
 
 async fn backends(dir: &tempfile::TempDir) -> Vec<(String, String)> {
     let mut urls = vec![(
         "sqlite".to_string(),
         format!("sqlite://{}", dir.path().join("store.db").display()),
     )];
-    match std::env::var("TOOLGRID_TEST_POSTGRES_URL") {
-        Ok(admin) if !admin.is_empty() => {
-            urls.push(("postgres".to_string(), fresh_postgres(&admin).await))
-        }
-        _ => {
-            toolgrid_testkit::require(
-                "PostgreSQL for the store suite (TOOLGRID_TEST_POSTGRES_URL, from .ci/start-postgres)",
-                false,
-            );
-        }
+    if let Some(url) = fresh_test_database().await {
+        urls.push(("postgres".to_string(), url));
     }
     urls
 }

@@ -1,6 +1,22 @@
 //! The test PostgreSQL server that `.ci/start-postgres` runs: fresh databases on it, and
 //! restarting it mid-test.
 
+/// A fresh database on the test PostgreSQL server `TOOLGRID_TEST_POSTGRES_URL` names
+/// (`.ci/start-postgres` prints one); `None` when it names none, which fails the test
+/// under `CI=true` (see [`require`](crate::require)) and skips it otherwise.
+pub async fn fresh_test_database() -> Option<String> {
+    let admin = std::env::var("TOOLGRID_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|url| !url.is_empty());
+    if !crate::require(
+        "PostgreSQL (TOOLGRID_TEST_POSTGRES_URL, from .ci/start-postgres)",
+        admin.is_some(),
+    ) {
+        return None;
+    }
+    Some(fresh_postgres(&admin?).await)
+}
+
 /// A fresh database on the test PostgreSQL server named by `admin`.
 pub async fn fresh_postgres(admin: &str) -> String {
     use sqlx::Connection;

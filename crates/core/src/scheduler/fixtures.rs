@@ -333,6 +333,17 @@ pub fn assigns(commands: &[Command]) -> Vec<(String, String)> {
 }
 
 /// The fences among `commands`: (call, epoch).
+/// The session `commands` registered (the first of them must be the registration) and the
+/// calls it told the worker to abandon.
+pub fn registered(commands: &[Command]) -> (u64, Vec<String>) {
+    match commands.first() {
+        Some(Command::Registered {
+            session, abandon, ..
+        }) => (*session, abandon.iter().map(|c| c.to_string()).collect()),
+        other => panic!("not a registration first: {other:?}"),
+    }
+}
+
 pub fn fences(commands: &[Command]) -> Vec<(String, u64)> {
     commands
         .iter()

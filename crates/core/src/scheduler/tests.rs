@@ -177,12 +177,8 @@ fn recovered_calls_wait_for_their_worker_from_when_the_port_listens() {
         .into(),
         t1 + Duration::from_secs(1),
     );
-    let session = match &out[0] {
-        Command::Registered {
-            abandon, session, ..
-        } if abandon.is_empty() => *session,
-        other => panic!("{other:?}"),
-    };
+    let (session, abandon) = registered(&out);
+    assert!(abandon.is_empty(), "{abandon:?}");
     assert!(holding(&state, "a", "w1", session, 1).is_ok());
     for secs in [2, 4] {
         state.on(heartbeat("w1", session), t1 + Duration::from_secs(secs));
@@ -230,12 +226,8 @@ fn an_orphan_its_worker_reattaches_without_is_fenced_at_once() {
         t0 + Duration::from_millis(300),
     );
     assert_eq!(fences(&out), [("b".to_string(), 2)]);
-    let session = match &out[0] {
-        Command::Registered {
-            abandon, session, ..
-        } if abandon.is_empty() => *session,
-        other => panic!("{other:?}"),
-    };
+    let (session, abandon) = registered(&out);
+    assert!(abandon.is_empty(), "{abandon:?}");
     assert!(holding(&state, "a", "w1", session, 3).is_ok());
     // c's worker has not come back: c waits out the grace as before (w1 heartbeats).
     for secs in [1, 2, 3, 4] {
@@ -262,12 +254,8 @@ fn a_worker_of_another_pool_cannot_claim_a_call_by_its_worker_id() {
         .into(),
         t0,
     );
-    let session = match &out[0] {
-        Command::Registered {
-            abandon, session, ..
-        } if abandon == &["a".to_string()] => *session,
-        other => panic!("{other:?}"),
-    };
+    let (session, abandon) = registered(&out);
+    assert_eq!(abandon, ["a"]);
     assert_eq!(
         holding(&state, "a", "w1", session, 1).err(),
         Some(Refusal::NotHeld)

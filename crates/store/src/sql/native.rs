@@ -69,16 +69,12 @@ impl NativeSqlite {
     /// `$N` parameter takes the N-th argument, wherever and however often it appears.
     fn prepare(&self, query: &Query<'_>) -> Result<CachedStatement<'_>, StoreError> {
         let mut statement = self.conn.prepare_cached(query.sql()).map_err(database)?;
-        let numbers: Vec<usize> = (1..=statement.parameter_count())
-            .map(|index| {
-                statement
-                    .parameter_name(index)
-                    .and_then(|name| name.strip_prefix('$').or(name.strip_prefix('?')))
-                    .and_then(|number| number.parse().ok())
-                    .unwrap_or(index)
-            })
-            .collect();
-        for (index, number) in numbers.into_iter().enumerate() {
+        for index in 1..=statement.parameter_count() {
+            let number = statement
+                .parameter_name(index)
+                .and_then(|name| name.strip_prefix('$').or(name.strip_prefix('?')))
+                .and_then(|number| number.parse::<usize>().ok())
+                .unwrap_or(index);
             let arg = number
                 .checked_sub(1)
                 .and_then(|at| query.args().get(at))
@@ -92,13 +88,13 @@ impl NativeSqlite {
                     ))
                 })?;
             let bound = match arg {
-                Arg::Int(value) => statement.raw_bind_parameter(index + 1, value),
-                Arg::Real(value) => statement.raw_bind_parameter(index + 1, value),
+                Arg::Int(value) => statement.raw_bind_parameter(index, value),
+                Arg::Real(value) => statement.raw_bind_parameter(index, value),
                 Arg::Text(value) => {
-                    statement.raw_bind_parameter(index + 1, value.as_deref() as Option<&str>)
+                    statement.raw_bind_parameter(index, value.as_deref() as Option<&str>)
                 }
                 Arg::Blob(value) => {
-                    statement.raw_bind_parameter(index + 1, value.as_deref() as Option<&[u8]>)
+                    statement.raw_bind_parameter(index, value.as_deref() as Option<&[u8]>)
                 }
             };
             bound.map_err(database)?;
