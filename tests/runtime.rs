@@ -107,6 +107,42 @@ async fn a_module_and_a_component_run_with_argv_stdin_and_exit_codes() {
     assert_eq!(result["uuids"].as_array().unwrap().len(), 2);
 }
 
+/// A module that prints the bytes at 100 (set by a data segment), 200 (zero) and 3 MiB
+/// (zero, past the part of a slot reset in place), then overwrites all three.
+const MEMORY_PROBE: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 64)
+  (data (i32.const 100) "A")
+  (func (export "_start")
+    (i32.store8 (i32.const 16) (i32.load8_u (i32.const 100)))
+    (i32.store8 (i32.const 17) (i32.load8_u (i32.const 200)))
+    (i32.store8 (i32.const 18) (i32.load8_u (i32.const 3145728)))
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 3))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+    (i32.store8 (i32.const 100) (i32.const 66))
+    (i32.store8 (i32.const 200) (i32.const 67))
+    (i32.store8 (i32.const 3145728) (i32.const 68))))"#;
+
+#[tokio::test]
+async fn a_call_sees_none_of_the_memory_an_earlier_call_wrote() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let bytes = wat::parse_str(MEMORY_PROBE).unwrap();
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+    let compiled = runtime.compile(&digest, bytes).await.unwrap();
+    // Calls one after another reuse the pool's slot of this module: each starts from the
+    // module's own memory (the data segment, zeros), whether the slot was reset in place
+    // or given back to the kernel.
+    for i in 0..4 {
+        let outcome = runtime
+            .run(&compiled, request(&format!("m{i}"), &["probe"], vec![]))
+            .await;
+        assert_eq!(outcome.exit_code, 0, "{:?}", outcome.failure);
+        assert_eq!(outcome.stdout[..], b"A\0\0"[..], "call {i}");
+    }
+}
+
 #[tokio::test]
 async fn a_replay_answers_every_host_call_from_the_oplog() {
     let cache = tempfile::tempdir().unwrap();
