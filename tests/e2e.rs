@@ -680,6 +680,69 @@ async fn answered_calls_survive_a_restart() {
     assert_eq!(result_of(&fresh)["order"], 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_change_is_saved_and_a_restart_resumes_from_it() {
+    let root = tempfile::tempdir().unwrap();
+    let manifests = fixtures::examples(root.path());
+    let bin = root.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    write_wat(&bin, "ok.wasm", fixtures::OK_JSON);
+    let late = manifests.join("late.yaml");
+    std::fs::write(&late, tool_manifest("late", "../bin/ok.wasm", "10s", "{}")).unwrap();
+    let mut platform = Platform::start(root.path(), &manifests, &[]);
+    assert_eq!(generation(&platform, "tools", "late").await, Some(1));
+
+    // Two changes to one tool, each saved by a reload that writes what it changed.
+    let path = manifests.join("semver.yaml");
+    for (from, to, expected) in [
+        ("timeout: 10s", "timeout: 11s", 2),
+        ("timeout: 11s", "timeout: 12s", 3),
+    ] {
+        let text = std::fs::read_to_string(&path).unwrap().replace(from, to);
+        std::fs::write(&path, text).unwrap();
+        platform
+            .eventually("the next generation", Duration::from_secs(30), || async {
+                generation(&platform, "tools", "semver").await == Some(expected)
+            })
+            .await;
+    }
+    // A removed tool's record goes with it.
+    std::fs::remove_file(&late).unwrap();
+    platform
+        .eventually("the tool to go", Duration::from_secs(30), || async {
+            generation(&platform, "tools", "late").await.is_none()
+        })
+        .await;
+
+    // Stopped, the tool comes back with another spec: had its old record stayed, it would
+    // be its generation 2.
+    platform.kill(libc::SIGKILL);
+    std::fs::write(&late, tool_manifest("late", "../bin/ok.wasm", "12s", "{}")).unwrap();
+    platform.restart(libc::SIGKILL);
+    assert_eq!(
+        generation(&platform, "tools", "semver").await,
+        Some(3),
+        "the last change was saved"
+    );
+    assert_eq!(
+        generation(&platform, "tools", "late").await,
+        Some(1),
+        "the removal was saved"
+    );
+    assert_eq!(
+        generation(&platform, "tools", "uuid").await,
+        Some(1),
+        "what did not change"
+    );
+    let call = platform.call("late", &[]).await.unwrap();
+    assert_eq!(result_of(&call), json!({"ok": true}));
+}
+
+/// A resource's generation as the platform reports it (None: no such resource).
+async fn generation(platform: &Platform, kind: &str, name: &str) -> Option<i64> {
+    platform.resource(kind, name).await.map(|r| r.generation)
+}
+
 /// The pids of a process's children.
 fn children(pid: u32) -> Vec<u32> {
     let mut pids = Vec::new();

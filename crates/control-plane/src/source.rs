@@ -20,7 +20,7 @@ use toolgrid_catalog::resolve::{
 use toolgrid_catalog::{Catalog, Identities, ResourceId, Snapshot};
 use toolgrid_core::ids::ObjectKey;
 use toolgrid_core::source::SourceLimits;
-use toolgrid_store::{ResourceRecord, Store};
+use toolgrid_store::{ResourceChanges, ResourceRecord, ResourceRecordKey, Store};
 
 /// How long the watcher waits for a burst of file events to settle.
 const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -50,6 +50,9 @@ pub struct ManifestSource {
     loaded: Mutex<LoadedCache>,
     /// The manifest files as last parsed: a reload reads and parses only what changed.
     parsed: Mutex<ParsedFiles>,
+    /// The resources' records as last saved: a reload writes only those that changed.
+    /// None before the first save and after a failed one (the next save is whole).
+    saved: Mutex<Option<HashMap<ResourceRecordKey, ResourceRecord>>>,
 }
 
 /// Releases' artifacts as last loaded, valid while the store has purged nothing since.
@@ -75,6 +78,7 @@ impl ManifestSource {
             rollouts: Default::default(),
             loaded: Mutex::default(),
             parsed: Mutex::default(),
+            saved: Mutex::default(),
         })
     }
 
@@ -260,7 +264,7 @@ impl ManifestSource {
             source_reads: &source_reads,
             rollouts: &self.rollouts.records(),
         });
-        self.store.save_resources(records_of(&snapshot)).await?;
+        self.save_records(records_of(&snapshot)).await?;
         let published = self.catalog.publish(snapshot);
         tracing::info!(
             tools = published.tools.len(),
@@ -275,6 +279,23 @@ impl ManifestSource {
             self.dir.display()
         );
         Ok(published)
+    }
+
+    /// Saves the resources' records: the first time whole, then only what changed since
+    /// the last save (a change to one tool writes the records of what it touched).
+    async fn save_records(&self, records: Vec<ResourceRecord>) -> anyhow::Result<()> {
+        // Taken out: a save that fails leaves None, so the next one writes everything.
+        let before = self.saved.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match &before {
+            None => self.store.save_resources(records.clone()).await?,
+            Some(before) => {
+                let changes = ResourceChanges::between(before, &records);
+                self.store.update_resources(changes).await?
+            }
+        }
+        let saved = records.into_iter().map(|r| (r.key(), r)).collect();
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(saved);
+        Ok(())
     }
 
     fn remember_artifact_dirs(&self, set: &ResourceSet) {

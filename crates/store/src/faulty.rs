@@ -16,8 +16,8 @@
 
 use super::{
     Approvals, Artifacts, AuditLog, CallError, CallFilter, CallLog, CallOutcome, CallRecord,
-    Created, NewCall, OplogEntry, OplogRecord, RateBuckets, ResourceRecord, Resources, Retention,
-    RetentionReport, Store, StoreError, Workspaces,
+    Created, NewCall, OplogEntry, OplogRecord, RateBuckets, ResourceChanges, ResourceRecord,
+    Resources, Retention, RetentionReport, Store, StoreError, Workspaces,
 };
 use crate::ConsoleSessions;
 use crate::Rollouts;
@@ -444,6 +444,12 @@ impl Resources for FaultyStore {
 
     async fn save_resources(&self, records: Vec<ResourceRecord>) -> Result<(), StoreError> {
         self.run(Op::SaveResources, self.inner.save_resources(records))
+            .await
+    }
+
+    async fn update_resources(&self, changes: ResourceChanges) -> Result<(), StoreError> {
+        // The same operation to the faults: saving the bookkeeping, whole or in part.
+        self.run(Op::SaveResources, self.inner.update_resources(changes))
             .await
     }
 }

@@ -24,7 +24,7 @@ pub const MAX_OPLOG_PAGE_ENTRIES: u32 = 1000;
 pub use sql::{OpenOptions, RetryPolicy, SCHEMA_VERSION, SqlStore, is_transient};
 pub use toolgrid_core::call::{
     CallError, CallFilter, CallRecord, CallSpec, CallState, Created, NewCall, OplogEntry,
-    OplogRecord, ResourceRecord, RunLimits, RunSummary, now_ms,
+    OplogRecord, ResourceChanges, ResourceRecord, ResourceRecordKey, RunLimits, RunSummary, now_ms,
 };
 pub use toolgrid_core::call::{
     DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES, MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES,

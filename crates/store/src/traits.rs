@@ -7,7 +7,7 @@
 
 use crate::{
     CallError, CallFilter, CallOutcome, CallRecord, CallWorkspace, Created, NewCall, OplogEntry,
-    OplogRecord, ResourceRecord, RetentionReport, StoreError,
+    OplogRecord, ResourceChanges, ResourceRecord, RetentionReport, StoreError,
 };
 use async_trait::async_trait;
 use std::collections::HashSet;
@@ -190,6 +190,9 @@ pub trait Resources: Send + Sync {
     async fn load_resources(&self) -> Result<Vec<ResourceRecord>, StoreError>;
     /// Replaces the bookkeeping of every resource with `records`.
     async fn save_resources(&self, records: Vec<ResourceRecord>) -> Result<(), StoreError>;
+    /// Writes `changes.saved` (replacing their stored records) and deletes the records of
+    /// `changes.removed`, in one transaction; every other record stays as it is.
+    async fn update_resources(&self, changes: ResourceChanges) -> Result<(), StoreError>;
 }
 
 /// Retention: deleting what has ended long enough ago.

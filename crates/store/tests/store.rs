@@ -436,6 +436,37 @@ async fn artifacts_and_resource_records_round_trip() {
         store.save_resources(vec![record("b", 3)]).await.unwrap();
         let loaded = store.load_resources().await.unwrap();
         assert_eq!(loaded, vec![record("b", 3)], "{backend}: saving replaces");
+
+        // An update writes and deletes only the records it names.
+        store
+            .save_resources(vec![record("b", 3), record("c", 1), record("d", 1)])
+            .await
+            .unwrap();
+        store
+            .update_resources(toolgrid_store::ResourceChanges {
+                saved: vec![record("c", 2), record("e", 1)],
+                removed: vec![record("d", 1).key()],
+            })
+            .await
+            .unwrap();
+        let mut loaded = store.load_resources().await.unwrap();
+        loaded.sort_by_key(ResourceRecord::key);
+        assert_eq!(
+            loaded,
+            vec![record("b", 3), record("c", 2), record("e", 1)],
+            "{backend}: an update keeps what it does not name"
+        );
+        // Applied again (a retried write), the same.
+        store
+            .update_resources(toolgrid_store::ResourceChanges {
+                saved: vec![record("c", 2)],
+                removed: vec![record("d", 1).key()],
+            })
+            .await
+            .unwrap();
+        let mut again = store.load_resources().await.unwrap();
+        again.sort_by_key(ResourceRecord::key);
+        assert_eq!(again, loaded, "{backend}");
     }
 }
 

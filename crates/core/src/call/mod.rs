@@ -28,6 +28,7 @@ mod error;
 mod lifecycle;
 pub mod nested;
 mod record;
+mod resources;
 pub mod retry;
 mod stop;
 
@@ -50,9 +51,10 @@ pub use nested::{
 };
 pub use record::{
     CallFilter, CallRecord, CallSpec, Created, DEFAULT_REQUEST_BYTES, DEFAULT_RESPONSE_BYTES,
-    MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, NewCall, OplogRecord, ResourceRecord,
-    RunLimits, now_ms,
+    MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, NewCall, OplogRecord, RunLimits,
+    now_ms,
 };
+pub use resources::{ResourceChanges, ResourceRecord, ResourceRecordKey};
 pub use stop::stopped_error;
 
 /// The stage of a tool's own progress report (`WorkerProgress.stage`, `Progress.stage`);

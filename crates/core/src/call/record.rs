@@ -1,5 +1,4 @@
-//! A call as it is admitted and kept: its spec (fixed at admission), its record, the
-//! bookkeeping of resources.
+//! A call as it is admitted and kept: its spec (fixed at admission) and its record.
 
 use super::{CallError, CallState, OplogEntry};
 use serde::{Deserialize, Serialize};
@@ -272,16 +271,4 @@ pub struct CallFilter {
     /// Only calls in this state (`toolgrid calls --awaiting-approval`).
     pub state: Option<CallState>,
     pub limit: u32,
-}
-
-/// What the store remembers of a resource between runs: its generation (bumped when the
-/// spec changes) and last status, so conditions keep their transition times.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ResourceRecord {
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
-    pub spec_hash: String,
-    pub generation: i64,
-    pub status: Value,
 }

@@ -7,7 +7,7 @@ use super::writer::Write;
 use crate::{Artifacts, Resources, StoreError};
 use async_trait::async_trait;
 use std::sync::atomic::Ordering;
-use toolgrid_core::call::{ResourceRecord, now_ms};
+use toolgrid_core::call::{ResourceChanges, ResourceRecord, now_ms};
 
 /// Stores an artifact (see [`Artifacts::put_artifact`]).
 struct PutArtifact {
@@ -46,22 +46,53 @@ impl Write for SaveResources {
 
     async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<(), StoreError> {
         query("DELETE FROM resources").execute(&mut *conn).await?;
-        for r in &self.0 {
-            query(
-                "INSERT INTO resources (kind, namespace, name, spec_hash, generation, status_json) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-            )
-            .bind(r.kind.as_str())
-            .bind(r.namespace.as_str())
-            .bind(r.name.as_str())
-            .bind(r.spec_hash.as_str())
-            .bind(r.generation)
-            .bind(r.status.to_string())
-            .execute(&mut *conn)
-            .await?;
+        for record in &self.0 {
+            upsert_resource(conn, record).await?;
         }
         Ok(())
     }
+}
+
+/// Writes and deletes some resources' records (see [`Resources::update_resources`]).
+struct UpdateResources(ResourceChanges);
+
+#[async_trait]
+impl Write for UpdateResources {
+    type Output = ();
+
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<(), StoreError> {
+        for key in &self.0.removed {
+            query("DELETE FROM resources WHERE kind = $1 AND namespace = $2 AND name = $3")
+                .bind(key.kind.as_str())
+                .bind(key.namespace.as_str())
+                .bind(key.name.as_str())
+                .execute(&mut *conn)
+                .await?;
+        }
+        for record in &self.0.saved {
+            upsert_resource(conn, record).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes one resource's record, replacing the stored one (applied again, the same).
+async fn upsert_resource(conn: &mut dyn Conn, r: &ResourceRecord) -> Result<(), StoreError> {
+    query(
+        "INSERT INTO resources (kind, namespace, name, spec_hash, generation, status_json) \
+         VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (kind, namespace, name) DO UPDATE SET spec_hash = excluded.spec_hash, \
+         generation = excluded.generation, status_json = excluded.status_json",
+    )
+    .bind(r.kind.as_str())
+    .bind(r.namespace.as_str())
+    .bind(r.name.as_str())
+    .bind(r.spec_hash.as_str())
+    .bind(r.generation)
+    .bind(r.status.to_string())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 #[async_trait]
@@ -111,5 +142,12 @@ impl Resources for SqlStore {
 
     async fn save_resources(&self, records: Vec<ResourceRecord>) -> Result<(), StoreError> {
         self.write(SaveResources(records)).await
+    }
+
+    async fn update_resources(&self, changes: ResourceChanges) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        self.write(UpdateResources(changes)).await
     }
 }
