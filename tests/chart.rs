@@ -400,6 +400,7 @@ fn the_kubernetes_examples_load_and_resolve_with_configmap_artifacts() {
         identities: None,
         source_reads: &Default::default(),
         rollouts: &Default::default(),
+        reuse: None,
     });
     let not_ready: Vec<String> = snapshot
         .resources

@@ -21,7 +21,7 @@ pub struct ResourceId {
 }
 
 /// A Tool that passed validation.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ResolvedTool {
     pub key: ObjectKey,
     pub spec: ToolSpec,

@@ -263,6 +263,7 @@ impl ManifestSource {
             identities: Some(&identities),
             source_reads: &source_reads,
             rollouts: &self.rollouts.records(),
+            reuse: Some(&*current),
         });
         self.save_records(records_of(&snapshot)).await?;
         let published = self.catalog.publish(snapshot);

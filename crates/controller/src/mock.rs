@@ -156,6 +156,7 @@ async fn fixture_with(
         identities: Some(&Identities::default()),
         source_reads: &source_reads,
         rollouts: &Default::default(),
+        reuse: None,
     });
     let catalog = Catalog::new();
     catalog.publish(snapshot);

@@ -411,6 +411,7 @@ impl ClusterSource {
         previous_of(Kind::ToolSource, &c.tool_sources, &mut previous);
         let identities = self.identities().await;
         let source_reads = self.source_reads(&identities);
+        let current = self.catalog.current();
         let snapshot = resolve(&ResolveInput {
             set: &set,
             artifacts: &artifacts,
@@ -420,6 +421,7 @@ impl ClusterSource {
             identities: Some(&identities),
             source_reads: &source_reads,
             rollouts: &self.rollouts.records(),
+            reuse: Some(&*current),
         });
         Ok(self.catalog.publish(snapshot))
     }

@@ -74,6 +74,10 @@ pub struct ResolveInput<'a> {
     /// Where each binding's rollout is, by binding (from the store; one missing here
     /// starts at its first step).
     pub rollouts: &'a HashMap<ObjectKey, toolgrid_core::rollout::Record>,
+    /// The previous round's snapshot, if any: what depends only on a declaration that has
+    /// not changed is taken from it instead of being worked out again (a Tool whose spec
+    /// is the same keeps its compiled commands). The result is the same either way.
+    pub reuse: Option<&'a Snapshot>,
 }
 
 /// ServiceAccounts, Secrets and ConfigMaps that exist, by namespace and name, with the data

@@ -3,7 +3,7 @@
 
 use super::declared::Declared;
 use super::{DEFAULT_TIMEOUT, Resolver};
-use crate::snapshot::ResolvedTool;
+use crate::snapshot::{ResolvedRelease, ResolvedTool};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use toolgrid_api::conditions::{Desired, Reason};
@@ -18,7 +18,11 @@ impl<'a> Resolver<'a> {
     pub(super) fn tools(&mut self) -> ValidTools<'a> {
         let mut valid = BTreeMap::new();
         for d in self.declared(Kind::Tool, &self.input.set.tools) {
-            match check_tool(d.object, &d.id.key) {
+            let checked = match self.checked_before(d.object, &d.id.key) {
+                Some(tool) => Ok(tool),
+                None => check_tool(d.object, &d.id.key),
+            };
+            match checked {
                 Err(e) => self.invalid(&d, e),
                 Ok(tool) => {
                     valid.insert(d.id.key.clone(), (d, tool));
@@ -28,14 +32,20 @@ impl<'a> Resolver<'a> {
         valid
     }
 
+    /// The previous round's check of this Tool when its spec is the same: [`check_tool`]
+    /// depends on the spec and the key only, so its compiled commands are kept.
+    fn checked_before(&self, tool: &Tool, key: &ObjectKey) -> Option<ResolvedTool> {
+        let previous = self.input.reuse?.tools.get(key)?;
+        (previous.spec == tool.spec).then(|| ResolvedTool {
+            release: None,
+            ..ResolvedTool::clone(previous)
+        })
+    }
+
     pub(super) fn finish_tools(&mut self, tools: ValidTools<'a>) {
+        let newest = newest_releases(&self.snapshot.releases);
         for (key, (d, mut tool)) in tools {
-            let newest = self
-                .snapshot
-                .releases
-                .values()
-                .filter(|r| r.key.namespace == key.namespace && r.tool == key.name)
-                .max_by(|a, b| a.version.cmp(&b.version));
+            let newest = newest.get(&key);
             tool.release = newest.map(|r| r.key.clone());
             let mut status = ToolStatus::default();
             let commands = tool
@@ -76,6 +86,24 @@ impl<'a> Resolver<'a> {
             self.snapshot.tools.insert(key, Arc::new(tool));
         }
     }
+}
+
+/// The newest Ready release of each tool, by the tool's key (one pass over the releases;
+/// of releases with equal versions, the last by key, as `Iterator::max_by` picks).
+fn newest_releases(
+    releases: &BTreeMap<ObjectKey, Arc<ResolvedRelease>>,
+) -> BTreeMap<ObjectKey, Arc<ResolvedRelease>> {
+    let mut newest: BTreeMap<ObjectKey, Arc<ResolvedRelease>> = BTreeMap::new();
+    for release in releases.values() {
+        let tool = ObjectKey::new(release.key.namespace.clone(), release.tool.clone());
+        match newest.get(&tool) {
+            Some(kept) if kept.version > release.version => {}
+            _ => {
+                newest.insert(tool, release.clone());
+            }
+        }
+    }
+    newest
 }
 
 /// Checks a Tool and compiles its commands.

@@ -370,6 +370,7 @@ spec: {agents: [ghost], tool: semver}
             identities: Some(&identities),
             source_reads: &Default::default(),
             rollouts: &Default::default(),
+            reuse: None,
         })
     }
 

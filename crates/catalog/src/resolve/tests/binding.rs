@@ -237,6 +237,7 @@ spec: {{agents: [reporter], tool: echo, release: {{name: echo-1.3.0}}, rollout: 
         identities: None,
         source_reads: &Default::default(),
         rollouts: &rollouts,
+        reuse: None,
     });
     let binding = &aborted.bindings[&ObjectKey::new("default", "canaried")];
     assert_eq!(binding.rollout.as_ref().unwrap().weight(), 0);

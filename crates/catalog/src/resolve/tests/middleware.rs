@@ -268,6 +268,7 @@ fn a_wasm_middleware_is_ready_only_with_its_component() {
         identities: None,
         source_reads: &Default::default(),
         rollouts: &Default::default(),
+        reuse: None,
     });
     let ready = |name: &str| state(&snapshot, Kind::Middleware, name).ready.clone();
     assert_eq!(ready("good").reason, Reason::Resolved);

@@ -88,6 +88,7 @@ fn run(
         identities: None,
         source_reads: &Default::default(),
         rollouts: &Default::default(),
+        reuse: None,
     })
 }
 

@@ -129,6 +129,7 @@ fn run(text: &str, reads: HashMap<ObjectKey, SourceRead>, identities: &Identitie
         identities: Some(identities),
         source_reads: &reads,
         rollouts: &Default::default(),
+        reuse: None,
     })
 }
 
