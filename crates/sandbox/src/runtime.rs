@@ -512,17 +512,20 @@ impl Runtime {
                 // have tables of ~50,000 functions and instance metadata past the defaults.
                 .table_elements(MAX_TABLE_ELEMENTS)
                 .max_core_instance_size(MAX_CORE_INSTANCE_BYTES)
-                .max_memory_size(usize::try_from(config.max_memory_bytes).unwrap_or(usize::MAX))
-                // A slot's memory is reset for the next call by writing back the pages
-                // the call dirtied (found with Linux's PAGEMAP_SCAN where the kernel has it,
-                // 6.7 and later), up to these sizes, instead of `madvise`: that call
-                // unmaps the pages, so every core's TLB is flushed (an interrupt on each)
-                // and the next call faults them in again. Only warm slots keep pages, at
-                // most one per call slot.
-                .linear_memory_keep_resident(MEMORY_KEEP_RESIDENT)
-                .table_keep_resident(TABLE_KEEP_RESIDENT)
-                .pagemap_scan(wasmtime::Enabled::Auto)
-                .max_unused_warm_slots(slots);
+                .max_memory_size(usize::try_from(config.max_memory_bytes).unwrap_or(usize::MAX));
+            // Where the kernel can say which pages a call dirtied (Linux's PAGEMAP_SCAN,
+            // 6.7 and later), a slot is reset for the next call by writing back those
+            // pages, up to these sizes, instead of `madvise`: that call unmaps the pages,
+            // so every core's TLB is flushed (an interrupt on each) and the next call
+            // faults them in again. Without it wasmtime's default stays: a reset in place
+            // would write the whole kept size after every call. Only warm slots keep
+            // pages, at most one per call slot.
+            if PoolingAllocationConfig::is_pagemap_scan_available() {
+                pool.linear_memory_keep_resident(MEMORY_KEEP_RESIDENT)
+                    .table_keep_resident(TABLE_KEEP_RESIDENT)
+                    .pagemap_scan(wasmtime::Enabled::Yes)
+                    .max_unused_warm_slots(slots);
+            }
             wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         }
         let engine = Engine::new(&wasm)?;
