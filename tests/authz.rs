@@ -190,6 +190,9 @@ async fn callers_are_authenticated_and_authorized() {
     let (status, error) = http_status(http.post(&call_url).json(&body)).await;
     assert_eq!(status, 401);
     assert_eq!(error["error"]["kind"], "unauthenticated");
+    // Refused before its body was read: the connection closes, and the answer says so.
+    let response = http.post(&call_url).json(&body).send().await.unwrap();
+    assert_eq!(response.headers()["connection"], "close");
     let (status, _) = http_status(
         http.post(&call_url)
             .header("authorization", "Bearer wrong")

@@ -433,6 +433,9 @@ async fn hostile_requests_are_refused_exactly() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    // Refused before its body was read: the connection closes, and the answer says so
+    // (a client must not send its next request on it).
+    assert_eq!(response.headers()["connection"], "close");
     let metadata_url = format!(
         "http://{}/.well-known/oauth-protected-resource/mcp",
         platform.http

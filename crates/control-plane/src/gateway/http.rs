@@ -169,7 +169,9 @@ async fn authenticate(
             request.extensions_mut().insert(principal);
             next.run(request).await
         }
-        Err(error) => HttpError(error).into_response(),
+        Err(error) => {
+            super::http_error::before_body(HttpError(error).into_response(), request.version())
+        }
     }
 }
 

@@ -3,10 +3,24 @@
 //! `Retry-After` for a rate limit). The gRPC codes are `toolgrid_proto::status`'s.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use toolgrid_core::error::{ApiError, ErrorKind};
+
+/// A refusal answered before the request's body was read. On HTTP/1 the server closes the
+/// connection after it (what is left of the body cannot be told from a next request), so
+/// the response says so (`Connection: close`) and a client sends its next request on a
+/// new connection instead of one about to close (a client that reused it saw "server
+/// disconnected"). HTTP/2 streams are independent: nothing to say there.
+pub fn before_body(mut response: Response, version: Version) -> Response {
+    if version < Version::HTTP_2 {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
 
 /// The HTTP status of a response carrying this kind.
 pub fn http_status(kind: ErrorKind) -> StatusCode {

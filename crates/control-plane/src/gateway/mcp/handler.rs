@@ -16,6 +16,7 @@ use super::{MAX_BODY_BYTES, MAX_STREAMS_PER_CALLER, McpConfig, NAMESPACE_HEADER,
 use crate::gateway::authn::{ACT_AS, AUTHORIZATION};
 use crate::gateway::follow::{Follow, Step};
 use crate::gateway::http_error::HttpError;
+use crate::gateway::http_error::before_body;
 use crate::gateway::{Gateway, Invocation, caller_name, results};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -254,6 +255,7 @@ page as a resource.";
 async fn post(
     State(mcp): State<Arc<Mcp>>,
     Query(query): Query<McpQuery>,
+    version: axum::http::Version,
     headers: HeaderMap,
     extensions: axum::http::Extensions,
     body: axum::body::Body,
@@ -261,7 +263,7 @@ async fn post(
     let caller =
         match admit_request(&mcp, &headers, crate::gateway::authn::peer_of(&extensions)).await {
             Ok(caller) => caller,
-            Err(response) => return response,
+            Err(response) => return before_body(response, version),
         };
     let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(body) => body,
@@ -270,7 +272,7 @@ async fn post(
                 jsonrpc::INVALID_REQUEST,
                 format!("Request body too large: at most {MAX_BODY_BYTES} bytes"),
             );
-            return rpc_error(413, &error, None);
+            return before_body(rpc_error(413, &error, None), version);
         }
     };
     let message = match jsonrpc::parse(&body) {
