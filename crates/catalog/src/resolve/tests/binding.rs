@@ -49,12 +49,7 @@ spec: {{agents: [nobody], tool: echo}}
     );
     let set = set_of(&text);
     assert!(set.invalid.is_empty(), "{:?}", set.invalid);
-    let snapshot = run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &HashMap::new(),
-        T0,
-    );
+    let snapshot = run_ready(&set, &HashMap::new(), T0);
     let reason = |kind, name: &str| state(&snapshot, kind, name).ready.reason;
     assert_eq!(reason(Kind::WorkerPool, "both"), Reason::InvalidSpec);
     assert_eq!(reason(Kind::Agent, "reporter"), Reason::Resolved);
@@ -113,12 +108,7 @@ spec: {{agents: [reporter], tool: echo, secretKeysReadable: [other]}}
     );
     let set = set_of(&text);
     assert!(set.invalid.is_empty(), "{:?}", set.invalid);
-    let snapshot = run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &HashMap::new(),
-        T0,
-    );
+    let snapshot = run_ready(&set, &HashMap::new(), T0);
     let ready = |name: &str| state(&snapshot, Kind::ToolBinding, name).ready.clone();
     assert_eq!(ready("granted").reason, Reason::Resolved);
     assert_eq!(ready("revealed").reason, Reason::Resolved);

@@ -48,12 +48,7 @@ spec: {agents: [reporter], tool: echo, middleware: [broken]}
 fn resolve_text(text: &str) -> Snapshot {
     let set = set_of(text);
     assert!(set.invalid.is_empty(), "{:?}", set.invalid);
-    run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &HashMap::new(),
-        T0,
-    )
+    run_ready(&set, &HashMap::new(), T0)
 }
 
 fn column(snapshot: &Snapshot, kind: Kind, name: &str, column: &str) -> String {

@@ -79,6 +79,26 @@ fn run(
     previous: &HashMap<ResourceId, PreviousState>,
     at: &str,
 ) -> Snapshot {
+    run_reusing(set, artifacts, previous, at, None)
+}
+
+/// One round with every release's artifact ready (`sha256:a`).
+fn run_ready(
+    set: &ResourceSet,
+    previous: &HashMap<ResourceId, PreviousState>,
+    at: &str,
+) -> Snapshot {
+    run(set, &ready_artifacts(set, "sha256:a"), previous, at)
+}
+
+/// One round, given the previous round's snapshot to reuse (`ResolveInput::reuse`).
+fn run_reusing(
+    set: &ResourceSet,
+    artifacts: &HashMap<ObjectKey, ArtifactOutcome>,
+    previous: &HashMap<ResourceId, PreviousState>,
+    at: &str,
+    reuse: Option<&Snapshot>,
+) -> Snapshot {
     resolve(&ResolveInput {
         set,
         artifacts,
@@ -88,7 +108,7 @@ fn run(
         identities: None,
         source_reads: &Default::default(),
         rollouts: &Default::default(),
-        reuse: None,
+        reuse,
     })
 }
 

@@ -52,12 +52,7 @@ fn two_releases_of_one_version_conflict() {
         release("b", "echo", "1.0.0")
     );
     let set = set_of(&text);
-    let snapshot = run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &HashMap::new(),
-        T0,
-    );
+    let snapshot = run_ready(&set, &HashMap::new(), T0);
     assert_eq!(
         state(&snapshot, Kind::ToolRelease, "a").ready.reason,
         Reason::ArtifactReady
@@ -72,12 +67,7 @@ fn two_releases_of_one_version_conflict() {
 fn a_ready_release_is_immutable() {
     let text = format!("{BASE}{}", release("echo-1.0.0", "echo", "1.0.0"));
     let set = set_of(&text);
-    let first = run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &HashMap::new(),
-        T0,
-    );
+    let first = run_ready(&set, &HashMap::new(), T0);
     let previous = previous_of(&first);
     let second = run(&set, &ready_artifacts(&set, "sha256:b"), &previous, T1);
     let release = state(&second, Kind::ToolRelease, "echo-1.0.0");
@@ -105,12 +95,7 @@ fn declared_egress_headers_are_checked() {
         with_headers("bad-name-xx", r#"{"a b": "x"}"#),
     );
     let set = set_of(&text);
-    let snapshot = run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &HashMap::new(),
-        T0,
-    );
+    let snapshot = run_ready(&set, &HashMap::new(), T0);
     let ready = |name: &str| state(&snapshot, Kind::ToolRelease, name).ready.clone();
     assert!(ready("fine").status, "{:?}", ready("fine"));
     for name in ["malformed", "host-owned", "bad-name-xx"] {
@@ -144,12 +129,7 @@ fn a_command_runs_its_own_artifact_with_its_files_and_limits() {
         ),
     );
     let set = set_of(&format!("{BASE}{tool}{good}"));
-    let snapshot = run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &HashMap::new(),
-        T0,
-    );
+    let snapshot = run_ready(&set, &HashMap::new(), T0);
     let ready = state(&snapshot, Kind::ToolRelease, "code-1");
     assert_eq!(
         ready.ready.reason,
@@ -205,12 +185,7 @@ fn a_command_runs_its_own_artifact_with_its_files_and_limits() {
         .map(|(name, commands, _)| with(name, commands))
         .collect();
     let set = set_of(&format!("{BASE}{tool}{text}"));
-    let snapshot = run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &HashMap::new(),
-        T0,
-    );
+    let snapshot = run_ready(&set, &HashMap::new(), T0);
     for (name, _, field) in bad {
         let ready = &state(&snapshot, Kind::ToolRelease, name).ready;
         assert_eq!(

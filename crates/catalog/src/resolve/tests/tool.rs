@@ -8,12 +8,7 @@ fn the_newest_ready_release_serves_the_tool() {
         release("echo-1.10.0", "echo", "1.10.0")
     );
     let set = set_of(&text);
-    let snapshot = run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &HashMap::new(),
-        T0,
-    );
+    let snapshot = run_ready(&set, &HashMap::new(), T0);
     let tool = snapshot.tool("default", "echo").unwrap();
     assert_eq!(tool.release.as_ref().unwrap().name, "echo-1.10.0");
     let status = &state(&snapshot, Kind::Tool, "echo").status;
@@ -35,13 +30,7 @@ fn each_tool_is_served_by_its_own_newest_release() {
         release("other-9.0.0", "other", "9.0.0"),
         release("other-1.0.0", "other", "1.0.0"),
     );
-    let set = set_of(&text);
-    let snapshot = run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &HashMap::new(),
-        T0,
-    );
+    let snapshot = run_ready(&set_of(&text), &HashMap::new(), T0);
     let release_of = |name: &str| {
         let tool = snapshot.tool("default", name).unwrap();
         tool.release.as_ref().unwrap().name.clone()
@@ -50,43 +39,22 @@ fn each_tool_is_served_by_its_own_newest_release() {
     assert_eq!(release_of("other"), "other-9.0.0");
 }
 
-/// One round resolving `set` with the previous round's snapshot to reuse.
-fn run_reusing(set: &ResourceSet, before: &Snapshot, at: &str) -> Snapshot {
-    resolve(&ResolveInput {
-        set,
-        artifacts: &ready_artifacts(set, "sha256:a"),
-        wasm: &HashMap::new(),
-        previous: &previous_of(before),
-        now: at.parse().unwrap(),
-        identities: None,
-        source_reads: &Default::default(),
-        rollouts: &Default::default(),
-        reuse: Some(before),
-    })
-}
-
 #[test]
 fn an_unchanged_tool_keeps_its_compiled_commands_and_a_changed_one_is_compiled_again() {
     let text = format!("{BASE}{}", release("echo-1.0.0", "echo", "1.0.0"));
     let set = set_of(&text);
-    let first = run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &HashMap::new(),
-        T0,
-    );
+    let first = run_ready(&set, &HashMap::new(), T0);
     let command =
         |snapshot: &Snapshot| snapshot.tool("default", "echo").unwrap().commands[0].clone();
+    let reusing = |set: &ResourceSet| {
+        let artifacts = ready_artifacts(set, "sha256:a");
+        run_reusing(set, &artifacts, &previous_of(&first), T1, Some(&first))
+    };
 
     // Unchanged: the same compiled command, and the same round as without reuse.
-    let reused = run_reusing(&set, &first, T1);
+    let reused = reusing(&set);
     assert!(std::sync::Arc::ptr_eq(&command(&reused), &command(&first)));
-    let fresh = run(
-        &set,
-        &ready_artifacts(&set, "sha256:a"),
-        &previous_of(&first),
-        T1,
-    );
+    let fresh = run_ready(&set, &previous_of(&first), T1);
     assert_eq!(reused.resources, fresh.resources);
     let tool = reused.tool("default", "echo").unwrap();
     assert_eq!(tool.release.as_ref().unwrap().name, "echo-1.0.0");
@@ -96,7 +64,7 @@ fn an_unchanged_tool_keeps_its_compiled_commands_and_a_changed_one_is_compiled_a
         "commands: [{name: default}]",
         "timeout: 7s, commands: [{name: default, positional: [{name: x, schema: {type: string}}]}]",
     ));
-    let next = run_reusing(&changed, &first, T1);
+    let next = reusing(&changed);
     assert!(!std::sync::Arc::ptr_eq(&command(&next), &command(&first)));
     let tool = next.tool("default", "echo").unwrap();
     assert_eq!(tool.timeout, std::time::Duration::from_secs(7));
