@@ -8,6 +8,7 @@ use crate::snapshot::{ResourceId, ResourceState};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::Resource;
 use kube::core::object::HasSpec;
+use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
 use toolgrid_api::conditions::{self, Desired, Reason};
@@ -85,7 +86,8 @@ impl<'a> Resolver<'a> {
         let previous = self.input.previous.get(id);
         let mut conditions: Vec<Condition> = previous
             .and_then(|p| p.status.get("conditions"))
-            .and_then(|c| serde_json::from_value(c.clone()).ok())
+            // Read in place: the previous status is not copied to be parsed.
+            .and_then(|c| Vec::<Condition>::deserialize(c).ok())
             .unwrap_or_default();
         conditions::apply_ready(&mut conditions, &ready, Some(generation), self.input.now);
         match degraded {

@@ -5,6 +5,7 @@ use super::tool::ValidTools;
 use super::{DEFAULT_CPU_TIME, DEFAULT_MEMORY, DEFAULT_OUTPUT, DEFAULT_POOL, MAX_MEMORY, Resolver};
 use crate::artifacts::{ArtifactOutcome, MAX_COMMAND_ARTIFACTS, about_command, source_kind};
 use crate::snapshot::{CommandRelease, Limits, ResolvedRelease, ResourceId};
+use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use toolgrid_api::conditions::{self, Desired, Reason};
@@ -24,7 +25,7 @@ impl<'a> Resolver<'a> {
                 .input
                 .previous
                 .get(&d.id)
-                .and_then(|p| serde_json::from_value(p.status.clone()).ok())
+                .and_then(|p| ToolReleaseStatus::deserialize(&p.status).ok())
                 .unwrap_or_default();
             let previous_digest = previous.digest;
             let was_ready = conditions::is_ready(&previous.conditions);
