@@ -36,6 +36,8 @@ pub struct Plan {
 /// Why a declared rollout cannot be followed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
+    #[error("steps: {0} steps; at most {MAX_STEPS}")]
+    TooManySteps(usize),
     #[error("steps: {0} is not a weight from 1 to 100")]
     WeightOutOfRange(u32),
     #[error("steps: {0} does not follow a larger or equal weight; steps ascend")]
@@ -46,6 +48,10 @@ pub enum PlanError {
     ThresholdOutOfRange(String),
 }
 
+/// Steps a plan may declare: a rollout is judged step by step, and a binding's status and
+/// every judgement carry the whole list, so a manifest cannot make it grow without end.
+pub const MAX_STEPS: usize = 100;
+
 impl Plan {
     /// Checks declared steps (empty: [`DEFAULT_STEPS`]) and the rest.
     pub fn new(
@@ -54,6 +60,9 @@ impl Plan {
         max_error_rate_increase: Option<f64>,
         min_calls: Option<u64>,
     ) -> Result<Plan, PlanError> {
+        if steps.len() > MAX_STEPS {
+            return Err(PlanError::TooManySteps(steps.len()));
+        }
         let mut checked = Vec::with_capacity(steps.len());
         for &step in steps {
             if !(1..=100).contains(&step) {
@@ -422,6 +431,18 @@ mod tests {
         assert_eq!(
             Plan::new(&[50, 10], None, None, None),
             Err(PlanError::NotAscending(10))
+        );
+        // Equal weights may repeat, but not without end.
+        assert_eq!(
+            Plan::new(&[50; MAX_STEPS], None, None, None)
+                .unwrap()
+                .steps
+                .len(),
+            MAX_STEPS
+        );
+        assert_eq!(
+            Plan::new(&[50; MAX_STEPS + 1], None, None, None),
+            Err(PlanError::TooManySteps(MAX_STEPS + 1))
         );
         assert_eq!(
             Plan::new(&[10], Some(10), None, None),

@@ -156,11 +156,24 @@ spec: {{agents: [reporter], tool: echo, release: {{name: echo-1.3.0}}, rollout: 
         release("echo-1.2.0", "echo", "1.2.0"),
         release("echo-1.3.0", "echo", "1.3.0"),
     );
+    // Equal weights may repeat, but not without end.
+    let steps = vec!["50"; toolgrid_core::rollout::MAX_STEPS + 1].join(", ");
+    let text = format!(
+        "{text}---\napiVersion: toolgrid.dev/v1alpha1\nkind: ToolBinding\nmetadata: {{name: endless}}\n\
+         spec: {{agents: [reporter], tool: echo, rollout: {{canary: echo-1.3.0, steps: [{steps}]}}}}\n"
+    );
     let set = set_of(&text);
     assert!(set.invalid.is_empty(), "{:?}", set.invalid);
     let artifacts = ready_artifacts(&set, "sha256:a");
 
     let snapshot = run(&set, &artifacts, &HashMap::new(), T0);
+    let endless = &state(&snapshot, Kind::ToolBinding, "endless").ready;
+    assert_eq!(endless.reason, Reason::InvalidSpec);
+    assert!(
+        endless.message.contains("101 steps; at most 100"),
+        "{}",
+        endless.message
+    );
     let binding = &snapshot.bindings[&ObjectKey::new("default", "canaried")];
     // The stable release is the newest Ready one other than the canary.
     assert_eq!(binding.release.as_ref().unwrap().name, "echo-1.2.0");
