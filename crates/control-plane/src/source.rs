@@ -285,17 +285,21 @@ impl ManifestSource {
     /// Saves the resources' records: the first time whole, then only what changed since
     /// the last save (a change to one tool writes the records of what it touched).
     async fn save_records(&self, records: Vec<ResourceRecord>) -> anyhow::Result<()> {
+        let records: HashMap<ResourceRecordKey, ResourceRecord> =
+            records.into_iter().map(|r| (r.key(), r)).collect();
         // Taken out: a save that fails leaves None, so the next one writes everything.
         let before = self.saved.lock().unwrap_or_else(|e| e.into_inner()).take();
         match &before {
-            None => self.store.save_resources(records.clone()).await?,
+            None => {
+                let all = records.values().cloned().collect();
+                self.store.save_resources(all).await?
+            }
             Some(before) => {
                 let changes = ResourceChanges::between(before, &records);
                 self.store.update_resources(changes).await?
             }
         }
-        let saved = records.into_iter().map(|r| (r.key(), r)).collect();
-        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(saved);
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(records);
         Ok(())
     }
 

@@ -46,22 +46,20 @@ pub struct ResourceChanges {
 }
 
 impl ResourceChanges {
-    /// The changes that turn the records `before` into `after`, in key order.
+    /// The changes that turn the records `before` into `after` (both by key), in key order.
     pub fn between(
         before: &HashMap<ResourceRecordKey, ResourceRecord>,
-        after: &[ResourceRecord],
+        after: &HashMap<ResourceRecordKey, ResourceRecord>,
     ) -> ResourceChanges {
         let mut saved: Vec<ResourceRecord> = after
             .iter()
-            .filter(|record| before.get(&record.key()) != Some(*record))
-            .cloned()
+            .filter(|(key, record)| before.get(*key) != Some(*record))
+            .map(|(_, record)| record.clone())
             .collect();
         saved.sort_by_key(ResourceRecord::key);
-        let kept: std::collections::HashSet<ResourceRecordKey> =
-            after.iter().map(ResourceRecord::key).collect();
         let mut removed: Vec<ResourceRecordKey> = before
             .keys()
-            .filter(|key| !kept.contains(*key))
+            .filter(|key| !after.contains_key(*key))
             .cloned()
             .collect();
         removed.sort();
@@ -96,7 +94,7 @@ mod tests {
     #[test]
     fn unchanged_records_are_not_written_again() {
         let records = [record("Tool", "a", 1), record("ToolRelease", "a-1", 1)];
-        let changes = ResourceChanges::between(&by_key(&records), &records);
+        let changes = ResourceChanges::between(&by_key(&records), &by_key(&records));
         assert!(changes.is_empty(), "{changes:?}");
     }
 
@@ -114,7 +112,7 @@ mod tests {
             status_only.clone(),
             record("Tool", "c", 1),
         ];
-        let changes = ResourceChanges::between(&by_key(&before), &after);
+        let changes = ResourceChanges::between(&by_key(&before), &by_key(&after));
         assert_eq!(
             changes.saved,
             vec![record("Tool", "a", 2), record("Tool", "c", 1), status_only]
@@ -126,7 +124,7 @@ mod tests {
     fn the_same_name_in_another_kind_is_another_resource() {
         let before = [record("Tool", "a", 1)];
         let after = [record("ToolRelease", "a", 1)];
-        let changes = ResourceChanges::between(&by_key(&before), &after);
+        let changes = ResourceChanges::between(&by_key(&before), &by_key(&after));
         assert_eq!(changes.saved, vec![record("ToolRelease", "a", 1)]);
         assert_eq!(changes.removed, vec![record("Tool", "a", 1).key()]);
     }
@@ -134,7 +132,7 @@ mod tests {
     #[test]
     fn everything_is_new_when_nothing_was_saved() {
         let after = [record("Tool", "a", 1), record("Tool", "b", 1)];
-        let changes = ResourceChanges::between(&HashMap::new(), &after);
+        let changes = ResourceChanges::between(&HashMap::new(), &by_key(&after));
         assert_eq!(changes.saved, after.to_vec());
         assert!(changes.removed.is_empty());
     }
