@@ -42,8 +42,12 @@ pub enum Stage {
     Authenticate,
     /// Admission and the middleware chain, up to the store write.
     Admit,
-    /// The admission's commit (with the assignment when a slot was free).
+    /// The admission's commit (with the assignment when a slot was free), up to its
+    /// being visible; a call that waits for a slot or an approval, up to its being durable.
     StoreCommit,
+    /// A call with a slot: its admission's sync, which runs beside the dispatch, the run
+    /// and the link (its caller hears of the call only after it).
+    StoreSync,
     /// From that commit to the assignment sent to the worker.
     Dispatch,
     /// The run on the worker, as the worker timed it.
@@ -58,10 +62,11 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 8] = [
+    pub const ALL: [Stage; 9] = [
         Stage::Authenticate,
         Stage::Admit,
         Stage::StoreCommit,
+        Stage::StoreSync,
         Stage::Dispatch,
         Stage::WorkerRun,
         Stage::WorkerOverhead,
@@ -74,6 +79,7 @@ impl Stage {
             Stage::Authenticate => "authenticate",
             Stage::Admit => "admit",
             Stage::StoreCommit => "store_commit",
+            Stage::StoreSync => "store_sync",
             Stage::Dispatch => "dispatch",
             Stage::WorkerRun => "worker_run",
             Stage::WorkerOverhead => "worker_overhead",

@@ -32,8 +32,8 @@ pub use toolgrid_core::call::{
 };
 pub use toolgrid_core::completion::CallOutcome;
 pub use traits::{
-    Approvals, Artifacts, AuditLog, CallLog, ConsoleSessions, RateBuckets, Resources, Retention,
-    Rollouts, Store, Workspaces,
+    Approvals, Artifacts, AuditLog, CallLog, ConsoleSessions, Durable, RateBuckets, Resources,
+    Retention, Rollouts, Store, Workspaces,
 };
 
 use std::sync::Arc;
@@ -81,6 +81,10 @@ pub enum StoreError {
         "the store's schema is version {found}, newer than this binary's {supported}: upgrade toolgrid"
     )]
     SchemaTooNew { found: i64, supported: i64 },
+    /// A write was committed (readers see it) but the sync that makes it durable failed:
+    /// it may be lost if the machine stops before the next sync succeeds.
+    #[error("the write was committed but could not be made durable: {0}")]
+    NotDurable(String),
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
 }

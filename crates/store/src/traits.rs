@@ -13,6 +13,33 @@ use async_trait::async_trait;
 use std::collections::HashSet;
 use toolgrid_core::workspace::{self, WorkspaceKey};
 
+/// Whether a write answered before its sync ([`CallLog::create_call_applied`]) is durable:
+/// [`wait`](Durable::wait) answers once the sync that covers it has returned.
+#[must_use = "a write answered early is durable only once its Durable answers"]
+#[derive(Debug)]
+pub struct Durable(Option<tokio::sync::oneshot::Receiver<Result<(), StoreError>>>);
+
+impl Durable {
+    /// Durable already (the commit that answered synced it).
+    pub fn already() -> Self {
+        Durable(None)
+    }
+
+    /// Durable when `synced` answers.
+    pub(crate) fn when(synced: tokio::sync::oneshot::Receiver<Result<(), StoreError>>) -> Self {
+        Durable(Some(synced))
+    }
+
+    /// Waits for the sync; [`StoreError::NotDurable`] when it failed (the write is
+    /// committed, and may be lost if the machine stops).
+    pub async fn wait(self) -> Result<(), StoreError> {
+        match self.0 {
+            None => Ok(()),
+            Some(synced) => synced.await.map_err(|_| StoreError::Closed)?,
+        }
+    }
+}
+
 /// The durable state every other module goes through: every concern at once. Implemented
 /// by every type that implements all of them.
 pub trait Store:
@@ -57,6 +84,18 @@ pub trait CallLog: Send + Sync {
     /// key in the namespace, by the same agent (`spec.access.agent`), is returned instead
     /// (or refused if its request differs).
     async fn create_call(&self, call: NewCall) -> Result<Created, StoreError>;
+
+    /// [`create_call`](Self::create_call), answered as soon as the admission is committed
+    /// (visible to every reader), before it is durable; the [`Durable`] answers once it is.
+    ///
+    /// Between the two only work that nothing outside the platform can observe may start
+    /// (the call's run: every effect of a run is committed before it leaves, and the writer
+    /// syncs in order, so an effect's commit is never durable before its call's admission).
+    /// Nothing about the call may be told to its caller before the [`Durable`] answers.
+    /// A store whose commits are durable at once answers with [`Durable::already`].
+    async fn create_call_applied(&self, call: NewCall) -> Result<(Created, Durable), StoreError> {
+        Ok((self.create_call(call).await?, Durable::already()))
+    }
     /// Starts a new assignment of a pending or running call: bumps its epoch, records
     /// `assigned`, and returns the new epoch.
     async fn assign_call(&self, call_id: &str, worker: &str) -> Result<u64, StoreError>;

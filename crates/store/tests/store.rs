@@ -659,6 +659,44 @@ async fn committed_calls_survive_reopening_the_store() {
     }
 }
 
+#[tokio::test]
+async fn an_admission_answered_at_its_commit_is_visible_then_durable_and_keyed() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        {
+            let store = toolgrid_store::open(&url).await.unwrap();
+            let mut call = new_call("e1", Some("early"), json!({}));
+            call.assign_to = Some("w".into());
+            let (created, durable) = store.create_call_applied(call).await.unwrap();
+            let Created::New(record) = created else {
+                panic!("{backend}: a new call");
+            };
+            assert_eq!((record.epoch, record.worker.as_deref()), (1, Some("w")));
+            // Committed: every reader sees it, assigned, before the sync answers.
+            let read = store.get_call("e1").await.unwrap().expect("visible");
+            assert_eq!(
+                read.state,
+                toolgrid_core::call::CallState::Running,
+                "{backend}"
+            );
+            durable.wait().await.unwrap();
+            // The same key, answered early too: the earlier call.
+            let (again, durable) = store
+                .create_call_applied(new_call("e2", Some("early"), json!({})))
+                .await
+                .unwrap();
+            assert!(
+                matches!(again, Created::Existing(ref c) if c.id == "e1"),
+                "{backend}"
+            );
+            durable.wait().await.unwrap();
+        }
+        let store = toolgrid_store::open(&url).await.unwrap();
+        assert!(store.get_call("e1").await.unwrap().is_some(), "{backend}");
+        assert!(store.get_call("e2").await.unwrap().is_none(), "{backend}");
+    }
+}
+
 /// The schema as it was before versions existed (migration 1), to create an old database.
 fn unversioned_schema(blob: &str) -> Vec<String> {
     vec![

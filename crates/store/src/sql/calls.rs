@@ -10,7 +10,7 @@ use super::rows::{
 };
 use super::workspaces::{commit_refusal, commit_version, pin_workspace_base};
 use super::writer::Write;
-use crate::{CallLog, StoreError};
+use crate::{CallLog, Durable, StoreError};
 use async_trait::async_trait;
 use serde_json::Value;
 use std::sync::Arc;
@@ -795,6 +795,18 @@ impl CallLog for SqlStore {
             })
             .await?;
         Ok(admission.into_created(call))
+    }
+
+    async fn create_call_applied(&self, call: NewCall) -> Result<(Created, Durable), StoreError> {
+        let call = Arc::new(call);
+        let (admission, durable) = self
+            .write_applied(CreateCall {
+                call: call.clone(),
+                args_json: json_text(&call.args),
+                spec_json: json_text(&call.spec),
+            })
+            .await?;
+        Ok((admission.into_created(call), durable))
     }
 
     async fn assign_call(&self, call_id: &str, worker: &str) -> Result<u64, StoreError> {

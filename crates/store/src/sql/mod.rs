@@ -21,6 +21,7 @@ mod retention;
 mod rollouts;
 mod rows;
 mod sessions;
+mod sync;
 mod workspaces;
 mod writer;
 
@@ -34,7 +35,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Backend {
@@ -84,7 +84,7 @@ impl Default for OpenOptions {
 /// A store on SQLite or PostgreSQL; writes are group-committed by one writer task.
 pub struct SqlStore {
     reads: AnyPool,
-    writer: mpsc::Sender<Box<dyn writer::Job>>,
+    writer: writer::Jobs,
     artifact_purges: AtomicU64,
     /// Write transactions committed so far (see [`SqlStore::commits`]).
     commits: Arc<AtomicU64>,

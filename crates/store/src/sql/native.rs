@@ -4,8 +4,15 @@
 //! Through sqlx every statement is a round trip to the connection's worker thread (about
 //! 40 µs each, nine a call); applying a batch of writes took longer than its commit's
 //! `fdatasync`. This connection is opened by the writer on a thread of its own after the
-//! schema is upgraded, with the same pragmas as sqlx's connections (WAL, every commit
-//! synced, foreign keys on, the busy timeout); reads keep sqlx's pool.
+//! schema is upgraded, with the pragmas of sqlx's connections (WAL, foreign keys on, the
+//! busy timeout); reads keep sqlx's pool.
+//!
+//! A commit here does not sync (`synchronous=NORMAL`): the writer's syncer syncs the
+//! write-ahead log right after ([`Syncer`](super::sync::Syncer)), which is what
+//! `synchronous=FULL` does inside the commit, so that the writer can answer a write that
+//! asked to be answered early between the two, and apply the next batch meanwhile (see [`CallLog::create_call_applied`](crate::CallLog::create_call_applied)).
+//! Every frame is in the log before its commit returns, and `fdatasync` of the log makes
+//! every frame written so far durable: a synced commit is durable with all before it.
 
 use super::Backend;
 use super::conn::{Arg, Conn, NativeRow, Query, Row};
@@ -25,7 +32,16 @@ const STATEMENT_CACHE: usize = 256;
 /// The writer's SQLite connection.
 pub(super) struct NativeSqlite {
     conn: rusqlite::Connection,
+    /// The write-ahead log (`PATH-wal`), opened at the first sync: it exists while any
+    /// connection is open, and this one is open as long as the writer.
+    wal_path: std::path::PathBuf,
+    /// Why a sync failed, once one has ([`Syncer`](super::sync::Syncer) sets it): every
+    /// later batch is refused until the store is opened again.
+    sync_failed: SyncFailed,
 }
+
+/// Why a sync of the log failed, once one has (shared by the writer and its syncer).
+pub(super) type SyncFailed = std::sync::Arc<std::sync::Mutex<Option<String>>>;
 
 impl NativeSqlite {
     /// Opens the database at `path` (which exists: the schema was upgraded on it).
@@ -36,18 +52,46 @@ impl NativeSqlite {
         )
         .map_err(database)?;
         conn.busy_timeout(busy_timeout).map_err(database)?;
-        // WAL lets readers run beside the writer; FULL fsyncs every commit.
+        // WAL lets readers run beside the writer; NORMAL commits without a sync, which the
+        // syncer does after each commit (and SQLite before each checkpoint).
         conn.execute_batch(
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
         )
         .map_err(database)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        Ok(NativeSqlite { conn })
+        let mut wal_path = path.as_os_str().to_owned();
+        wal_path.push("-wal");
+        Ok(NativeSqlite {
+            conn,
+            wal_path: wal_path.into(),
+            sync_failed: SyncFailed::default(),
+        })
+    }
+
+    /// Syncs the log at `path` instead (a test's way to make syncs fail).
+    #[cfg(test)]
+    pub(super) fn set_wal_path(&mut self, path: std::path::PathBuf) {
+        self.wal_path = path;
+    }
+
+    /// The write-ahead log's path and the flag its syncer sets when a sync fails.
+    pub(super) fn wal(&self) -> (std::path::PathBuf, SyncFailed) {
+        (self.wal_path.clone(), self.sync_failed.clone())
     }
 
     /// Begins a write transaction, taking the database's write lock at once (waiting up to
     /// the busy timeout for another connection's).
     pub(super) fn begin(&mut self) -> Result<(), StoreError> {
+        let failed = self
+            .sync_failed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(failed) = failed {
+            return Err(StoreError::NotDurable(format!(
+                "an earlier sync failed ({failed}); open the store again"
+            )));
+        }
         self.conn.execute_batch("BEGIN IMMEDIATE").map_err(database)
     }
 

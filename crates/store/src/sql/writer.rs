@@ -12,8 +12,9 @@
 
 use super::conn::Conn;
 use super::native::NativeSqlite;
+use super::sync::Syncer;
 use super::{RetryPolicy, SqlStore, retrying};
-use crate::StoreError;
+use crate::{Durable, StoreError};
 use async_trait::async_trait;
 use sqlx::AnyPool;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,17 +46,52 @@ pub(super) trait Job: Send + Sync {
     /// Applies the write in the batch's transaction and keeps its answer (a refusal too)
     /// until the batch commits; a database error is returned: it aborts the batch.
     async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<(), sqlx::Error>;
-    /// Sends the answer the last [`apply`](Job::apply) kept (after the commit).
+    /// The batch committed (its writes are visible) and is not synced yet: a write queued
+    /// with [`SqlStore::write_applied`] is answered now.
+    fn applied(&self);
+    /// The batch is durable: sends the answer the last [`apply`](Job::apply) kept, or says
+    /// that the write answered early is durable.
     fn answer(self: Box<Self>);
-    /// Sends `error` instead of an answer.
+    /// Sends `error` instead (to the early answer when it was not sent yet, else to the
+    /// durable one).
     fn fail(self: Box<Self>, error: StoreError);
 }
 
-/// A [`Write`] with its answer and its reply channel.
+/// A [`Write`] with its answer and its reply channels.
 struct Queued<W: Write> {
     write: W,
     answer: Mutex<Option<Result<W::Output, StoreError>>>,
-    reply: oneshot::Sender<Result<W::Output, StoreError>>,
+    reply: Reply<W::Output>,
+}
+
+/// Where a write's answer goes.
+enum Reply<T> {
+    /// Answered once its batch is durable.
+    Durable(oneshot::Sender<Result<T, StoreError>>),
+    /// Answered once its batch is committed ([`Job::applied`]; taken then), and told again
+    /// once the batch is durable.
+    Applied {
+        early: Mutex<Option<oneshot::Sender<Result<T, StoreError>>>>,
+        durable: oneshot::Sender<Result<(), StoreError>>,
+    },
+}
+
+impl<W: Write> Queued<W> {
+    /// Takes the answer the last apply kept.
+    fn take_answer(&self) -> Result<W::Output, StoreError> {
+        kept(
+            self.answer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        )
+    }
+}
+
+/// The answer an apply kept: there is one, as a job is answered only after a commit of a
+/// batch that applied it.
+fn kept<T>(answer: Option<Result<T, StoreError>>) -> Result<T, StoreError> {
+    answer.unwrap_or_else(|| Err(StoreError::Corrupt("unexpected writer reply".into())))
 }
 
 #[async_trait]
@@ -70,37 +106,98 @@ impl<W: Write> Job for Queued<W> {
         }
     }
 
+    fn applied(&self) {
+        if let Reply::Applied { early, .. } = &self.reply
+            && let Some(early) = early.lock().unwrap_or_else(PoisonError::into_inner).take()
+        {
+            let _ = early.send(self.take_answer());
+        }
+    }
+
     fn answer(self: Box<Self>) {
-        let answer = self
-            .answer
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner)
-            // Never: a job is answered only after a commit of a batch that applied it.
-            .unwrap_or_else(|| Err(StoreError::Corrupt("unexpected writer reply".into())));
-        let _ = self.reply.send(answer);
+        self.applied();
+        let Queued { answer, reply, .. } = *self;
+        match reply {
+            Reply::Durable(reply) => {
+                let _ = reply.send(kept(
+                    answer.into_inner().unwrap_or_else(PoisonError::into_inner),
+                ));
+            }
+            Reply::Applied { durable, .. } => {
+                let _ = durable.send(Ok(()));
+            }
+        }
     }
 
     fn fail(self: Box<Self>, error: StoreError) {
-        let _ = self.reply.send(Err(error));
+        match self.reply {
+            Reply::Durable(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Reply::Applied { early, durable } => {
+                match early.into_inner().unwrap_or_else(PoisonError::into_inner) {
+                    Some(early) => {
+                        let _ = early.send(Err(error));
+                    }
+                    None => {
+                        let _ = durable.send(Err(error));
+                    }
+                }
+            }
+        }
     }
 }
 
 impl SqlStore {
     /// Queues `write` for the writer and waits for its answer, sent once the batch that
-    /// holds it has committed.
+    /// holds it is durable.
     pub(super) async fn write<W: Write>(&self, write: W) -> Result<W::Output, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        let job = Queued {
-            write,
-            answer: Mutex::new(None),
-            reply,
-        };
-        self.writer
-            .send(Box::new(job))
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        write_to(&self.writer, write).await
     }
+
+    /// Queues `write` and waits for its answer, sent once the batch that holds it has
+    /// committed (its sync may still be under way): the [`Durable`] answers after the sync.
+    pub(super) async fn write_applied<W: Write>(
+        &self,
+        write: W,
+    ) -> Result<(W::Output, Durable), StoreError> {
+        write_applied_to(&self.writer, write).await
+    }
+}
+
+/// The writer's queue.
+pub(super) type Jobs = mpsc::Sender<Box<dyn Job>>;
+
+async fn write_to<W: Write>(jobs: &Jobs, write: W) -> Result<W::Output, StoreError> {
+    let (reply, answer) = oneshot::channel();
+    queue(jobs, write, Reply::Durable(reply)).await?;
+    answer.await.map_err(|_| StoreError::Closed)?
+}
+
+async fn write_applied_to<W: Write>(
+    jobs: &Jobs,
+    write: W,
+) -> Result<(W::Output, Durable), StoreError> {
+    let (early, answer) = oneshot::channel();
+    let (durable, synced) = oneshot::channel();
+    let reply = Reply::Applied {
+        early: Mutex::new(Some(early)),
+        durable,
+    };
+    queue(jobs, write, reply).await?;
+    let output = answer.await.map_err(|_| StoreError::Closed)??;
+    Ok((output, Durable::when(synced)))
+}
+
+async fn queue<W: Write>(jobs: &Jobs, write: W, reply: Reply<W::Output>) -> Result<(), StoreError> {
+    let job = Queued {
+        write,
+        answer: Mutex::new(None),
+        reply,
+    };
+    jobs.send(Box::new(job))
+        .await
+        .map_err(|_| StoreError::Closed)
 }
 
 /// Where the writer's transactions go.
@@ -115,23 +212,26 @@ pub(super) enum Sink {
 /// Starts the writer on `sink`; returns the queue of its jobs. A native SQLite sink gets a
 /// thread of its own.
 pub(super) fn spawn(
-    sink: Sink,
+    mut sink: Sink,
     retry: RetryPolicy,
     commits: Arc<AtomicU64>,
-) -> Result<mpsc::Sender<Box<dyn Job>>, StoreError> {
+) -> Result<Jobs, StoreError> {
     let (jobs, rx) = mpsc::channel(QUEUE);
-    match sink {
+    match &mut sink {
         Sink::Pool(_) => {
-            tokio::spawn(run(sink, rx, retry, commits));
+            tokio::spawn(run(sink, rx, retry, commits, None));
         }
-        Sink::Native(_) => {
+        Sink::Native(conn) => {
+            let (wal, failed) = conn.get_mut().wal();
+            let syncer =
+                Syncer::spawn(wal, failed).map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .build()
                 .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
             std::thread::Builder::new()
                 .name("store-writer".into())
-                .spawn(move || runtime.block_on(run(sink, rx, retry, commits)))
+                .spawn(move || runtime.block_on(run(sink, rx, retry, commits, Some(syncer))))
                 .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
         }
     }
@@ -143,6 +243,7 @@ async fn run(
     mut rx: mpsc::Receiver<Box<dyn Job>>,
     retry: RetryPolicy,
     commits: Arc<AtomicU64>,
+    syncer: Option<Syncer>,
 ) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -159,11 +260,7 @@ async fn run(
         })
         .await;
         match result {
-            Ok(()) => {
-                for job in batch {
-                    job.answer();
-                }
-            }
+            Ok(()) => committed(syncer.as_ref(), batch, !rx.is_empty()),
             Err(error) if batch.len() == 1 => batch.remove(0).fail(error),
             // The database stayed unreachable: retrying each write alone would not help.
             Err(StoreError::Unavailable { attempts, last }) => {
@@ -179,10 +276,27 @@ async fn run(
                 for job in batch {
                     let single = std::slice::from_ref(&job);
                     match retrying(retry, |_| commit_batch(&sink, single, true, &commits)).await {
-                        Ok(()) => job.answer(),
+                        Ok(()) => committed(syncer.as_ref(), vec![job], true),
                         Err(error) => job.fail(error),
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Answers the writes of a committed batch: those that asked are answered now, the rest
+/// once the batch is durable: on PostgreSQL at once (its commit synced it), on SQLite once
+/// the log is synced (see [`Syncer`]; `others_waiting`: more writes are queued).
+fn committed(syncer: Option<&Syncer>, batch: Vec<Box<dyn Job>>, others_waiting: bool) {
+    for job in &batch {
+        job.applied();
+    }
+    match syncer {
+        Some(syncer) => syncer.sync(batch, others_waiting),
+        None => {
+            for job in batch {
+                job.answer();
             }
         }
     }
@@ -223,4 +337,126 @@ async fn commit_batch(
     }
     commits.fetch_add(1, Ordering::Relaxed);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sql::conn::{Conn, query};
+    use std::time::Duration;
+
+    /// Inserts its number into table `t`.
+    struct Insert(i64);
+
+    #[async_trait]
+    impl Write for Insert {
+        type Output = i64;
+
+        async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<i64, StoreError> {
+            query("INSERT INTO t (n) VALUES ($1)")
+                .bind(self.0)
+                .execute(conn)
+                .await?;
+            Ok(self.0)
+        }
+    }
+
+    /// A writer on a new database with table `t`; `wal` replaces the log's path (a path
+    /// that does not exist makes every sync fail).
+    fn writer(dir: &tempfile::TempDir, wal: Option<&str>) -> (Jobs, std::path::PathBuf) {
+        let path = dir.path().join("t.db");
+        let setup = rusqlite::Connection::open(&path).unwrap();
+        setup
+            .execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t (n INTEGER)")
+            .unwrap();
+        let mut conn = NativeSqlite::open(&path, Duration::from_millis(100)).unwrap();
+        if let Some(wal) = wal {
+            conn.set_wal_path(dir.path().join(wal));
+        }
+        let sink = Sink::Native(tokio::sync::Mutex::new(conn));
+        let retry = RetryPolicy {
+            first_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(1),
+            give_up_after: Duration::from_millis(10),
+        };
+        (
+            spawn(sink, retry, Arc::new(AtomicU64::new(0))).unwrap(),
+            path,
+        )
+    }
+
+    fn rows(path: &std::path::Path) -> Vec<i64> {
+        let reader = rusqlite::Connection::open(path).unwrap();
+        let mut statement = reader.prepare("SELECT n FROM t ORDER BY n").unwrap();
+        statement
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_early_answer_is_committed_and_its_durable_answers_after_the_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (jobs, path) = writer(&dir, None);
+        let (output, durable) = write_applied_to(&jobs, Insert(1)).await.unwrap();
+        assert_eq!(output, 1);
+        // Committed: another connection reads it.
+        assert_eq!(rows(&path), vec![1]);
+        durable.wait().await.unwrap();
+        assert_eq!(write_to(&jobs, Insert(2)).await.unwrap(), 2);
+        assert_eq!(rows(&path), vec![1, 2]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_is_answered_whole_whichever_thread_syncs_it() {
+        for wal in [None, Some("missing/t.db-wal")] {
+            let dir = tempfile::tempdir().unwrap();
+            let (jobs, path) = writer(&dir, wal);
+            let mut writes = tokio::task::JoinSet::new();
+            for n in 0..200 {
+                let jobs = jobs.clone();
+                writes.spawn(async move {
+                    if n % 2 == 0 {
+                        write_to(&jobs, Insert(n)).await
+                    } else {
+                        let (n, durable) = write_applied_to(&jobs, Insert(n)).await?;
+                        durable.wait().await.map(|()| n)
+                    }
+                });
+            }
+            let mut answered = Vec::new();
+            while let Some(answer) = writes.join_next().await {
+                match (wal, answer.unwrap()) {
+                    (None, Ok(n)) => answered.push(n),
+                    (Some(_), Err(StoreError::NotDurable(_))) => {}
+                    (wal, other) => panic!("{wal:?}: {other:?}"),
+                }
+            }
+            answered.sort();
+            if wal.is_none() {
+                assert_eq!(answered, (0..200).collect::<Vec<_>>());
+                assert_eq!(rows(&path), answered);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_sync_fails_its_batch_and_every_later_write_as_not_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let (jobs, path) = writer(&dir, Some("missing/t.db-wal"));
+        // The early answer comes from the commit, before the sync.
+        let (output, durable) = write_applied_to(&jobs, Insert(1)).await.unwrap();
+        assert_eq!(output, 1);
+        assert!(
+            matches!(durable.wait().await, Err(StoreError::NotDurable(_))),
+            "the sync failed"
+        );
+        // The log may have lost pages: every later write is refused, and not applied.
+        assert!(matches!(
+            write_to(&jobs, Insert(2)).await,
+            Err(StoreError::NotDurable(_))
+        ));
+        assert_eq!(rows(&path), vec![1]);
+    }
 }

@@ -37,6 +37,7 @@ use toolgrid_core::call::{CallRecord, Created, Decision, NewCall, StepKind, Verd
 use toolgrid_core::error::{ApiError, ErrorKind};
 use toolgrid_core::ids::ObjectKey;
 use toolgrid_core::interface::CommandInterface;
+use toolgrid_store::Durable;
 use tracing::Instrument as _;
 
 /// How long an agent's identical call is refused as `repeated-call` when the Tool sets no
@@ -459,16 +460,21 @@ impl Gateway {
         }
         let reserved = new.assign_to.is_some();
         let committing = std::time::Instant::now();
-        let created = match self
-            .store
-            .create_call(new)
-            .instrument(tracing::info_span!("store_commit"))
-            .await
-        {
-            Ok(created) => {
-                crate::metrics::stage(crate::metrics::Stage::StoreCommit, committing.elapsed());
-                created
+        // A call with a reserved slot goes to its worker as soon as its admission is
+        // committed, while the store syncs it: the run overlaps the sync, and its caller
+        // hears of it only once it is durable (as every effect of the run is committed
+        // first, none can leave before; see `CallLog::create_call_applied`).
+        let (created, durable) = match async {
+            if reserved {
+                self.store.create_call_applied(new).await
+            } else {
+                Ok((self.store.create_call(new).await?, Durable::already()))
             }
+        }
+        .instrument(tracing::info_span!("store_commit"))
+        .await
+        {
+            Ok(created) => created,
             Err(error) => {
                 if queued {
                     self.scheduler.unreserve(&call_id);
@@ -476,13 +482,33 @@ impl Gateway {
                 return Err(refused.with(error.into()));
             }
         };
+        crate::metrics::stage(crate::metrics::Stage::StoreCommit, committing.elapsed());
         if queued && !matches!(created, Created::New(_)) {
             self.scheduler.unreserve(&call_id);
+        }
+        // A new call's news is subscribed before its worker can end it.
+        let updates = match &created {
+            Created::New(record) => {
+                let updates = self.calls.admitted(&record.id);
+                if reserved {
+                    self.scheduler
+                        .admitted_assigned(record.clone(), command.clone());
+                }
+                Some(updates)
+            }
+            _ => None,
+        };
+        let syncing = std::time::Instant::now();
+        if let Err(error) = durable.wait().await {
+            // Committed, perhaps running: a retry with the same key finds it.
+            return Err(refused.with(error.into()));
+        }
+        if reserved {
+            crate::metrics::stage(crate::metrics::Stage::StoreSync, syncing.elapsed());
         }
         match created {
             Created::New(record) => {
                 tracing::info!(call = %record.id, tool = %record.tool, command = %record.command, release = %record.release, agent = record.spec.access.agent.as_deref().unwrap_or(""), state = %record.state, "call accepted");
-                let updates = self.calls.admitted(&record.id);
                 if let Some(wait) = &record.spec.chain.approval
                     && record.state == toolgrid_core::call::CallState::AwaitingApproval
                 {
@@ -493,15 +519,13 @@ impl Gateway {
                     // A dry run answered without running: ended already.
                     crate::scheduler::audit_to_stdout(&record);
                     self.calls.finish(record.clone());
-                } else if reserved {
-                    self.scheduler.admitted_assigned(record.clone(), command);
-                } else if queued {
+                } else if queued && !reserved {
                     self.scheduler.submit(record.clone(), command);
                 }
                 Ok(Admitted {
                     record,
                     deduplicated: false,
-                    updates: Some(updates),
+                    updates,
                 })
             }
             Created::Existing(record) => {
