@@ -87,7 +87,17 @@ impl InFlight {
 }
 
 /// Runs the worker until the control plane stays unreachable past the reconnect timeout.
+/// Runs the worker until the control plane stays unreachable past its reconnect timeout.
+///
+/// The work runs as a task on the runtime's worker threads, not on the thread that awaits
+/// this (the binary's `block_on` thread): the link's connection tasks run there too, so a
+/// message from the control plane wakes the session's loop on the thread that read it
+/// rather than on another one.
 pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
+    tokio::spawn(serve(config)).await?
+}
+
+async fn serve(config: WorkerConfig) -> anyhow::Result<()> {
     start_guest_runtime()?;
     let runtime = Arc::new(Runtime::new(&RuntimeConfig {
         cache_dir: config.cache_dir.clone(),
