@@ -1118,6 +1118,61 @@ async fn store_writes_that_fail_on_cue_leave_no_call_behind() {
     }
 }
 
+/// An admission answered at its commit whose sync then fails (`TOOLGRID_FAULTS=sync:1`):
+/// its caller is told `unavailable` and given no call, though the call, committed and
+/// handed to its worker, runs; the retry under the same key finds that call, and every
+/// effect reached the witness once, committed before it left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_admission_whose_sync_fails_is_refused_and_its_retry_finds_the_call() {
+    let witness = Witness::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let manifests = manifests(root.path(), &witness);
+    let platform = Platform::start_with_env(
+        root.path(),
+        &manifests,
+        &[],
+        &[("TOOLGRID_FAULTS", "sync:1")],
+    );
+    probe_commit_before_send(&witness, &platform);
+    let (run, steps) = ("sync-fails", 3);
+    let mut client = platform.client().await;
+    let refused = client
+        .invoke(request("write-p1", run, &witness.base(), steps, 1000))
+        .await
+        .expect_err("no call is answered before its admission is durable");
+    let error = proto::status::error_of(&refused);
+    assert_eq!(
+        error.kind,
+        toolgrid_core::error::ErrorKind::Unavailable,
+        "{refused:?}"
+    );
+    assert!(
+        error.message.contains("could not be made durable"),
+        "{refused:?}"
+    );
+
+    let call = client
+        .invoke(request("write-p1", run, &witness.base(), steps, 1000))
+        .await
+        .expect("the retry")
+        .into_inner();
+    assert!(call.deduplicated, "the retry finds the call: {call:?}");
+    let call = get_call(&platform, &call.id).await;
+    assert_eq!(
+        call.state,
+        proto::CallState::Succeeded as i32,
+        "{:?}\n{}",
+        call.error,
+        platform.logs()
+    );
+    let oplog = platform.oplog(&call.id).await;
+    assert_eq!(oplog.iter().filter(|e| e.kind == "outcome").count(), 1);
+    let mut ledger = Ledger::new();
+    ledger.add(&platform, &call).await;
+    ledger.check(&witness.seen());
+    check_outcome(&call, &oplog, &witness.seen(), run, steps);
+}
+
 /// The cluster store's server restarts in the middle of a call (connections cut, writes
 /// refused while it comes back): the call still ends exactly once, every effect once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -12,7 +12,10 @@
 //!
 //! OP is one of the names of [`Op`] (`create`, `assign`, `fence`, `append`, `complete`,
 //! `fail`, `get`, `find`, `list`, `unfinished`, `oplog`, `oplog-page`, `put-artifact`, `get-artifact`,
-//! `load-resources`, `save-resources`, `retention`).
+//! `load-resources`, `save-resources`, `retention`, `decide`, `take-token`, `audit`, `sync`).
+//! `sync` is the sync of an admission answered at its commit: `sync:N` leaves the next N
+//! such admissions committed (their calls run) and fails their sync with
+//! [`StoreError::NotDurable`].
 
 use super::{
     Approvals, Artifacts, AuditLog, CallError, CallFilter, CallLog, CallOutcome, CallRecord,
@@ -20,6 +23,7 @@ use super::{
     Resources, Retention, RetentionReport, Store, StoreError, Workspaces,
 };
 use crate::ConsoleSessions;
+use crate::Durable;
 use crate::Rollouts;
 use async_trait::async_trait;
 use std::collections::{HashMap, HashSet};
@@ -50,10 +54,14 @@ pub enum Op {
     Decide,
     TakeToken,
     Audit,
+    /// The sync of an admission answered at its commit
+    /// ([`CallLog::create_call_applied`]): a failure leaves the call committed (it runs) and
+    /// its [`Durable`](crate::Durable) fails with [`StoreError::NotDurable`].
+    Sync,
 }
 
 impl Op {
-    pub const ALL: [Op; 20] = [
+    pub const ALL: [Op; 21] = [
         Op::Create,
         Op::Assign,
         Op::Fence,
@@ -74,6 +82,7 @@ impl Op {
         Op::Decide,
         Op::TakeToken,
         Op::Audit,
+        Op::Sync,
     ];
 
     pub fn name(self) -> &'static str {
@@ -98,6 +107,7 @@ impl Op {
             Op::Decide => "decide",
             Op::TakeToken => "take-token",
             Op::Audit => "audit",
+            Op::Sync => "sync",
         }
     }
 
@@ -231,6 +241,9 @@ impl FaultyStore {
             };
             let error = || match &faults.error {
                 Some(make) => make(op),
+                None if op == Op::Sync => {
+                    StoreError::NotDurable(format!("injected fault in {}", op.name()))
+                }
                 None => unavailable(op),
             };
             let plan = if faults.before > 0 {
@@ -275,6 +288,19 @@ impl FaultyStore {
 impl CallLog for FaultyStore {
     async fn create_call(&self, call: NewCall) -> Result<Created, StoreError> {
         self.run(Op::Create, self.inner.create_call(call)).await
+    }
+
+    async fn create_call_applied(&self, call: NewCall) -> Result<(Created, Durable), StoreError> {
+        let (created, durable) = self
+            .run(Op::Create, self.inner.create_call_applied(call))
+            .await?;
+        match self.plan(Op::Sync).await {
+            Plan::Run => Ok((created, durable)),
+            // Committed either way: only its sync fails.
+            Plan::FailBefore(error) | Plan::FailAfter(error) => {
+                Ok((created, Durable::failed(error)))
+            }
+        }
     }
 
     async fn assign_call(&self, call_id: &str, worker: &str) -> Result<u64, StoreError> {

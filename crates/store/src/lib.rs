@@ -97,6 +97,8 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(_) => ErrorKind::NotFound,
             StoreError::NotAwaiting { .. } => ErrorKind::NotAwaitingApproval,
             StoreError::Ended { .. } => ErrorKind::NotCancellable,
+            // Committed, not known to be durable: a retry with the same key finds the write.
+            StoreError::NotDurable(_) => ErrorKind::Unavailable,
             _ => ErrorKind::Internal,
         };
         ApiError::new(kind, error.to_string())

@@ -30,6 +30,13 @@ impl Durable {
         Durable(Some(synced))
     }
 
+    /// A sync that failed with `error` (a fault injected by [`FaultyStore`](crate::FaultyStore)).
+    pub(crate) fn failed(error: StoreError) -> Self {
+        let (synced, durable) = tokio::sync::oneshot::channel();
+        let _ = synced.send(Err(error));
+        Durable(Some(durable))
+    }
+
     /// Waits for the sync; [`StoreError::NotDurable`] when it failed (the write is
     /// committed, and may be lost if the machine stops).
     pub async fn wait(self) -> Result<(), StoreError> {
