@@ -1056,18 +1056,7 @@ async fn a_store_locked_mid_call_leaves_no_call_behind() {
     db.close().await.unwrap();
 
     let call = wait_done(&mut news, &platform, &call_id).await;
-    assert_eq!(
-        call.state,
-        proto::CallState::Succeeded as i32,
-        "{:?}\n{}",
-        call.error,
-        platform.logs()
-    );
-    let oplog = platform.oplog(&call.id).await;
-    let mut ledger = Ledger::new();
-    ledger.add(&platform, &call).await;
-    ledger.check(&witness.seen());
-    check_outcome(&call, &oplog, &witness.seen(), "locked", steps);
+    succeeded_exactly_once(&platform, &witness, &call, "locked", steps).await;
 }
 
 /// Store writes that fail on cue (`TOOLGRID_FAULTS`, a `FaultyStore` around the real one):
@@ -1096,20 +1085,7 @@ async fn store_writes_that_fail_on_cue_leave_no_call_behind() {
             start_call(&platform, request(tool, &run, &witness.base(), steps, 1000)).await;
         let call_id = accepted(&mut news).await;
         let call = wait_done(&mut news, &platform, &call_id).await;
-        assert_eq!(
-            call.state,
-            proto::CallState::Succeeded as i32,
-            "{faults}: {:?}\n{}",
-            call.error,
-            platform.logs()
-        );
-        let oplog = platform.oplog(&call.id).await;
-        let outcomes = oplog.iter().filter(|e| e.kind == "outcome").count();
-        assert_eq!(outcomes, 1, "{faults}: one outcome: {oplog:?}");
-        let mut ledger = Ledger::new();
-        ledger.add(&platform, &call).await;
-        ledger.check(&witness.seen());
-        check_outcome(&call, &oplog, &witness.seen(), &run, steps);
+        succeeded_exactly_once(&platform, &witness, &call, &run, steps).await;
         assert!(
             platform.logs().contains("injected"),
             "{faults}: the fault was injected:\n{}",
@@ -1158,19 +1134,35 @@ async fn an_admission_whose_sync_fails_is_refused_and_its_retry_finds_the_call()
         .into_inner();
     assert!(call.deduplicated, "the retry finds the call: {call:?}");
     let call = get_call(&platform, &call.id).await;
+    succeeded_exactly_once(&platform, &witness, &call, run, steps).await;
+}
+
+/// `call` succeeded with one outcome in its oplog, and the witness saw each of its effects
+/// once, committed before it left (the ledger and [`check_outcome`]).
+async fn succeeded_exactly_once(
+    platform: &Platform,
+    witness: &Witness,
+    call: &proto::Call,
+    run: &str,
+    steps: u32,
+) {
     assert_eq!(
         call.state,
         proto::CallState::Succeeded as i32,
-        "{:?}\n{}",
+        "{run}: {:?}\n{}",
         call.error,
         platform.logs()
     );
     let oplog = platform.oplog(&call.id).await;
-    assert_eq!(oplog.iter().filter(|e| e.kind == "outcome").count(), 1);
+    assert_eq!(
+        oplog.iter().filter(|e| e.kind == "outcome").count(),
+        1,
+        "{run}: one outcome: {oplog:?}"
+    );
     let mut ledger = Ledger::new();
-    ledger.add(&platform, &call).await;
+    ledger.add(platform, call).await;
     ledger.check(&witness.seen());
-    check_outcome(&call, &oplog, &witness.seen(), run, steps);
+    check_outcome(call, &oplog, &witness.seen(), run, steps);
 }
 
 /// The cluster store's server restarts in the middle of a call (connections cut, writes
@@ -1217,19 +1209,7 @@ async fn a_postgres_restart_mid_call_leaves_no_call_behind() {
     );
 
     let call = wait_done(&mut news, &platform, &call_id).await;
-    assert_eq!(
-        call.state,
-        proto::CallState::Succeeded as i32,
-        "{:?}\n{}",
-        call.error,
-        platform.logs()
-    );
-    let oplog = platform.oplog(&call.id).await;
-    assert_eq!(oplog.iter().filter(|e| e.kind == "outcome").count(), 1);
-    let mut ledger = Ledger::new();
-    ledger.add(&platform, &call).await;
-    ledger.check(&witness.seen());
-    check_outcome(&call, &oplog, &witness.seen(), "pg-restart", steps);
+    succeeded_exactly_once(&platform, &witness, &call, "pg-restart", steps).await;
 }
 
 /// The body of lane `lane` of step `step` of an effects-http `--concurrency 2` run.
