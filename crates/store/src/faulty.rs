@@ -307,6 +307,14 @@ impl CallLog for FaultyStore {
         self.run(Op::Assign, self.inner.assign_call(call_id, worker))
             .await
     }
+    async fn assign_call_applied(
+        &self,
+        call_id: &str,
+        worker: &str,
+    ) -> Result<(u64, Durable), StoreError> {
+        self.run(Op::Assign, self.inner.assign_call_applied(call_id, worker))
+            .await
+    }
 
     async fn fence_call(&self, call_id: &str, epoch: u64, reason: &str) -> Result<u64, StoreError> {
         self.run(Op::Fence, self.inner.fence_call(call_id, epoch, reason))

@@ -106,6 +106,16 @@ pub trait CallLog: Send + Sync {
     /// Starts a new assignment of a pending or running call: bumps its epoch, records
     /// `assigned`, and returns the new epoch.
     async fn assign_call(&self, call_id: &str, worker: &str) -> Result<u64, StoreError>;
+    /// [`assign_call`](Self::assign_call), answered at its commit like
+    /// [`create_call_applied`](Self::create_call_applied): the call may go to its worker
+    /// before the assignment is durable (every effect of the run is committed after it).
+    async fn assign_call_applied(
+        &self,
+        call_id: &str,
+        worker: &str,
+    ) -> Result<(u64, Durable), StoreError> {
+        Ok((self.assign_call(call_id, worker).await?, Durable::already()))
+    }
     /// Takes a running call back from its worker (dead, lease lapsed): bumps the epoch so
     /// that worker's appends are refused, records why, and leaves the call pending.
     async fn fence_call(&self, call_id: &str, epoch: u64, reason: &str) -> Result<u64, StoreError>;

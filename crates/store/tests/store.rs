@@ -660,7 +660,7 @@ async fn committed_calls_survive_reopening_the_store() {
 }
 
 #[tokio::test]
-async fn an_admission_answered_at_its_commit_is_visible_then_durable_and_keyed() {
+async fn admissions_and_assignments_answered_at_their_commit_are_visible_then_durable() {
     let dir = tempfile::tempdir().unwrap();
     for (backend, url) in backends(&dir).await {
         {
@@ -690,10 +690,26 @@ async fn an_admission_answered_at_its_commit_is_visible_then_durable_and_keyed()
                 "{backend}"
             );
             durable.wait().await.unwrap();
+            // An assignment answered at its commit: visible at once, then durable.
+            store
+                .create_call(new_call("e3", None, json!({"n": 3})))
+                .await
+                .unwrap();
+            let (epoch, durable) = store.assign_call_applied("e3", "w2").await.unwrap();
+            assert_eq!(epoch, 1, "{backend}");
+            let read = store.get_call("e3").await.unwrap().expect("visible");
+            assert_eq!(
+                (read.state, read.worker.as_deref()),
+                (toolgrid_core::call::CallState::Running, Some("w2")),
+                "{backend}"
+            );
+            durable.wait().await.unwrap();
         }
         let store = toolgrid_store::open(&url).await.unwrap();
         assert!(store.get_call("e1").await.unwrap().is_some(), "{backend}");
         assert!(store.get_call("e2").await.unwrap().is_none(), "{backend}");
+        let kept = store.get_call("e3").await.unwrap().expect("kept");
+        assert_eq!(kept.epoch, 1, "{backend}: the assignment kept");
     }
 }
 

@@ -560,8 +560,18 @@ impl Scheduler {
     /// Writes an assignment and sends it with the call's replay.
     async fn assign(self: Arc<Self>, call: Call, worker: WorkerId) {
         let id = call.id().clone();
-        let epoch = match self.store.assign_call(id.as_str(), worker.as_str()).await {
-            Ok(epoch) => Epoch::from(epoch),
+        // Sent at its commit, while the store syncs it (every effect of the run is committed
+        // after it, in order). Its sync is not waited for: a failed sync fails every later
+        // write, this call's end too, and the writer logs it.
+        let epoch = match self
+            .store
+            .assign_call_applied(id.as_str(), worker.as_str())
+            .await
+        {
+            Ok((epoch, durable)) => {
+                drop(durable);
+                Epoch::from(epoch)
+            }
             Err(StoreError::StaleEpoch { .. }) | Err(StoreError::NotFound(_)) => {
                 self.on(Event::AssignRefused { call_id: id });
                 return;

@@ -817,6 +817,18 @@ impl CallLog for SqlStore {
         .await
     }
 
+    async fn assign_call_applied(
+        &self,
+        call_id: &str,
+        worker: &str,
+    ) -> Result<(u64, Durable), StoreError> {
+        self.write_applied(AssignCall {
+            call_id: call_id.into(),
+            worker: worker.into(),
+        })
+        .await
+    }
+
     async fn fence_call(&self, call_id: &str, epoch: u64, reason: &str) -> Result<u64, StoreError> {
         self.write(FenceCall {
             call_id: call_id.into(),
