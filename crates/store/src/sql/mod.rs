@@ -14,6 +14,7 @@ mod approvals;
 mod buckets;
 mod calls;
 mod conn;
+mod job;
 mod migrations;
 mod native;
 mod resources;

@@ -16,8 +16,8 @@
 //! and every later one fails with [`StoreError::NotDurable`] until the store is opened
 //! again.
 
+use super::job::Job;
 use super::native::SyncFailed;
-use super::writer::Job;
 use crate::StoreError;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};

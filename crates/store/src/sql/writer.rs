@@ -11,6 +11,7 @@
 //! direct calls into SQLite there, so applying a batch costs little beside its commit.
 
 use super::conn::Conn;
+use super::job::Job;
 use super::native::NativeSqlite;
 use super::sync::Syncer;
 use super::{RetryPolicy, SqlStore, retrying};
@@ -38,23 +39,6 @@ pub(super) trait Write: Send + Sync + 'static {
     /// being applied twice (appends and completions always do). A database error aborts
     /// the batch; any other error is this write's own refusal and changes nothing.
     async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<Self::Output, StoreError>;
-}
-
-/// A queued write, its output type erased so that one queue carries every kind of write.
-#[async_trait]
-pub(super) trait Job: Send + Sync {
-    /// Applies the write in the batch's transaction and keeps its answer (a refusal too)
-    /// until the batch commits; a database error is returned: it aborts the batch.
-    async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<(), sqlx::Error>;
-    /// The batch committed (its writes are visible) and is not synced yet: a write queued
-    /// with [`SqlStore::write_applied`] is answered now.
-    fn applied(&self);
-    /// The batch is durable: sends the answer the last [`apply`](Job::apply) kept, or says
-    /// that the write answered early is durable.
-    fn answer(self: Box<Self>);
-    /// Sends `error` instead (to the early answer when it was not sent yet, else to the
-    /// durable one).
-    fn fail(self: Box<Self>, error: StoreError);
 }
 
 /// A [`Write`] with its answer and its reply channels.
