@@ -545,9 +545,7 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
         let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
         let mut p50s = 0.0;
         for row in stages::table(before, after) {
-            // The admission's sync runs beside the dispatch and the run.
-            let beside = row.stage == "store_sync";
-            if !beside {
+            if !row.beside {
                 p50s += row.p50.unwrap_or(0.0);
             }
             println!(

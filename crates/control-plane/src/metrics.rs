@@ -62,6 +62,12 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// Whether the stage runs beside others of a call rather than after them (the
+    /// admission's sync, beside the dispatch and the run): it is no part of their sum.
+    pub fn runs_beside(self) -> bool {
+        self == Stage::StoreSync
+    }
+
     pub const ALL: [Stage; 9] = [
         Stage::Authenticate,
         Stage::Admit,

@@ -307,6 +307,7 @@ impl CallLog for FaultyStore {
         self.run(Op::Assign, self.inner.assign_call(call_id, worker))
             .await
     }
+
     async fn assign_call_applied(
         &self,
         call_id: &str,

@@ -86,7 +86,6 @@ impl InFlight {
     }
 }
 
-/// Runs the worker until the control plane stays unreachable past the reconnect timeout.
 /// Runs the worker until the control plane stays unreachable past its reconnect timeout.
 ///
 /// The work runs as a task on the runtime's worker threads, not on the thread that awaits

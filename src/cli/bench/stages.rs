@@ -142,6 +142,8 @@ pub async fn scrape(http: &str, token: &str) -> anyhow::Result<BTreeMap<String, 
 /// how many calls passed it.
 pub struct Row {
     pub stage: &'static str,
+    /// The stage runs beside others ([`Stage::runs_beside`]): no part of their sum.
+    pub beside: bool,
     pub p50: Option<f64>,
     pub p99: Option<f64>,
     pub mean: Option<f64>,
@@ -155,8 +157,8 @@ pub fn table(
 ) -> Vec<Row> {
     Stage::ALL
         .iter()
-        .map(|stage| {
-            let stage = stage.as_str();
+        .map(|&kind| {
+            let stage = kind.as_str();
             let empty = Histogram::default();
             let run = after
                 .get(stage)
@@ -164,6 +166,7 @@ pub fn table(
                 .since(before.get(stage).unwrap_or(&empty));
             Row {
                 stage,
+                beside: kind.runs_beside(),
                 p50: run.quantile_ms(0.5),
                 p99: run.quantile_ms(0.99),
                 mean: run.mean_ms(),

@@ -109,8 +109,11 @@ fn answer(jobs: Vec<Box<dyn Job>>, synced: Result<(), String>) {
 }
 
 impl Log {
-    /// `fdatasync` of the log, unless an earlier one failed; a failure is recorded.
+    /// `fdatasync` of the log, unless an earlier one failed; a failure is recorded. The
+    /// earlier failure is looked for once this sync has its turn: a failed `fdatasync`
+    /// reports its error once, so a sync that ran after it would succeed.
     fn sync(&self) -> Result<(), String> {
+        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(why) = self
             .failed
             .lock()
@@ -119,7 +122,6 @@ impl Log {
         {
             return Err(why);
         }
-        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
         let synced = match &mut *file {
             Some(file) => file.sync_data(),
             None => {
