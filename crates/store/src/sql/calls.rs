@@ -909,13 +909,12 @@ impl CallLog for SqlStore {
         } else {
             filter.limit.min(10_000)
         };
-        let rows = query(concat!(
-            "SELECT ",
-            call_columns!(),
-            " FROM calls WHERE ($1 = '' OR namespace = $1) AND ($2 = '' OR tool = $2) \
-             AND ($4 = '' OR agent = $4) AND ($5 = '' OR state = $5) \
-             ORDER BY created_at_ms DESC, id DESC LIMIT $3"
-        ))
+        let waiting = filter.state.filter(|state| !state.is_terminal());
+        let rows = query(if waiting.is_some() {
+            LIST_UNFINISHED
+        } else {
+            LIST
+        })
         .bind(filter.namespace.as_deref().unwrap_or(""))
         .bind(filter.tool.as_deref().unwrap_or(""))
         .bind(i64::from(limit))
@@ -927,13 +926,9 @@ impl CallLog for SqlStore {
     }
 
     async fn unfinished_calls(&self) -> Result<Vec<CallRecord>, StoreError> {
-        let rows = query(concat!(
-            "SELECT ",
-            call_columns!(),
-            " FROM calls WHERE state IN ('pending', 'running') ORDER BY created_at_ms, id"
-        ))
-        .fetch_all(&mut *self.reads.acquire().await?)
-        .await?;
+        let rows = query(UNFINISHED)
+            .fetch_all(&mut *self.reads.acquire().await?)
+            .await?;
         rows.iter().map(call_from_row).collect()
     }
 
@@ -982,4 +977,82 @@ fn oplog_from_row(row: &Row) -> Result<OplogRecord, StoreError> {
         payload: row.try_get("payload")?,
         recorded_at_ms: row.try_get("recorded_at_ms")?,
     })
+}
+
+/// The calls pending or running, oldest first (a control plane recovers them at start).
+const UNFINISHED: &str = concat!(
+    "SELECT ",
+    call_columns!(),
+    " FROM calls WHERE finished_at_ms IS NULL AND state IN ('pending', 'running') \
+     ORDER BY created_at_ms, id"
+);
+
+/// The newest calls, each filter (`$1` namespace, `$2` tool, `$4` agent, `$5` state) left
+/// out when empty; `$3` the limit. It walks `calls_by_time` from the newest call, which a
+/// page of a busy listing ends soon.
+const LIST: &str = concat!(
+    "SELECT ",
+    call_columns!(),
+    " FROM calls WHERE ($1 = '' OR namespace = $1) AND ($2 = '' OR tool = $2) \
+     AND ($4 = '' OR agent = $4) AND ($5 = '' OR state = $5) \
+     ORDER BY created_at_ms DESC, id DESC LIMIT $3"
+);
+
+/// [`LIST`] for a state a call has not ended in (`$5`, not empty): it reads
+/// `calls_unfinished`, the few calls not ended, not every call (the approval timer lists the
+/// calls awaiting approval every 30 s: through [`LIST`] that read the whole table, a second
+/// at half a million calls).
+const LIST_UNFINISHED: &str = concat!(
+    "SELECT ",
+    call_columns!(),
+    " FROM calls WHERE finished_at_ms IS NULL AND state = $5 \
+     AND ($1 = '' OR namespace = $1) AND ($2 = '' OR tool = $2) AND ($4 = '' OR agent = $4) \
+     ORDER BY created_at_ms DESC, id DESC LIMIT $3"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::{LIST, LIST_UNFINISHED, UNFINISHED};
+    use crate::SqlStore;
+
+    /// How SQLite runs `sql` on the store's schema: the plan's steps.
+    fn plan(path: &std::path::Path, sql: &str) -> String {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let unbound = std::iter::repeat_n(rusqlite::types::Null, statement.parameter_count());
+        let steps: Vec<String> = statement
+            .query_map(rusqlite::params_from_iter(unbound), |row| {
+                row.get::<_, String>(3)
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        steps.join("; ")
+    }
+
+    #[tokio::test]
+    async fn the_calls_not_ended_are_found_without_reading_every_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plan.db");
+        let store = SqlStore::open(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        drop(store);
+        // The approval timer's listing and the recovery at start search the index of the
+        // calls not ended; a listing of every call walks the calls by time from the newest.
+        for (sql, expected) in [
+            (
+                LIST_UNFINISHED,
+                "SEARCH calls USING INDEX calls_unfinished (state=?)",
+            ),
+            (
+                UNFINISHED,
+                "SEARCH calls USING INDEX calls_unfinished (state=?)",
+            ),
+            (LIST, "SCAN calls USING INDEX calls_by_time"),
+        ] {
+            let plan = plan(&path, sql);
+            assert!(plan.contains(expected), "{sql}\n{plan}");
+        }
+    }
 }

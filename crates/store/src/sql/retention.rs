@@ -92,7 +92,7 @@ async fn purge_artifacts(
     let unused: Vec<String> = query(
         "SELECT digest FROM artifacts WHERE created_at_ms < $1 \
          AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.release_digest = artifacts.digest) \
-         AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.state NOT IN ('succeeded', 'failed') \
+         AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.finished_at_ms IS NULL \
              AND calls.spec_json LIKE '%\"' || artifacts.digest || '\"%') \
          ORDER BY digest",
     )
