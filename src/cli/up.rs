@@ -55,6 +55,12 @@ pub struct UpArgs {
     /// Store URL instead of `sqlite://DATA/toolgrid.db` (`postgres://...` also works).
     #[arg(long, env = "TOOLGRID_STORE")]
     store: Option<String>,
+    /// How long the SQLite store's writer, out of writes, keeps looking for the next one
+    /// (yielding its core to any thread that wants it) before it sleeps: a sleeping thread
+    /// on an idle core is slow to wake on a virtual machine. At most this much CPU time per
+    /// batch of writes; `0s` sleeps at once.
+    #[arg(long, env = "TOOLGRID_STORE_IDLE_POLL", default_value = "1ms")]
+    store_idle_poll: GoDuration,
     /// Start no worker processes; workers attach on their own (`toolgrid worker`).
     #[arg(long)]
     no_workers: bool,
@@ -210,7 +216,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .store
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}", data.join("toolgrid.db").display()));
-    let store = toolgrid_store::open(&store_url)
+    let options = toolgrid_store::OpenOptions {
+        idle_poll: args.store_idle_poll.get(),
+        ..Default::default()
+    };
+    let store = toolgrid_store::open_with(&store_url, options)
         .await
         .with_context(|| format!("cannot open the store at {store_url}"))?;
     // For end-to-end fault tests: `TOOLGRID_FAULTS=complete:2,append:1` (see store::faulty).

@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use sqlx::AnyPool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// Most writes committed in one transaction.
@@ -199,11 +200,14 @@ pub(super) fn spawn(
     mut sink: Sink,
     retry: RetryPolicy,
     commits: Arc<AtomicU64>,
+    idle_poll: Duration,
 ) -> Result<Jobs, StoreError> {
     let (jobs, rx) = mpsc::channel(QUEUE);
     match &mut sink {
+        // On the runtime's threads: looking for writes there would hold a thread of the
+        // runtime.
         Sink::Pool(_) => {
-            tokio::spawn(run(sink, rx, retry, commits, None));
+            tokio::spawn(run(sink, rx, retry, commits, None, Duration::ZERO));
         }
         Sink::Native(conn) => {
             let (wal, failed) = conn.get_mut().wal();
@@ -215,7 +219,9 @@ pub(super) fn spawn(
                 .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
             std::thread::Builder::new()
                 .name("store-writer".into())
-                .spawn(move || runtime.block_on(run(sink, rx, retry, commits, Some(syncer))))
+                .spawn(move || {
+                    runtime.block_on(run(sink, rx, retry, commits, Some(syncer), idle_poll))
+                })
                 .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
         }
     }
@@ -228,8 +234,9 @@ async fn run(
     retry: RetryPolicy,
     commits: Arc<AtomicU64>,
     syncer: Option<Syncer>,
+    idle_poll: Duration,
 ) {
-    while let Some(first) = rx.recv().await {
+    while let Some(first) = next_job(&mut rx, idle_poll).await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -267,6 +274,36 @@ async fn run(
             }
         }
     }
+}
+
+/// The next write: looked for without sleeping for up to `idle_poll`, giving the core to
+/// any other thread that wants it meanwhile (`sched_yield`), then waited for asleep.
+///
+/// A sleeping thread is woken by a futex; on a virtual machine a core that has gone idle
+/// takes 30 to 150 µs to run it again, and a call's path went through this thread twice
+/// (its admission, its end): measured with `bench calls`, a sequential call took 0.3 ms
+/// less with the writer looking for 1 ms, with the same throughput under sixteen clients
+/// and under sixty-four CPU-bound ones (a busy loop without yielding cost the CPU-bound
+/// calls a tenth of their rate). It is only ever `idle_poll` of CPU time per batch, and
+/// none when writes keep coming.
+async fn next_job(
+    rx: &mut mpsc::Receiver<Box<dyn Job>>,
+    idle_poll: Duration,
+) -> Option<Box<dyn Job>> {
+    if !idle_poll.is_zero() {
+        let start = Instant::now();
+        loop {
+            match rx.try_recv() {
+                Ok(job) => return Some(job),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Empty) if start.elapsed() < idle_poll => {
+                    std::thread::yield_now()
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+            }
+        }
+    }
+    rx.recv().await
 }
 
 /// Answers the writes of a committed batch: those that asked are answered now, the rest
@@ -326,8 +363,8 @@ async fn commit_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sql::DEFAULT_IDLE_POLL;
     use crate::sql::conn::{Conn, query};
-    use std::time::Duration;
 
     /// Inserts its number into table `t`.
     struct Insert(i64);
@@ -364,7 +401,7 @@ mod tests {
             give_up_after: Duration::from_millis(10),
         };
         (
-            spawn(sink, retry, Arc::new(AtomicU64::new(0))).unwrap(),
+            spawn(sink, retry, Arc::new(AtomicU64::new(0)), DEFAULT_IDLE_POLL).unwrap(),
             path,
         )
     }
