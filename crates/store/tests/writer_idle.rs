@@ -43,7 +43,7 @@ async fn an_idle_writer_looks_for_writes_for_its_idle_poll_then_sleeps() {
         .unwrap(),
     );
     store.put_artifact("sha256:one", b"one").await.unwrap();
-    // A write that comes while the writer looks is taken at once.
+    // A second write, while the writer looks: answered like the first.
     store.put_artifact("sha256:two", b"two").await.unwrap();
     let looking = writer_cpu();
     tokio::time::sleep(poll * 3).await;

@@ -909,19 +909,15 @@ impl CallLog for SqlStore {
         } else {
             filter.limit.min(10_000)
         };
-        let waiting = filter.state.filter(|state| !state.is_terminal());
-        let rows = query(if waiting.is_some() {
-            LIST_UNFINISHED
-        } else {
-            LIST
-        })
-        .bind(filter.namespace.as_deref().unwrap_or(""))
-        .bind(filter.tool.as_deref().unwrap_or(""))
-        .bind(i64::from(limit))
-        .bind(filter.agent.as_deref().unwrap_or(""))
-        .bind(filter.state.map(CallState::as_str).unwrap_or(""))
-        .fetch_all(&mut *self.reads.acquire().await?)
-        .await?;
+        let unfinished = filter.state.is_some_and(|state| !state.is_terminal());
+        let rows = query(if unfinished { LIST_UNFINISHED } else { LIST })
+            .bind(filter.namespace.as_deref().unwrap_or(""))
+            .bind(filter.tool.as_deref().unwrap_or(""))
+            .bind(i64::from(limit))
+            .bind(filter.agent.as_deref().unwrap_or(""))
+            .bind(filter.state.map(CallState::as_str).unwrap_or(""))
+            .fetch_all(&mut *self.reads.acquire().await?)
+            .await?;
         rows.iter().map(call_from_row).collect()
     }
 
