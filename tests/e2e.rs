@@ -643,7 +643,9 @@ spec: {replicas: 1}
 async fn answered_calls_survive_a_restart() {
     let root = tempfile::tempdir().unwrap();
     let manifests = fixtures::examples(root.path());
-    let mut platform = Platform::start(root.path(), &manifests, &[]);
+    // The store's writer sleeping at once when out of writes (every other test runs the
+    // default idle poll).
+    let mut platform = Platform::start(root.path(), &manifests, &["--store-idle-poll", "0s"]);
     let request = proto::InvokeRequest {
         tool: "uuid".into(),
         argv: vec!["generate".into(), "--count".into(), "2".into()],

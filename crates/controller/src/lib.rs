@@ -44,6 +44,9 @@ pub struct Settings {
     pub http_listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     pub store_url: String,
+    /// How long an SQLite store's writer keeps looking for the next write before it sleeps
+    /// (`toolgrid_store::OpenOptions::idle_poll`).
+    pub store_idle_poll: Duration,
     /// Watch one namespace, or all.
     pub watch_namespace: Option<String>,
     pub worker_image: String,
@@ -219,7 +222,11 @@ async fn lead(
     recorder: Recorder,
     readiness: &Readiness,
 ) -> anyhow::Result<()> {
-    let store = toolgrid_store::open(&settings.store_url)
+    let options = toolgrid_store::OpenOptions {
+        idle_poll: settings.store_idle_poll,
+        ..Default::default()
+    };
+    let store = toolgrid_store::open_with(&settings.store_url, options)
         .await
         .with_context(|| format!("cannot open the store at {}", settings.store_url))?;
     // Who holds a caller's or a worker pod's token, and who may operate: the gateway
