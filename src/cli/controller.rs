@@ -23,11 +23,8 @@ pub struct ControllerArgs {
         default_value = "sqlite:///var/lib/toolgrid/toolgrid.db"
     )]
     store: String,
-    /// How long an SQLite store's writer, out of writes, keeps looking for the next one
-    /// (yielding its core) before it sleeps; `0s` sleeps at once (under a CPU limit, the
-    /// looking counts against the quota).
-    #[arg(long, env = "TOOLGRID_STORE_IDLE_POLL", default_value = "1ms")]
-    store_idle_poll: GoDuration,
+    #[command(flatten)]
+    store_tuning: crate::cli::up::StoreTuningArgs,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "TOOLGRID_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -208,7 +205,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         http_listen: args.http_listen,
         metrics_listen: args.metrics_listen,
         store_url: args.store,
-        store_idle_poll: args.store_idle_poll.get(),
+        store_options: args.store_tuning.options(),
         builtins_namespace: args
             .builtins_namespace
             .filter(|n| !n.is_empty())

@@ -55,12 +55,8 @@ pub struct UpArgs {
     /// Store URL instead of `sqlite://DATA/toolgrid.db` (`postgres://...` also works).
     #[arg(long, env = "TOOLGRID_STORE")]
     store: Option<String>,
-    /// How long the SQLite store's writer, out of writes, keeps looking for the next one
-    /// (yielding its core to any thread that wants it) before it sleeps: a sleeping thread
-    /// on an idle core is slow to wake on a virtual machine. At most this much CPU time per
-    /// batch of writes; `0s` sleeps at once.
-    #[arg(long, env = "TOOLGRID_STORE_IDLE_POLL", default_value = "1ms")]
-    store_idle_poll: GoDuration,
+    #[command(flatten)]
+    store_tuning: StoreTuningArgs,
     /// Start no worker processes; workers attach on their own (`toolgrid worker`).
     #[arg(long)]
     no_workers: bool,
@@ -100,6 +96,27 @@ pub struct UpArgs {
     console_session_lifetime: Duration,
     #[command(flatten)]
     mcp: McpArgs,
+}
+
+/// How the store is run (`toolgrid up`, `toolgrid controller`).
+#[derive(clap::Args, Debug)]
+pub struct StoreTuningArgs {
+    /// How long the SQLite store's writer, out of writes, keeps looking for the next one
+    /// (yielding its core to any thread that wants it) before it sleeps: a sleeping thread
+    /// on an idle core is slow to wake on a virtual machine. At most this much CPU time per
+    /// batch of writes; `0s` sleeps at once (under a CPU limit, the looking counts against
+    /// the quota).
+    #[arg(long, env = "TOOLGRID_STORE_IDLE_POLL", default_value_t = GoDuration(toolgrid_store::DEFAULT_IDLE_POLL))]
+    store_idle_poll: GoDuration,
+}
+
+impl StoreTuningArgs {
+    pub fn options(&self) -> toolgrid_store::OpenOptions {
+        toolgrid_store::OpenOptions {
+            idle_poll: self.store_idle_poll.get(),
+            ..Default::default()
+        }
+    }
 }
 
 /// How `/mcp` presents itself, and the OAuth authorization server it trusts.
@@ -216,11 +233,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .store
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}", data.join("toolgrid.db").display()));
-    let options = toolgrid_store::OpenOptions {
-        idle_poll: args.store_idle_poll.get(),
-        ..Default::default()
-    };
-    let store = toolgrid_store::open_with(&store_url, options)
+    let store = toolgrid_store::open_with(&store_url, args.store_tuning.options())
         .await
         .with_context(|| format!("cannot open the store at {store_url}"))?;
     // For end-to-end fault tests: `TOOLGRID_FAULTS=complete:2,append:1` (see store::faulty).

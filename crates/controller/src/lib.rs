@@ -44,9 +44,8 @@ pub struct Settings {
     pub http_listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     pub store_url: String,
-    /// How long an SQLite store's writer keeps looking for the next write before it sleeps
-    /// (`toolgrid_store::OpenOptions::idle_poll`).
-    pub store_idle_poll: Duration,
+    /// How the store at `store_url` is opened (the writer's idle poll).
+    pub store_options: toolgrid_store::OpenOptions,
     /// Watch one namespace, or all.
     pub watch_namespace: Option<String>,
     pub worker_image: String,
@@ -222,11 +221,7 @@ async fn lead(
     recorder: Recorder,
     readiness: &Readiness,
 ) -> anyhow::Result<()> {
-    let options = toolgrid_store::OpenOptions {
-        idle_poll: settings.store_idle_poll,
-        ..Default::default()
-    };
-    let store = toolgrid_store::open_with(&settings.store_url, options)
+    let store = toolgrid_store::open_with(&settings.store_url, settings.store_options)
         .await
         .with_context(|| format!("cannot open the store at {}", settings.store_url))?;
     // Who holds a caller's or a worker pod's token, and who may operate: the gateway

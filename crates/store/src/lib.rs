@@ -21,7 +21,9 @@ pub use faulty::{FaultyStore, Op};
 
 /// Entries one [`CallLog::oplog_page`] returns at most, whatever its caller asks for.
 pub const MAX_OPLOG_PAGE_ENTRIES: u32 = 1000;
-pub use sql::{OpenOptions, RetryPolicy, SCHEMA_VERSION, SqlStore, is_transient};
+pub use sql::{
+    DEFAULT_IDLE_POLL, OpenOptions, RetryPolicy, SCHEMA_VERSION, SqlStore, is_transient,
+};
 pub use toolgrid_core::call::{
     CallError, CallFilter, CallRecord, CallSpec, CallState, Created, NewCall, OplogEntry,
     OplogRecord, ResourceChanges, ResourceRecord, ResourceRecordKey, RunLimits, RunSummary, now_ms,
