@@ -106,8 +106,23 @@ pub struct StoreTuningArgs {
     /// on an idle core is slow to wake on a virtual machine. At most this much CPU time per
     /// batch of writes; `0s` sleeps at once (under a CPU limit, the looking counts against
     /// the quota).
-    #[arg(long, env = "TOOLGRID_STORE_IDLE_POLL", default_value_t = GoDuration(toolgrid_store::DEFAULT_IDLE_POLL))]
+    #[arg(long, env = "TOOLGRID_STORE_IDLE_POLL", default_value_t = GoDuration(toolgrid_store::DEFAULT_IDLE_POLL), value_parser = store_idle_poll)]
     store_idle_poll: GoDuration,
+}
+
+/// The longest `--store-idle-poll`: the looking is for the next write of a busy platform;
+/// longer only keeps a core busy.
+const MAX_STORE_IDLE_POLL: Duration = Duration::from_millis(100);
+
+fn store_idle_poll(value: &str) -> Result<GoDuration, String> {
+    let poll: GoDuration = value.parse()?;
+    if poll.get() > MAX_STORE_IDLE_POLL {
+        return Err(format!(
+            "{poll} is longer than the most, {}: longer only keeps a core busy",
+            GoDuration(MAX_STORE_IDLE_POLL)
+        ));
+    }
+    Ok(poll)
 }
 
 impl StoreTuningArgs {
@@ -511,6 +526,32 @@ async fn wait_for_workers(control_plane: &ControlPlane, deadline: Instant) {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_store_idle_poll_is_bounded() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            tuning: StoreTuningArgs,
+        }
+        let poll = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("toolgrid").chain(args.iter().copied()))
+                .map(|cli| cli.tuning.options().idle_poll)
+        };
+        assert_eq!(poll(&[]).unwrap(), toolgrid_store::DEFAULT_IDLE_POLL);
+        assert_eq!(poll(&["--store-idle-poll", "0s"]).unwrap(), Duration::ZERO);
+        assert_eq!(
+            poll(&["--store-idle-poll", "100ms"]).unwrap(),
+            Duration::from_millis(100)
+        );
+        let refused = poll(&["--store-idle-poll", "1h"]).unwrap_err();
+        assert_eq!(refused.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(
+            refused.to_string().contains("longer than the most, 100ms"),
+            "{refused}"
+        );
+    }
 
     #[test]
     fn the_admin_token_is_made_once_for_the_owner_only() {
