@@ -1279,7 +1279,11 @@ class FakeKube:
                 self.wfile.flush()
 
             def _client_gone(self) -> bool:
-                readable, _, _ = select.select([self.connection], [], [], 0)
+                # poll, not select: a client with many connections open has descriptors
+                # past select's limit of 1024
+                poller = select.poll()
+                poller.register(self.connection, select.POLLIN)
+                readable = poller.poll(0)
                 return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
 
             def _stream_watch(self, w: _Watch):
@@ -1334,7 +1338,15 @@ class FakeKube:
             def log_message(self, *args):  # quiet
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            # A client with many requests at once (a controller reconciling a thousand
+            # objects) opens many connections: with the default backlog of 5 the kernel
+            # drops the ones it cannot queue after the client has sent its request, which
+            # then waits for the client's timeout (minutes). An API server's backlog is
+            # large; so is this one's.
+            request_queue_size = 1024
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
