@@ -265,4 +265,110 @@ impl Snapshot {
     pub fn resources_of(&self, kind: Kind) -> impl Iterator<Item = &ResourceState> {
         self.resources.values().filter(move |r| r.id.kind == kind)
     }
+
+    /// The resources of `kind` whose resolved state is not what it was in `previous` (new
+    /// ones included; all of them without a previous snapshot): after a publish, the
+    /// objects whose status may have to be written again. A change to one tool touches its
+    /// own few resources, so a catalog of thousands is not looked at whole.
+    pub fn changed_since<'a>(
+        &'a self,
+        previous: Option<&'a Snapshot>,
+        kind: Kind,
+    ) -> impl Iterator<Item = &'a ObjectKey> + 'a {
+        self.resources_of(kind)
+            .filter(move |state| {
+                previous
+                    .and_then(|p| p.resources.get(&state.id))
+                    .is_none_or(|before| before != *state)
+            })
+            .map(|state| &state.id.key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolgrid_api::conditions::Reason;
+
+    fn state(kind: Kind, name: &str, ready: bool) -> ResourceState {
+        let reason = if ready {
+            Reason::Released
+        } else {
+            Reason::NoReadyRelease
+        };
+        ResourceState {
+            id: ResourceId {
+                kind,
+                key: ObjectKey::new("default", name),
+            },
+            source: "cluster".into(),
+            generation: 1,
+            spec_hash: "h".into(),
+            ready: Desired {
+                type_: "Ready",
+                status: ready,
+                reason,
+                message: String::new(),
+            },
+            status: serde_json::json!({"observedGeneration": 1}),
+            columns: vec![],
+        }
+    }
+
+    fn snapshot(states: Vec<ResourceState>) -> Snapshot {
+        Snapshot {
+            resources: states.into_iter().map(|s| (s.id.clone(), s)).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn names<'a>(keys: impl Iterator<Item = &'a ObjectKey>) -> Vec<&'a str> {
+        keys.map(|k| k.name.as_str()).collect()
+    }
+
+    #[test]
+    fn only_the_resources_whose_state_moved_are_changed() {
+        let before = snapshot(vec![
+            state(Kind::Tool, "a", true),
+            state(Kind::Tool, "b", true),
+            state(Kind::ToolRelease, "a-1", true),
+        ]);
+        let after = snapshot(vec![
+            state(Kind::Tool, "a", true),
+            state(Kind::Tool, "b", false),
+            state(Kind::Tool, "c", true),
+            state(Kind::ToolRelease, "a-1", true),
+        ]);
+        // b's state moved and c is new; a is as it was, and a removed resource is not
+        // listed (its object is gone with it).
+        assert_eq!(
+            names(after.changed_since(Some(&before), Kind::Tool)),
+            ["b", "c"]
+        );
+        assert!(
+            after
+                .changed_since(Some(&before), Kind::ToolRelease)
+                .next()
+                .is_none()
+        );
+        // A status field alone counts too.
+        let mut moved = state(Kind::ToolRelease, "a-1", true);
+        moved.status = serde_json::json!({"observedGeneration": 2});
+        let later = snapshot(vec![moved]);
+        assert_eq!(
+            names(later.changed_since(Some(&after), Kind::ToolRelease)),
+            ["a-1"]
+        );
+    }
+
+    #[test]
+    fn without_a_previous_snapshot_every_resource_of_the_kind_is_changed() {
+        let first = snapshot(vec![
+            state(Kind::Tool, "a", true),
+            state(Kind::ToolRelease, "a-1", true),
+            state(Kind::Tool, "b", false),
+        ]);
+        assert_eq!(names(first.changed_since(None, Kind::Tool)), ["a", "b"]);
+        assert_eq!(names(first.changed_since(None, Kind::ToolRelease)), ["a-1"]);
+    }
 }

@@ -362,7 +362,7 @@ async fn lead(
         namespace: settings.watch_namespace.clone(),
         service_accounts: caches.service_accounts.clone(),
     });
-    let controllers = tokio::spawn(reconcile::run(context, caches));
+    let controllers = tokio::spawn(reconcile::run(context));
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
