@@ -542,6 +542,16 @@ pub fn config_map_key(
     name: &str,
     key: &str,
 ) -> Result<Vec<u8>, String> {
+    config_map_entry(config_maps, namespace, name, key).map(|(_, bytes)| bytes)
+}
+
+/// The ConfigMap `namespace/name` and the bytes under its `key`.
+pub fn config_map_entry<'a>(
+    config_maps: &'a [Sourced<ConfigMap>],
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Result<(&'a ConfigMap, Vec<u8>), String> {
     let cm = config_maps
         .iter()
         .find(|cm| {
@@ -549,9 +559,10 @@ pub fn config_map_key(
                 && cm.object.metadata.namespace.as_deref() == Some(namespace)
         })
         .ok_or_else(|| format!("spec.artifact.configMap: no ConfigMap {namespace}/{name}"))?;
-    bytes_of(&cm.object, key).ok_or_else(|| {
+    let bytes = bytes_of(&cm.object, key).ok_or_else(|| {
         format!("spec.artifact.configMap: ConfigMap {namespace}/{name} has no key {key:?}")
-    })
+    })?;
+    Ok((&cm.object, bytes))
 }
 
 /// A key of a ConfigMap, from `binaryData` or `data`.

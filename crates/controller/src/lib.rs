@@ -6,6 +6,7 @@
 
 pub mod agent_data;
 pub mod builtins;
+pub mod checked;
 pub mod deployment;
 pub mod fetch;
 pub mod health;
@@ -21,6 +22,7 @@ pub mod review_cache;
 pub mod source;
 pub mod status;
 pub mod tls_secret;
+pub mod wake;
 
 use anyhow::Context as _;
 use health::Readiness;

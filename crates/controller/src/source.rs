@@ -1,8 +1,11 @@
 //! The Kubernetes source of the catalog: reflectors of the six kinds and of the ConfigMaps,
 //! Secrets and ServiceAccounts they refer to, resolved by the same reconcile logic as a
-//! manifest directory ([`toolgrid_catalog::resolve`]) whenever anything changes.
+//! manifest directory ([`toolgrid_catalog::resolve`]) whenever something it reads changes
+//! (not the controller's own status writes: [`crate::wake`]).
 
+use crate::checked::{CheckKey, Checked};
 use crate::fetch::{FetchPolicy, fetch};
+use crate::wake::{Stamps, Wake};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use kube::api::{Api, PartialObjectMeta};
@@ -22,7 +25,7 @@ use toolgrid_api::{
 };
 use toolgrid_catalog::artifacts::{
     ArtifactOutcome, LoadedArtifact, LoadedFile, WasmArtifact, about_file, check_bytes, check_file,
-    check_files, check_middleware_bytes, config_map_key, source_kind,
+    check_files, check_middleware_bytes, config_map_entry, config_map_key, source_kind,
 };
 use toolgrid_catalog::manifest::{ResourceSet, Source, Sourced};
 use toolgrid_catalog::resolve::tool_source::status_is_current;
@@ -116,6 +119,8 @@ pub struct ClusterSource {
     /// them; they are not put in the store).
     fetched_wasm: FetchCache<WasmArtifact>,
     stored: StoredArtifacts,
+    /// Outcomes of checking the artifacts kept in ConfigMaps ([`crate::checked`]).
+    checked: Mutex<Checked>,
     /// Where artifacts may be downloaded from ([`crate::fetch`]).
     fetch_policy: FetchPolicy,
     /// Reads ToolSources' upstreams in the background; a read landing resolves again.
@@ -128,7 +133,8 @@ pub struct ClusterSource {
     rollouts: Arc<toolgrid_control_plane::rollout::RolloutBook>,
 }
 
-fn reflect<K>(api: Api<K>, changed: Arc<Notify>) -> Cache<K>
+/// A cache of kind `K` kept by a watch; the events `wake` names resolve the catalog again.
+fn reflect<K>(api: Api<K>, changed: Arc<Notify>, wake: Wake) -> Cache<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -140,11 +146,18 @@ where
     );
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
+        let mut stamps = Stamps::new(wake);
         while let Some(event) = stream.next().await {
-            if let Err(error) = event {
-                tracing::warn!(%error, "watch error");
+            let wakes = match &event {
+                Ok(event) => stamps.wakes(event),
+                Err(error) => {
+                    tracing::warn!(%error, "watch error");
+                    true
+                }
+            };
+            if wakes {
+                changed.notify_one();
             }
-            changed.notify_one();
         }
     });
     reader
@@ -171,17 +184,44 @@ fn sourced<K: Resource<DynamicType = ()> + Clone>(cache: &Cache<K>) -> Vec<Sourc
         .collect()
 }
 
+/// An object's status as JSON (null when it has none), without the rest of the object:
+/// serializing each whole object (its spec, every command's schemas) to read its status
+/// was a tenth of a resolve's time with 1,000 tools.
+trait StatusJson {
+    fn status_json(&self) -> serde_json::Value;
+}
+
+macro_rules! status_json {
+    ($($kind:ty),*) => {
+        $(impl StatusJson for $kind {
+            fn status_json(&self) -> serde_json::Value {
+                self.status
+                    .as_ref()
+                    .and_then(|status| serde_json::to_value(status).ok())
+                    .unwrap_or(serde_json::Value::Null)
+            }
+        })*
+    };
+}
+
+status_json!(
+    Tool,
+    ToolRelease,
+    ToolBinding,
+    Middleware,
+    Agent,
+    WorkerPool,
+    ToolSource
+);
+
 /// What the cluster says each resource's status is now (conditions keep their times).
-fn previous_of<K: Resource<DynamicType = ()> + serde::Serialize + Clone>(
+fn previous_of<K: Resource<DynamicType = ()> + StatusJson + Clone>(
     kind: Kind,
     cache: &Cache<K>,
     into: &mut HashMap<ResourceId, PreviousState>,
 ) {
     for object in cache.state() {
-        let status = serde_json::to_value(&*object)
-            .ok()
-            .and_then(|v| v.get("status").cloned())
-            .unwrap_or(serde_json::Value::Null);
+        let status = object.status_json();
         into.insert(
             ResourceId {
                 kind,
@@ -210,23 +250,35 @@ impl ClusterSource {
         let issuer = control_plane.gateway.issuer();
         let rollouts = control_plane.gateway.rollouts();
         let changed = Arc::new(Notify::new());
+        // What of each kind's changes resolves again ([`crate::wake`]).
+        let (input, any) = (Wake::InputChange, Wake::AnyChange);
         let caches = Caches {
-            tools: reflect(api::<Tool>(client, namespace), changed.clone()),
-            releases: reflect(api::<ToolRelease>(client, namespace), changed.clone()),
-            bindings: reflect(api::<ToolBinding>(client, namespace), changed.clone()),
-            middleware: reflect(api::<Middleware>(client, namespace), changed.clone()),
-            agents: reflect(api::<Agent>(client, namespace), changed.clone()),
-            pools: reflect(api::<WorkerPool>(client, namespace), changed.clone()),
-            tool_sources: reflect(api::<ToolSource>(client, namespace), changed.clone()),
-            config_maps: reflect(api::<ConfigMap>(client, namespace), changed.clone()),
+            tools: reflect(api::<Tool>(client, namespace), changed.clone(), input),
+            releases: reflect(
+                api::<ToolRelease>(client, namespace),
+                changed.clone(),
+                input,
+            ),
+            bindings: reflect(
+                api::<ToolBinding>(client, namespace),
+                changed.clone(),
+                input,
+            ),
+            middleware: reflect(api::<Middleware>(client, namespace), changed.clone(), input),
+            agents: reflect(api::<Agent>(client, namespace), changed.clone(), input),
+            pools: reflect(api::<WorkerPool>(client, namespace), changed.clone(), input),
+            tool_sources: reflect(api::<ToolSource>(client, namespace), changed.clone(), any),
+            config_maps: reflect(api::<ConfigMap>(client, namespace), changed.clone(), any),
             // Only names are needed: metadata-only watches.
             secrets: reflect(
                 api::<PartialObjectMeta<Secret>>(client, namespace),
                 changed.clone(),
+                any,
             ),
             service_accounts: reflect(
                 api::<PartialObjectMeta<ServiceAccount>>(client, namespace),
                 changed.clone(),
+                any,
             ),
         };
         Arc::new(ClusterSource {
@@ -239,12 +291,17 @@ impl ClusterSource {
             fetched_files: FetchCache::new(Result::is_ok),
             fetched_wasm: FetchCache::new(|w| matches!(w, WasmArtifact::Ready { .. })),
             stored: StoredArtifacts::default(),
+            checked: Mutex::default(),
             fetch_policy,
             reader: SourceReader::new(SourceLimits::default()),
             issuer,
             builtins,
             rollouts,
         })
+    }
+
+    fn checked(&self) -> std::sync::MutexGuard<'_, Checked> {
+        self.checked.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits until every cache has listed once.
@@ -382,6 +439,7 @@ impl ClusterSource {
     /// Loads every artifact, resolves, stores new artifacts and publishes the snapshot.
     pub async fn resolve_once(&self) -> anyhow::Result<Arc<Snapshot>> {
         let set = self.resource_set();
+        self.checked().next_round();
         let mut artifacts = HashMap::new();
         for release in &set.releases {
             let builtin = (!release.source.is_cluster())
@@ -673,10 +731,41 @@ impl ClusterSource {
                         "spec.artifact.configMap is empty".into(),
                     );
                 };
-                match config_map_key(&set.config_maps, namespace, &reference.name, &reference.key) {
-                    Ok(bytes) => check_bytes(bytes, expected),
-                    Err(message) => failed(Reason::ArtifactNotFound, message),
+                let (config_map, bytes) = match config_map_entry(
+                    &set.config_maps,
+                    namespace,
+                    &reference.name,
+                    &reference.key,
+                ) {
+                    Ok(entry) => entry,
+                    Err(message) => return failed(Reason::ArtifactNotFound, message),
+                };
+                // The bytes are what the ConfigMap's uid and resourceVersion say they are:
+                // checked once for as long as the catalog uses them.
+                let meta = &config_map.metadata;
+                let key = meta.uid.clone().zip(meta.resource_version.clone()).map(
+                    |(uid, resource_version)| CheckKey {
+                        namespace: namespace.to_string(),
+                        config_map: reference.name.clone(),
+                        key: reference.key.clone(),
+                        uid,
+                        resource_version,
+                        expected: expected.map(str::to_string),
+                    },
+                );
+                let known = key.as_ref().and_then(|key| self.checked().get(key));
+                if let Some(outcome) = known {
+                    return LoadedArtifact {
+                        outcome,
+                        bytes: Some(bytes),
+                        file_bytes: Vec::new(),
+                    };
                 }
+                let loaded = check_bytes(bytes, expected);
+                if let Some(key) = key {
+                    self.checked().put(key, loaded.outcome.clone());
+                }
+                loaded
             }
             "url" => {
                 let Some(digest) = expected else {
@@ -707,5 +796,44 @@ impl ClusterSource {
                     .into(),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status read alone is what the whole object's JSON holds under `status`.
+    #[test]
+    fn an_objects_status_json_is_the_status_of_its_whole_json() {
+        let mut release: ToolRelease = serde_json::from_value(serde_json::json!({
+            "apiVersion": "toolgrid.dev/v1alpha1",
+            "kind": "ToolRelease",
+            "metadata": {"name": "t-1.0.0", "namespace": "default"},
+            "spec": {"tool": "t", "version": "1.0.0",
+                     "artifact": {"configMap": {"name": "a", "key": "t.wasm"}}},
+        }))
+        .unwrap();
+        let whole = |r: &ToolRelease| {
+            serde_json::to_value(r)
+                .unwrap()
+                .get("status")
+                .cloned()
+                .unwrap_or(serde_json::Value::Null)
+        };
+        assert_eq!(release.status_json(), serde_json::Value::Null);
+        assert_eq!(release.status_json(), whole(&release));
+        release.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "observedGeneration": 3,
+                "digest": "sha256:ab",
+                "conditions": [{"type": "Ready", "status": "True", "reason": "ArtifactReady",
+                                "message": "ok", "lastTransitionTime": "2026-12-06T00:00:00Z",
+                                "observedGeneration": 3}],
+            }))
+            .unwrap(),
+        );
+        assert_eq!(release.status_json(), whole(&release));
+        assert_eq!(release.status_json()["digest"], "sha256:ab");
     }
 }
