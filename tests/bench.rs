@@ -118,6 +118,73 @@ fn the_catalog_bench_applies_each_change_and_reports_rss() {
     }
 }
 
+/// `toolgrid bench catalog --source cluster`: Tools and ToolReleases on the fake Kubernetes
+/// API server, served by `toolgrid controller`; each new ToolRelease of one tool becomes
+/// what a call of it runs (the script fails otherwise), in a catalog of many and of one.
+/// Skips without PyYAML, except under `CI=true`.
+#[test]
+fn the_cluster_catalog_bench_applies_each_new_release() {
+    let Some(run) = common::run_python_check(
+        Command::new(common::TOOLGRID)
+            .args([
+                "bench",
+                "catalog",
+                "--source",
+                "cluster",
+                "--tools",
+                "30",
+                "--changes",
+                "3",
+            ])
+            .current_dir(common::fixtures::repo())
+            .env_remove("KUBECONFIG")
+            .env("RUST_LOG", "error"),
+    ) else {
+        return;
+    };
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    for row in [
+        "changes of one tool's release in the cluster",
+        "apply to callable, 30 tools",
+        "baseline: apply to callable, 1 tool",
+        "controller RSS after the changes:",
+    ] {
+        assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
+    }
+    // A change of one tool reconciles the few objects whose state it moved, not the
+    // catalog's 60 Tools and ToolReleases (each snapshot reconciled all of them once).
+    let reconciled: f64 = stdout
+        .lines()
+        .find_map(|l| l.split("objects reconciled: ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no objects reconciled in:\n{stdout}"));
+    assert!(
+        (1.0..=10.0).contains(&reconciled),
+        "{reconciled} objects reconciled per change:\n{stdout}"
+    );
+}
+
+/// `toolgrid bench catalog` refuses an empty catalog or no changes, naming both flags.
+#[test]
+fn the_catalog_bench_refuses_nothing_to_measure() {
+    let output = Command::new(common::TOOLGRID)
+        .args(["bench", "catalog", "--tools", "0"])
+        .output()
+        .expect("toolgrid bench");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--tools and --changes must be at least 1"),
+        "{stderr}"
+    );
+}
+
 /// `toolgrid bench waiting`: calls queued behind a busy slot hold no slot (the pool shows
 /// one busy, all the rest queued), and once the slot frees they all run, each once, in
 /// admission order (the bench exits 1 otherwise, naming the first out of place).

@@ -250,6 +250,36 @@ async fn warm_up(
     }
 }
 
+/// Runs a benchmark written in Python (`script`, in the repository: it plays the
+/// Kubernetes API server with `tests/helm/fakekube.py`), given this binary and `args`.
+/// Its status 77 (it cannot run here: PyYAML missing, the reason on its stderr), the
+/// tests' "skip", passes through.
+fn run_python_bench(
+    script: &std::path::Path,
+    bench: &str,
+    args: &[(&str, String)],
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        script.is_file(),
+        "no {} here: run `toolgrid bench {bench}` from the repository",
+        script.display()
+    );
+    let mut command = std::process::Command::new("python3");
+    command
+        .arg(script)
+        .arg("--toolgrid")
+        .arg(std::env::current_exe()?);
+    for (flag, value) in args {
+        command.arg(flag).arg(value);
+    }
+    let status = command.status().context("cannot run python3")?;
+    if status.code() == Some(77) {
+        std::process::exit(77);
+    }
+    anyhow::ensure!(status.success(), "the {bench} run failed ({status})");
+    Ok(())
+}
+
 fn header() -> String {
     format!(
         "{:<44} {:>9} {:>9} {:>9} {:>11}",

@@ -2,6 +2,11 @@
 //! one tool's manifest changing to the change being callable (a call of the tool runs its
 //! new release), p50/p99 over repeated changes, and the control plane's RSS; next to
 //! the same with a catalog of one tool, measured in the same run.
+//!
+//! With `--source cluster` the catalog is N Tools and ToolReleases in a cluster, served by
+//! `toolgrid controller`, and a change is a new ToolRelease: the run is
+//! `tests/helm/catalog_bench.py` (it plays the Kubernetes API server with
+//! `tests/helm/fakekube.py`), given this binary: run it from the repository.
 
 use super::{Started, start_platform};
 use crate::cli::sample::Sample;
@@ -17,9 +22,35 @@ pub struct CatalogArgs {
     /// Changes of one tool's release to time, one after another.
     #[arg(long, default_value_t = 20)]
     changes: usize,
-    /// The artifact every release runs.
+    /// The artifact every release runs (a manifest directory's; the cluster's releases run
+    /// examples/tools/semver/semver.wasm from a ConfigMap).
     #[arg(long, default_value = "examples/tools/semver/semver.wasm")]
     wasm: std::path::PathBuf,
+    /// Where the catalog comes from: a manifest directory (`toolgrid up`) or the cluster
+    /// (`toolgrid controller`, Tools and ToolReleases on a fake API server).
+    #[arg(long, value_enum, default_value_t = Source::Directory)]
+    source: Source,
+    /// The script that runs `--source cluster`.
+    #[arg(long, default_value = "tests/helm/catalog_bench.py")]
+    script: std::path::PathBuf,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Directory,
+    Cluster,
+}
+
+/// `--source cluster`: the script runs both catalogs and prints the table.
+fn run_cluster(args: &CatalogArgs) -> anyhow::Result<()> {
+    super::run_python_bench(
+        &args.script,
+        "catalog --source cluster",
+        &[
+            ("--tools", args.tools.to_string()),
+            ("--changes", args.changes.to_string()),
+        ],
+    )
 }
 
 fn tool_manifest(name: &str, version: &str, wasm: &Path) -> String {
@@ -181,6 +212,13 @@ async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Me
 }
 
 pub async fn run(args: CatalogArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.tools >= 1 && args.changes >= 1,
+        "--tools and --changes must be at least 1"
+    );
+    if args.source == Source::Cluster {
+        return run_cluster(&args);
+    }
     let wasm = args
         .wasm
         .canonicalize()

@@ -6,9 +6,7 @@
 //! `tests/helm/fakekube.py`, the Service with a TCP proxy to the ready replica, and the
 //! witness), given this binary: run it from the repository.
 
-use anyhow::Context;
 use std::path::PathBuf;
-use std::process::Command;
 
 #[derive(clap::Args, Debug)]
 pub struct HaArgs {
@@ -37,28 +35,19 @@ pub struct HaArgs {
 }
 
 pub fn run(args: HaArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.script.is_file(),
-        "no {} here: run `toolgrid bench ha` from the repository",
-        args.script.display()
-    );
-    let status = Command::new("python3")
-        .arg(&args.script)
-        .arg("--toolgrid")
-        .arg(std::env::current_exe()?)
-        .args(["--postgres", &args.postgres])
-        .args(["--kills", &args.kills.to_string()])
-        .args(["--clients", &args.clients.to_string()])
-        .args(["--leader-lease", &args.leader_lease])
-        .args(["--leader-renew-deadline", &args.leader_renew_deadline])
-        .args(["--leader-renew-every", &args.leader_renew_every])
-        .status()
-        .context("cannot run python3")?;
-    if status.code() == Some(77) {
-        // The script cannot run here (PyYAML missing): its reason is on stderr, and its
-        // status, the tests' "skip", passes through.
-        std::process::exit(77);
-    }
-    anyhow::ensure!(status.success(), "the HA run failed ({status})");
-    Ok(())
+    super::run_python_bench(
+        &args.script,
+        "ha",
+        &[
+            ("--postgres", args.postgres.clone()),
+            ("--kills", args.kills.to_string()),
+            ("--clients", args.clients.to_string()),
+            ("--leader-lease", args.leader_lease.clone()),
+            (
+                "--leader-renew-deadline",
+                args.leader_renew_deadline.clone(),
+            ),
+            ("--leader-renew-every", args.leader_renew_every.clone()),
+        ],
+    )
 }
