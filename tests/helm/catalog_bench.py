@@ -41,10 +41,6 @@ import controller_smoke as cs  # noqa: E402  (exits 77 without PyYAML)
 WASM = os.path.join(cs.REPO, "examples", "tools", "semver", "semver.wasm")
 
 
-def log(msg: str):
-    print(msg, file=sys.stderr, flush=True)
-
-
 def rss_mib(pid: int) -> float | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -116,7 +112,7 @@ class Catalog(cs.Smoke):
 
     def measure(self, changes: int) -> dict:
         self.install_crds()
-        log(f"  {self.tools} tools: creating them")
+        cs.log(f"  {self.tools} tools: creating them")
         self.seed()
         started = time.monotonic()
         self.start_controller()
@@ -130,7 +126,7 @@ class Catalog(cs.Smoke):
             return release == f"{self.target}-1.0.0", self.last_error
         cs.eventually(f"{self.target} callable", callable_, timeout=300, interval=0.05)
         ready = time.monotonic() - started
-        log(f"  {self.tools} tools: {self.target} callable {ready:.2f} s after the start")
+        cs.log(f"  {self.tools} tools: {self.target} callable {ready:.2f} s after the start")
 
         # The controller writes every object's status once after its start: the changes
         # are timed after that, when every Tool and ToolRelease says Ready.
@@ -145,7 +141,7 @@ class Catalog(cs.Smoke):
             return counts == [self.tools, self.tools], counts
         cs.eventually("every Tool and ToolRelease Ready", all_ready, timeout=600, interval=0.5)
         settled = time.monotonic() - started
-        log(f"  {self.tools} tools: all Ready {settled:.2f} s after the start")
+        cs.log(f"  {self.tools} tools: all Ready {settled:.2f} s after the start")
         latencies = []
         reconciles_before = self.reconciles()
         cpu_before = cpu_seconds(self.controller.pid)
@@ -160,7 +156,7 @@ class Catalog(cs.Smoke):
                     raise cs.Failed(f"{wanted} was not callable within 120 s")
                 time.sleep(0.005)
             latencies.append(time.monotonic() - created)
-            log(f"  {self.tools} tools: {wanted} callable after {latencies[-1] * 1000:.1f} ms")
+            cs.log(f"  {self.tools} tools: {wanted} callable after {latencies[-1] * 1000:.1f} ms")
         # What the changes cost the controller: its CPU, and the objects it reconciled.
         cpu = cpu_seconds(self.controller.pid) - cpu_before
         reconciled = self.reconciles() - reconciles_before
@@ -182,10 +178,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 def row(label: str, latencies: list[float]) -> str:
-    ms = sorted(x * 1000 for x in latencies)
-    p = lambda q: ms[min(len(ms) - 1, int(round(q * (len(ms) - 1))))]  # noqa: E731
+    ms = [x * 1000 for x in latencies]
+    p50, p99 = cs.percentile(ms, 0.5), cs.percentile(ms, 0.99)
     rate = len(ms) / (sum(ms) / 1000)
-    return f"{label:<44}{p(0.5):>10.3f}{p(0.99):>10.3f}{statistics.mean(ms):>10.3f}{rate:>12.1f}"
+    return f"{label:<44}{p50:>10.3f}{p99:>10.3f}{statistics.mean(ms):>10.3f}{rate:>12.1f}"
 
 
 def measure(toolgrid: str, tools: int, changes: int) -> dict:
@@ -193,7 +189,7 @@ def measure(toolgrid: str, tools: int, changes: int) -> dict:
     try:
         return catalog.measure(changes)
     except cs.Failed:
-        log("--- the controller's log, last lines:\n" + catalog.tail(catalog.controller_log, 40))
+        cs.log("--- the controller's log, last lines:\n" + catalog.tail(catalog.controller_log, 40))
         raise
     finally:
         catalog.stop()

@@ -120,6 +120,12 @@ def log(msg: str):
     print(msg, file=sys.stderr, flush=True)
 
 
+def percentile(values, q: float):
+    """The nearest-rank `q` quantile (0 to 1) of `values`, as the benchmarks report it."""
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
 try:  # looked up now: a child between fork and exec should do no more than call it
     import ctypes
     _PRCTL = ctypes.CDLL(None, use_errno=True).prctl

@@ -352,9 +352,7 @@ def main() -> int:
         for k in missing:
             ha.failures.append(f"step {k} never reached the witness")
 
-        def p(values, q):
-            values = sorted(values)
-            return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+        p = cs.percentile
         print(f"toolgrid bench ha: 2 controller replicas on PostgreSQL, leader lease "
               f"{args.leader_lease} (renew every {args.leader_renew_every}, step down after "
               f"{args.leader_renew_deadline}), {args.clients} clients, {args.kills} SIGKILLs of the leader")

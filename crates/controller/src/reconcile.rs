@@ -8,13 +8,14 @@ use super::deployment::{
     desired_service_account, desired_workers,
 };
 use super::status::{
-    LivePool, MANAGER, pool_status, ready_transition, status_change, status_patch,
+    LivePool, MANAGER, pool_status, ready_transition, status_change, status_json, status_patch,
 };
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, ListParams, PartialObjectMeta, Patch, PatchParams};
+use kube::core::object::HasStatus;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
@@ -89,15 +90,14 @@ fn resolved<K: Resource<DynamicType = ()>>(ctx: &Context, object: &K) -> Option<
 async fn write_status<K>(ctx: &Context, object: &K, desired: &Value) -> Result<(), Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + HasStatus
         + Serialize
         + DeserializeOwned
         + Clone
         + Debug,
+    K::Status: Serialize,
 {
-    let current = serde_json::to_value(object)?
-        .get("status")
-        .cloned()
-        .unwrap_or(Value::Null);
+    let current = status_json(object);
     let Some(status) = status_change(&current, desired) else {
         return Ok(());
     };
@@ -158,10 +158,12 @@ pub(crate) async fn reconcile_resolved<K>(
 ) -> Result<Action, Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + HasStatus
         + Serialize
         + DeserializeOwned
         + Clone
         + Debug,
+    K::Status: Serialize,
 {
     let Some(state) = resolved(&ctx, &*object) else {
         // The catalog has not resolved this object yet; it will trigger us when it has.
@@ -255,10 +257,7 @@ pub(crate) async fn reconcile_pool(
         .and_then(|s| s.ready_replicas)
         .and_then(|r| u32::try_from(r).ok())
         .unwrap_or_default();
-    let current = serde_json::to_value(&*pool)?
-        .get("status")
-        .cloned()
-        .unwrap_or(Value::Null);
+    let current = status_json(&*pool);
     live.desired = desired;
     live.ready = ready;
     let status = pool_status(&state, &current, live, k8s_openapi::jiff::Timestamp::now());

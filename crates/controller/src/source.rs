@@ -5,10 +5,12 @@
 
 use crate::checked::{CheckKey, Checked};
 use crate::fetch::{FetchPolicy, fetch};
+use crate::status::status_json;
 use crate::wake::{Stamps, Wake};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use kube::api::{Api, PartialObjectMeta};
+use kube::core::object::HasStatus;
 use kube::runtime::reflector::{self, Store as Cache};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
@@ -184,44 +186,14 @@ fn sourced<K: Resource<DynamicType = ()> + Clone>(cache: &Cache<K>) -> Vec<Sourc
         .collect()
 }
 
-/// An object's status as JSON (null when it has none), without the rest of the object:
-/// serializing each whole object (its spec, every command's schemas) to read its status
-/// was a tenth of a resolve's time with 1,000 tools.
-trait StatusJson {
-    fn status_json(&self) -> serde_json::Value;
-}
-
-macro_rules! status_json {
-    ($($kind:ty),*) => {
-        $(impl StatusJson for $kind {
-            fn status_json(&self) -> serde_json::Value {
-                self.status
-                    .as_ref()
-                    .and_then(|status| serde_json::to_value(status).ok())
-                    .unwrap_or(serde_json::Value::Null)
-            }
-        })*
-    };
-}
-
-status_json!(
-    Tool,
-    ToolRelease,
-    ToolBinding,
-    Middleware,
-    Agent,
-    WorkerPool,
-    ToolSource
-);
-
 /// What the cluster says each resource's status is now (conditions keep their times).
-fn previous_of<K: Resource<DynamicType = ()> + StatusJson + Clone>(
-    kind: Kind,
-    cache: &Cache<K>,
-    into: &mut HashMap<ResourceId, PreviousState>,
-) {
+fn previous_of<K>(kind: Kind, cache: &Cache<K>, into: &mut HashMap<ResourceId, PreviousState>)
+where
+    K: Resource<DynamicType = ()> + HasStatus + Clone,
+    K::Status: serde::Serialize,
+{
     for object in cache.state() {
-        let status = object.status_json();
+        let status = status_json(&*object);
         into.insert(
             ResourceId {
                 kind,
@@ -796,44 +768,5 @@ impl ClusterSource {
                     .into(),
             ),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The status read alone is what the whole object's JSON holds under `status`.
-    #[test]
-    fn an_objects_status_json_is_the_status_of_its_whole_json() {
-        let mut release: ToolRelease = serde_json::from_value(serde_json::json!({
-            "apiVersion": "toolgrid.dev/v1alpha1",
-            "kind": "ToolRelease",
-            "metadata": {"name": "t-1.0.0", "namespace": "default"},
-            "spec": {"tool": "t", "version": "1.0.0",
-                     "artifact": {"configMap": {"name": "a", "key": "t.wasm"}}},
-        }))
-        .unwrap();
-        let whole = |r: &ToolRelease| {
-            serde_json::to_value(r)
-                .unwrap()
-                .get("status")
-                .cloned()
-                .unwrap_or(serde_json::Value::Null)
-        };
-        assert_eq!(release.status_json(), serde_json::Value::Null);
-        assert_eq!(release.status_json(), whole(&release));
-        release.status = Some(
-            serde_json::from_value(serde_json::json!({
-                "observedGeneration": 3,
-                "digest": "sha256:ab",
-                "conditions": [{"type": "Ready", "status": "True", "reason": "ArtifactReady",
-                                "message": "ok", "lastTransitionTime": "2026-12-06T00:00:00Z",
-                                "observedGeneration": 3}],
-            }))
-            .unwrap(),
-        );
-        assert_eq!(release.status_json(), whole(&release));
-        assert_eq!(release.status_json()["digest"], "sha256:ab");
     }
 }

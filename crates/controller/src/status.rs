@@ -3,6 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
+use kube::core::object::HasStatus;
 use serde_json::{Value, json};
 use toolgrid_api::WorkerPoolStatus;
 use toolgrid_api::conditions;
@@ -11,6 +12,21 @@ use toolgrid_catalog::pool_health::pool_ready;
 
 /// The field manager of every write the controller makes (server-side apply).
 pub const MANAGER: &str = "toolgrid-controller";
+
+/// An object's status as JSON (null when it has none), read through the `HasStatus` that
+/// kube-derive writes for each kind, without the rest of the object: serializing each whole
+/// object (its spec, every command's schemas) to read its status was a tenth of a resolve's
+/// time with 1,000 tools.
+pub fn status_json<K>(object: &K) -> Value
+where
+    K: HasStatus,
+    K::Status: serde::Serialize,
+{
+    object
+        .status()
+        .and_then(|status| serde_json::to_value(status).ok())
+        .unwrap_or(Value::Null)
+}
 
 /// The status to write, or `None` when the object already has it.
 pub fn status_change(current: &Value, desired: &Value) -> Option<Value> {
@@ -252,5 +268,39 @@ mod tests {
         };
         let lost = pool_status(&resolved(true), &was_ready, grace_over, t1);
         assert_eq!(lost["conditions"][0]["reason"], "NoWorkers");
+    }
+
+    /// The status read alone is what the whole object's JSON holds under `status`.
+    #[test]
+    fn an_objects_status_json_is_the_status_of_its_whole_json() {
+        let mut release: toolgrid_api::ToolRelease = serde_json::from_value(serde_json::json!({
+            "apiVersion": "toolgrid.dev/v1alpha1",
+            "kind": "ToolRelease",
+            "metadata": {"name": "t-1.0.0", "namespace": "default"},
+            "spec": {"tool": "t", "version": "1.0.0",
+                     "artifact": {"configMap": {"name": "a", "key": "t.wasm"}}},
+        }))
+        .unwrap();
+        let whole = |r: &toolgrid_api::ToolRelease| {
+            serde_json::to_value(r)
+                .unwrap()
+                .get("status")
+                .cloned()
+                .unwrap_or(serde_json::Value::Null)
+        };
+        assert_eq!(status_json(&release), serde_json::Value::Null);
+        assert_eq!(status_json(&release), whole(&release));
+        release.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "observedGeneration": 3,
+                "digest": "sha256:ab",
+                "conditions": [{"type": "Ready", "status": "True", "reason": "ArtifactReady",
+                                "message": "ok", "lastTransitionTime": "2026-12-06T00:00:00Z",
+                                "observedGeneration": 3}],
+            }))
+            .unwrap(),
+        );
+        assert_eq!(status_json(&release), whole(&release));
+        assert_eq!(status_json(&release)["digest"], "sha256:ab");
     }
 }
