@@ -23,6 +23,7 @@ mod rollouts;
 mod rows;
 mod sessions;
 mod sync;
+mod wal_vfs;
 mod workspaces;
 mod writer;
 

@@ -54,9 +54,13 @@ pub(super) type SyncFailed = std::sync::Arc<std::sync::Mutex<Option<String>>>;
 impl NativeSqlite {
     /// Opens the database at `path` (which exists: the schema was upgraded on it).
     pub(super) fn open(path: &Path, busy_timeout: Duration) -> Result<Self, StoreError> {
-        let conn = rusqlite::Connection::open_with_flags(
+        // Through the VFS that writes a commit's log frames at once (`wal_vfs`).
+        let vfs = super::wal_vfs::register()
+            .map_err(|e| StoreError::Database(sqlx::Error::Configuration(e.into())))?;
+        let conn = rusqlite::Connection::open_with_flags_and_vfs(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            vfs,
         )
         .map_err(database)?;
         conn.busy_timeout(busy_timeout).map_err(database)?;
