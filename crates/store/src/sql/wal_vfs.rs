@@ -15,7 +15,8 @@
 //!   transaction (`walRewriteChecksums`, which reads each frame and then writes its header,
 //!   the commit's last, and then publishes the commit without another call on the log);
 //! - before any other use of the log file (a read, a sync, a size, a truncate, a lock, a
-//!   file control, its close), and before a write that does not follow the kept ones;
+//!   file control, its close; not its sector size or device characteristics, which read
+//!   nothing), and before a write that does not follow the kept ones;
 //! - when the kept bytes pass [`LIMIT`] (a transaction larger than that), in writes of at
 //!   most [`WRITE_MAX`] bytes.
 //!
@@ -362,8 +363,30 @@ passing_on! {
     shm_unmap => xShmUnmap(delete: c_int) -> c_int, |rc| rc;
     fetch => xFetch(offset: i64, amount: c_int, out: *mut *mut c_void) -> c_int, |rc| rc;
     unfetch => xUnfetch(offset: i64, page: *mut c_void) -> c_int, |rc| rc;
-    sector_size => xSectorSize() -> c_int, |_| 4096;
-    device_characteristics => xDeviceCharacteristics() -> c_int, |_| 0;
+}
+
+/// The file methods that only describe the file: called on the platform's file with
+/// nothing written first (they cannot report a failed write).
+macro_rules! describing {
+    ($($name:ident => $field:ident -> $missing:expr;)*) => {
+        $(
+            unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file) -> c_int {
+                // SAFETY: as in `real`.
+                unsafe {
+                    let (real, methods) = real(file);
+                    match methods.$field {
+                        Some(method) => method(real),
+                        None => $missing,
+                    }
+                }
+            }
+        )*
+    };
+}
+
+describing! {
+    sector_size => xSectorSize -> 4096;
+    device_characteristics => xDeviceCharacteristics -> 0;
 }
 
 unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
