@@ -206,7 +206,8 @@ unsafe fn real(file: *mut ffi::sqlite3_file) -> (*mut ffi::sqlite3_file, ffi::sq
     }
 }
 
-/// Writes the log's kept bytes, if any (every method but `write` starts here).
+/// Writes the log's kept bytes, if any (where every method that uses the file's contents
+/// starts, but `write`).
 unsafe fn pass_on(file: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: `kept` is null or the `Kept` that `open` made for this file, which only this
     // file's methods touch (SQLite calls a file's methods one at a time).
