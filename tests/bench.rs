@@ -1,7 +1,7 @@
 //! `toolgrid bench calls --stages` against a platform it starts: every stage of the
-//! sequential run's calls is counted once per call, and the guard (`--max-fsyncs`) fails
-//! the run, naming its figures, when the sequential p50 is over its bar; `bench waiting`
-//! drains queued calls in order.
+//! sequential run's calls is counted once per call, the CPU time per call is told by
+//! thread, and the guard (`--max-fsyncs`) fails the run, naming its figures, when the
+//! sequential p50 is over its bar; `bench waiting` drains queued calls in order.
 
 use crate::common;
 use std::process::Command;
@@ -64,6 +64,20 @@ fn the_stage_breakdown_counts_each_call_once_per_stage_and_the_guard_fails_named
         ),
         "{stdout}"
     );
+    // The CPU time per call by thread: the control plane's store writer, the workers'
+    // sandboxes.
+    let by_thread = |role: &str| {
+        stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(role))
+            .unwrap_or_else(|| panic!("no {role} line in:\n{stdout}"))
+            .to_string()
+    };
+    assert!(
+        by_thread("control plane:").contains(" store-writer "),
+        "{stdout}"
+    );
+    assert!(by_thread("workers:").contains(" guest "), "{stdout}");
 
     // A bar no platform meets (the in-process run alone): the guard fails, with the figures.
     let output = bench(&["--max-fsyncs", "0"]);

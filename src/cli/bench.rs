@@ -4,6 +4,7 @@
 mod catalog;
 mod ha;
 mod stages;
+mod threads;
 mod waiting;
 
 use super::sample::Sample;
@@ -458,7 +459,9 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
     };
     let concurrent_before = scrape().await?;
     let cpu_before = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
+    let threads_before = started.as_ref().map(|s| threads::snapshot(s.child.id()));
     let platform = run_clients(&clients, &request, args.calls).await?;
+    let threads_after = started.as_ref().map(|s| threads::snapshot(s.child.id()));
     let cpu_after = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
     let concurrent_after = scrape().await?;
     let stages_before = scrape().await?;
@@ -600,6 +603,19 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
             args.concurrency
         );
     }
+    if let (Some(before), Some(after)) = (&threads_before, &threads_after) {
+        // Nothing where /proc cannot tell.
+        let lines = threads::lines(&threads::per_call(before, after, args.calls));
+        if !lines.is_empty() {
+            println!(
+                "platform CPU per call by thread (ms, the {}-client run):",
+                args.concurrency
+            );
+        }
+        for line in lines {
+            println!("  {line}");
+        }
+    }
     if let Some(fsyncs) = args.max_fsyncs {
         let bar = sequential.percentile(0.5) + fsyncs * fdatasync.percentile(0.5);
         let p50 = platform_sequential.percentile(0.5);
@@ -640,6 +656,7 @@ mod cpu {
         Some(Duration::from_millis(ticks * 10))
     }
 
+    /// The child processes of `pid`.
     pub fn children(pid: u32) -> Vec<u32> {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             return Vec::new();
