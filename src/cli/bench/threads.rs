@@ -35,6 +35,15 @@ pub struct Thread {
 /// The threads of a process tree by thread id.
 pub type Snapshot = BTreeMap<u32, Thread>;
 
+/// The CPU time per call of the threads of one name in one process role.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub role: Role,
+    pub thread: String,
+    /// Milliseconds of CPU per call.
+    pub ms: f64,
+}
+
 /// Reads the threads of `pid` (the control plane) and of its child processes (workers).
 pub fn snapshot(pid: u32) -> Snapshot {
     let mut threads = Snapshot::new();
@@ -82,7 +91,7 @@ fn read_process(pid: u32, role: Role, into: &mut Snapshot) {
 /// most first: a thread present in both counts its difference, a thread started between
 /// them all its time; a thread that ended between them is lost (its time left /proc with
 /// it: tokio's blocking threads end after ten idle seconds).
-pub fn per_call(before: &Snapshot, after: &Snapshot, calls: usize) -> Vec<(Role, String, f64)> {
+pub fn per_call(before: &Snapshot, after: &Snapshot, calls: usize) -> Vec<Row> {
     let mut by_name: BTreeMap<(Role, &str), Duration> = BTreeMap::new();
     for (tid, thread) in after {
         let earlier = before
@@ -92,34 +101,32 @@ pub fn per_call(before: &Snapshot, after: &Snapshot, calls: usize) -> Vec<(Role,
         *by_name.entry((thread.role, &thread.name)).or_default() +=
             thread.ran.saturating_sub(earlier);
     }
-    let mut rows: Vec<(Role, String, f64)> = by_name
+    let mut rows: Vec<Row> = by_name
         .into_iter()
-        .map(|((role, name), ran)| {
-            (
-                role,
-                name.to_string(),
-                ran.as_nanos() as f64 / 1e6 / calls.max(1) as f64,
-            )
+        .map(|((role, name), ran)| Row {
+            role,
+            thread: name.to_string(),
+            ms: ran.as_nanos() as f64 / 1e6 / calls.max(1) as f64,
         })
         .collect();
-    rows.sort_by(|a, b| a.0.cmp(&b.0).then(b.2.total_cmp(&a.2)));
+    rows.sort_by(|a, b| a.role.cmp(&b.role).then(b.ms.total_cmp(&a.ms)));
     rows
 }
 
 /// The rows of [`per_call`] worth printing (at least a microsecond per call), one line per
 /// role: `control plane: store-writer 0.290, tokio-rt-worker 0.250`.
-pub fn lines(rows: &[(Role, String, f64)]) -> Vec<String> {
+pub fn lines(rows: &[Row]) -> Vec<String> {
     let mut lines: Vec<String> = Vec::new();
     let mut current = None;
-    for (role, name, ms) in rows.iter().filter(|(_, _, ms)| *ms >= 0.001) {
-        if current != Some(*role) {
-            current = Some(*role);
-            lines.push(format!("{}:", role.label()));
+    for row in rows.iter().filter(|row| row.ms >= 0.001) {
+        if current != Some(row.role) {
+            current = Some(row.role);
+            lines.push(format!("{}:", row.role.label()));
         } else if let Some(line) = lines.last_mut() {
             line.push(',');
         }
         if let Some(line) = lines.last_mut() {
-            line.push_str(&format!(" {name} {ms:.3}"));
+            line.push_str(&format!(" {} {:.3}", row.thread, row.ms));
         }
     }
     lines
@@ -159,8 +166,8 @@ mod tests {
         let rows = per_call(&before, &after, 1000);
         let ms = |role, name: &str| {
             rows.iter()
-                .find(|(r, n, _)| *r == role && n == name)
-                .map(|(_, _, ms)| *ms)
+                .find(|row| row.role == role && row.thread == name)
+                .map(|row| row.ms)
         };
         assert_eq!(ms(Role::ControlPlane, "store-writer"), Some(0.3));
         assert_eq!(ms(Role::ControlPlane, "tokio-rt-worker"), Some(0.3));
@@ -182,7 +189,11 @@ mod tests {
         let after = Snapshot::from([(7, thread(Role::Worker, "epoch-ticker", 20))]);
         assert_eq!(
             per_call(&before, &after, 10),
-            vec![(Role::Worker, "epoch-ticker".to_string(), 2.0)]
+            vec![Row {
+                role: Role::Worker,
+                thread: "epoch-ticker".into(),
+                ms: 2.0
+            }]
         );
     }
 
