@@ -331,21 +331,22 @@ unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
     }
 }
 
-/// The file methods that write the kept bytes and then call the platform's.
+/// The file methods that write the kept bytes and then call the platform's; a failed write
+/// is their answer.
 macro_rules! passing_on {
-    ($($name:ident => $field:ident ($($arg:ident: $ty:ty),*) -> $ret:ty, $failed:expr;)*) => {
+    ($($name:ident => $field:ident ($($arg:ident: $ty:ty),*);)*) => {
         $(
-            unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file $(, $arg: $ty)*) -> $ret {
+            unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file $(, $arg: $ty)*) -> c_int {
                 // SAFETY: as in `pass_on` and `real`; the arguments are SQLite's, passed on.
                 unsafe {
                     let rc = pass_on(file);
                     if rc != ffi::SQLITE_OK {
-                        return $failed(rc);
+                        return rc;
                     }
                     let (real, methods) = real(file);
                     match methods.$field {
                         Some(method) => method(real $(, $arg)*),
-                        None => $failed(ffi::SQLITE_IOERR),
+                        None => ffi::SQLITE_IOERR,
                     }
                 }
             }
@@ -354,19 +355,19 @@ macro_rules! passing_on {
 }
 
 passing_on! {
-    read => xRead(buf: *mut c_void, amount: c_int, offset: i64) -> c_int, |rc| rc;
-    truncate => xTruncate(size: i64) -> c_int, |rc| rc;
-    sync => xSync(flags: c_int) -> c_int, |rc| rc;
-    file_size_of => xFileSize(size: *mut i64) -> c_int, |rc| rc;
-    lock => xLock(level: c_int) -> c_int, |rc| rc;
-    unlock => xUnlock(level: c_int) -> c_int, |rc| rc;
-    check_reserved_lock => xCheckReservedLock(out: *mut c_int) -> c_int, |rc| rc;
-    file_control => xFileControl(op: c_int, arg: *mut c_void) -> c_int, |rc| rc;
-    shm_map => xShmMap(region: c_int, size: c_int, extend: c_int, out: *mut *mut c_void) -> c_int, |rc| rc;
-    shm_lock => xShmLock(offset: c_int, n: c_int, flags: c_int) -> c_int, |rc| rc;
-    shm_unmap => xShmUnmap(delete: c_int) -> c_int, |rc| rc;
-    fetch => xFetch(offset: i64, amount: c_int, out: *mut *mut c_void) -> c_int, |rc| rc;
-    unfetch => xUnfetch(offset: i64, page: *mut c_void) -> c_int, |rc| rc;
+    read => xRead(buf: *mut c_void, amount: c_int, offset: i64);
+    truncate => xTruncate(size: i64);
+    sync => xSync(flags: c_int);
+    file_size_of => xFileSize(size: *mut i64);
+    lock => xLock(level: c_int);
+    unlock => xUnlock(level: c_int);
+    check_reserved_lock => xCheckReservedLock(out: *mut c_int);
+    file_control => xFileControl(op: c_int, arg: *mut c_void);
+    shm_map => xShmMap(region: c_int, size: c_int, extend: c_int, out: *mut *mut c_void);
+    shm_lock => xShmLock(offset: c_int, n: c_int, flags: c_int);
+    shm_unmap => xShmUnmap(delete: c_int);
+    fetch => xFetch(offset: i64, amount: c_int, out: *mut *mut c_void);
+    unfetch => xUnfetch(offset: i64, page: *mut c_void);
 }
 
 /// The file methods that only describe the file: called on the platform's file with
