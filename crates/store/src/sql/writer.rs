@@ -44,7 +44,10 @@ pub(super) trait Write: Send + Sync + 'static {
 
 /// A [`Write`] with its answer and its reply channels.
 struct Queued<W: Write> {
-    write: W,
+    /// The write, until its batch commits: then it is dropped, before any answer is sent,
+    /// so that what it shares with its caller (an admitted call's `Arc`) is the caller's
+    /// alone again when the answer arrives (no copy is made to build the answer's record).
+    write: Mutex<Option<Arc<W>>>,
     answer: Mutex<Option<Result<W::Output, StoreError>>>,
     reply: Reply<W::Output>,
 }
@@ -82,7 +85,18 @@ fn kept<T>(answer: Option<Result<T, StoreError>>) -> Result<T, StoreError> {
 #[async_trait]
 impl<W: Write> Job for Queued<W> {
     async fn apply(&self, conn: &mut dyn Conn, again: bool) -> Result<(), sqlx::Error> {
-        match self.write.apply(conn, again).await {
+        let write = self
+            .write
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        // A write is applied only until its batch commits; after that it is never again.
+        let Some(write) = write else {
+            return Err(sqlx::Error::Protocol(
+                "a committed write was applied again".into(),
+            ));
+        };
+        match write.apply(conn, again).await {
             Err(StoreError::Database(error)) => Err(error),
             answer => {
                 *self.answer.lock().unwrap_or_else(PoisonError::into_inner) = Some(answer);
@@ -92,6 +106,12 @@ impl<W: Write> Job for Queued<W> {
     }
 
     fn applied(&self) {
+        drop(
+            self.write
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
         if let Reply::Applied { early, .. } = &self.reply
             && let Some(early) = early.lock().unwrap_or_else(PoisonError::into_inner).take()
         {
@@ -176,7 +196,7 @@ async fn write_applied_to<W: Write>(
 
 async fn queue<W: Write>(jobs: &Jobs, write: W, reply: Reply<W::Output>) -> Result<(), StoreError> {
     let job = Queued {
-        write,
+        write: Mutex::new(Some(Arc::new(write))),
         answer: Mutex::new(None),
         reply,
     };
@@ -380,6 +400,33 @@ mod tests {
                 .await?;
             Ok(self.0)
         }
+    }
+
+    /// Inserts nothing; holds what it shares with its caller.
+    struct Holding(Arc<()>);
+
+    #[async_trait]
+    impl Write for Holding {
+        type Output = ();
+
+        async fn apply(&self, _conn: &mut dyn Conn, _again: bool) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_committed_write_is_dropped_before_it_is_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let (jobs, _path) = writer(&dir, None);
+        let shared = Arc::new(());
+        // Answered early, at the commit, while the batch waits for its sync.
+        let ((), durable) = write_applied_to(&jobs, Holding(shared.clone()))
+            .await
+            .unwrap();
+        assert_eq!(Arc::strong_count(&shared), 1, "the early answer's write is gone");
+        durable.wait().await.unwrap();
+        write_to(&jobs, Holding(shared.clone())).await.unwrap();
+        assert_eq!(Arc::strong_count(&shared), 1, "the durable answer's write is gone");
     }
 
     /// A writer on a new database with table `t`; `wal` replaces the log's path (a path
