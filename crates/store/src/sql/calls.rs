@@ -71,6 +71,8 @@ impl Inserted {
 }
 
 impl Admission {
+    /// The answer's record, built from `call`: the caller's alone by now (the writer drops
+    /// a write at its commit, before answering it), so it is moved, not copied.
     fn into_created(self, call: Arc<NewCall>) -> Created {
         match self {
             Admission::Inserted(inserted) => Created::New(
