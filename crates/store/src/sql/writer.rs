@@ -402,15 +402,16 @@ mod tests {
         }
     }
 
-    /// Inserts nothing; holds what it shares with its caller.
+    /// Inserts nothing; holds what it shares with its caller, and answers how many own it
+    /// while it is applied.
     struct Holding(Arc<()>);
 
     #[async_trait]
     impl Write for Holding {
-        type Output = ();
+        type Output = usize;
 
-        async fn apply(&self, _conn: &mut dyn Conn, _again: bool) -> Result<(), StoreError> {
-            Ok(())
+        async fn apply(&self, _conn: &mut dyn Conn, _again: bool) -> Result<usize, StoreError> {
+            Ok(Arc::strong_count(&self.0))
         }
     }
 
@@ -420,13 +421,22 @@ mod tests {
         let (jobs, _path) = writer(&dir, None);
         let shared = Arc::new(());
         // Answered early, at the commit, while the batch waits for its sync.
-        let ((), durable) = write_applied_to(&jobs, Holding(shared.clone()))
+        let (owners, durable) = write_applied_to(&jobs, Holding(shared.clone()))
             .await
             .unwrap();
-        assert_eq!(Arc::strong_count(&shared), 1, "the early answer's write is gone");
+        assert_eq!(owners, 2, "shared while it was applied");
+        assert_eq!(
+            Arc::strong_count(&shared),
+            1,
+            "the early answer's write is gone"
+        );
         durable.wait().await.unwrap();
-        write_to(&jobs, Holding(shared.clone())).await.unwrap();
-        assert_eq!(Arc::strong_count(&shared), 1, "the durable answer's write is gone");
+        assert_eq!(write_to(&jobs, Holding(shared.clone())).await.unwrap(), 2);
+        assert_eq!(
+            Arc::strong_count(&shared),
+            1,
+            "the durable answer's write is gone"
+        );
     }
 
     /// A writer on a new database with table `t`; `wal` replaces the log's path (a path
