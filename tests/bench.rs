@@ -78,6 +78,14 @@ fn the_stage_breakdown_counts_each_call_once_per_stage_and_the_guard_fails_named
         "{stdout}"
     );
     assert!(by_thread("workers:").contains(" guest "), "{stdout}");
+    // Beside it, what the bench's own clients took of the cores: some CPU, per call.
+    let own = by_thread("the bench's own clients:");
+    let own_ms: f64 = own
+        .split_whitespace()
+        .nth(4)
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no ms per call in {own:?}"));
+    assert!(own_ms > 0.0, "{own}");
 
     // A bar no platform meets (the in-process run alone): the guard fails, with the figures.
     let output = bench(&["--max-fsyncs", "0"]);
