@@ -459,11 +459,11 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
     };
     let concurrent_before = scrape().await?;
     let cpu_before = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
-    let own_before = cpu::of(std::process::id());
+    let own_before = threads::own();
     let threads_before = started.as_ref().map(|s| threads::snapshot(s.child.id()));
     let platform = run_clients(&clients, &request, args.calls).await?;
     let threads_after = started.as_ref().map(|s| threads::snapshot(s.child.id()));
-    let own_after = cpu::of(std::process::id());
+    let own_after = threads::own();
     let cpu_after = started.as_ref().map(|s| cpu::of_tree(s.child.id()));
     let concurrent_after = scrape().await?;
     let stages_before = scrape().await?;
@@ -605,9 +605,9 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
             args.concurrency
         );
         // The clients share the cores: what they take, the platform cannot have.
-        if let (Some(before), Some(after)) = (own_before, own_after) {
-            let per_call = (after - before).as_secs_f64() * 1e3 / args.calls as f64;
-            let busy = (after - before).as_secs_f64() / platform.wall.as_secs_f64();
+        let per_call = threads::total_ms(&threads::per_call(&own_before, &own_after, args.calls));
+        if per_call > 0.0 {
+            let busy = per_call * args.calls as f64 / 1e3 / platform.wall.as_secs_f64();
             println!(
                 "the bench's own clients: {per_call:.3} ms per call, {busy:.2} cores busy beside it"
             );
@@ -654,8 +654,7 @@ mod cpu {
         Some(total)
     }
 
-    /// User and system CPU time of `pid` alone (its threads, not its children).
-    pub fn of(pid: u32) -> Option<Duration> {
+    fn of(pid: u32) -> Option<Duration> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         // The fields after the command name, which is in parentheses and may hold spaces.
         let rest = &stat[stat.rfind(')')? + 2..];

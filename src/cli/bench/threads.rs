@@ -13,6 +13,8 @@ pub enum Role {
     ControlPlane,
     /// A worker process it started.
     Worker,
+    /// The bench itself: its clients.
+    Bench,
 }
 
 impl Role {
@@ -20,6 +22,7 @@ impl Role {
         match self {
             Role::ControlPlane => "control plane",
             Role::Worker => "workers",
+            Role::Bench => "the bench",
         }
     }
 }
@@ -52,6 +55,18 @@ pub fn snapshot(pid: u32) -> Snapshot {
         read_process(child, Role::Worker, &mut threads);
     }
     threads
+}
+
+/// Reads the threads of this process (the bench's clients).
+pub fn own() -> Snapshot {
+    let mut threads = Snapshot::new();
+    read_process(std::process::id(), Role::Bench, &mut threads);
+    threads
+}
+
+/// The CPU time per call of all the threads of [`per_call`]'s rows together.
+pub fn total_ms(rows: &[Row]) -> f64 {
+    rows.iter().map(|row| row.ms).sum()
 }
 
 fn read_process(pid: u32, role: Role, into: &mut Snapshot) {
@@ -195,6 +210,18 @@ mod tests {
                 ms: 2.0
             }]
         );
+    }
+
+    #[test]
+    fn this_process_own_time_is_summed_under_the_bench() {
+        let before = own();
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < Duration::from_millis(20) {
+            std::hint::spin_loop();
+        }
+        let rows = per_call(&before, &own(), 1);
+        assert!(rows.iter().all(|row| row.role == Role::Bench), "{rows:?}");
+        assert!(total_ms(&rows) > 0.0, "{rows:?}");
     }
 
     #[test]
