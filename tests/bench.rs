@@ -66,20 +66,20 @@ fn the_stage_breakdown_counts_each_call_once_per_stage_and_the_guard_fails_named
     );
     // The CPU time per call by thread: the control plane's store writer, the workers'
     // sandboxes.
-    let by_thread = |role: &str| {
+    let line = |start: &str| {
         stdout
             .lines()
-            .find(|l| l.trim_start().starts_with(role))
-            .unwrap_or_else(|| panic!("no {role} line in:\n{stdout}"))
+            .find(|l| l.trim_start().starts_with(start))
+            .unwrap_or_else(|| panic!("no {start} line in:\n{stdout}"))
             .to_string()
     };
     assert!(
-        by_thread("control plane:").contains(" store-writer "),
+        line("control plane:").contains(" store-writer "),
         "{stdout}"
     );
-    assert!(by_thread("workers:").contains(" guest "), "{stdout}");
+    assert!(line("workers:").contains(" guest "), "{stdout}");
     // Beside it, what the bench's own clients took of the cores: some CPU, per call.
-    let own = by_thread("the bench's own clients:");
+    let own = line("the bench's own clients:");
     let own_ms: f64 = own
         .split_whitespace()
         .nth(4)
