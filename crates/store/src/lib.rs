@@ -124,6 +124,8 @@ pub struct CallWorkspace {
 pub struct RetentionReport {
     pub calls: u64,
     pub oplog_entries: u64,
+    /// Command definitions no call named any more.
+    pub commands: u64,
     /// Digests of the deleted artifacts.
     pub artifacts: Vec<String>,
 }

@@ -814,7 +814,8 @@ async fn an_old_database_is_upgraded_in_place_and_a_newer_one_refused() {
                  result_json, error_json, created_at_ms, finished_at_ms) VALUES ('old', 'default', \
                  'semver', 'compare', 'semver-1.0.0', 'sha256:00', 'running', '{}', '{\"pool\": \"p\", \
                  \"argv\": [], \"limits\": {\"memoryBytes\": 0, \"cpuTimeMs\": 0, \"outputBytes\": 0, \
-                 \"timeoutMs\": 0}, \"effect\": \"read\"}', $1, NULL, 'h', 1, 'w', 2, NULL, NULL, 1, NULL)",
+                 \"timeoutMs\": 0}, \"effect\": \"read\", \"command\": {\"name\": \"compare\"}}', $1, NULL, \
+                 'h', 1, 'w', 2, NULL, NULL, 1, NULL)",
             )
             .bind(b"x".as_slice())
             .execute(&mut conn)
@@ -834,6 +835,12 @@ async fn an_old_database_is_upgraded_in_place_and_a_newer_one_refused() {
         assert_eq!(schema_version(&mut conn).await, SCHEMA_VERSION, "{backend}");
         let old = store.get_call("old").await.unwrap().expect("the old call");
         assert_eq!(old.state, CallState::Running, "{backend}");
+        // Its command's definition is still the one in its spec.
+        assert_eq!(
+            old.spec.command.map(|c| c.name).as_deref(),
+            Some("compare"),
+            "{backend}"
+        );
         store
             .append_oplog(
                 "old",
@@ -848,6 +855,11 @@ async fn an_old_database_is_upgraded_in_place_and_a_newer_one_refused() {
             .await
             .unwrap();
         assert_eq!(done.state, CallState::Succeeded);
+        assert_eq!(
+            done.spec.command.map(|c| c.name).as_deref(),
+            Some("compare"),
+            "{backend}"
+        );
         assert_eq!(store.oplog("old").await.unwrap().len(), 4, "{backend}");
         drop(store);
 
@@ -956,6 +968,147 @@ async fn repeated_appends_and_completions_are_stored_once() {
 
 fn failure() -> CallError {
     CallError::new(ErrorKind::Timeout, "too slow")
+}
+
+/// A command definition with `description`.
+fn command_definition(description: &str) -> toolgrid_core::spec::Command {
+    serde_json::from_value(json!({
+        "name": "compare",
+        "description": description,
+        "positional": [
+            {"name": "a", "description": "The first version.", "schema": {"type": "string"}, "required": true},
+            {"name": "b", "description": "The second version.", "schema": {"type": "string"}, "required": true}
+        ],
+        "result": {"type": "object", "properties": {"order": {"type": "integer", "enum": [-1, 0, 1]}}},
+        "errors": [{"name": "invalid-version", "exitCode": 3, "description": "Not a version."}]
+    }))
+    .unwrap()
+}
+
+async fn count(conn: &mut sqlx::AnyConnection, sql: &'static str) -> i64 {
+    use sqlx::Row;
+    sqlx::query(sql)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+        .try_get::<i64, _>(0)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_command_definition_is_stored_once_and_read_back_with_each_call() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        let store = toolgrid_store::open(&url).await.unwrap();
+        let long = "Compares two versions by precedence. ".repeat(40);
+        let (first, second) = (command_definition(&long), command_definition("Changed."));
+        // Three calls of one definition (one answered at its commit), one of another, one
+        // of none.
+        for (id, command) in [
+            ("c1", Some(&first)),
+            ("c2", Some(&first)),
+            ("c4", Some(&second)),
+            ("c5", None),
+        ] {
+            let mut call = new_call(id, None, json!({"id": id}));
+            call.spec.command = command.cloned();
+            let Created::New(record) = store.create_call(call).await.unwrap() else {
+                panic!("{backend}: {id} not created");
+            };
+            assert_eq!(record.spec.command.as_ref(), command, "{backend}");
+        }
+        let mut call = new_call("c3", None, json!({"id": "c3"}));
+        call.spec.command = Some(first.clone());
+        let (created, durable) = store.create_call_applied(call).await.unwrap();
+        durable.wait().await.unwrap();
+        assert!(matches!(created, Created::New(_)), "{backend}");
+
+        let mut conn = raw_connection(&backend, &url).await;
+        assert_eq!(
+            count(&mut conn, "SELECT COUNT(*) FROM call_commands").await,
+            2,
+            "{backend}"
+        );
+        // The rows hold no definition, and name theirs.
+        assert_eq!(
+            count(
+                &mut conn,
+                "SELECT COUNT(*) FROM calls WHERE spec_json LIKE '%precedence%'                  OR spec_json LIKE '%\"command\":{%'"
+            )
+            .await,
+            0,
+            "{backend}"
+        );
+        assert_eq!(
+            count(
+                &mut conn,
+                "SELECT COUNT(*) FROM calls WHERE command_digest IS NOT NULL"
+            )
+            .await,
+            4,
+            "{backend}"
+        );
+
+        // Every read brings the definition back: one call, a listing, the unfinished ones,
+        // the record a completion answers.
+        for (id, command) in [
+            ("c1", Some(&first)),
+            ("c3", Some(&first)),
+            ("c4", Some(&second)),
+            ("c5", None),
+        ] {
+            let record = store.get_call(id).await.unwrap().unwrap();
+            assert_eq!(record.spec.command.as_ref(), command, "{backend}: {id}");
+        }
+        let listed = store.list_calls(&CallFilter::default()).await.unwrap();
+        assert_eq!(listed.len(), 5, "{backend}");
+        for record in &listed {
+            let expected = match record.id.as_str() {
+                "c4" => Some(&second),
+                "c5" => None,
+                _ => Some(&first),
+            };
+            assert_eq!(record.spec.command.as_ref(), expected, "{backend}");
+        }
+        let unfinished = store.unfinished_calls().await.unwrap();
+        assert_eq!(unfinished.len(), 5, "{backend}");
+        assert!(
+            unfinished
+                .iter()
+                .all(|r| r.id == "c5" || r.spec.command.is_some())
+        );
+        assert_eq!(store.assign_call("c1", "w").await.unwrap(), 1);
+        let done = store
+            .complete_call("c1", 1, 0, vec![], success(json!({"order": 1})))
+            .await
+            .unwrap();
+        assert_eq!(done.spec.command.as_ref(), Some(&first), "{backend}");
+
+        // Retention: a definition goes with the last call that names it.
+        for id in ["c2", "c3", "c4", "c5"] {
+            store.fail_call(id, failure()).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let cutoff = toolgrid_store::now_ms();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut young = new_call("c6", None, json!({"id": "c6"}));
+        young.spec.command = Some(second.clone());
+        store.create_call(young).await.unwrap();
+        let report = store
+            .delete_finished_before(cutoff, &HashSet::new())
+            .await
+            .unwrap();
+        assert_eq!(report.calls, 5, "{backend}");
+        // `first` went with c1, c2 and c3; `second` stays for c6.
+        assert_eq!(report.commands, 1, "{backend}");
+        assert_eq!(
+            count(&mut conn, "SELECT COUNT(*) FROM call_commands").await,
+            1,
+            "{backend}"
+        );
+        let kept = store.get_call("c6").await.unwrap().unwrap();
+        assert_eq!(kept.spec.command.as_ref(), Some(&second), "{backend}");
+    }
 }
 
 #[tokio::test]

@@ -45,6 +45,7 @@ pub async fn run_once(store: &dyn Retention, catalog: &Catalog, retain: Duration
                 tracing::info!(
                     calls = report.calls,
                     oplog_entries = report.oplog_entries,
+                    command_definitions = report.commands,
                     artifacts = report.artifacts.len(),
                     "retention deleted old calls"
                 );

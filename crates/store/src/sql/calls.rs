@@ -3,6 +3,7 @@
 
 use super::SqlStore;
 use super::approvals::insert_audit;
+use super::commands::{self, StoredCommand};
 use super::conn::{Conn, Row, query};
 use super::rows::{
     EntryRow, call_columns, call_from_row, insert_entry, insert_rows, is_postgres, json_text,
@@ -25,7 +26,21 @@ use toolgrid_core::completion::CallOutcome;
 struct CreateCall {
     call: Arc<NewCall>,
     args_json: String,
+    /// The spec without its command's definition, which is `command`.
     spec_json: String,
+    command: Option<StoredCommand>,
+}
+
+impl CreateCall {
+    fn new(mut call: NewCall) -> Self {
+        let (spec_json, command) = commands::split(&mut call.spec);
+        CreateCall {
+            args_json: json_text(&call.args),
+            spec_json,
+            command,
+            call: Arc::new(call),
+        }
+    }
 }
 
 /// What recording a new call did: inserted it (the record is built from the call by
@@ -95,7 +110,14 @@ impl Write for CreateCall {
         {
             return Ok(Admission::Stored(Box::new(Created::New(existing))));
         }
-        create(conn, call, &self.args_json, &self.spec_json).await
+        create(
+            conn,
+            call,
+            &self.args_json,
+            &self.spec_json,
+            self.command.as_ref(),
+        )
+        .await
     }
 }
 
@@ -384,6 +406,7 @@ async fn create(
     call: &NewCall,
     args_json: &str,
     spec_json: &str,
+    command: Option<&StoredCommand>,
 ) -> Result<Admission, StoreError> {
     let now = now_ms();
     // The idempotency scope and the listing filter of agents; '' for an operator's call.
@@ -443,11 +466,14 @@ async fn create(
         None if awaiting => CallState::AwaitingApproval,
         None => lifecycle.state,
     };
+    if let Some(command) = command {
+        commands::store(conn, &call.release_digest, command).await?;
+    }
     let inserted = query(
         "INSERT INTO calls (id, namespace, tool, command, release, release_digest, state, args_json, \
          spec_json, stdin, idempotency_key, request_hash, epoch, worker, next_seq, result_json, \
-         error_json, created_at_ms, finished_at_ms, agent) \
-         VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, $9, $10, $11, $14, $15, $16, $18, NULL, $12, $19, $17) \
+         error_json, created_at_ms, finished_at_ms, agent, command_digest) \
+         VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, $9, $10, $11, $14, $15, $16, $18, NULL, $12, $19, $17, $20) \
          ON CONFLICT DO NOTHING RETURNING id",
     )
     .bind(call.id.as_str())
@@ -469,6 +495,7 @@ async fn create(
     .bind(agent)
     .bind(dry_run.map(Value::to_string))
     .bind(dry_run.map(|_| now))
+    .bind(command.map(|c| c.digest.as_str()))
     .fetch_optional(&mut *conn)
     .await?;
     if inserted.is_none() {
@@ -788,26 +815,16 @@ async fn select_by_key(
 #[async_trait]
 impl CallLog for SqlStore {
     async fn create_call(&self, call: NewCall) -> Result<Created, StoreError> {
-        let call = Arc::new(call);
-        let admission = self
-            .write(CreateCall {
-                call: call.clone(),
-                args_json: json_text(&call.args),
-                spec_json: json_text(&call.spec),
-            })
-            .await?;
+        let write = CreateCall::new(call);
+        let call = write.call.clone();
+        let admission = self.write(write).await?;
         Ok(admission.into_created(call))
     }
 
     async fn create_call_applied(&self, call: NewCall) -> Result<(Created, Durable), StoreError> {
-        let call = Arc::new(call);
-        let (admission, durable) = self
-            .write_applied(CreateCall {
-                call: call.clone(),
-                args_json: json_text(&call.args),
-                spec_json: json_text(&call.spec),
-            })
-            .await?;
+        let write = CreateCall::new(call);
+        let call = write.call.clone();
+        let (admission, durable) = self.write_applied(write).await?;
         Ok((admission.into_created(call), durable))
     }
 

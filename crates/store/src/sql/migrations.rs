@@ -163,10 +163,31 @@ const MIGRATIONS: &[Migration] = &[
             ]
         },
     },
+    // Command definitions stored once per release and definition, not in every call's row
+    // (see `sql/commands.rs`): a call's row names its definition, and the index by release
+    // digest holds that name, so the definitions no call names are found by it.
+    Migration {
+        version: 10,
+        statements: |_| {
+            vec![
+                "CREATE TABLE IF NOT EXISTS call_commands (
+                    release_digest TEXT NOT NULL,
+                    digest TEXT NOT NULL,
+                    definition TEXT NOT NULL,
+                    PRIMARY KEY (release_digest, digest)
+                )"
+                .into(),
+                "ALTER TABLE calls ADD COLUMN command_digest TEXT".into(),
+                "DROP INDEX IF EXISTS calls_by_digest".into(),
+                "CREATE INDEX IF NOT EXISTS calls_by_digest ON calls (release_digest, command_digest)"
+                    .into(),
+            ]
+        },
+    },
 ];
 
 /// The schema version this binary writes; a store at a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 fn schema_v5(backend: Backend) -> Vec<String> {
     let blob = match backend {

@@ -1,7 +1,8 @@
-//! Retention: deleting ended calls with their oplogs, then unused artifacts, in bounded
-//! batches.
+//! Retention: deleting ended calls with their oplogs, in bounded batches, then the command
+//! definitions and the artifacts no call uses.
 
 use super::SqlStore;
+use super::commands;
 use super::conn::{Conn, built_query, query};
 use super::rows::placeholders;
 use super::writer::Write;
@@ -26,6 +27,18 @@ impl Write for PurgeCalls {
 
     async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<(u64, u64), StoreError> {
         purge_calls(conn, self.cutoff_ms, self.limit).await
+    }
+}
+
+/// Deletes the command definitions no call names any more: how many went.
+struct PurgeCommands;
+
+#[async_trait]
+impl Write for PurgeCommands {
+    type Output = u64;
+
+    async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<u64, StoreError> {
+        commands::purge_unused(conn).await
     }
 }
 
@@ -134,6 +147,9 @@ impl Retention for SqlStore {
             if calls < RETENTION_BATCH as u64 {
                 break;
             }
+        }
+        if report.calls > 0 {
+            report.commands = self.write(PurgeCommands).await?;
         }
         let artifacts = self
             .write(PurgeArtifacts {

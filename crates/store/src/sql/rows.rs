@@ -4,13 +4,17 @@
 use super::Backend;
 use super::conn::{Conn, Row, built_query, query};
 use crate::StoreError;
-use toolgrid_core::call::{CallRecord, CallState, EntryKind, OplogEntry};
+use toolgrid_core::call::{CallRecord, CallSpec, CallState, EntryKind, OplogEntry};
 
 /// The columns of a [`CallRecord`], as a literal so queries stay static strings.
 macro_rules! call_columns {
     () => {
-        "id, namespace, tool, command, release, release_digest, state, args_json, spec_json, stdin, \
-         idempotency_key, request_hash, epoch, worker, result_json, error_json, created_at_ms, finished_at_ms"
+        concat!(
+            "id, namespace, tool, command, release, release_digest, state, args_json, spec_json, stdin, \
+             idempotency_key, request_hash, epoch, worker, result_json, error_json, created_at_ms, \
+             finished_at_ms, ",
+            $crate::sql::commands::command_json!()
+        )
     };
 }
 pub(super) use call_columns;
@@ -131,6 +135,12 @@ pub(super) fn call_from_row(row: &Row) -> Result<CallRecord, StoreError> {
     let state: String = row.try_get("state")?;
     let result: Option<String> = row.try_get("result_json")?;
     let error: Option<String> = row.try_get("error_json")?;
+    let mut spec: CallSpec = parse_json(&row.try_get::<String>("spec_json")?, "call spec")?;
+    // The definition stored apart (a row written before definitions were has it in its
+    // spec, and names none).
+    if let Some(command) = row.try_get::<Option<String>>("command_json")? {
+        spec.command = Some(parse_json(&command, "call command")?);
+    }
     Ok(CallRecord {
         id: row.try_get("id")?,
         namespace: row.try_get("namespace")?,
@@ -141,7 +151,7 @@ pub(super) fn call_from_row(row: &Row) -> Result<CallRecord, StoreError> {
         state: CallState::parse(&state)
             .ok_or_else(|| StoreError::Corrupt(format!("call state {state:?}")))?,
         args: parse_json(&row.try_get::<String>("args_json")?, "call arguments")?,
-        spec: parse_json(&row.try_get::<String>("spec_json")?, "call spec")?,
+        spec,
         stdin: row.try_get("stdin")?,
         idempotency_key: row.try_get("idempotency_key")?,
         request_hash: row.try_get("request_hash")?,

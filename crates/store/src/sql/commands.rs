@@ -1,0 +1,143 @@
+//! Command definitions, stored once per release and definition rather than in every call's
+//! row.
+//!
+//! A call keeps the definition of its command as it was admitted (its spec's `command`), so
+//! its result is judged by the same rules after a restart or a failover even if the Tool
+//! has changed since. The definition is most of a call's spec (its descriptions, schemas
+//! and errors: 1.6 KB of the example tool's 1.9 KB), and the same for every call of the
+//! command. Kept in the row, it made the row larger than a 1 KiB page, so each call's row
+//! took overflow pages, which its end rewrote, freed and took again. It is stored here
+//! instead, keyed by the release's digest and the SHA-256 of its JSON, and the row
+//! names it (`calls.command_digest`); reads join it back ([`COMMAND_JSON`]), so a record
+//! read from the store is the record admitted.
+//!
+//! A definition no call names any more is deleted with the calls retention deletes
+//! ([`purge_unused`]). On PostgreSQL, where replicas write at once, that deletion takes an
+//! advisory lock every admission shares ([`store`]), so it never deletes a definition a
+//! call being admitted names.
+
+use super::conn::{Conn, query};
+use super::rows::{is_postgres, json_text};
+use crate::StoreError;
+use toolgrid_core::call::CallSpec;
+
+/// A command definition as stored: its key and its JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct StoredCommand {
+    /// SHA-256 of `definition`, hex.
+    pub digest: String,
+    pub definition: String,
+}
+
+/// The column a call's reads select: the definition its row names (NULL for a row that
+/// names none: one written before definitions were stored apart, whose spec holds it, or a
+/// spec built without one).
+macro_rules! command_json {
+    () => {
+        "(SELECT definition FROM call_commands WHERE call_commands.release_digest = calls.release_digest \
+         AND call_commands.digest = calls.command_digest) AS command_json"
+    };
+}
+pub(super) use command_json;
+
+/// The advisory lock (PostgreSQL) admissions share and the deletion of unused definitions
+/// takes alone.
+const LOCK: i64 = 0x746f_6f6c_636d_6473; // "toolcmds"
+
+/// The JSON of `spec` without its command's definition, and that definition as stored
+/// (None when the spec holds none). `spec` is as it was when this returns.
+pub(super) fn split(spec: &mut CallSpec) -> (String, Option<StoredCommand>) {
+    let command = spec.command.take();
+    let spec_json = json_text(spec);
+    let stored = command.as_ref().map(|command| {
+        use sha2::{Digest as _, Sha256};
+        let definition = json_text(command);
+        let digest = Sha256::digest(definition.as_bytes());
+        StoredCommand {
+            digest: digest.iter().map(|b| format!("{b:02x}")).collect(),
+            definition,
+        }
+    });
+    spec.command = command;
+    (spec_json, stored)
+}
+
+/// Stores `command` for calls of `release_digest` unless it is stored already. Runs in the
+/// admission's transaction, before the call's row that names it.
+pub(super) async fn store(
+    conn: &mut dyn Conn,
+    release_digest: &str,
+    command: &StoredCommand,
+) -> Result<(), StoreError> {
+    if is_postgres(conn) {
+        query("SELECT 1 FROM (SELECT pg_advisory_xact_lock_shared($1)) AS commands_lock")
+            .bind(LOCK)
+            .fetch_one(&mut *conn)
+            .await?;
+    }
+    query(
+        "INSERT INTO call_commands (release_digest, digest, definition) VALUES ($1, $2, $3) \
+         ON CONFLICT (release_digest, digest) DO NOTHING",
+    )
+    .bind(release_digest)
+    .bind(command.digest.as_str())
+    .bind(command.definition.as_str())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Deletes the definitions no call names; returns how many went.
+pub(super) async fn purge_unused(conn: &mut dyn Conn) -> Result<u64, StoreError> {
+    if is_postgres(conn) {
+        query("SELECT 1 FROM (SELECT pg_advisory_xact_lock($1)) AS commands_lock")
+            .bind(LOCK)
+            .fetch_one(&mut *conn)
+            .await?;
+    }
+    query(
+        "DELETE FROM call_commands WHERE NOT EXISTS (SELECT 1 FROM calls \
+         WHERE calls.release_digest = call_commands.release_digest \
+         AND calls.command_digest = call_commands.digest)",
+    )
+    .execute(&mut *conn)
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spec_is_stored_without_its_command_which_is_keyed_by_its_json() {
+        let mut spec = CallSpec {
+            pool: "default/default".into(),
+            ..CallSpec::default()
+        };
+        let command: toolgrid_core::spec::Command = serde_json::from_value(serde_json::json!({
+            "name": "compare",
+            "description": "Compares two versions.",
+            "positional": [{"name": "a", "schema": {"type": "string"}, "required": true}],
+        }))
+        .unwrap();
+        spec.command = Some(command.clone());
+        let (spec_json, stored) = split(&mut spec);
+        assert_eq!(spec.command.as_ref(), Some(&command), "the spec keeps it");
+        let json: serde_json::Value = serde_json::from_str(&spec_json).unwrap();
+        assert_eq!(json["pool"], "default/default");
+        assert!(json["command"].is_null(), "{json}");
+        let stored = stored.unwrap();
+        assert_eq!(
+            serde_json::from_str::<toolgrid_core::spec::Command>(&stored.definition).unwrap(),
+            command
+        );
+        assert_eq!(stored.digest.len(), 64);
+        // The same definition, the same key; another, another.
+        let (_, again) = split(&mut spec);
+        assert_eq!(again.as_ref(), Some(&stored));
+        spec.command.as_mut().unwrap().description = "Other.".into();
+        assert_ne!(split(&mut spec).1.unwrap().digest, stored.digest);
+        spec.command = None;
+        assert_eq!(split(&mut spec).1, None);
+    }
+}
