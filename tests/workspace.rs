@@ -570,7 +570,7 @@ spec: {tool: workspace, version: 1.0.0, artifact: {file: workspace.wasm}}
                     ..RunLimits::default()
                 },
                 effect: toolgrid_core::spec::Effect::Write,
-                command: command(&argv[1]),
+                command: command(&argv[1]).map(std::sync::Arc::new),
                 deadline_ms: toolgrid_store::now_ms() + 600_000,
                 access: CallAccess {
                     agent: Some(agent.into()),

@@ -8,6 +8,7 @@ use crate::spec::{Command, DeclaredError};
 use jsonschema::Validator;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The property of a model-facing input schema that carries stdin (so no argument of a
 /// command that reads stdin may take its name).
@@ -192,6 +193,8 @@ pub struct CommandInterface {
     result_schema: Option<Value>,
     errors: BTreeMap<i32, DeclaredError>,
     args_schema: Value,
+    /// The definition compiled.
+    definition: Arc<Command>,
 }
 
 impl std::fmt::Debug for CommandInterface {
@@ -422,9 +425,16 @@ impl CommandInterface {
             result_schema: command.result.clone(),
             errors,
             args_schema: Value::Null,
+            definition: Arc::new(command.clone()),
         };
         interface.args_schema = interface.compose_args_schema(command);
         Ok(interface)
+    }
+
+    /// The definition this interface was compiled from, shared with the calls that record
+    /// it.
+    pub fn definition(&self) -> &Arc<Command> {
+        &self.definition
     }
 
     /// One JSON Schema for the whole arguments object, as agents (and MCP) see it.

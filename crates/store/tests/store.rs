@@ -837,7 +837,7 @@ async fn an_old_database_is_upgraded_in_place_and_a_newer_one_refused() {
         assert_eq!(old.state, CallState::Running, "{backend}");
         // Its command's definition is still the one in its spec.
         assert_eq!(
-            old.spec.command.map(|c| c.name).as_deref(),
+            old.spec.command.as_ref().map(|c| c.name.as_str()),
             Some("compare"),
             "{backend}"
         );
@@ -856,7 +856,7 @@ async fn an_old_database_is_upgraded_in_place_and_a_newer_one_refused() {
             .unwrap();
         assert_eq!(done.state, CallState::Succeeded);
         assert_eq!(
-            done.spec.command.map(|c| c.name).as_deref(),
+            done.spec.command.as_ref().map(|c| c.name.as_str()),
             Some("compare"),
             "{backend}"
         );
@@ -1001,7 +1001,8 @@ async fn a_command_definition_is_stored_once_and_read_back_with_each_call() {
     for (backend, url) in backends(&dir).await {
         let store = toolgrid_store::open(&url).await.unwrap();
         let long = "Compares two versions by precedence. ".repeat(40);
-        let (first, second) = (command_definition(&long), command_definition("Changed."));
+        let first = Arc::new(command_definition(&long));
+        let second = Arc::new(command_definition("Changed."));
         // Three calls of one definition (one answered at its commit), one of another, one
         // of none.
         for (id, command) in [
@@ -1108,6 +1109,17 @@ async fn a_command_definition_is_stored_once_and_read_back_with_each_call() {
         );
         let kept = store.get_call("c6").await.unwrap().unwrap();
         assert_eq!(kept.spec.command.as_ref(), Some(&second), "{backend}");
+
+        // A row whose definition is gone is refused as corrupt, not read without it.
+        sqlx::query("DELETE FROM call_commands")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let missing = store.get_call("c6").await;
+        assert!(
+            matches!(&missing, Err(StoreError::Corrupt(m)) if m.contains("is missing")),
+            "{backend}: {missing:?}"
+        );
     }
 }
 

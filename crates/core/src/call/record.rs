@@ -94,9 +94,10 @@ pub struct CallSpec {
     pub effect: crate::spec::Effect,
     /// The command's definition as the call was admitted, so the result is judged by the
     /// same rules even if the Tool changes meanwhile (absent only in a spec built without
-    /// one, such as a benchmark's).
+    /// one, such as a benchmark's). Shared: every call of a command holds the one its
+    /// tool's compiled interface keeps ([`crate::interface::CommandInterface::definition`]).
     #[serde(default)]
-    pub command: Option<crate::spec::Command>,
+    pub command: Option<std::sync::Arc<crate::spec::Command>>,
     /// Unix milliseconds by which the whole call must end.
     #[serde(default)]
     pub deadline_ms: i64,

@@ -11,15 +11,22 @@
 //! names it (`calls.command_digest`); reads join it back ([`COMMAND_JSON`]), so a record
 //! read from the store is the record admitted.
 //!
+//! A definition is the same for every call of a command, so neither its JSON and digest nor
+//! its parsed form is made again for each call: both are remembered, by the shared
+//! definition ([`split`]) and by digest ([`parsed`]), a bounded number of each.
+//!
 //! A definition no call names any more is deleted with the calls retention deletes
 //! ([`purge_unused`]). On PostgreSQL, where replicas write at once, that deletion takes an
 //! advisory lock every admission shares ([`store`]), so it never deletes a definition a
 //! call being admitted names.
 
 use super::conn::{Conn, query};
-use super::rows::{is_postgres, json_text};
+use super::rows::{is_postgres, json_text, parse_json};
 use crate::StoreError;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use toolgrid_core::call::CallSpec;
+use toolgrid_core::spec::Command;
 
 /// A command definition as stored: its key and its JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,12 +36,12 @@ pub(super) struct StoredCommand {
     pub definition: String,
 }
 
-/// The column a call's reads select: the definition its row names (NULL for a row that
-/// names none: one written before definitions were stored apart, whose spec holds it, or a
-/// spec built without one).
+/// The columns a call's reads select: the name of the definition its row names, and the
+/// definition (both NULL for a row that names none: one written before definitions were
+/// stored apart, whose spec holds it, or a spec built without one).
 macro_rules! command_json {
     () => {
-        "(SELECT definition FROM call_commands WHERE call_commands.release_digest = calls.release_digest \
+        "command_digest, (SELECT definition FROM call_commands WHERE call_commands.release_digest = calls.release_digest \
          AND call_commands.digest = calls.command_digest) AS command_json"
     };
 }
@@ -44,22 +51,64 @@ pub(super) use command_json;
 /// takes alone.
 const LOCK: i64 = 0x746f_6f6c_636d_6473; // "toolcmds"
 
+/// Definitions remembered, of each kind, before the memory is emptied and begun again.
+const REMEMBERED: usize = 256;
+
+/// Stored forms of the shared definitions admitted, by the address of the definition
+/// (kept alive here, so the address is not reused while it is remembered).
+static STORED: Mutex<Option<HashMap<usize, (Arc<Command>, StoredCommand)>>> = Mutex::new(None);
+
+/// Definitions parsed, by digest (a digest names one JSON text, so one definition).
+static PARSED: Mutex<Option<HashMap<String, Arc<Command>>>> = Mutex::new(None);
+
 /// The JSON of `spec` without its command's definition, and that definition as stored
 /// (None when the spec holds none). `spec` is as it was when this returns.
 pub(super) fn split(spec: &mut CallSpec) -> (String, Option<StoredCommand>) {
     let command = spec.command.take();
     let spec_json = json_text(spec);
-    let stored = command.as_ref().map(|command| {
-        use sha2::{Digest as _, Sha256};
-        let definition = json_text(command);
-        let digest = Sha256::digest(definition.as_bytes());
-        StoredCommand {
-            digest: digest.iter().map(|b| format!("{b:02x}")).collect(),
-            definition,
-        }
-    });
+    let stored = command.as_ref().map(stored);
     spec.command = command;
     (spec_json, stored)
+}
+
+/// `command` as stored: its JSON and digest, made once per shared definition.
+fn stored(command: &Arc<Command>) -> StoredCommand {
+    let key = Arc::as_ptr(command) as usize;
+    let mut memory = STORED.lock().unwrap_or_else(PoisonError::into_inner);
+    let memory = memory.get_or_insert_with(HashMap::new);
+    if let Some((_, stored)) = memory.get(&key) {
+        return stored.clone();
+    }
+    use sha2::{Digest as _, Sha256};
+    let definition = json_text(command);
+    let digest = Sha256::digest(definition.as_bytes());
+    let stored = StoredCommand {
+        digest: digest.iter().map(|b| format!("{b:02x}")).collect(),
+        definition,
+    };
+    if memory.len() >= REMEMBERED {
+        memory.clear();
+    }
+    memory.insert(key, (command.clone(), stored.clone()));
+    stored
+}
+
+/// The definition named `digest` whose JSON is `definition`, parsed once per digest.
+pub(super) fn parsed(digest: &str, definition: &str) -> Result<Arc<Command>, StoreError> {
+    let remembered = |memory: &mut Option<HashMap<String, Arc<Command>>>| {
+        memory.as_ref().and_then(|m| m.get(digest).cloned())
+    };
+    if let Some(command) = remembered(&mut PARSED.lock().unwrap_or_else(PoisonError::into_inner)) {
+        return Ok(command);
+    }
+    let command: Arc<Command> = Arc::new(parse_json(definition, "call command")?);
+    let mut memory = PARSED.lock().unwrap_or_else(PoisonError::into_inner);
+    let memory = memory.get_or_insert_with(HashMap::new);
+    if memory.len() >= REMEMBERED {
+        memory.clear();
+    }
+    memory.insert(digest.to_string(), command.clone());
+    Ok(command)
 }
 
 /// Stores `command` for calls of `release_digest` unless it is stored already. Runs in the
@@ -120,9 +169,9 @@ mod tests {
             "positional": [{"name": "a", "schema": {"type": "string"}, "required": true}],
         }))
         .unwrap();
-        spec.command = Some(command.clone());
+        spec.command = Some(Arc::new(command.clone()));
         let (spec_json, stored) = split(&mut spec);
-        assert_eq!(spec.command.as_ref(), Some(&command), "the spec keeps it");
+        assert_eq!(spec.command.as_deref(), Some(&command), "the spec keeps it");
         let json: serde_json::Value = serde_json::from_str(&spec_json).unwrap();
         assert_eq!(json["pool"], "default/default");
         assert!(json["command"].is_null(), "{json}");
@@ -132,12 +181,25 @@ mod tests {
             command
         );
         assert_eq!(stored.digest.len(), 64);
-        // The same definition, the same key; another, another.
+        // The same definition, the same key, shared or not; another, another.
         let (_, again) = split(&mut spec);
         assert_eq!(again.as_ref(), Some(&stored));
-        spec.command.as_mut().unwrap().description = "Other.".into();
+        spec.command = Some(Arc::new(command.clone()));
+        assert_eq!(split(&mut spec).1.as_ref(), Some(&stored));
+        let mut other = command.clone();
+        other.description = "Other.".into();
+        spec.command = Some(Arc::new(other));
         assert_ne!(split(&mut spec).1.unwrap().digest, stored.digest);
         spec.command = None;
         assert_eq!(split(&mut spec).1, None);
+        // Parsed once per digest: the same definition is shared by what reads it.
+        let one = parsed(&stored.digest, &stored.definition).unwrap();
+        assert_eq!(*one, command);
+        let two = parsed(&stored.digest, &stored.definition).unwrap();
+        assert!(Arc::ptr_eq(&one, &two));
+        assert!(matches!(
+            parsed("not-a-digest-seen", "{"),
+            Err(StoreError::Corrupt(_))
+        ));
     }
 }

@@ -138,8 +138,13 @@ pub(super) fn call_from_row(row: &Row) -> Result<CallRecord, StoreError> {
     let mut spec: CallSpec = parse_json(&row.try_get::<String>("spec_json")?, "call spec")?;
     // The definition stored apart (a row written before definitions were has it in its
     // spec, and names none).
-    if let Some(command) = row.try_get::<Option<String>>("command_json")? {
-        spec.command = Some(parse_json(&command, "call command")?);
+    if let Some(digest) = row.try_get::<Option<String>>("command_digest")? {
+        let definition = row
+            .try_get::<Option<String>>("command_json")?
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!("command definition {digest} is missing"))
+            })?;
+        spec.command = Some(super::commands::parsed(&digest, &definition)?);
     }
     Ok(CallRecord {
         id: row.try_get("id")?,

@@ -130,7 +130,7 @@ pub(super) fn new_call(admission: Admission<'_>) -> NewCall {
                 response_bytes: runs.limits.response_bytes,
             },
             effect: tool.effect,
-            command: command_spec.cloned(),
+            command: Some(command.definition().clone()),
             deadline_ms: now_ms + timeout_ms as i64,
             egress: release.network.egress.clone(),
             access,
