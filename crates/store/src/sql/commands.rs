@@ -54,12 +54,38 @@ const LOCK: i64 = 0x746f_6f6c_636d_6473; // "toolcmds"
 /// Definitions remembered, of each kind, before the memory is emptied and begun again.
 const REMEMBERED: usize = 256;
 
+/// A bounded memory of values by key, shared by the process's stores.
+struct Memory<K, V>(Mutex<Option<HashMap<K, V>>>);
+
+impl<K: std::hash::Hash + Eq, V: Clone> Memory<K, V> {
+    const fn new() -> Self {
+        Memory(Mutex::new(None))
+    }
+
+    fn get<Q: std::hash::Hash + Eq + ?Sized>(&self, key: &Q) -> Option<V>
+    where
+        K: std::borrow::Borrow<Q>,
+    {
+        let memory = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        memory.as_ref().and_then(|m| m.get(key).cloned())
+    }
+
+    fn insert(&self, key: K, value: V) {
+        let mut memory = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let memory = memory.get_or_insert_with(HashMap::new);
+        if memory.len() >= REMEMBERED {
+            memory.clear();
+        }
+        memory.insert(key, value);
+    }
+}
+
 /// Stored forms of the shared definitions admitted, by the address of the definition
-/// (kept alive here, so the address is not reused while it is remembered).
-static STORED: Mutex<Option<HashMap<usize, (Arc<Command>, StoredCommand)>>> = Mutex::new(None);
+/// (kept alive here with it, so the address is not reused while it is remembered).
+static STORED: Memory<usize, (Arc<Command>, StoredCommand)> = Memory::new();
 
 /// Definitions parsed, by digest (a digest names one JSON text, so one definition).
-static PARSED: Mutex<Option<HashMap<String, Arc<Command>>>> = Mutex::new(None);
+static PARSED: Memory<String, Arc<Command>> = Memory::new();
 
 /// The JSON of `spec` without its command's definition, and that definition as stored
 /// (None when the spec holds none). `spec` is as it was when this returns.
@@ -74,10 +100,8 @@ pub(super) fn split(spec: &mut CallSpec) -> (String, Option<StoredCommand>) {
 /// `command` as stored: its JSON and digest, made once per shared definition.
 fn stored(command: &Arc<Command>) -> StoredCommand {
     let key = Arc::as_ptr(command) as usize;
-    let mut memory = STORED.lock().unwrap_or_else(PoisonError::into_inner);
-    let memory = memory.get_or_insert_with(HashMap::new);
-    if let Some((_, stored)) = memory.get(&key) {
-        return stored.clone();
+    if let Some((_, stored)) = STORED.get(&key) {
+        return stored;
     }
     use sha2::{Digest as _, Sha256};
     let definition = json_text(command);
@@ -86,28 +110,17 @@ fn stored(command: &Arc<Command>) -> StoredCommand {
         digest: digest.iter().map(|b| format!("{b:02x}")).collect(),
         definition,
     };
-    if memory.len() >= REMEMBERED {
-        memory.clear();
-    }
-    memory.insert(key, (command.clone(), stored.clone()));
+    STORED.insert(key, (command.clone(), stored.clone()));
     stored
 }
 
 /// The definition named `digest` whose JSON is `definition`, parsed once per digest.
 pub(super) fn parsed(digest: &str, definition: &str) -> Result<Arc<Command>, StoreError> {
-    let remembered = |memory: &mut Option<HashMap<String, Arc<Command>>>| {
-        memory.as_ref().and_then(|m| m.get(digest).cloned())
-    };
-    if let Some(command) = remembered(&mut PARSED.lock().unwrap_or_else(PoisonError::into_inner)) {
+    if let Some(command) = PARSED.get(digest) {
         return Ok(command);
     }
     let command: Arc<Command> = Arc::new(parse_json(definition, "call command")?);
-    let mut memory = PARSED.lock().unwrap_or_else(PoisonError::into_inner);
-    let memory = memory.get_or_insert_with(HashMap::new);
-    if memory.len() >= REMEMBERED {
-        memory.clear();
-    }
-    memory.insert(digest.to_string(), command.clone());
+    PARSED.insert(digest.to_string(), command.clone());
     Ok(command)
 }
 
@@ -156,6 +169,18 @@ pub(super) async fn purge_unused(conn: &mut dyn Conn) -> Result<u64, StoreError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_memory_holds_at_most_its_bound() {
+        let memory: Memory<usize, usize> = Memory::new();
+        for i in 0..REMEMBERED + 10 {
+            memory.insert(i, i);
+        }
+        assert_eq!(memory.get(&(REMEMBERED + 9)), Some(REMEMBERED + 9));
+        assert_eq!(memory.get(&0), None, "emptied when full");
+        let held = memory.0.lock().unwrap().as_ref().map_or(0, HashMap::len);
+        assert!(held <= REMEMBERED, "{held}");
+    }
 
     #[test]
     fn the_spec_is_stored_without_its_command_which_is_keyed_by_its_json() {
