@@ -124,6 +124,28 @@ pub(super) fn parsed(digest: &str, definition: &str) -> Result<Arc<Command>, Sto
     Ok(command)
 }
 
+/// How a transaction holds [`LOCK`].
+enum Hold {
+    /// With the other admissions.
+    Shared,
+    /// Alone.
+    Alone,
+}
+
+/// Takes [`LOCK`] until the transaction ends (PostgreSQL; on SQLite the single writer's
+/// transactions never overlap).
+async fn lock(conn: &mut dyn Conn, hold: Hold) -> Result<(), StoreError> {
+    if !is_postgres(conn) {
+        return Ok(());
+    }
+    let statement = match hold {
+        Hold::Shared => "SELECT 1 FROM (SELECT pg_advisory_xact_lock_shared($1)) AS commands_lock",
+        Hold::Alone => "SELECT 1 FROM (SELECT pg_advisory_xact_lock($1)) AS commands_lock",
+    };
+    query(statement).bind(LOCK).fetch_one(&mut *conn).await?;
+    Ok(())
+}
+
 /// Stores `command` for calls of `release_digest` unless it is stored already. Runs in the
 /// admission's transaction, before the call's row that names it.
 pub(super) async fn store(
@@ -131,12 +153,7 @@ pub(super) async fn store(
     release_digest: &str,
     command: &StoredCommand,
 ) -> Result<(), StoreError> {
-    if is_postgres(conn) {
-        query("SELECT 1 FROM (SELECT pg_advisory_xact_lock_shared($1)) AS commands_lock")
-            .bind(LOCK)
-            .fetch_one(&mut *conn)
-            .await?;
-    }
+    lock(conn, Hold::Shared).await?;
     query(
         "INSERT INTO call_commands (release_digest, digest, definition) VALUES ($1, $2, $3) \
          ON CONFLICT (release_digest, digest) DO NOTHING",
@@ -151,12 +168,7 @@ pub(super) async fn store(
 
 /// Deletes the definitions no call names; returns how many went.
 pub(super) async fn purge_unused(conn: &mut dyn Conn) -> Result<u64, StoreError> {
-    if is_postgres(conn) {
-        query("SELECT 1 FROM (SELECT pg_advisory_xact_lock($1)) AS commands_lock")
-            .bind(LOCK)
-            .fetch_one(&mut *conn)
-            .await?;
-    }
+    lock(conn, Hold::Alone).await?;
     query(
         "DELETE FROM call_commands WHERE NOT EXISTS (SELECT 1 FROM calls \
          WHERE calls.release_digest = call_commands.release_digest \
