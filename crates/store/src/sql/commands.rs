@@ -8,8 +8,8 @@
 //! command. Kept in the row, it made the row larger than a 1 KiB page, so each call's row
 //! took overflow pages, which its end rewrote, freed and took again. It is stored here
 //! instead, keyed by the release's digest and the SHA-256 of its JSON, and the row
-//! names it (`calls.command_digest`); reads join it back ([`COMMAND_JSON`]), so a record
-//! read from the store is the record admitted.
+//! names it (`calls.command_digest`); reads bring it back (`command_json!`, among a call's
+//! columns), so a record read from the store is the record admitted.
 //!
 //! A definition is the same for every call of a command, so neither its JSON and digest nor
 //! its parsed form is made again for each call: both are remembered, by the shared
