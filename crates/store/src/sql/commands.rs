@@ -20,8 +20,8 @@
 //! advisory lock every admission shares ([`store`]), so it never deletes a definition a
 //! call being admitted names.
 
+use super::codec::{is_postgres, json_text, parse_json};
 use super::conn::{Conn, query};
-use super::rows::{is_postgres, json_text, parse_json};
 use crate::StoreError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -13,6 +13,7 @@
 mod approvals;
 mod buckets;
 mod calls;
+mod codec;
 mod commands;
 mod conn;
 mod job;

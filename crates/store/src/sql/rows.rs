@@ -1,7 +1,7 @@
-//! What the concerns share: the call row and its columns, JSON columns, oplog entries,
-//! numbered placeholders, and the backend of a connection.
+//! What the concerns share: the call row and its columns, oplog entries, numbered
+//! placeholders; and, from `codec`, the backend of a connection and JSON columns.
 
-use super::Backend;
+pub(super) use super::codec::{is_postgres, json_text, parse_json};
 use super::conn::{Conn, Row, built_query, query};
 use crate::StoreError;
 use toolgrid_core::call::{CallRecord, CallSpec, CallState, EntryKind, OplogEntry};
@@ -19,21 +19,12 @@ macro_rules! call_columns {
 }
 pub(super) use call_columns;
 
-pub(super) fn is_postgres(conn: &dyn Conn) -> bool {
-    conn.backend() == Backend::Postgres
-}
-
 /// Placeholders `$first, $first+1, ...` for `n` values.
 pub(super) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n)
         .map(|i| format!("${i}"))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-pub(super) fn json_text(value: &impl serde::Serialize) -> String {
-    // Serializing our own plain data types cannot fail.
-    serde_json::to_string(value).unwrap_or_else(|_| "null".into())
 }
 
 /// One oplog row of a call to insert.
@@ -122,13 +113,6 @@ pub(super) async fn select_call(
     .fetch_optional(&mut *conn)
     .await?;
     row.map(|r| call_from_row(&r)).transpose()
-}
-
-pub(super) fn parse_json<T: serde::de::DeserializeOwned>(
-    text: &str,
-    what: &str,
-) -> Result<T, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
 }
 
 pub(super) fn call_from_row(row: &Row) -> Result<CallRecord, StoreError> {
