@@ -2,8 +2,9 @@
 //! ended call's record, written in the commit that ends it, and refused calls' records).
 
 use super::SqlStore;
+use super::codec::{json_text, parse_json};
 use super::conn::{Conn, query};
-use super::rows::{insert_entry, json_text, parse_json, select_call};
+use super::rows::{insert_entry, select_call};
 use super::writer::Write;
 use crate::{Approvals, AuditLog, StoreError};
 use async_trait::async_trait;

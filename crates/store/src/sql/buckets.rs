@@ -1,8 +1,8 @@
 //! Rate-limit token buckets, shared by every connection, process and replica.
 
 use super::SqlStore;
+use super::codec::is_postgres;
 use super::conn::{Conn, query};
-use super::rows::is_postgres;
 use super::writer::Write;
 use crate::{RateBuckets, StoreError};
 use async_trait::async_trait;

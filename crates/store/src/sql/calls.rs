@@ -3,12 +3,10 @@
 
 use super::SqlStore;
 use super::approvals::insert_audit;
+use super::codec::{is_postgres, json_text, parse_json};
 use super::commands::{self, StoredCommand};
 use super::conn::{Conn, Row, query};
-use super::rows::{
-    EntryRow, call_columns, call_from_row, insert_entry, insert_rows, is_postgres, json_text,
-    parse_json, select_call,
-};
+use super::rows::{EntryRow, call_columns, call_from_row, insert_entry, insert_rows, select_call};
 use super::workspaces::{commit_refusal, commit_version, pin_workspace_base};
 use super::writer::Write;
 use crate::{CallLog, Durable, StoreError};

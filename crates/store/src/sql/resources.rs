@@ -1,8 +1,8 @@
 //! Artifacts (stored by digest) and the bookkeeping of declared resources.
 
 use super::SqlStore;
+use super::codec::parse_json;
 use super::conn::{Conn, query};
-use super::rows::parse_json;
 use super::writer::Write;
 use crate::{Artifacts, Resources, StoreError};
 use async_trait::async_trait;

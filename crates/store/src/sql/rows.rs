@@ -1,7 +1,7 @@
 //! What the concerns share: the call row and its columns, oplog entries, numbered
-//! placeholders; and, from `codec`, the backend of a connection and JSON columns.
+//! placeholders.
 
-pub(super) use super::codec::{is_postgres, json_text, parse_json};
+use super::codec::parse_json;
 use super::conn::{Conn, Row, built_query, query};
 use crate::StoreError;
 use toolgrid_core::call::{CallRecord, CallSpec, CallState, EntryKind, OplogEntry};

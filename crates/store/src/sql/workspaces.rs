@@ -2,8 +2,9 @@
 //! checks and writes of a workspace commit.
 
 use super::SqlStore;
+use super::codec::parse_json;
 use super::conn::{Conn, Row, built_query, query};
-use super::rows::{parse_json, placeholders};
+use super::rows::placeholders;
 use super::writer::Write;
 use crate::{CallWorkspace, StoreError, Workspaces};
 use async_trait::async_trait;
