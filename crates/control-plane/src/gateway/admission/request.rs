@@ -3,7 +3,7 @@
 //! over them) validated against their schemas, stdin against its, the idempotency key
 //! bounded; and the request's fingerprint.
 
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use toolgrid_core::error::{ApiError, ErrorKind};
 use toolgrid_core::interface::{CommandInterface, ValidArgs};
@@ -68,21 +68,50 @@ pub(super) fn request_hash(
     stdin: &[u8],
     dry_run: bool,
 ) -> String {
-    let mut map = Map::new();
-    if dry_run {
-        map.insert("dryRun".into(), json!(true));
+    // The compact JSON of an object of these fields with its keys in order (as serde_json
+    // writes a `Map`: sorted), written straight into the hash: stored fingerprints stay
+    // comparable, and the arguments are neither copied nor written out to a string first.
+    #[derive(serde::Serialize)]
+    struct Fingerprinted<'a> {
+        args: &'a Value,
+        command: &'a str,
+        #[serde(rename = "dryRun", skip_serializing_if = "std::ops::Not::not")]
+        dry_run: bool,
+        namespace: &'a str,
+        stdin: String,
+        tool: &'a str,
     }
-    map.insert("namespace".into(), json!(namespace));
-    map.insert("tool".into(), json!(tool));
-    map.insert("command".into(), json!(command));
-    map.insert("args".into(), args.clone());
-    map.insert("stdin".into(), json!(hex::encode(Sha256::digest(stdin))));
-    hex::encode(Sha256::digest(Value::Object(map).to_string().as_bytes()))
+    /// A `Write` into the hash.
+    struct Hashing(Sha256);
+    impl std::io::Write for Hashing {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.update(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let fingerprinted = Fingerprinted {
+        args,
+        command,
+        dry_run,
+        namespace,
+        stdin: hex::encode(Sha256::digest(stdin)),
+        tool,
+    };
+    let mut hashing = Hashing(Sha256::new());
+    // Writing a `Value` and strings into a writer that cannot fail does not fail.
+    if serde_json::to_writer(&mut hashing, &fingerprinted).is_err() {
+        unreachable!("serializing JSON values and strings into a hash cannot fail");
+    }
+    hex::encode(hashing.0.finalize())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Map, json};
 
     fn command() -> CommandInterface {
         let command = serde_json::from_value(json!({
@@ -112,6 +141,52 @@ mod tests {
         assert!(validate(&command(), &[], None, None, Some(longest)).is_ok());
         let error = validate(&command(), &[], None, None, Some("k".repeat(256))).unwrap_err();
         assert_eq!(error.kind, ErrorKind::InvalidArgument);
+    }
+
+    /// The fingerprint as it was first made (an object of the fields, written out, then
+    /// hashed): fingerprints stored by earlier versions must still match.
+    fn fingerprint_as_first_made(
+        namespace: &str,
+        tool: &str,
+        command: &str,
+        args: &Value,
+        stdin: &[u8],
+        dry_run: bool,
+    ) -> String {
+        let mut map = Map::new();
+        if dry_run {
+            map.insert("dryRun".into(), json!(true));
+        }
+        map.insert("namespace".into(), json!(namespace));
+        map.insert("tool".into(), json!(tool));
+        map.insert("command".into(), json!(command));
+        map.insert("args".into(), args.clone());
+        map.insert("stdin".into(), json!(hex::encode(Sha256::digest(stdin))));
+        hex::encode(Sha256::digest(Value::Object(map).to_string().as_bytes()))
+    }
+
+    #[test]
+    fn the_fingerprint_is_the_one_earlier_versions_stored() {
+        let cases = [
+            ("default", "semver", "compare", json!({}), &b""[..], false),
+            ("default", "semver", "compare", json!({}), &b""[..], true),
+            (
+                "team-a",
+                "t\u{e9}l\u{e9}",
+                "c\"md",
+                json!({"z": [1, 2.5, null, "x\ny"], "a": {"nested": true, "b": -3}, "\u{1F600}": ""}),
+                &b"\x00\xffstdin"[..],
+                false,
+            ),
+            ("ns", "tool", "run", json!({"k": "v"}), &b"in"[..], true),
+        ];
+        for (namespace, tool, command, args, stdin, dry_run) in cases {
+            assert_eq!(
+                request_hash(namespace, tool, command, &args, stdin, dry_run),
+                fingerprint_as_first_made(namespace, tool, command, &args, stdin, dry_run),
+                "{namespace} {tool} {command} {args} dry_run={dry_run}"
+            );
+        }
     }
 
     #[test]
