@@ -75,10 +75,10 @@ pub struct OpenOptions {
     /// Retries of failed writes (and of the schema upgrade at open).
     pub retry: RetryPolicy,
     /// SQLite: how long the writer's thread, out of writes, keeps looking for the next one
-    /// (giving its core to any other thread that wants it, and sleeping as soon as one
-    /// does) before it sleeps. Waking a sleeping thread on an idle core costs a call tens
-    /// to hundreds of microseconds on a virtual machine; the looking costs at most this
-    /// much CPU time per batch. Zero: sleep at once.
+    /// (giving its core to any other thread that wants it, and sleeping once others have
+    /// had it for a while) before it sleeps. Waking a sleeping thread on an idle core costs
+    /// a call tens to hundreds of microseconds on a virtual machine; the looking costs at
+    /// most this much CPU time per batch. Zero: sleep at once.
     pub idle_poll: Duration,
 }
 
