@@ -347,8 +347,7 @@ const GIVEN_FLOOR: Duration = Duration::from_micros(100);
 /// Whether the writer, out of writes, having looked for `looked` and given its core to
 /// other threads for `given` of it (yields that ran another), looks again: for at most
 /// `idle_poll`, and while the others have had at most [`GIVEN_FLOOR`] or a quarter of the
-/// time, whichever is more. On two busy cores the first yield that runs another thread
-/// usually gives away more than that.
+/// time, whichever is more.
 fn keep_looking(looked: Duration, given: Duration, idle_poll: Duration) -> bool {
     looked < idle_poll && given <= GIVEN_FLOOR.max(looked / 4)
 }
