@@ -314,20 +314,23 @@ async fn next_job(
 ) -> Option<Box<dyn Job>> {
     if !idle_poll.is_zero() {
         let start = Instant::now();
+        // One clock read a look: it ends one yield's time and starts the next.
+        let mut now = start;
         let mut given = Duration::ZERO;
         loop {
             match rx.try_recv() {
                 Ok(job) => return Some(job),
                 Err(mpsc::error::TryRecvError::Disconnected) => return None,
                 Err(mpsc::error::TryRecvError::Empty)
-                    if keep_looking(start.elapsed(), given, idle_poll) =>
+                    if keep_looking(now - start, given, idle_poll) =>
                 {
-                    let before = Instant::now();
                     std::thread::yield_now();
-                    let took = before.elapsed();
+                    let after = Instant::now();
+                    let took = after - now;
                     if took >= RAN_ANOTHER {
                         given += took;
                     }
+                    now = after;
                 }
                 Err(mpsc::error::TryRecvError::Empty) => break,
             }

@@ -81,17 +81,6 @@ pub(super) fn request_hash(
         stdin: String,
         tool: &'a str,
     }
-    /// A `Write` into the hash.
-    struct Hashing(Sha256);
-    impl std::io::Write for Hashing {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.update(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let fingerprinted = Fingerprinted {
         args,
         command,
@@ -100,12 +89,12 @@ pub(super) fn request_hash(
         stdin: hex::encode(Sha256::digest(stdin)),
         tool,
     };
-    let mut hashing = Hashing(Sha256::new());
-    // Writing a `Value` and strings into a writer that cannot fail does not fail.
-    if serde_json::to_writer(&mut hashing, &fingerprinted).is_err() {
+    // The hasher is a `Write` that cannot fail, and a `Value` and strings serialize.
+    let mut hasher = Sha256::new();
+    if serde_json::to_writer(&mut hasher, &fingerprinted).is_err() {
         unreachable!("serializing JSON values and strings into a hash cannot fail");
     }
-    hex::encode(hashing.0.finalize())
+    hex::encode(hasher.finalize())
 }
 
 #[cfg(test)]
