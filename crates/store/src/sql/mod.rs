@@ -23,6 +23,7 @@ mod resources;
 mod retention;
 mod rollouts;
 mod rows;
+mod run_delay;
 mod sessions;
 mod sync;
 mod wal_vfs;
