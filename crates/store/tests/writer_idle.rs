@@ -43,26 +43,36 @@ async fn an_idle_writer_looks_for_writes_for_its_idle_poll_then_sleeps() {
         .unwrap(),
     );
     store.put_artifact("sha256:one", b"one").await.unwrap();
-    // Read before the second write, not after: the reading is this thread's work, which
-    // would run on the writer's core just as it starts to look.
-    let looking = writer_cpu();
-    // A second write, while the writer looks: answered like the first.
-    store.put_artifact("sha256:two", b"two").await.unwrap();
-    tokio::time::sleep(poll * 3).await;
-    let looked = writer_cpu() - looking;
+    // Three writes, each followed by a look. A look ends early when other threads want the
+    // writer's core (a kernel thread, the ones its answers woke), which an idle machine
+    // still has now and then: at least one of three looks lasts.
+    let mut looks = Vec::new();
+    for name in ["two", "three", "four"] {
+        // Read before the write, not after: the reading is this thread's work, which
+        // would run on the writer's core just as it starts to look.
+        let looking = writer_cpu();
+        store
+            .put_artifact(&format!("sha256:{name}"), name.as_bytes())
+            .await
+            .unwrap();
+        tokio::time::sleep(poll * 2).await;
+        looks.push(writer_cpu() - looking);
+    }
+    let asleep = writer_cpu();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let slept = writer_cpu() - looking - looked;
-    // It looked (yielding, so its share depends on what else runs), at most for its poll
-    // (with the second write's commit, and a clock tick's rounding each way)...
-    assert!(looked >= Duration::from_millis(20), "looked {looked:?}");
+    let slept = writer_cpu() - asleep;
+    // It looked (yielding, so its share depends on what else runs), each time at most for
+    // its poll (with the write's commit, and a clock tick's rounding each way)...
+    let longest = looks.iter().max().copied().unwrap_or_default();
+    assert!(longest >= Duration::from_millis(20), "looked {looks:?}");
     assert!(
-        looked <= poll + Duration::from_millis(40),
-        "looked {looked:?}"
+        longest <= poll + Duration::from_millis(40),
+        "looked {looks:?}"
     );
     // ...then slept: a second without writes costs it nothing.
     assert!(slept <= Duration::from_millis(20), "slept {slept:?}");
     assert_eq!(
-        store.get_artifact("sha256:two").await.unwrap().as_deref(),
-        Some(&b"two"[..])
+        store.get_artifact("sha256:four").await.unwrap().as_deref(),
+        Some(&b"four"[..])
     );
 }

@@ -350,11 +350,13 @@ async fn next_job(
 /// tells.
 const LATE: Duration = Duration::from_micros(20);
 
-/// The time other threads may have had of the writer's core while it looks, at least. The
-/// threads its batch's answers woke run first, often on its core: their turn took up to
-/// 230 µs on the 2-core machine of BENCHMARKS.md, and more on slower ones, so a look that
-/// ended at 100 µs sometimes ended at once on an idle machine.
-const GIVEN_FLOOR: Duration = Duration::from_micros(500);
+/// The time other threads may have had of the writer's core while it looks, at least: a
+/// kernel thread's moment does not end the looking. Others sometimes take more first (the
+/// threads the batch's answers woke, a kernel thread: 230 and 470 µs were seen on the
+/// 2-core machine of BENCHMARKS.md), and then an idle writer's look ends at once. A floor
+/// of 500 µs kept such looks, but with sixteen clients it cost the writer more CPU a call in
+/// 7 of 8 pairs (about 0.03 ms).
+const GIVEN_FLOOR: Duration = Duration::from_micros(100);
 
 /// Whether the writer, out of writes, having looked for `looked` and given its core to
 /// other threads for `given` of it (its run delay meanwhile), looks again: for at most
