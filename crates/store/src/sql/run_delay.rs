@@ -5,9 +5,10 @@
 //! returns late either ran other threads meanwhile or lost the core to something the guest
 //! does not schedule (the hypervisor running another machine's vCPU, or the whole process
 //! stopped). Only the first says that this machine's threads want the core. The thread's
-//! run delay grows by exactly the time others ran while it waited for the core, so it is
-//! what the look measures; the time a yield took is only the fallback where the kernel does
-//! not tell (not Linux, or a kernel built without scheduler statistics).
+//! run delay grows only while it is runnable and waits on its core's run queue, that is
+//! while others run there instead, so it is what the look measures; the time a yield took
+//! is only the fallback where the kernel does not tell (not Linux, or a kernel built
+//! without scheduler statistics).
 
 use std::cell::RefCell;
 use std::fs::File;
