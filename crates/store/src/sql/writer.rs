@@ -257,7 +257,7 @@ async fn run(
     syncer: Option<Syncer>,
     idle_poll: Duration,
 ) {
-    // The size of the last batch: the first look comes after none.
+    // The size of the last batch; before the first, the writer looks as after a lone write.
     let mut last = 1;
     while let Some(first) = next_job(&mut rx, look_for(last, idle_poll)).await {
         let mut batch = vec![first];
@@ -304,12 +304,11 @@ async fn run(
 /// poll after a lone write, not at all after more.
 ///
 /// A lone write is a call going through on its own, whose next write (its end, the next
-/// call's admission) comes within the poll; that is what the look is for.
-/// Writes that arrived together arrive in bursts: the calls a sync answered go on together,
-/// and their next writes come together, after a gap that the look would spin through on a
-/// core that others need. With sixteen clients, sleeping after a batch of two or more
-/// lowered the writer's CPU per call in 12 of 12 pairs (BENCHMARKS.md, "The writer looks only
-/// after a lone write").
+/// call's admission) comes within the poll; that is what the look is for. Writes that
+/// arrived together arrive in bursts: the calls a sync answered go on together, and their
+/// next writes come together after a gap, which the look would spin through. With sixteen
+/// clients, sleeping after a batch of two or more lowered the writer's CPU per call in 12
+/// of 12 pairs (BENCHMARKS.md, "The writer looks only after a lone write").
 fn look_for(last: usize, idle_poll: Duration) -> Duration {
     if last <= 1 { idle_poll } else { Duration::ZERO }
 }
