@@ -10,22 +10,21 @@
 //! is only the fallback where the kernel does not tell (not Linux, or a kernel built
 //! without scheduler statistics).
 
-use std::cell::RefCell;
+use std::cell::OnceCell;
 use std::fs::File;
 use std::time::Duration;
 
 thread_local! {
     /// This thread's own `schedstat`, opened on first use (`thread-self` resolves to the
     /// thread that opens it), or `None` where it cannot be read.
-    static SCHEDSTAT: RefCell<Option<Option<File>>> = const { RefCell::new(None) };
+    static SCHEDSTAT: OnceCell<Option<File>> = const { OnceCell::new() };
 }
 
 /// The calling thread's run delay so far, if the kernel tells it.
 fn run_delay() -> Option<Duration> {
-    SCHEDSTAT.with(|cell| {
-        let mut cell = cell.borrow_mut();
-        let file = cell
-            .get_or_insert_with(|| File::open("/proc/thread-self/schedstat").ok())
+    SCHEDSTAT.with(|schedstat| {
+        let file = schedstat
+            .get_or_init(|| File::open("/proc/thread-self/schedstat").ok())
             .as_ref()?;
         read_run_delay(file)
     })
