@@ -257,9 +257,9 @@ async fn run(
     syncer: Option<Syncer>,
     idle_poll: Duration,
 ) {
-    // The size of the last batch; before the first, the writer looks as after a lone write.
-    let mut last = 1;
-    while let Some(first) = next_job(&mut rx, look_for(last, idle_poll)).await {
+    // Lone writes in a row; before the first batch, the writer looks as after a run of them.
+    let mut lone = LONE_RUN;
+    while let Some(first) = next_job(&mut rx, look_for(lone, idle_poll)).await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -267,7 +267,7 @@ async fn run(
                 Err(_) => break,
             }
         }
-        last = batch.len();
+        lone = lone_after(lone, batch.len());
         // A retried batch may have committed already (the connection died during COMMIT):
         // every operation recognises its own earlier commit (see `Write::apply`).
         let result = retrying(retry, |tried| {
@@ -300,17 +300,37 @@ async fn run(
     }
 }
 
-/// How long the writer looks for its next write after a batch of `last` writes: its idle
-/// poll after a lone write, not at all after more.
+/// How long the writer looks for its next write, `lone` batches of one write in a row
+/// after the last batch of more: its idle poll once [`LONE_RUN`] lone writes came in a row,
+/// else not at all.
 ///
-/// A lone write is a call going through on its own, whose next write (its end, the next
-/// call's admission) comes within the poll; that is what the look is for. Writes that
-/// arrived together arrive in bursts: the calls a sync answered go on together, and their
-/// next writes come together after a gap, which the look would spin through. With sixteen
-/// clients, sleeping after a batch of two or more lowered the writer's CPU per call in 12
-/// of 12 pairs (BENCHMARKS.md, "The writer looks only after a lone write").
-fn look_for(last: usize, idle_poll: Duration) -> Duration {
-    if last <= 1 { idle_poll } else { Duration::ZERO }
+/// Lone writes in a row are calls going through on their own, whose next write (its end,
+/// the next call's admission) comes within the poll; that is what the look is for. Writes
+/// under load come in bursts: the calls a sync answered go on together, and their next
+/// writes come together after a gap, which the look would spin through. Some of those
+/// bursts are of one write, so one lone write does not tell: with sixteen clients, looking
+/// only after four in a row rather than after every lone write lowered the writer's CPU per
+/// call in 8 of 8 pairs, and after eight rather than four in 4 of 4 more. A call going
+/// through on its own makes two lone writes, so the fifth such call in a row finds the writer
+/// looking again (BENCHMARKS.md, "The writer looks after a run of lone writes").
+fn look_for(lone: u32, idle_poll: Duration) -> Duration {
+    if lone >= LONE_RUN {
+        idle_poll
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Lone writes in a row after which the writer looks for its next write ([`look_for`]).
+const LONE_RUN: u32 = 8;
+
+/// Lone writes in a row once a batch of `batch` writes followed `lone` of them.
+fn lone_after(lone: u32, batch: usize) -> u32 {
+    if batch == 1 {
+        lone.saturating_add(1)
+    } else {
+        0
+    }
 }
 
 /// The next write: looked for without sleeping for up to `idle_poll` while this thread's
@@ -472,13 +492,30 @@ mod tests {
     }
 
     #[test]
-    fn the_writer_looks_for_the_next_write_only_after_a_lone_write() {
+    fn the_writer_looks_for_the_next_write_only_after_a_run_of_lone_writes() {
         let poll = DEFAULT_IDLE_POLL;
-        assert_eq!(look_for(1, poll), poll);
-        assert_eq!(look_for(2, poll), Duration::ZERO);
-        assert_eq!(look_for(MAX_BATCH, poll), Duration::ZERO);
+        let looks_after = |lone: u32| !look_for(lone, poll).is_zero();
+        // Before the first batch, and while lone writes go on.
+        assert!(looks_after(LONE_RUN));
+        assert!(looks_after(lone_after(LONE_RUN, 1)));
+        // A batch of more stops the looking, until LONE_RUN lone writes came in a row.
+        for batch in [2, 3, MAX_BATCH] {
+            let mut lone = lone_after(LONE_RUN + 5, batch);
+            assert!(!looks_after(lone), "after a batch of {batch}");
+            for _ in 1..LONE_RUN {
+                lone = lone_after(lone, 1);
+                assert!(!looks_after(lone), "after {lone} lone writes");
+            }
+            lone = lone_after(lone, 1);
+            assert_eq!(lone, LONE_RUN);
+            assert!(looks_after(lone));
+            assert!(!looks_after(lone_after(lone, 2)));
+        }
+        // A run never wraps round to none.
+        assert_eq!(lone_after(u32::MAX, 1), u32::MAX);
         // Turned off stays off.
-        assert_eq!(look_for(1, Duration::ZERO), Duration::ZERO);
+        assert_eq!(look_for(LONE_RUN, Duration::ZERO), Duration::ZERO);
+        assert_eq!(look_for(u32::MAX, Duration::ZERO), Duration::ZERO);
     }
 
     #[test]
