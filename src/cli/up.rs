@@ -101,11 +101,12 @@ pub struct UpArgs {
 /// How the store is run (`toolgrid up`, `toolgrid controller`).
 #[derive(clap::Args, Debug)]
 pub struct StoreTuningArgs {
-    /// How long the SQLite store's writer, out of writes after a lone write, keeps looking
-    /// for the next one (yielding its core to any thread that wants it, and sleeping once
-    /// others have had it for a while) before it sleeps: a sleeping thread on an idle core
-    /// is slow to wake on a virtual machine. At most this much CPU time per lone write; `0s`
-    /// sleeps at once (under a CPU limit, the looking counts against the quota).
+    /// How long the SQLite store's writer, out of writes after eight lone writes in a row,
+    /// keeps looking for the next one (yielding its core to any thread that wants it, and
+    /// sleeping once others have had it for a while) before it sleeps: a sleeping thread on
+    /// an idle core is slow to wake on a virtual machine. At most this much CPU time per
+    /// lone write; `0s` sleeps at once (under a CPU limit, the looking counts against the
+    /// quota).
     #[arg(long, env = "TOOLGRID_STORE_IDLE_POLL", default_value_t = GoDuration(toolgrid_store::DEFAULT_IDLE_POLL), value_parser = store_idle_poll)]
     store_idle_poll: GoDuration,
 }

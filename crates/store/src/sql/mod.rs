@@ -75,12 +75,12 @@ pub struct OpenOptions {
     pub busy_timeout: Duration,
     /// Retries of failed writes (and of the schema upgrade at open).
     pub retry: RetryPolicy,
-    /// SQLite: how long the writer's thread, out of writes after a batch of one write, keeps
-    /// looking for the next one (giving its core to any other thread that wants it, and
-    /// sleeping once others have had it for a while) before it sleeps; after a larger batch
-    /// it sleeps at once. Waking a sleeping thread on an idle core costs a call tens to
-    /// hundreds of microseconds on a virtual machine; the looking costs at most this much
-    /// CPU time per lone write. Zero: sleep at once.
+    /// SQLite: how long the writer's thread, out of writes after eight batches of one write
+    /// in a row, keeps looking for the next one (giving its core to any other thread that
+    /// wants it, and sleeping once others have had it for a while) before it sleeps; until
+    /// eight lone writes follow a larger batch it sleeps at once. Waking a sleeping thread on
+    /// an idle core costs a call tens to hundreds of microseconds on a virtual machine; the
+    /// looking costs at most this much CPU time per lone write. Zero: sleep at once.
     pub idle_poll: Duration,
 }
 
