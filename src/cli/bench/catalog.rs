@@ -95,6 +95,50 @@ pub(super) fn rss_mib(pid: u32) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// The resident memory of a process once it has settled, in MiB: read every
+/// [`SETTLE_EVERY`] until [`SETTLE_READINGS`] readings in a row lie within [`SETTLE_MIB`] of
+/// one another, for at most [`SETTLE_WITHIN`] (then the last reading). A control plane just
+/// started holds its built-in runtimes' files for a moment (about 466 MiB with the Python
+/// runtime's 158 MB, for a second or two), and what a burst freed goes back to the system
+/// only after the allocator's purge delay: a reading taken then is not the process at rest.
+pub(super) async fn settled_rss_mib(pid: u32) -> Option<f64> {
+    let give_up = Instant::now() + SETTLE_WITHIN;
+    let mut readings = Vec::new();
+    loop {
+        readings.push(rss_mib(pid)?);
+        if settled(&readings) || Instant::now() >= give_up {
+            return readings.last().copied();
+        }
+        tokio::time::sleep(SETTLE_EVERY).await;
+    }
+}
+
+/// How often [`settled_rss_mib`] reads.
+const SETTLE_EVERY: Duration = Duration::from_millis(250);
+/// Readings in a row that must agree: three seconds' worth, longer than the allocator takes
+/// to give freed memory back (its purge delay of a second, then the purge thread's tick; a
+/// start's peak stood for about a second before it went).
+const SETTLE_READINGS: usize = 13;
+/// How far they may lie apart.
+const SETTLE_MIB: f64 = 1.0;
+/// The longest [`settled_rss_mib`] waits.
+const SETTLE_WITHIN: Duration = Duration::from_secs(30);
+
+/// Whether the last [`SETTLE_READINGS`] of `readings` lie within [`SETTLE_MIB`].
+fn settled(readings: &[f64]) -> bool {
+    let Some(last) = readings
+        .len()
+        .checked_sub(SETTLE_READINGS)
+        .map(|from| &readings[from..])
+    else {
+        return false;
+    };
+    let (low, high) = last.iter().fold((f64::MAX, f64::MIN), |(low, high), r| {
+        (low.min(*r), high.max(*r))
+    });
+    high - low <= SETTLE_MIB
+}
+
 /// A process's memory, in MiB: resident (RSS, which counts the pages of the toolgrid
 /// binary it has run: shared with every toolgrid process on the machine), private
 /// (anonymous: its own heap and stacks) and proportional (PSS: private plus its share of
@@ -164,8 +208,9 @@ async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Me
     let started: Started = start_platform(dir.path())?;
     let ready = start.elapsed();
     let mut client = started.client().await?;
-    // Idle: ready, its workers attached, nothing called yet.
+    // Idle: ready, its workers attached, nothing called yet, its start's memory given back.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    settled_rss_mib(started.child.id()).await;
     let idle = Memory::of(started.child.id());
     let idle_workers: Vec<Memory> = super::cpu::children(started.child.id())
         .into_iter()
@@ -270,4 +315,33 @@ pub async fn run(args: CatalogArgs) -> anyhow::Result<()> {
          process on the machine shares; private is its own heap and stacks, PSS adds its share)"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_settled_once_three_seconds_of_readings_agree() {
+        // Too few readings to tell.
+        assert!(!settled(&[50.0; SETTLE_READINGS - 1]));
+        assert!(settled(&[50.0; SETTLE_READINGS]));
+        // A start's peak going back to the system: not until the last readings agree.
+        // (What a control plane with the Python runtime read every 250 ms from its start.)
+        let mut readings = vec![21.7, 151.1, 215.3, 315.3, 398.1, 520.2, 453.9];
+        readings.extend([466.4; 5]);
+        assert!(!settled(&readings));
+        readings.extend([
+            54.7, 58.6, 60.5, 61.1, 61.1, 61.1, 61.1, 61.2, 61.2, 61.2, 61.2,
+        ]);
+        assert!(!settled(&readings));
+        readings.extend([61.2; 3]);
+        assert!(!settled(&readings), "58.6 is still among the last readings");
+        readings.push(61.2);
+        assert!(settled(&readings));
+        // Readings that wander by more than a MiB are not settled.
+        let mut wandering = vec![60.0; SETTLE_READINGS];
+        wandering[SETTLE_READINGS / 2] = 61.5;
+        assert!(!settled(&wandering));
+    }
 }

@@ -156,9 +156,11 @@ pub async fn run(args: WaitingArgs) -> anyhow::Result<()> {
             Err(status) => anyhow::bail!("the warm-up call failed: {status}"),
         }
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let cp = started.child.id();
-    let idle_mib = super::catalog::rss_mib(cp).context("no RSS of the control plane")?;
+    // At rest: the start's peak (the built-in runtimes' files) given back.
+    let idle_mib = super::catalog::settled_rss_mib(cp)
+        .await
+        .context("no RSS of the control plane")?;
 
     // The one slot: a call that sleeps until it is cancelled.
     let sleeper = admit(&mut client, request(&base, "sleeper", 600_000), true).await?;
@@ -168,8 +170,9 @@ pub async fn run(args: WaitingArgs) -> anyhow::Result<()> {
         ids.push(admit(&mut client, request(&base, &format!("q{i}"), 0), false).await?);
     }
     let admitted_in = admitting.elapsed();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let waiting_mib = super::catalog::rss_mib(cp).context("no RSS of the control plane")?;
+    let waiting_mib = super::catalog::settled_rss_mib(cp)
+        .await
+        .context("no RSS of the control plane")?;
     let (busy, queued) = pool_columns(&mut client).await?;
     anyhow::ensure!(
         busy == "1" && queued == args.calls.to_string(),
