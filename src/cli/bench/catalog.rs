@@ -97,16 +97,25 @@ pub(super) fn rss_mib(pid: u32) -> Option<f64> {
 
 /// The resident memory of a process once it has settled, in MiB: read every
 /// [`SETTLE_EVERY`] until [`SETTLE_READINGS`] readings in a row lie within [`SETTLE_MIB`] of
-/// one another, for at most [`SETTLE_WITHIN`] (then the last reading). A control plane just
-/// started holds its built-in runtimes' files for a moment (about 466 MiB with the Python
-/// runtime's 158 MB, for a second or two), and what a burst freed goes back to the system
-/// only after the allocator's purge delay: a reading taken then is not the process at rest.
+/// one another, for at most [`SETTLE_WITHIN`] (then the last reading, and a line on stderr
+/// that says so). A control plane just started holds its built-in runtimes' files for a
+/// moment (about 466 MiB with the Python runtime's 158 MB, for a second or two), and what a
+/// burst freed goes back to the system only after the allocator's purge delay: a reading
+/// taken then is not the process at rest.
 pub(super) async fn settled_rss_mib(pid: u32) -> Option<f64> {
     let give_up = Instant::now() + SETTLE_WITHIN;
     let mut readings = Vec::new();
     loop {
         readings.push(rss_mib(pid)?);
-        if settled(&readings) || Instant::now() >= give_up {
+        if settled(&readings) {
+            return readings.last().copied();
+        }
+        if Instant::now() >= give_up {
+            eprintln!(
+                "bench: the memory of process {pid} did not settle within {}s (last readings {:?} MiB); the last is used",
+                SETTLE_WITHIN.as_secs(),
+                &readings[readings.len().saturating_sub(SETTLE_READINGS)..]
+            );
             return readings.last().copied();
         }
         tokio::time::sleep(SETTLE_EVERY).await;
