@@ -565,7 +565,7 @@ async fn secrets_are_resolved_at_each_assignment_and_never_stored_or_logged_acro
     };
     let (grpc, _http, _serving) = plane.serve(listeners, security).unwrap();
     let (digest, bytes) = fixture();
-    store.put_artifact(&digest, &bytes).await.unwrap();
+    store.put_artifact(&digest, bytes).await.unwrap();
 
     // The first worker is killed (SIGKILL) as its request arrives: the request's start is
     // committed, its response never is.

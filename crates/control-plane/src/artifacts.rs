@@ -24,23 +24,26 @@ struct Stored {
 
 impl StoredArtifacts {
     /// Stores `loaded`'s bytes (and its files') when it is Ready and new, and returns its
-    /// outcome.
+    /// outcome. The bytes go to the store as they are, not copied.
     pub async fn keep(
         &self,
         store: &dyn Artifacts,
         loaded: LoadedArtifact,
     ) -> Result<ArtifactOutcome, StoreError> {
-        if let (ArtifactOutcome::Ready { digest, .. }, Some(bytes)) =
-            (&loaded.outcome, &loaded.bytes)
-        {
-            self.put(store, digest, bytes).await?;
-        }
-        if matches!(loaded.outcome, ArtifactOutcome::Ready { .. }) {
-            for (digest, bytes) in &loaded.file_bytes {
+        let LoadedArtifact {
+            outcome,
+            bytes,
+            file_bytes,
+        } = loaded;
+        if let ArtifactOutcome::Ready { digest, .. } = &outcome {
+            if let Some(bytes) = bytes {
                 self.put(store, digest, bytes).await?;
             }
+            for (digest, bytes) in file_bytes {
+                self.put(store, &digest, bytes).await?;
+            }
         }
-        Ok(loaded.outcome)
+        Ok(outcome)
     }
 
     /// Puts `bytes` in the store under `digest` unless they are known to be there.
@@ -48,7 +51,7 @@ impl StoredArtifacts {
         &self,
         store: &dyn Artifacts,
         digest: &str,
-        bytes: &[u8],
+        bytes: Vec<u8>,
     ) -> Result<(), StoreError> {
         {
             let purges = store.artifact_purges();

@@ -52,10 +52,10 @@ impl Builtins {
                 &loaded.outcome
             {
                 if let Some(bytes) = loaded.bytes.take() {
-                    store.put_artifact(digest, &bytes).await?;
+                    store.put_artifact(digest, bytes).await?;
                 }
                 for (digest, bytes) in std::mem::take(&mut loaded.file_bytes) {
-                    store.put_artifact(&digest, &bytes).await?;
+                    store.put_artifact(&digest, bytes).await?;
                 }
             }
         }

@@ -455,7 +455,7 @@ impl RateBuckets for FaultyStore {
 
 #[async_trait]
 impl Artifacts for FaultyStore {
-    async fn put_artifact(&self, digest: &str, bytes: &[u8]) -> Result<(), StoreError> {
+    async fn put_artifact(&self, digest: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         self.run(Op::PutArtifact, self.inner.put_artifact(digest, bytes))
             .await
     }

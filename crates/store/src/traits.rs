@@ -231,7 +231,10 @@ pub trait RateBuckets: Send + Sync {
 /// Release artifacts (components), stored by digest.
 #[async_trait]
 pub trait Artifacts: Send + Sync {
-    async fn put_artifact(&self, digest: &str, bytes: &[u8]) -> Result<(), StoreError>;
+    /// Stores `bytes` under `digest` (again: refreshes its time). The bytes are taken, not
+    /// copied: a built-in runtime is 100 MB and more, and the writer holds them until their
+    /// commit.
+    async fn put_artifact(&self, digest: &str, bytes: Vec<u8>) -> Result<(), StoreError>;
     async fn get_artifact(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// How many times retention has deleted artifacts through this store: a cache of
     /// stored digests must be forgotten when this changes.

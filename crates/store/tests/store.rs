@@ -412,8 +412,14 @@ async fn artifacts_and_resource_records_round_trip() {
     for (backend, url) in backends(&dir).await {
         let store = toolgrid_store::open(&url).await.unwrap();
         let bytes: Vec<u8> = (0..=255u8).cycle().take(3 << 20).collect();
-        store.put_artifact("sha256:big", &bytes).await.unwrap();
-        store.put_artifact("sha256:big", &bytes).await.unwrap();
+        store
+            .put_artifact("sha256:big", bytes.clone())
+            .await
+            .unwrap();
+        store
+            .put_artifact("sha256:big", bytes.clone())
+            .await
+            .unwrap();
         assert_eq!(
             store.get_artifact("sha256:big").await.unwrap().as_deref(),
             Some(bytes.as_slice()),
@@ -1135,7 +1141,7 @@ async fn retention_deletes_old_finished_calls_and_unused_artifacts_only() {
         };
         for digest in ["a", "b", "c", "d", "e", "f", "g", "h", "j"] {
             store
-                .put_artifact(&format!("sha256:{digest}"), digest.as_bytes())
+                .put_artifact(&format!("sha256:{digest}"), digest.as_bytes().to_vec())
                 .await
                 .unwrap();
         }
@@ -1212,7 +1218,7 @@ async fn retention_deletes_old_finished_calls_and_unused_artifacts_only() {
             .await
             .unwrap();
         store.fail_call("young-c", failure()).await.unwrap();
-        store.put_artifact("sha256:i", b"i").await.unwrap();
+        store.put_artifact("sha256:i", b"i".to_vec()).await.unwrap();
 
         let keep: HashSet<String> = ["sha256:f", "sha256:h"].map(String::from).into();
         let report = store.delete_finished_before(cutoff, &keep).await.unwrap();

@@ -99,9 +99,9 @@ pub(super) fn rss_mib(pid: u32) -> Option<f64> {
 /// [`SETTLE_EVERY`] until [`SETTLE_READINGS`] readings in a row lie within [`SETTLE_MIB`] of
 /// one another, for at most [`SETTLE_WITHIN`] (then the last reading, and a line on stderr
 /// that says so). A control plane just started holds its built-in runtimes' files for a
-/// moment (about 466 MiB with the Python runtime's 158 MB, for a second or two), and what a
-/// burst freed goes back to the system only after the allocator's purge delay: a reading
-/// taken then is not the process at rest.
+/// moment (with the Python runtime's 158 MB it held 466 MiB for about a second before its
+/// RSS fell to 55–61), and what a burst freed goes back to the system only after the
+/// allocator's purge delay: a reading taken then is not the process at rest.
 pub(super) async fn settled_rss_mib(pid: u32) -> Option<f64> {
     let give_up = Instant::now() + SETTLE_WITHIN;
     let mut readings = Vec::new();

@@ -97,10 +97,10 @@ async fn upsert_resource(conn: &mut dyn Conn, r: &ResourceRecord) -> Result<(), 
 
 #[async_trait]
 impl Artifacts for SqlStore {
-    async fn put_artifact(&self, digest: &str, bytes: &[u8]) -> Result<(), StoreError> {
+    async fn put_artifact(&self, digest: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         self.write(PutArtifact {
             digest: digest.into(),
-            bytes: bytes.to_vec(),
+            bytes,
         })
         .await
     }

@@ -45,7 +45,10 @@ pub async fn store_looking_for(dir: &std::path::Path, poll: Duration) -> Arc<dyn
         .await
         .unwrap(),
     );
-    store.put_artifact("sha256:one", b"one").await.unwrap();
+    store
+        .put_artifact("sha256:one", b"one".to_vec())
+        .await
+        .unwrap();
     store
 }
 
@@ -58,7 +61,7 @@ pub async fn three_looks(store: &dyn Store, poll: Duration) -> Vec<Duration> {
         // would run on the writer's core just as it starts to look.
         let looking = writer_cpu();
         store
-            .put_artifact(&format!("sha256:{name}"), name.as_bytes())
+            .put_artifact(&format!("sha256:{name}"), name.as_bytes().to_vec())
             .await
             .unwrap();
         tokio::time::sleep(poll * 2).await;
