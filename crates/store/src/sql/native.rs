@@ -376,11 +376,8 @@ mod tests {
         ));
     }
 
-    /// The log is checkpointed into the database once it holds about 4 MiB of pages, not
-    /// SQLite's 1,000 pages (1 MB with 1 KiB pages).
-    #[tokio::test]
-    async fn the_log_grows_to_its_checkpoint_size_before_the_database_does() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A database in `dir` with 1 KiB pages and a table `t (v BLOB)`, opened as the writer's.
+    fn blob_table(dir: &tempfile::TempDir) -> (NativeSqlite, std::path::PathBuf) {
         let path = dir.path().join("t.db");
         rusqlite::Connection::open(&path)
             .unwrap()
@@ -388,7 +385,16 @@ mod tests {
                 "PRAGMA page_size=1024; PRAGMA journal_mode=WAL; CREATE TABLE t (v BLOB)",
             )
             .unwrap();
-        let mut conn = NativeSqlite::open(&path, Duration::from_millis(100)).unwrap();
+        let conn = NativeSqlite::open(&path, Duration::from_millis(100)).unwrap();
+        (conn, path)
+    }
+
+    /// The log is checkpointed into the database once it holds about 4 MiB of pages, not
+    /// SQLite's 1,000 pages (1 MB with 1 KiB pages).
+    #[tokio::test]
+    async fn the_log_grows_to_its_checkpoint_size_before_the_database_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut conn, path) = blob_table(&dir);
         let database_bytes = || std::fs::metadata(&path).unwrap().len();
         let write = |conn: &mut NativeSqlite, commits: usize| {
             for _ in 0..commits {
@@ -415,14 +421,7 @@ mod tests {
     #[tokio::test]
     async fn the_log_file_is_cut_back_after_a_large_commit() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        rusqlite::Connection::open(&path)
-            .unwrap()
-            .execute_batch(
-                "PRAGMA page_size=1024; PRAGMA journal_mode=WAL; CREATE TABLE t (v BLOB)",
-            )
-            .unwrap();
-        let mut conn = NativeSqlite::open(&path, Duration::from_millis(100)).unwrap();
+        let (conn, _) = blob_table(&dir);
         let wal = dir.path().join("t.db-wal");
         let log_bytes = || std::fs::metadata(&wal).unwrap().len();
         // One commit of 20 MB: a log of 20 MB and more, checkpointed at its commit.
