@@ -135,13 +135,10 @@ const SETTLE_WITHIN: Duration = Duration::from_secs(30);
 
 /// Whether the last [`SETTLE_READINGS`] of `readings` lie within [`SETTLE_MIB`].
 fn settled(readings: &[f64]) -> bool {
-    let Some(last) = readings
-        .len()
-        .checked_sub(SETTLE_READINGS)
-        .map(|from| &readings[from..])
-    else {
+    if readings.len() < SETTLE_READINGS {
         return false;
-    };
+    }
+    let last = &readings[readings.len() - SETTLE_READINGS..];
     let (low, high) = last.iter().fold((f64::MAX, f64::MIN), |(low, high), r| {
         (low.min(*r), high.max(*r))
     });
@@ -217,8 +214,8 @@ async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Me
     let started: Started = start_platform(dir.path())?;
     let ready = start.elapsed();
     let mut client = started.client().await?;
-    // Idle: ready, its workers attached, nothing called yet, its start's memory given back.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Idle: ready, its workers attached, nothing called yet, its start's memory given back
+    // (settling takes three seconds at least).
     settled_rss_mib(started.child.id()).await;
     let idle = Memory::of(started.child.id());
     let idle_workers: Vec<Memory> = super::cpu::children(started.child.id())
