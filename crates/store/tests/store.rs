@@ -834,11 +834,29 @@ async fn an_old_database_is_upgraded_in_place_and_a_newer_one_refused() {
             .execute(&mut conn)
             .await
             .unwrap();
+            // Two artifacts, one stored long ago and one an hour from now.
+            sqlx::query(
+                "INSERT INTO artifacts (digest, size, bytes, created_at_ms) \
+                 VALUES ('sha256:old', 1, $1, 1), ('sha256:new', 1, $2, $3)",
+            )
+            .bind(b"o".as_slice())
+            .bind(b"n".as_slice())
+            .bind(toolgrid_store::now_ms() + 3_600_000)
+            .execute(&mut conn)
+            .await
+            .unwrap();
         }
 
         let store = toolgrid_store::open(&url).await.unwrap();
         let mut conn = raw_connection(&backend, &url).await;
         assert_eq!(schema_version(&mut conn).await, SCHEMA_VERSION, "{backend}");
+        for (digest, bytes) in [("sha256:old", b"o"), ("sha256:new", b"n")] {
+            assert_eq!(
+                store.get_artifact(digest).await.unwrap().as_deref(),
+                Some(bytes.as_slice()),
+                "{backend}: {digest}"
+            );
+        }
         let old = store.get_call("old").await.unwrap().expect("the old call");
         assert_eq!(old.state, CallState::Running, "{backend}");
         // Its command's definition is still the one in its spec.
@@ -873,6 +891,13 @@ async fn an_old_database_is_upgraded_in_place_and_a_newer_one_refused() {
         let store = toolgrid_store::open(&url).await.unwrap();
         assert_eq!(schema_version(&mut conn).await, SCHEMA_VERSION);
         assert_eq!(store.oplog("old").await.unwrap().len(), 4, "{backend}");
+        // The artifacts kept their times: retention deletes the one stored long ago.
+        let report = store
+            .delete_finished_before(toolgrid_store::now_ms(), &HashSet::new())
+            .await
+            .unwrap();
+        assert_eq!(report.artifacts, ["sha256:old"], "{backend}");
+        assert!(store.get_artifact("sha256:new").await.unwrap().is_some());
         drop(store);
 
         // A store written by a newer binary is refused, untouched.
@@ -1139,7 +1164,7 @@ async fn retention_deletes_old_finished_calls_and_unused_artifacts_only() {
             call.release_digest = digest.into();
             call
         };
-        for digest in ["a", "b", "c", "d", "e", "f", "g", "h", "j"] {
+        for digest in ["a", "b", "c", "d", "e", "f", "g", "h", "j", "k"] {
             store
                 .put_artifact(&format!("sha256:{digest}"), digest.as_bytes().to_vec())
                 .await
@@ -1219,6 +1244,8 @@ async fn retention_deletes_old_finished_calls_and_unused_artifacts_only() {
             .unwrap();
         store.fail_call("young-c", failure()).await.unwrap();
         store.put_artifact("sha256:i", b"i".to_vec()).await.unwrap();
+        // k was stored before the cutoff and again after it: storing refreshes its time.
+        store.put_artifact("sha256:k", b"k".to_vec()).await.unwrap();
 
         let keep: HashSet<String> = ["sha256:f", "sha256:h"].map(String::from).into();
         let report = store.delete_finished_before(cutoff, &keep).await.unwrap();
@@ -1259,7 +1286,7 @@ async fn retention_deletes_old_finished_calls_and_unused_artifacts_only() {
                 "{backend}: {digest}"
             );
         }
-        for digest in ["c", "d", "e", "f", "h", "i", "j"] {
+        for digest in ["c", "d", "e", "f", "h", "i", "j", "k"] {
             let digest = format!("sha256:{digest}");
             assert!(
                 store.get_artifact(&digest).await.unwrap().is_some(),

@@ -26,6 +26,25 @@ pub(super) trait Conn: Send {
     async fn fetch_all(&mut self, query: Query<'_>) -> Result<Vec<Row>, StoreError>;
     /// Runs `query`; returns its first row, if any.
     async fn fetch_optional(&mut self, query: Query<'_>) -> Result<Option<Row>, StoreError>;
+    /// Its way to write a blob into a row in place, if it has one (the SQLite writer's).
+    fn blob_writes(&mut self) -> Option<&mut dyn BlobWrites> {
+        None
+    }
+}
+
+/// Writing a large blob into its row in place, through the page cache (SQLite's
+/// incremental blob I/O). Bound as an argument, SQLite copies a blob and then builds the
+/// whole row around it, two copies of it at once: 209 MB for the Python runtime's module.
+pub(super) trait BlobWrites {
+    /// Writes `bytes` at the start of the blob in `column` of row `rowid` of `table`, a
+    /// blob at least as long (made with `zeroblob(n)`), in this connection's transaction.
+    fn write_blob(
+        &mut self,
+        table: &'static str,
+        column: &'static str,
+        rowid: i64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError>;
 }
 
 /// A statement's text.

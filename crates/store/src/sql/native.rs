@@ -15,7 +15,7 @@
 //! every frame written so far durable: a synced commit is durable with all before it.
 
 use super::Backend;
-use super::conn::{Arg, Conn, NativeRow, Query, Row};
+use super::conn::{Arg, BlobWrites, Conn, NativeRow, Query, Row};
 use crate::StoreError;
 use async_trait::async_trait;
 use rusqlite::CachedStatement;
@@ -222,6 +222,26 @@ impl Conn for NativeSqlite {
 
     async fn fetch_optional(&mut self, query: Query<'_>) -> Result<Option<Row>, StoreError> {
         Ok(self.rows(&query, 1)?.pop())
+    }
+
+    fn blob_writes(&mut self) -> Option<&mut dyn BlobWrites> {
+        Some(self)
+    }
+}
+
+impl BlobWrites for NativeSqlite {
+    fn write_blob(
+        &mut self,
+        table: &'static str,
+        column: &'static str,
+        rowid: i64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        let mut blob = self
+            .conn
+            .blob_open(rusqlite::MAIN_DB, table, column, rowid, false)
+            .map_err(database)?;
+        blob.write_at(bytes, 0).map_err(database)
     }
 }
 

@@ -21,20 +21,64 @@ impl Write for PutArtifact {
 
     async fn apply(&self, conn: &mut dyn Conn, _again: bool) -> Result<(), StoreError> {
         let PutArtifact { digest, bytes } = self;
+        // An artifact's bytes are never rewritten (its digest names them): stored again,
+        // only its time in `artifact_times` changes. Its row is not touched, since SQLite
+        // rewrites a row whole, and reads its blob back to do it.
+        let stored = query("SELECT 1 AS stored FROM artifacts WHERE digest = $1")
+            .bind(digest.as_str())
+            .fetch_optional(&mut *conn)
+            .await?
+            .is_some();
+        if !stored {
+            insert_artifact(conn, digest, bytes).await?;
+        }
         // Storing an artifact again refreshes its time, so retention keeps what the
         // catalog has just stored.
         query(
-            "INSERT INTO artifacts (digest, size, bytes, created_at_ms) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (digest) DO UPDATE SET created_at_ms = excluded.created_at_ms",
+            "INSERT INTO artifact_times (digest, stored_at_ms) VALUES ($1, $2) \
+             ON CONFLICT (digest) DO UPDATE SET stored_at_ms = excluded.stored_at_ms",
         )
         .bind(digest.as_str())
-        .bind(bytes.len() as i64)
-        .bind(bytes.as_slice())
         .bind(now_ms())
         .execute(&mut *conn)
         .await?;
         Ok(())
     }
+}
+
+/// Inserts an artifact's row. Where the connection writes blobs in place (SQLite), the row
+/// is made with a blob of zeros that its bytes then overwrite, so SQLite holds no copy of
+/// them; otherwise they are bound.
+async fn insert_artifact(
+    conn: &mut dyn Conn,
+    digest: &str,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let size = i64::try_from(bytes.len())
+        .map_err(|_| StoreError::Database(sqlx::Error::Encode("an artifact too large".into())))?;
+    if conn.blob_writes().is_none() {
+        query("INSERT INTO artifacts (digest, size, bytes) VALUES ($1, $2, $3)")
+            .bind(digest)
+            .bind(size)
+            .bind(bytes)
+            .execute(&mut *conn)
+            .await?;
+        return Ok(());
+    }
+    // The blob is the row's last column: SQLite makes the row without the zeros.
+    let rowid: i64 = query(
+        "INSERT INTO artifacts (digest, size, bytes) VALUES ($1, $2, zeroblob($2)) \
+         RETURNING rowid",
+    )
+    .bind(digest)
+    .bind(size)
+    .fetch_one(&mut *conn)
+    .await?
+    .try_get("rowid")?;
+    if let Some(blobs) = conn.blob_writes() {
+        blobs.write_blob("artifacts", "bytes", rowid, bytes)?;
+    }
+    Ok(())
 }
 
 /// Replaces the bookkeeping of every resource (see [`Resources::save_resources`]).

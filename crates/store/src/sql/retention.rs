@@ -94,19 +94,19 @@ async fn purge_calls(
     Ok((calls, entries))
 }
 
-/// Deletes the artifacts stored before `cutoff_ms` that no call uses (as its artifact, or,
-/// for a call not yet ended, as one of its release's files) and that are not in `keep`;
-/// returns their digests.
+/// Deletes the artifacts last stored before `cutoff_ms` (`artifact_times`) that no call
+/// uses (as its artifact, or, for a call not yet ended, as one of its release's files) and
+/// that are not in `keep`; returns their digests.
 async fn purge_artifacts(
     conn: &mut dyn Conn,
     cutoff_ms: i64,
     keep: &HashSet<String>,
 ) -> Result<Vec<String>, StoreError> {
     let unused: Vec<String> = query(
-        "SELECT digest FROM artifacts WHERE created_at_ms < $1 \
-         AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.release_digest = artifacts.digest) \
+        "SELECT digest FROM artifact_times WHERE stored_at_ms < $1 \
+         AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.release_digest = artifact_times.digest) \
          AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.finished_at_ms IS NULL \
-             AND calls.spec_json LIKE '%\"' || artifacts.digest || '\"%') \
+             AND calls.spec_json LIKE '%\"' || artifact_times.digest || '\"%') \
          ORDER BY digest",
     )
     .bind(cutoff_ms)
@@ -118,6 +118,10 @@ async fn purge_artifacts(
     let mut deleted = Vec::new();
     for digest in unused.into_iter().filter(|d| !keep.contains(d)) {
         query("DELETE FROM artifacts WHERE digest = $1")
+            .bind(digest.as_str())
+            .execute(&mut *conn)
+            .await?;
+        query("DELETE FROM artifact_times WHERE digest = $1")
             .bind(digest.as_str())
             .execute(&mut *conn)
             .await?;
