@@ -465,6 +465,15 @@ impl Artifacts for FaultyStore {
             .await
     }
 
+    async fn read_artifact(
+        &self,
+        digest: &str,
+        piece: usize,
+    ) -> Result<Option<crate::ArtifactPieces>, StoreError> {
+        self.run(Op::GetArtifact, self.inner.read_artifact(digest, piece))
+            .await
+    }
+
     fn artifact_purges(&self) -> u64 {
         self.inner.artifact_purges()
     }

@@ -14,10 +14,12 @@
 //! full disk) is retried with backoff before it fails as [`StoreError::Unavailable`].
 
 pub mod faulty;
+mod pieces;
 mod sql;
 mod traits;
 
 pub use faulty::{FaultyStore, Op};
+pub use pieces::ArtifactPieces;
 
 /// Entries one [`CallLog::oplog_page`] returns at most, whatever its caller asks for.
 pub const MAX_OPLOG_PAGE_ENTRIES: u32 = 1000;

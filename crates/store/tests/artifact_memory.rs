@@ -1,9 +1,46 @@
-//! Storing a large artifact on SQLite, first and again, holds no copy of its bytes in
-//! SQLite's memory. Alone in its test binary: it reads SQLite's high-water mark of memory
-//! in use, which every connection in the process moves.
+//! Storing a large artifact on SQLite, first and again, and reading it in pieces, holds no
+//! copy of its bytes: neither in SQLite's memory nor in the process's own allocations.
+//! Alone in its test binary: it reads SQLite's high-water mark of memory in use and this
+//! binary's allocations, which everything in the process moves.
 
 use rusqlite::ffi;
-use toolgrid_store::Artifacts;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The system allocator, counting the bytes allocated now and at most since a reset.
+struct Counting;
+
+static NOW: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call goes to the system allocator as it came; the counters are only read.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout, passed on.
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            let now = NOW.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as allocated above.
+        unsafe { System.dealloc(ptr, layout) };
+        NOW.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// The process's allocations now; resets their peak to it.
+fn allocated_reset() -> usize {
+    let now = NOW.load(Ordering::Relaxed);
+    PEAK.store(now, Ordering::Relaxed);
+    now
+}
 
 /// An artifact this large makes any copy of it stand out of everything else SQLite holds
 /// (each connection's page cache is at most 2 MB).
@@ -14,7 +51,12 @@ fn sqlite_memory_reset() -> i64 {
     let (mut current, mut highwater) = (0i64, 0i64);
     // SAFETY: both pointers are to live locals; SQLite writes one i64 through each.
     let rc = unsafe {
-        ffi::sqlite3_status64(ffi::SQLITE_STATUS_MEMORY_USED, &mut current, &mut highwater, 1)
+        ffi::sqlite3_status64(
+            ffi::SQLITE_STATUS_MEMORY_USED,
+            &mut current,
+            &mut highwater,
+            1,
+        )
     };
     assert_eq!(rc, ffi::SQLITE_OK);
     current
@@ -25,25 +67,28 @@ fn sqlite_memory_highwater() -> i64 {
     let (mut current, mut highwater) = (0i64, 0i64);
     // SAFETY: as above.
     let rc = unsafe {
-        ffi::sqlite3_status64(ffi::SQLITE_STATUS_MEMORY_USED, &mut current, &mut highwater, 0)
+        ffi::sqlite3_status64(
+            ffi::SQLITE_STATUS_MEMORY_USED,
+            &mut current,
+            &mut highwater,
+            0,
+        )
     };
     assert_eq!(rc, ffi::SQLITE_OK);
     highwater
 }
 
 #[tokio::test]
-async fn sqlite_stores_a_large_artifact_without_a_copy_of_its_bytes_first_or_again() {
+async fn a_large_artifact_is_stored_and_read_without_a_copy_of_its_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("store.db").display());
     let store = toolgrid_store::open(&url).await.unwrap();
     let bytes: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8).collect();
 
     for attempt in ["first", "again"] {
+        let given = bytes.clone();
         let before = sqlite_memory_reset();
-        store
-            .put_artifact("sha256:large", bytes.clone())
-            .await
-            .unwrap();
+        store.put_artifact("sha256:large", given).await.unwrap();
         let grew = sqlite_memory_highwater() - before;
         // Bound as an argument, the bytes were copied (the binding), and copied again into
         // the row SQLite builds; stored again, the old row's blob was read back too.
@@ -52,6 +97,39 @@ async fn sqlite_stores_a_large_artifact_without_a_copy_of_its_bytes_first_or_aga
             "{attempt}: SQLite's memory grew by {grew} bytes storing {SIZE}"
         );
     }
-    let stored = store.get_artifact("sha256:large").await.unwrap();
-    assert!(stored.as_deref() == Some(bytes.as_slice()), "the bytes read back differ");
+
+    // Read in pieces of 1 MiB: neither SQLite nor this process holds the whole.
+    let sqlite_before = sqlite_memory_reset();
+    let before = allocated_reset();
+    let mut pieces = store
+        .read_artifact("sha256:large", 1 << 20)
+        .await
+        .unwrap()
+        .expect("stored");
+    assert_eq!(pieces.size(), SIZE as u64);
+    let (mut read, mut same) = (0, true);
+    while let Some(piece) = pieces.next().await {
+        let piece = piece.unwrap();
+        assert!(piece.len() <= 1 << 20);
+        same &= bytes.get(read..read + piece.len()) == Some(piece.as_slice());
+        read += piece.len();
+    }
+    let grew = sqlite_memory_highwater() - sqlite_before;
+    let allocated = PEAK.load(Ordering::Relaxed) - before;
+    assert!(same && read == SIZE, "read {read} bytes, the same: {same}");
+    assert!(
+        grew < (SIZE / 4) as i64,
+        "SQLite's memory grew by {grew} bytes reading {SIZE}"
+    );
+    assert!(
+        allocated < SIZE / 4,
+        "the process allocated {allocated} bytes more at most reading {SIZE}"
+    );
+    assert!(
+        store
+            .read_artifact("sha256:none", 1 << 20)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }

@@ -246,23 +246,28 @@ impl WorkerLink for WorkerLinkService {
                 format!("no artifact {digest} for a call this worker may run"),
             )));
         }
-        let bytes = self
+        // A piece at a time, read as the worker takes them: the Python runtime's module is
+        // 104.5 MB, and several workers may fetch it at once.
+        let mut pieces = self
             .store
-            .get_artifact(&digest)
+            .read_artifact(&digest, CHUNK)
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .ok_or_else(|| Status::not_found(format!("no artifact {digest}")))?;
-        let total = bytes.len() as u64;
-        let chunks: Vec<Result<proto::ArtifactChunk, Status>> = bytes
-            .chunks(CHUNK)
-            .map(|c| {
-                Ok(proto::ArtifactChunk {
-                    data: c.to_vec(),
-                    total_size: total,
-                })
-            })
-            .collect();
-        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+        let total_size = pieces.size();
+        let (tx, rx) = mpsc::channel(1);
+        tokio::spawn(async move {
+            while let Some(piece) = pieces.next().await {
+                let chunk = piece
+                    .map(|data| proto::ArtifactChunk { data, total_size })
+                    .map_err(|e| Status::internal(e.to_string()));
+                let failed = chunk.is_err();
+                if tx.send(chunk).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn fetch_workspace(

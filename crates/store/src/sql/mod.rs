@@ -11,6 +11,7 @@
 //! writer's own connection.
 
 mod approvals;
+mod blob_reads;
 mod buckets;
 mod calls;
 mod codec;
@@ -100,6 +101,8 @@ pub const DEFAULT_IDLE_POLL: Duration = Duration::from_millis(1);
 /// A store on SQLite or PostgreSQL; writes are group-committed by one writer task.
 pub struct SqlStore {
     reads: AnyPool,
+    /// On SQLite, the database file, for artifacts read in pieces.
+    blob_reads: Option<blob_reads::SqliteFile>,
     writer: writer::Jobs,
     artifact_purges: AtomicU64,
     /// Write transactions committed so far (see [`SqlStore::commits`]).
@@ -241,6 +244,10 @@ impl SqlStore {
             .connect(&url)
             .await?;
         let commits = Arc::new(AtomicU64::new(0));
+        let blob_reads = sqlite_path.clone().map(|path| blob_reads::SqliteFile {
+            path,
+            busy_timeout: options.busy_timeout,
+        });
         let sink = match sqlite_path {
             Some(path) => {
                 // The schema is upgraded: the writer's own connection takes over the writes.
@@ -255,6 +262,7 @@ impl SqlStore {
         let writer = writer::spawn(sink, options.retry, commits.clone(), options.idle_poll)?;
         Ok(SqlStore {
             reads,
+            blob_reads,
             writer,
             artifact_purges: AtomicU64::new(0),
             commits,

@@ -247,7 +247,7 @@ impl BlobWrites for NativeSqlite {
 
 /// An SQLite error as the store's database error, its extended result code kept so that
 /// [`is_transient`](super::is_transient) tells a busy database from a bad statement.
-fn database(error: rusqlite::Error) -> StoreError {
+pub(super) fn database(error: rusqlite::Error) -> StoreError {
     let (code, message) = match &error {
         rusqlite::Error::SqliteFailure(failure, message) => (
             Some(failure.extended_code),

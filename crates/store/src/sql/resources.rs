@@ -4,7 +4,7 @@ use super::SqlStore;
 use super::codec::parse_json;
 use super::conn::{Conn, query};
 use super::writer::Write;
-use crate::{Artifacts, Resources, StoreError};
+use crate::{ArtifactPieces, Artifacts, Resources, StoreError};
 use async_trait::async_trait;
 use std::sync::atomic::Ordering;
 use toolgrid_core::call::{ResourceChanges, ResourceRecord, now_ms};
@@ -155,6 +155,20 @@ impl Artifacts for SqlStore {
             .fetch_optional(&mut *self.reads.acquire().await?)
             .await?;
         Ok(row.map(|r| r.try_get("bytes")).transpose()?)
+    }
+
+    async fn read_artifact(
+        &self,
+        digest: &str,
+        piece: usize,
+    ) -> Result<Option<ArtifactPieces>, StoreError> {
+        match &self.blob_reads {
+            Some(file) => file.read_artifact(digest, piece).await,
+            None => Ok(self
+                .get_artifact(digest)
+                .await?
+                .map(|bytes| ArtifactPieces::whole(bytes, piece))),
+        }
     }
 
     fn artifact_purges(&self) -> u64 {

@@ -1,0 +1,85 @@
+//! An artifact read in pieces ([`Artifacts::read_artifact`](crate::Artifacts::read_artifact)):
+//! a worker fetching the Python runtime's 104.5 MB module is sent it a piece at a time, and
+//! the store that can (SQLite) never holds it whole to do so.
+
+use crate::StoreError;
+use tokio::sync::mpsc;
+
+/// The pieces of one artifact, in order, each at most the size asked for.
+#[derive(Debug)]
+pub struct ArtifactPieces {
+    size: u64,
+    from: From,
+}
+
+#[derive(Debug)]
+enum From {
+    /// The bytes read whole (a store that cannot read a blob in pieces): handed out a
+    /// piece at a time.
+    Whole {
+        bytes: Vec<u8>,
+        at: usize,
+        piece: usize,
+    },
+    /// Pieces read as they are asked for, by a reader that stops when this is dropped.
+    Read(mpsc::Receiver<Result<Vec<u8>, StoreError>>),
+}
+
+impl ArtifactPieces {
+    /// `bytes`, handed out in pieces of at most `piece` bytes (at least one).
+    pub fn whole(bytes: Vec<u8>, piece: usize) -> Self {
+        ArtifactPieces {
+            size: bytes.len() as u64,
+            from: From::Whole {
+                bytes,
+                at: 0,
+                piece: piece.max(1),
+            },
+        }
+    }
+
+    /// An artifact of `size` bytes whose pieces come through `pieces`; an error ends them.
+    pub(crate) fn read(size: u64, pieces: mpsc::Receiver<Result<Vec<u8>, StoreError>>) -> Self {
+        ArtifactPieces {
+            size,
+            from: From::Read(pieces),
+        }
+    }
+
+    /// The artifact's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The next piece; `None` after the last. After an error, nothing more comes.
+    pub async fn next(&mut self) -> Option<Result<Vec<u8>, StoreError>> {
+        match &mut self.from {
+            From::Whole { bytes, at, piece } => {
+                let rest = bytes.get(*at..).filter(|rest| !rest.is_empty())?;
+                let next = rest[..rest.len().min(*piece)].to_vec();
+                *at += next.len();
+                Some(Ok(next))
+            }
+            From::Read(pieces) => pieces.recv().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn whole_bytes_come_out_in_pieces_of_at_most_the_size_asked() {
+        let mut pieces = ArtifactPieces::whole((0..10u8).collect(), 4);
+        assert_eq!(pieces.size(), 10);
+        let mut got = Vec::new();
+        while let Some(piece) = pieces.next().await {
+            got.push(piece.unwrap());
+        }
+        assert_eq!(got, [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
+
+        let mut empty = ArtifactPieces::whole(Vec::new(), 4);
+        assert!(empty.next().await.is_none());
+    }
+}
