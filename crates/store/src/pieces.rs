@@ -21,8 +21,12 @@ enum From {
         at: usize,
         piece: usize,
     },
-    /// Pieces read as they are asked for, by a reader that stops when this is dropped.
-    Read(mpsc::Receiver<Result<Vec<u8>, StoreError>>),
+    /// Pieces read as they are asked for, by a reader that stops when this is dropped;
+    /// `given` bytes so far.
+    Read {
+        pieces: mpsc::Receiver<Result<Vec<u8>, StoreError>>,
+        given: u64,
+    },
 }
 
 impl ArtifactPieces {
@@ -42,7 +46,7 @@ impl ArtifactPieces {
     pub(crate) fn read(size: u64, pieces: mpsc::Receiver<Result<Vec<u8>, StoreError>>) -> Self {
         ArtifactPieces {
             size,
-            from: From::Read(pieces),
+            from: From::Read { pieces, given: 0 },
         }
     }
 
@@ -60,7 +64,28 @@ impl ArtifactPieces {
                 *at += next.len();
                 Some(Ok(next))
             }
-            From::Read(pieces) => pieces.recv().await,
+            From::Read { pieces, given } => match pieces.recv().await {
+                Some(piece) => {
+                    if let Ok(piece) = &piece {
+                        *given += piece.len() as u64;
+                    }
+                    Some(piece)
+                }
+                // A reader that stopped short (it gave up waiting, or failed to start) is
+                // an error, once: never a shorter artifact.
+                None if *given < self.size => {
+                    let short = StoreError::Unavailable {
+                        attempts: 1,
+                        last: format!(
+                            "the artifact's read ended after {given} of its {} bytes",
+                            self.size
+                        ),
+                    };
+                    *given = self.size;
+                    Some(Err(short))
+                }
+                None => None,
+            },
         }
     }
 }
@@ -81,5 +106,27 @@ mod tests {
 
         let mut empty = ArtifactPieces::whole(Vec::new(), 4);
         assert!(empty.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn pieces_that_end_short_end_with_an_error_once() {
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(Ok(vec![1, 2, 3])).await.unwrap();
+        drop(tx);
+        let mut pieces = ArtifactPieces::read(10, rx);
+        assert_eq!(pieces.next().await.unwrap().unwrap(), [1, 2, 3]);
+        let short = pieces.next().await.unwrap().unwrap_err();
+        assert!(
+            matches!(&short, StoreError::Unavailable { last, .. } if last.contains("after 3 of its 10 bytes")),
+            "{short:?}"
+        );
+        assert!(pieces.next().await.is_none());
+
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(Ok(vec![1, 2])).await.unwrap();
+        drop(tx);
+        let mut whole = ArtifactPieces::read(2, rx);
+        assert_eq!(whole.next().await.unwrap().unwrap(), [1, 2]);
+        assert!(whole.next().await.is_none());
     }
 }

@@ -1,7 +1,7 @@
 //! Artifacts read in pieces on SQLite ([`Artifacts::read_artifact`](crate::Artifacts::read_artifact)):
 //! a read-only connection of the read's own, on a blocking thread, reads the blob through
 //! SQLite's incremental blob I/O a piece at a time, at most [`AHEAD`] pieces ahead of the
-//! one who asked.
+//! one who asked, and gives up when a piece is not taken within [`STALL`].
 //!
 //! Read through sqlx, SQLite copied the whole blob out of its pages, and sqlx copied it
 //! again into the row's value: a worker fetching the Python runtime's 104.5 MB module made
@@ -17,6 +17,11 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Pieces read before the one who asked takes them.
 const AHEAD: usize = 2;
+
+/// How long a piece waits to be taken before the read gives up: a read holds a read
+/// transaction, which keeps the write-ahead log from starting over, so a reader that stops
+/// taking pieces (a worker stalled, or hostile) must not hold it for good.
+const STALL: Duration = Duration::from_secs(30);
 
 /// The SQLite database a store reads blobs from.
 #[derive(Clone, Debug)]
@@ -39,6 +44,7 @@ impl SqliteFile {
         let file = self.clone();
         let digest = digest.to_owned();
         let piece = piece.max(1);
+        let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             let conn = match file.open() {
                 Ok(conn) => conn,
@@ -91,8 +97,13 @@ impl SqliteFile {
                 let read = blob.read_at_exact(&mut next, at).map_err(database);
                 let failed = read.is_err();
                 at += next.len();
-                // Stops when the one who asked has gone.
-                if pieces_tx.blocking_send(read.map(|()| next)).is_err() || failed {
+                // Stops when the one who asked has gone, or has not taken a piece for
+                // `STALL`: the pieces end short, which their taker reports as an error.
+                let sent = runtime.block_on(tokio::time::timeout(
+                    STALL,
+                    pieces_tx.send(read.map(|()| next)),
+                ));
+                if !matches!(sent, Ok(Ok(()))) || failed {
                     return;
                 }
             }
