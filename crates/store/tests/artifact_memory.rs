@@ -46,8 +46,8 @@ fn allocated_reset() -> usize {
 /// (each connection's page cache is at most 2 MB).
 const SIZE: usize = 48 << 20;
 
-/// SQLite's memory in use now, and resets its high-water mark to it.
-fn sqlite_memory_reset() -> i64 {
+/// SQLite's memory in use now and its most since the last reset (`reset`: resets it to now).
+fn sqlite_memory(reset: bool) -> (i64, i64) {
     let (mut current, mut highwater) = (0i64, 0i64);
     // SAFETY: both pointers are to live locals; SQLite writes one i64 through each.
     let rc = unsafe {
@@ -55,27 +55,21 @@ fn sqlite_memory_reset() -> i64 {
             ffi::SQLITE_STATUS_MEMORY_USED,
             &mut current,
             &mut highwater,
-            1,
+            i32::from(reset),
         )
     };
     assert_eq!(rc, ffi::SQLITE_OK);
-    current
+    (current, highwater)
+}
+
+/// SQLite's memory in use now, and resets its high-water mark to it.
+fn sqlite_memory_reset() -> i64 {
+    sqlite_memory(true).0
 }
 
 /// SQLite's most memory in use since the last reset.
 fn sqlite_memory_highwater() -> i64 {
-    let (mut current, mut highwater) = (0i64, 0i64);
-    // SAFETY: as above.
-    let rc = unsafe {
-        ffi::sqlite3_status64(
-            ffi::SQLITE_STATUS_MEMORY_USED,
-            &mut current,
-            &mut highwater,
-            0,
-        )
-    };
-    assert_eq!(rc, ffi::SQLITE_OK);
-    highwater
+    sqlite_memory(false).1
 }
 
 #[tokio::test]
