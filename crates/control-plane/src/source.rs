@@ -199,14 +199,15 @@ impl ManifestSource {
                 let loaded: Vec<_> = set
                     .releases
                     .iter()
-                    .map(|r| {
+                    .enumerate()
+                    .map(|(index, r)| {
                         let key = key_of(&r.object.metadata);
                         let fingerprint = local_fingerprint(r);
                         let load = match (fingerprint, cached.get(&key)) {
                             (Some(now), Some((then, outcome))) if now == *then => {
                                 Load::Unchanged(outcome.clone())
                             }
-                            _ => Load::Loaded(load_local(r, &set.config_maps), fingerprint),
+                            _ => Load::Read { index, fingerprint },
                         };
                         (key, load)
                     })
@@ -224,12 +225,20 @@ impl ManifestSource {
             .await??;
         *self.parsed.lock().unwrap_or_else(|e| e.into_inner()) = parsed;
 
+        let set = Arc::new(set);
         let mut artifacts = HashMap::new();
         let mut outcomes = HashMap::new();
         for (key, load) in loaded {
             let outcome = match load {
                 Load::Unchanged(outcome) => outcome,
-                Load::Loaded(artifact, fingerprint) => {
+                Load::Read { index, fingerprint } => {
+                    // One release's files at a time, stored before the next are read: the
+                    // built-in `python` and `code` name the same 158 MB of runtime files.
+                    let of = set.clone();
+                    let artifact = tokio::task::spawn_blocking(move || {
+                        load_local(&of.releases[index], &of.config_maps)
+                    })
+                    .await?;
                     let outcome = self.stored.keep(&*self.store, artifact).await?;
                     if let Some(fingerprint) = fingerprint {
                         outcomes.insert(key.clone(), (fingerprint, outcome.clone()));
@@ -401,9 +410,15 @@ impl ManifestSource {
 
 /// A release's artifacts in a reload: unchanged since the last (its outcome then), or
 /// loaded now (with the fingerprint of its files, when they are all local).
+/// What a reload does with a release's artifact.
 enum Load {
+    /// Its files have not changed since they were stored: their outcome.
     Unchanged(toolgrid_catalog::artifacts::ArtifactOutcome),
-    Loaded(toolgrid_catalog::artifacts::LoadedArtifact, Option<u64>),
+    /// Read (the set's `index`th release) and stored; `fingerprint` of its files, if any.
+    Read {
+        index: usize,
+        fingerprint: Option<u64>,
+    },
 }
 
 fn records_of(snapshot: &Snapshot) -> Vec<ResourceRecord> {

@@ -3,8 +3,9 @@
 //! beside the cluster's own resources, as `toolgrid up` serves them. A resource of the
 //! cluster with the same kind, namespace and name replaces a built-in, and a later
 //! directory's built-in an earlier one's. Their artifacts are files of the image, read,
-//! checked and put in the store once, at start (the python runtime is 154 MB: its bytes
-//! are not held after that; retention keeps what a current release uses); they are not
+//! checked and put in the store once, at start, one release at a time (the python runtime
+//! is 158 MB: its bytes are not held after that; retention keeps what a current release
+//! uses); they are not
 //! objects of the API (nothing to write a status to), and none is bound until a
 //! ToolBinding or an Agent opts in.
 
@@ -22,8 +23,8 @@ pub struct Builtins {
 }
 
 impl Builtins {
-    /// Loads `dirs` (a later one's resources replacing an earlier one's) into `namespace`,
-    /// with each release's artifact and files read and checked.
+    /// Loads `dirs` (a later one's resources replacing an earlier one's) into `namespace`.
+    /// Their artifacts are read by [`Builtins::put_in`].
     pub fn load(dirs: &[PathBuf], namespace: &str) -> std::io::Result<Builtins> {
         let mut set = ResourceSet::default();
         for dir in dirs.iter().rev() {
@@ -33,21 +34,22 @@ impl Builtins {
             tracing::warn!(%invalid, "a built-in manifest is invalid");
         }
         let set = into_namespace(set, namespace);
-        let artifacts = set
-            .releases
-            .iter()
-            .map(|release| (key_of(release), load_local(release, &set.config_maps)))
-            .collect();
-        Ok(Builtins { set, artifacts })
+        Ok(Builtins {
+            set,
+            artifacts: HashMap::new(),
+        })
     }
 
-    /// Puts every Ready artifact's bytes (and its files' and commands') in `store`, and
-    /// keeps only their outcomes.
+    /// Reads and checks each release's artifact (and its files' and commands'), puts the
+    /// Ready ones' bytes in `store`, and keeps only their outcomes. One release at a time:
+    /// the built-in `python` and `code` name the same 158 MB of runtime files, and each
+    /// release's bytes are stored and dropped before the next are read.
     pub async fn put_in(
         mut self,
         store: &dyn toolgrid_store::Artifacts,
     ) -> Result<Builtins, toolgrid_store::StoreError> {
-        for loaded in self.artifacts.values_mut() {
+        for release in &self.set.releases {
+            let mut loaded = load_local(release, &self.set.config_maps);
             if let toolgrid_catalog::artifacts::ArtifactOutcome::Ready { digest, .. } =
                 &loaded.outcome
             {
@@ -58,6 +60,7 @@ impl Builtins {
                     store.put_artifact(&digest, bytes).await?;
                 }
             }
+            self.artifacts.insert(key_of(release), loaded);
         }
         Ok(self)
     }
@@ -117,9 +120,18 @@ mod tests {
 
     /// The image's built-ins load into the namespace given, each release Ready from its
     /// committed artifact, and a cluster resource of the same name replaces a built-in.
-    #[test]
-    fn the_shipped_builtins_load_into_a_namespace_and_the_clusters_own_replace_them() {
-        let builtins = Builtins::load(&[repo().join("builtins/manifests")], "team-a").unwrap();
+    #[tokio::test]
+    async fn the_shipped_builtins_load_into_a_namespace_and_the_clusters_own_replace_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            toolgrid_store::open(&format!("sqlite://{}", dir.path().join("s.db").display()))
+                .await
+                .unwrap();
+        let builtins = Builtins::load(&[repo().join("builtins/manifests")], "team-a")
+            .unwrap()
+            .put_in(store.as_ref())
+            .await
+            .unwrap();
         assert_eq!(builtins.tools(), 4);
         for release in ["files-1.0.0", "js-1.0.0", "code-1.0.0", "web-fetch-1.0.0"] {
             let loaded = builtins
