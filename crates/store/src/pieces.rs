@@ -3,7 +3,17 @@
 //! the store that can (SQLite) never holds it whole to do so.
 
 use crate::StoreError;
+use std::time::Duration;
 use tokio::sync::mpsc;
+
+/// Pieces a reader reads before the one who asked takes them.
+pub(crate) const AHEAD: usize = 2;
+
+/// How long a piece waits to be taken before its reader gives up: a reader holds a read
+/// transaction (SQLite, where it keeps the write-ahead log from starting over) or a task
+/// and the pool's connections (PostgreSQL), so one who stops taking pieces (a worker
+/// stalled, or hostile) must not hold them for good.
+pub(crate) const STALL: Duration = Duration::from_secs(30);
 
 /// The pieces of one artifact, in order, each at most the size asked for.
 #[derive(Debug)]

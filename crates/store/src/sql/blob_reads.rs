@@ -9,19 +9,11 @@
 
 use super::native::database;
 use crate::StoreError;
-use crate::pieces::ArtifactPieces;
+use crate::pieces::{AHEAD, ArtifactPieces, STALL};
 use rusqlite::{OpenFlags, OptionalExtension};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
-
-/// Pieces read before the one who asked takes them.
-const AHEAD: usize = 2;
-
-/// How long a piece waits to be taken before the read gives up: a read holds a read
-/// transaction, which keeps the write-ahead log from starting over, so a reader that stops
-/// taking pieces (a worker stalled, or hostile) must not hold it for good.
-const STALL: Duration = Duration::from_secs(30);
 
 /// The SQLite database a store reads blobs from.
 #[derive(Clone, Debug)]

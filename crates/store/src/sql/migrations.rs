@@ -189,11 +189,12 @@ const MIGRATIONS: &[Migration] = &[
     // the artifact's row, the time could not change without SQLite reading the row's blob
     // back and writing the row whole (the Python runtime's module is 104.5 MB). Without
     // it, the bytes are the row's last column, which SQLite can make as a blob of zeros
-    // without holding them, for the bytes to be written into in place.
+    // without holding them, for the bytes to be written into in place. On PostgreSQL the
+    // bytes are stored uncompressed, so that a piece of them is read without the rest.
     Migration {
         version: 11,
-        statements: |_| {
-            vec![
+        statements: |backend| {
+            let mut statements = vec![
                 "CREATE TABLE IF NOT EXISTS artifact_times (
                     digest TEXT PRIMARY KEY,
                     stored_at_ms BIGINT NOT NULL
@@ -206,7 +207,16 @@ const MIGRATIONS: &[Migration] = &[
                     .into(),
                 // On SQLite this rewrites each artifact's row, once.
                 "ALTER TABLE artifacts DROP COLUMN created_at_ms".into(),
-            ]
+            ];
+            if backend == Backend::Postgres {
+                // Out of line and uncompressed, so that a piece of an artifact is read
+                // without the rest (`sql/slice_reads.rs`); the rows stored before are
+                // stored again so.
+                statements
+                    .push("ALTER TABLE artifacts ALTER COLUMN bytes SET STORAGE EXTERNAL".into());
+                statements.push("UPDATE artifacts SET bytes = bytes || ''::bytea".into());
+            }
+            statements
         },
     },
 ];

@@ -26,6 +26,7 @@ mod rollouts;
 mod rows;
 mod run_delay;
 mod sessions;
+mod slice_reads;
 mod sync;
 mod wal_vfs;
 mod workspaces;

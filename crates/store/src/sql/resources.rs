@@ -164,10 +164,7 @@ impl Artifacts for SqlStore {
     ) -> Result<Option<ArtifactPieces>, StoreError> {
         match &self.blob_reads {
             Some(file) => file.read_artifact(digest, piece).await,
-            None => Ok(self
-                .get_artifact(digest)
-                .await?
-                .map(|bytes| ArtifactPieces::whole(bytes, piece))),
+            None => super::slice_reads::read_artifact(&self.reads, digest, piece).await,
         }
     }
 
