@@ -1,9 +1,9 @@
 //! Artifacts (stored by digest) and the bookkeeping of declared resources.
 
-use super::SqlStore;
 use super::codec::parse_json;
 use super::conn::{Conn, query};
 use super::writer::Write;
+use super::{Backend, SqlStore};
 use crate::{ArtifactPieces, Artifacts, Resources, StoreError};
 use async_trait::async_trait;
 use std::sync::atomic::Ordering;
@@ -46,9 +46,14 @@ impl Write for PutArtifact {
     }
 }
 
-/// Inserts an artifact's row. Where the connection writes blobs in place (SQLite), the row
-/// is made with a blob of zeros that its bytes then overwrite, so SQLite holds no copy of
-/// them; otherwise they are bound.
+/// The most of an artifact's bytes sent in one statement on PostgreSQL.
+const PIECE: usize = 1 << 20;
+
+/// Inserts an artifact's row without a copy of its bytes on this side. On SQLite (the
+/// writer's connection writes blobs in place) the row is made with a blob of zeros that the
+/// bytes then overwrite. On PostgreSQL the bytes go a piece at a time into a large object of
+/// the transaction, which the server turns into the row's value and then deletes: bound
+/// whole, sqlx encoded them into its buffers twice, and kept the buffer's size after.
 async fn insert_artifact(
     conn: &mut dyn Conn,
     digest: &str,
@@ -56,27 +61,58 @@ async fn insert_artifact(
 ) -> Result<(), StoreError> {
     let size = i64::try_from(bytes.len())
         .map_err(|_| StoreError::Database(sqlx::Error::Encode("an artifact too large".into())))?;
-    if conn.blob_writes().is_none() {
-        query("INSERT INTO artifacts (digest, size, bytes) VALUES ($1, $2, $3)")
+    match conn.backend() {
+        Backend::Postgres => {
+            let object: i64 = query("SELECT CAST(lo_create(0) AS BIGINT) AS object")
+                .fetch_one(&mut *conn)
+                .await?
+                .try_get("object")?;
+            for (index, piece) in bytes.chunks(PIECE).enumerate() {
+                let at = i64::try_from(index * PIECE).unwrap_or(i64::MAX);
+                query("SELECT 1 AS put FROM lo_put(CAST($1 AS OID), $2, $3)")
+                    .bind(object)
+                    .bind(at)
+                    .bind(piece)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            query(
+                "INSERT INTO artifacts (digest, size, bytes) \
+                 VALUES ($1, $2, lo_get(CAST($3 AS OID)))",
+            )
             .bind(digest)
             .bind(size)
-            .bind(bytes)
+            .bind(object)
             .execute(&mut *conn)
             .await?;
-        return Ok(());
-    }
-    // The blob is the row's last column: SQLite makes the row without the zeros.
-    let rowid: i64 = query(
-        "INSERT INTO artifacts (digest, size, bytes) VALUES ($1, $2, zeroblob($2)) \
-         RETURNING rowid",
-    )
-    .bind(digest)
-    .bind(size)
-    .fetch_one(&mut *conn)
-    .await?
-    .try_get("rowid")?;
-    if let Some(blobs) = conn.blob_writes() {
-        blobs.write_blob("artifacts", "bytes", rowid, bytes)?;
+            query("SELECT lo_unlink(CAST($1 AS OID)) AS unlinked")
+                .bind(object)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Backend::Sqlite if conn.blob_writes().is_some() => {
+            // The blob is the row's last column: SQLite makes the row without the zeros.
+            let rowid: i64 = query(
+                "INSERT INTO artifacts (digest, size, bytes) VALUES ($1, $2, zeroblob($2)) \
+                 RETURNING rowid",
+            )
+            .bind(digest)
+            .bind(size)
+            .fetch_one(&mut *conn)
+            .await?
+            .try_get("rowid")?;
+            if let Some(blobs) = conn.blob_writes() {
+                blobs.write_blob("artifacts", "bytes", rowid, bytes)?;
+            }
+        }
+        Backend::Sqlite => {
+            query("INSERT INTO artifacts (digest, size, bytes) VALUES ($1, $2, $3)")
+                .bind(digest)
+                .bind(size)
+                .bind(bytes)
+                .execute(&mut *conn)
+                .await?;
+        }
     }
     Ok(())
 }
