@@ -408,9 +408,8 @@ impl ManifestSource {
     }
 }
 
-/// A release's artifacts in a reload: unchanged since the last (its outcome then), or
-/// loaded now (with the fingerprint of its files, when they are all local).
-/// What a reload does with a release's artifact.
+/// A release's artifacts in a reload: unchanged since the last (its outcome then), or read
+/// and stored now (with the fingerprint of its files, when they are all local).
 enum Load {
     /// Its files have not changed since they were stored: their outcome.
     Unchanged(toolgrid_catalog::artifacts::ArtifactOutcome),

@@ -5,9 +5,8 @@
 //! directory's built-in an earlier one's. Their artifacts are files of the image, read,
 //! checked and put in the store once, at start, one release at a time (the python runtime
 //! is 158 MB: its bytes are not held after that; retention keeps what a current release
-//! uses); they are not
-//! objects of the API (nothing to write a status to), and none is bound until a
-//! ToolBinding or an Agent opts in.
+//! uses); they are not objects of the API (nothing to write a status to), and none is bound
+//! until a ToolBinding or an Agent opts in.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,7 +1,8 @@
-//! Storing a large artifact on SQLite, first and again, and reading it in pieces, holds no
-//! copy of its bytes: neither in SQLite's memory nor in the process's own allocations.
-//! Alone in its test binary: it reads SQLite's high-water mark of memory in use and this
-//! binary's allocations, which everything in the process moves.
+//! Storing a large artifact, first and again, and reading it in pieces, holds no copy of
+//! its bytes: on SQLite neither in SQLite's memory nor in the process's own allocations,
+//! on PostgreSQL not in the process's. Alone in its test binary: it reads SQLite's
+//! high-water mark of memory in use and this binary's allocations, which everything in the
+//! process moves.
 
 use rusqlite::ffi;
 use std::alloc::{GlobalAlloc, Layout, System};
