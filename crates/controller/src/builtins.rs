@@ -110,6 +110,7 @@ fn into_namespace(mut set: ResourceSet, namespace: &str) -> ResourceSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use toolgrid_catalog::artifacts::ArtifactOutcome;
     use toolgrid_catalog::manifest::load_text;
 
@@ -117,20 +118,28 @@ mod tests {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
     }
 
-    /// The image's built-ins load into the namespace given, each release Ready from its
-    /// committed artifact, and a cluster resource of the same name replaces a built-in.
-    #[tokio::test]
-    async fn the_shipped_builtins_load_into_a_namespace_and_the_clusters_own_replace_them() {
+    /// The shipped built-ins in `namespace`, put in a fresh store (kept in the directory).
+    async fn put_in_a_store(
+        namespace: &str,
+    ) -> (tempfile::TempDir, Arc<dyn toolgrid_store::Store>, Builtins) {
         let dir = tempfile::tempdir().unwrap();
         let store =
             toolgrid_store::open(&format!("sqlite://{}", dir.path().join("s.db").display()))
                 .await
                 .unwrap();
-        let builtins = Builtins::load(&[repo().join("builtins/manifests")], "team-a")
+        let builtins = Builtins::load(&[repo().join("builtins/manifests")], namespace)
             .unwrap()
             .put_in(store.as_ref())
             .await
             .unwrap();
+        (dir, store, builtins)
+    }
+
+    /// The image's built-ins load into the namespace given, each release Ready from its
+    /// committed artifact, and a cluster resource of the same name replaces a built-in.
+    #[tokio::test]
+    async fn the_shipped_builtins_load_into_a_namespace_and_the_clusters_own_replace_them() {
+        let (_dir, _store, builtins) = put_in_a_store("team-a").await;
         assert_eq!(builtins.tools(), 4);
         for release in ["files-1.0.0", "js-1.0.0", "code-1.0.0", "web-fetch-1.0.0"] {
             let loaded = builtins
@@ -167,16 +176,7 @@ mod tests {
     /// At start their bytes go to the store once; the controller keeps only the outcomes.
     #[tokio::test]
     async fn their_artifacts_go_to_the_store_once_and_only_outcomes_are_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            toolgrid_store::open(&format!("sqlite://{}", dir.path().join("s.db").display()))
-                .await
-                .unwrap();
-        let builtins = Builtins::load(&[repo().join("builtins/manifests")], "default")
-            .unwrap()
-            .put_in(store.as_ref())
-            .await
-            .unwrap();
+        let (_dir, store, builtins) = put_in_a_store("default").await;
         let js = builtins
             .artifact(&ObjectKey::new("default", "js-1.0.0"))
             .unwrap();
