@@ -9,8 +9,7 @@ use toolgrid_core::artifact::{FileRef, MAX_RELEASE_FILES, check_file_path};
 use toolgrid_core::artifact::{digest_of, is_valid_digest};
 use toolgrid_core::spec::ReleaseFile;
 
-/// Largest artifact read from a file or fetched from a URL.
-pub const MAX_ARTIFACT_BYTES: u64 = 256 << 20;
+pub use toolgrid_core::artifact::MAX_ARTIFACT_BYTES;
 
 /// What became of a release's artifact.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -56,6 +56,10 @@ impl FileRef {
 /// Files one release may declare.
 pub const MAX_RELEASE_FILES: usize = 16;
 
+/// Largest artifact (or release file) read from a file, fetched from a URL, or received
+/// by a worker from its control plane.
+pub const MAX_ARTIFACT_BYTES: u64 = 256 << 20;
+
 /// Why a release file's guest path is refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidFilePath {

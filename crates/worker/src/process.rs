@@ -993,19 +993,21 @@ async fn fetch_artifact(slot: LinkSlot, digest: String) -> Result<Vec<u8>, Prepa
                 continue;
             }
         };
-        let mut bytes = Vec::new();
-        let complete = loop {
+        let mut fetched = crate::fetched::Fetched::default();
+        let received = loop {
             match stream.message().await {
-                Ok(Some(chunk)) => bytes.extend_from_slice(&chunk.data),
-                Ok(None) => break true,
-                Err(status) => {
-                    last_error = status.message().to_string();
-                    break false;
+                Ok(Some(chunk)) => {
+                    if let Err(refused) = fetched.push(chunk.total_size, &chunk.data) {
+                        break Err(refused.to_string());
+                    }
                 }
+                Ok(None) => break fetched.finish().map_err(|refused| refused.to_string()),
+                Err(status) => break Err(status.message().to_string()),
             }
         };
-        if complete {
-            return Ok(bytes);
+        match received {
+            Ok(bytes) => return Ok(bytes),
+            Err(error) => last_error = error,
         }
     }
     Err(PrepareError::Fetch(last_error))
