@@ -916,6 +916,41 @@ async fn an_old_database_is_upgraded_in_place_and_a_newer_one_refused() {
     }
 }
 
+/// Two control planes on one PostgreSQL database store the same artifact at once (each
+/// found it missing): the second's insert waits for the first's and keeps its row.
+#[tokio::test]
+async fn an_artifact_stored_by_two_control_planes_at_once_is_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for (backend, url) in backends(&dir).await {
+        if backend != "postgres" {
+            continue;
+        }
+        let store = toolgrid_store::open(&url).await.unwrap();
+        // The other control plane's insert, not yet committed: the store does not see it,
+        // and its own insert of the same digest waits for it.
+        let mut other = raw_connection(&backend, &url).await;
+        sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+        sqlx::query("INSERT INTO artifacts (digest, size, bytes) VALUES ('sha256:both', 4, $1)")
+            .bind(b"both".as_slice())
+            .execute(&mut other)
+            .await
+            .unwrap();
+        let put = tokio::spawn({
+            let store = store.clone();
+            async move { store.put_artifact("sha256:both", b"both".to_vec()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+        put.await
+            .unwrap()
+            .expect("stored once, by whichever came first");
+        assert_eq!(
+            store.get_artifact("sha256:both").await.unwrap().as_deref(),
+            Some(b"both".as_slice())
+        );
+    }
+}
+
 #[tokio::test]
 async fn repeated_appends_and_completions_are_stored_once() {
     let dir = tempfile::tempdir().unwrap();

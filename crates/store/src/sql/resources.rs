@@ -76,9 +76,11 @@ async fn insert_artifact(
                     .execute(&mut *conn)
                     .await?;
             }
+            // Another control plane may store the same artifact at the same time: the
+            // first row stays (its digest names the same bytes).
             query(
                 "INSERT INTO artifacts (digest, size, bytes) \
-                 VALUES ($1, $2, lo_get(CAST($3 AS OID)))",
+                 VALUES ($1, $2, lo_get(CAST($3 AS OID))) ON CONFLICT (digest) DO NOTHING",
             )
             .bind(digest)
             .bind(size)
@@ -92,26 +94,31 @@ async fn insert_artifact(
         }
         Backend::Sqlite if conn.blob_writes().is_some() => {
             // The blob is the row's last column: SQLite makes the row without the zeros.
-            let rowid: i64 = query(
+            let inserted = query(
                 "INSERT INTO artifacts (digest, size, bytes) VALUES ($1, $2, zeroblob($2)) \
-                 RETURNING rowid",
+                 ON CONFLICT (digest) DO NOTHING RETURNING rowid",
             )
             .bind(digest)
             .bind(size)
-            .fetch_one(&mut *conn)
-            .await?
-            .try_get("rowid")?;
-            if let Some(blobs) = conn.blob_writes() {
-                blobs.write_blob("artifacts", "bytes", rowid, bytes)?;
+            .fetch_optional(&mut *conn)
+            .await?;
+            if let Some(row) = inserted {
+                let rowid: i64 = row.try_get("rowid")?;
+                if let Some(blobs) = conn.blob_writes() {
+                    blobs.write_blob("artifacts", "bytes", rowid, bytes)?;
+                }
             }
         }
         Backend::Sqlite => {
-            query("INSERT INTO artifacts (digest, size, bytes) VALUES ($1, $2, $3)")
-                .bind(digest)
-                .bind(size)
-                .bind(bytes)
-                .execute(&mut *conn)
-                .await?;
+            query(
+                "INSERT INTO artifacts (digest, size, bytes) VALUES ($1, $2, $3) \
+                 ON CONFLICT (digest) DO NOTHING",
+            )
+            .bind(digest)
+            .bind(size)
+            .bind(bytes)
+            .execute(&mut *conn)
+            .await?;
         }
     }
     Ok(())
