@@ -1,6 +1,6 @@
 //! An artifact read in pieces ([`Artifacts::read_artifact`](crate::Artifacts::read_artifact)):
 //! a worker fetching the Python runtime's 104.5 MB module is sent it a piece at a time, and
-//! the store that can (SQLite) never holds it whole to do so.
+//! the store never holds it whole to do so.
 
 use crate::StoreError;
 use std::time::Duration;
@@ -15,48 +15,23 @@ pub(crate) const AHEAD: usize = 2;
 /// stalled, or hostile) must not hold them for good.
 pub(crate) const STALL: Duration = Duration::from_secs(30);
 
-/// The pieces of one artifact, in order, each at most the size asked for.
+/// The pieces of one artifact, in order, each at most the size asked for, read as they are
+/// taken by a reader that stops when this is dropped.
 #[derive(Debug)]
 pub struct ArtifactPieces {
     size: u64,
-    from: From,
-}
-
-#[derive(Debug)]
-enum From {
-    /// The bytes read whole (a store that cannot read a blob in pieces): handed out a
-    /// piece at a time.
-    Whole {
-        bytes: Vec<u8>,
-        at: usize,
-        piece: usize,
-    },
-    /// Pieces read as they are asked for, by a reader that stops when this is dropped;
-    /// `given` bytes so far.
-    Read {
-        pieces: mpsc::Receiver<Result<Vec<u8>, StoreError>>,
-        given: u64,
-    },
+    pieces: mpsc::Receiver<Result<Vec<u8>, StoreError>>,
+    /// Bytes handed out so far.
+    given: u64,
 }
 
 impl ArtifactPieces {
-    /// `bytes`, handed out in pieces of at most `piece` bytes (at least one).
-    pub fn whole(bytes: Vec<u8>, piece: usize) -> Self {
-        ArtifactPieces {
-            size: bytes.len() as u64,
-            from: From::Whole {
-                bytes,
-                at: 0,
-                piece: piece.max(1),
-            },
-        }
-    }
-
     /// An artifact of `size` bytes whose pieces come through `pieces`; an error ends them.
     pub(crate) fn read(size: u64, pieces: mpsc::Receiver<Result<Vec<u8>, StoreError>>) -> Self {
         ArtifactPieces {
             size,
-            from: From::Read { pieces, given: 0 },
+            pieces,
+            given: 0,
         }
     }
 
@@ -67,56 +42,46 @@ impl ArtifactPieces {
 
     /// The next piece; `None` after the last. After an error, nothing more comes.
     pub async fn next(&mut self) -> Option<Result<Vec<u8>, StoreError>> {
-        match &mut self.from {
-            From::Whole { bytes, at, piece } => {
-                let rest = bytes.get(*at..).filter(|rest| !rest.is_empty())?;
-                let next = rest[..rest.len().min(*piece)].to_vec();
-                *at += next.len();
-                Some(Ok(next))
+        match self.pieces.recv().await {
+            Some(piece) => {
+                if let Ok(piece) = &piece {
+                    self.given += piece.len() as u64;
+                }
+                Some(piece)
             }
-            From::Read { pieces, given } => match pieces.recv().await {
-                Some(piece) => {
-                    if let Ok(piece) = &piece {
-                        *given += piece.len() as u64;
-                    }
-                    Some(piece)
-                }
-                // A reader that stopped short (it gave up waiting, or failed to start) is
-                // an error, once: never a shorter artifact.
-                None if *given < self.size => {
-                    let short = StoreError::Unavailable {
-                        attempts: 1,
-                        last: format!(
-                            "the artifact's read ended after {given} of its {} bytes",
-                            self.size
-                        ),
-                    };
-                    *given = self.size;
-                    Some(Err(short))
-                }
-                None => None,
-            },
+            // A reader that stopped short (it gave up waiting, or failed to start) is an
+            // error, once: never a shorter artifact.
+            None if self.given < self.size => {
+                let short = StoreError::Unavailable {
+                    attempts: 1,
+                    last: format!(
+                        "the artifact's read ended after {} of its {} bytes",
+                        self.given, self.size
+                    ),
+                };
+                self.given = self.size;
+                Some(Err(short))
+            }
+            None => None,
         }
     }
+}
+
+/// A reader's hand-over of its next piece (or of why it has none): whether it goes on. It
+/// stops after an error, when the one who asked has gone, or when the piece was not taken
+/// within [`STALL`]; the pieces then end short, which their taker reports as an error.
+pub(crate) async fn hand_over(
+    pieces: &mpsc::Sender<Result<Vec<u8>, StoreError>>,
+    piece: Result<Vec<u8>, StoreError>,
+) -> bool {
+    let failed = piece.is_err();
+    let taken = tokio::time::timeout(STALL, pieces.send(piece)).await;
+    matches!(taken, Ok(Ok(()))) && !failed
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn whole_bytes_come_out_in_pieces_of_at_most_the_size_asked() {
-        let mut pieces = ArtifactPieces::whole((0..10u8).collect(), 4);
-        assert_eq!(pieces.size(), 10);
-        let mut got = Vec::new();
-        while let Some(piece) = pieces.next().await {
-            got.push(piece.unwrap());
-        }
-        assert_eq!(got, [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
-
-        let mut empty = ArtifactPieces::whole(Vec::new(), 4);
-        assert!(empty.next().await.is_none());
-    }
 
     #[tokio::test]
     async fn pieces_that_end_short_end_with_an_error_once() {

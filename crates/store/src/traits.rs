@@ -236,19 +236,13 @@ pub trait Artifacts: Send + Sync {
     /// commit.
     async fn put_artifact(&self, digest: &str, bytes: Vec<u8>) -> Result<(), StoreError>;
     async fn get_artifact(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
-    /// Reads `digest` in pieces of at most `piece` bytes; `None` when it is not stored. A
-    /// store that reads a blob in pieces (SQLite) never holds it whole for this; by
-    /// default it is read whole, then handed out in pieces.
+    /// Reads `digest` in pieces of at most `piece` bytes, never holding it whole; `None`
+    /// when it is not stored.
     async fn read_artifact(
         &self,
         digest: &str,
         piece: usize,
-    ) -> Result<Option<ArtifactPieces>, StoreError> {
-        Ok(self
-            .get_artifact(digest)
-            .await?
-            .map(|bytes| ArtifactPieces::whole(bytes, piece)))
-    }
+    ) -> Result<Option<ArtifactPieces>, StoreError>;
     /// How many times retention has deleted artifacts through this store: a cache of
     /// stored digests must be forgotten when this changes.
     fn artifact_purges(&self) -> u64 {

@@ -248,26 +248,25 @@ impl WorkerLink for WorkerLinkService {
         }
         // A piece at a time, read as the worker takes them: the Python runtime's module is
         // 104.5 MB, and several workers may fetch it at once.
-        let mut pieces = self
+        let pieces = self
             .store
             .read_artifact(&digest, CHUNK)
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .ok_or_else(|| Status::not_found(format!("no artifact {digest}")))?;
         let total_size = pieces.size();
-        let (tx, rx) = mpsc::channel(1);
-        tokio::spawn(async move {
-            while let Some(piece) = pieces.next().await {
-                let chunk = piece
-                    .map(|data| proto::ArtifactChunk { data, total_size })
-                    .map_err(|e| Status::internal(e.to_string()));
-                let failed = chunk.is_err();
-                if tx.send(chunk).await.is_err() || failed {
-                    break;
-                }
-            }
+        // Ends after the last piece, or after an error.
+        let chunks = futures::stream::unfold(Some(pieces), move |pieces| async move {
+            let mut pieces = pieces?;
+            let chunk = pieces
+                .next()
+                .await?
+                .map(|data| proto::ArtifactChunk { data, total_size })
+                .map_err(|e| Status::internal(e.to_string()));
+            let more = chunk.is_ok().then_some(pieces);
+            Some((chunk, more))
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(chunks)))
     }
 
     async fn fetch_workspace(

@@ -1,7 +1,7 @@
 //! Artifacts read in pieces on SQLite ([`Artifacts::read_artifact`](crate::Artifacts::read_artifact)):
 //! a read-only connection of the read's own, on a blocking thread, reads the blob through
 //! SQLite's incremental blob I/O a piece at a time, at most [`AHEAD`] pieces ahead of the
-//! one who asked, and gives up when a piece is not taken within [`STALL`].
+//! one who asked, and gives up when a piece is not taken within [`STALL`](crate::pieces::STALL).
 //!
 //! Read through sqlx, SQLite copied the whole blob out of its pages, and sqlx copied it
 //! again into the row's value: a worker fetching the Python runtime's 104.5 MB module made
@@ -9,7 +9,7 @@
 
 use super::native::database;
 use crate::StoreError;
-use crate::pieces::{AHEAD, ArtifactPieces, STALL};
+use crate::pieces::{AHEAD, ArtifactPieces, hand_over};
 use rusqlite::{OpenFlags, OptionalExtension};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -87,15 +87,8 @@ impl SqliteFile {
             while at < size {
                 let mut next = vec![0; piece.min(size - at)];
                 let read = blob.read_at_exact(&mut next, at).map_err(database);
-                let failed = read.is_err();
                 at += next.len();
-                // Stops when the one who asked has gone, or has not taken a piece for
-                // `STALL`: the pieces end short, which their taker reports as an error.
-                let sent = runtime.block_on(tokio::time::timeout(
-                    STALL,
-                    pieces_tx.send(read.map(|()| next)),
-                ));
-                if !matches!(sent, Ok(Ok(()))) || failed {
+                if !runtime.block_on(hand_over(&pieces_tx, read.map(|()| next))) {
                     return;
                 }
             }

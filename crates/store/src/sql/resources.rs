@@ -49,11 +49,11 @@ impl Write for PutArtifact {
 /// The most of an artifact's bytes sent in one statement on PostgreSQL.
 const PIECE: usize = 1 << 20;
 
-/// Inserts an artifact's row without a copy of its bytes on this side. On SQLite (the
-/// writer's connection writes blobs in place) the row is made with a blob of zeros that the
-/// bytes then overwrite. On PostgreSQL the bytes go a piece at a time into a large object of
-/// the transaction, which the server turns into the row's value and then deletes: bound
-/// whole, sqlx encoded them into its buffers twice, and kept the buffer's size after.
+/// Inserts an artifact's row without a copy of its bytes on this side. On SQLite the row is
+/// made with a blob of zeros that the writer's connection then overwrites in place. On
+/// PostgreSQL the bytes go a piece at a time into a large object of the transaction, which
+/// the server turns into the row's value and then deletes: bound whole, sqlx encoded them
+/// into its buffers twice, and kept the buffer's size after.
 async fn insert_artifact(
     conn: &mut dyn Conn,
     digest: &str,
@@ -92,7 +92,7 @@ async fn insert_artifact(
                 .execute(&mut *conn)
                 .await?;
         }
-        Backend::Sqlite if conn.blob_writes().is_some() => {
+        Backend::Sqlite => {
             // The blob is the row's last column: SQLite makes the row without the zeros.
             let inserted = query(
                 "INSERT INTO artifacts (digest, size, bytes) VALUES ($1, $2, zeroblob($2)) \
@@ -104,21 +104,12 @@ async fn insert_artifact(
             .await?;
             if let Some(row) = inserted {
                 let rowid: i64 = row.try_get("rowid")?;
-                if let Some(blobs) = conn.blob_writes() {
-                    blobs.write_blob("artifacts", "bytes", rowid, bytes)?;
-                }
+                conn.blob_writes()
+                    .ok_or(StoreError::Database(sqlx::Error::Configuration(
+                        "SQLite's writes go through the writer's own connection".into(),
+                    )))?
+                    .write_blob("artifacts", "bytes", rowid, bytes)?;
             }
-        }
-        Backend::Sqlite => {
-            query(
-                "INSERT INTO artifacts (digest, size, bytes) VALUES ($1, $2, $3) \
-                 ON CONFLICT (digest) DO NOTHING",
-            )
-            .bind(digest)
-            .bind(size)
-            .bind(bytes)
-            .execute(&mut *conn)
-            .await?;
         }
     }
     Ok(())

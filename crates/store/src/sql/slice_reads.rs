@@ -1,6 +1,6 @@
 //! Artifacts read in pieces on PostgreSQL ([`Artifacts::read_artifact`](crate::Artifacts::read_artifact)):
 //! each piece is a `substring` of the stored value, read as the one who asked takes the
-//! pieces, at most [`AHEAD`] ahead, giving up when one is not taken within [`STALL`].
+//! pieces, at most [`AHEAD`] ahead, giving up when one is not taken within [`STALL`](crate::pieces::STALL).
 //!
 //! PostgreSQL reads a slice of a value stored out of line and uncompressed without the rest
 //! of it: schema 11 stores `artifacts.bytes` so (`STORAGE EXTERNAL`). Read whole, sqlx
@@ -8,7 +8,7 @@
 
 use super::conn::query;
 use crate::StoreError;
-use crate::pieces::{AHEAD, ArtifactPieces, STALL};
+use crate::pieces::{AHEAD, ArtifactPieces, hand_over};
 use sqlx::AnyPool;
 use tokio::sync::mpsc;
 
@@ -37,12 +37,7 @@ pub(super) async fn read_artifact(
         let mut at = 0;
         while at < size {
             let len = piece.min(size - at);
-            let read = read_piece(&reads, &digest, at, len).await;
-            let failed = read.is_err();
-            // Stops when the one who asked has gone, or has not taken a piece for
-            // `STALL`: the pieces end short, which their taker reports as an error.
-            let sent = tokio::time::timeout(STALL, tx.send(read)).await;
-            if !matches!(sent, Ok(Ok(()))) || failed {
+            if !hand_over(&tx, read_piece(&reads, &digest, at, len).await).await {
                 return;
             }
             at += len;
