@@ -74,8 +74,17 @@ pub(crate) async fn hand_over(
     pieces: &mpsc::Sender<Result<Vec<u8>, StoreError>>,
     piece: Result<Vec<u8>, StoreError>,
 ) -> bool {
+    hand_over_within(pieces, piece, STALL).await
+}
+
+/// [`hand_over`], giving up after `stall`.
+async fn hand_over_within(
+    pieces: &mpsc::Sender<Result<Vec<u8>, StoreError>>,
+    piece: Result<Vec<u8>, StoreError>,
+    stall: Duration,
+) -> bool {
     let failed = piece.is_err();
-    let taken = tokio::time::timeout(STALL, pieces.send(piece)).await;
+    let taken = tokio::time::timeout(stall, pieces.send(piece)).await;
     matches!(taken, Ok(Ok(()))) && !failed
 }
 
@@ -103,5 +112,50 @@ mod tests {
         let mut whole = ArtifactPieces::read(2, rx);
         assert_eq!(whole.next().await.unwrap().unwrap(), [1, 2]);
         assert!(whole.next().await.is_none());
+    }
+
+    /// A stall short enough for a test to wait out.
+    const SHORT: Duration = Duration::from_millis(50);
+
+    #[tokio::test]
+    async fn a_reader_gives_up_on_a_piece_not_taken_within_the_stall() {
+        let (tx, rx) = mpsc::channel(1);
+        // The piece ahead fits; the next waits for a taker that does not come.
+        assert!(hand_over_within(&tx, Ok(vec![1]), SHORT).await);
+        let waiting = std::time::Instant::now();
+        assert!(!hand_over_within(&tx, Ok(vec![2]), SHORT).await);
+        assert!(waiting.elapsed() >= SHORT);
+        // The reader stopped there: its taker gets the piece before, then the short end.
+        drop(tx);
+        let mut pieces = ArtifactPieces::read(2, rx);
+        assert_eq!(pieces.next().await.unwrap().unwrap(), [1]);
+        let short = pieces.next().await.unwrap().unwrap_err();
+        assert!(
+            matches!(&short, StoreError::Unavailable { last, .. } if last.contains("after 1 of its 2 bytes")),
+            "{short:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reader_goes_on_while_its_pieces_are_taken_and_stops_otherwise() {
+        let (tx, mut rx) = mpsc::channel(1);
+        assert!(hand_over(&tx, Ok(vec![1])).await);
+        // Taken after the reader began to wait: it goes on.
+        let taker = tokio::spawn(async move {
+            tokio::time::sleep(SHORT).await;
+            let first = rx.recv().await;
+            (first, rx)
+        });
+        assert!(hand_over(&tx, Ok(vec![2])).await);
+        let (first, mut rx) = taker.await.unwrap();
+        assert_eq!(first.unwrap().unwrap(), [1]);
+        assert_eq!(rx.recv().await.unwrap().unwrap(), [2]);
+        // An error is handed over, and ends the reading.
+        let failed = StoreError::Corrupt("a piece could not be read".into());
+        assert!(!hand_over(&tx, Err(failed)).await);
+        assert!(rx.recv().await.unwrap().is_err());
+        // The taker gone: nothing more is read.
+        drop(rx);
+        assert!(!hand_over(&tx, Ok(vec![3])).await);
     }
 }
