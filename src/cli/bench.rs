@@ -333,10 +333,34 @@ fn column<'a>(row: &'a proto::ResourceRow, name: &str) -> Option<&'a str> {
 }
 
 impl Drop for Started {
+    /// Stops the platform as its user would, with SIGTERM: it stops its workers, which end
+    /// without a broken link to report. Killed if it has not stopped within [`STOP`].
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop(&mut self.child);
     }
+}
+
+/// How long a started platform may take to stop after SIGTERM.
+const STOP: Duration = Duration::from_secs(10);
+
+/// Sends `child` SIGTERM and waits for it to exit, for at most [`STOP`]; then kills it.
+fn stop(child: &mut Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id())
+        // SAFETY: kill(2) with a plain signal to our own child, not yet waited for, so its
+        // pid is still its own.
+        && unsafe { libc::kill(pid, libc::SIGTERM) } == 0
+    {
+        let deadline = Instant::now() + STOP;
+        while Instant::now() < deadline {
+            match child.try_wait() {
+                Ok(Some(_)) => return,
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => break,
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 fn start_platform(manifests: &std::path::Path) -> anyhow::Result<Started> {
