@@ -474,9 +474,10 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
         .http
         .clone()
         .or_else(|| started.as_ref().map(|s| s.http.clone()));
+    // The platform's metrics between the runs: the stages' histograms, the store's syncs.
     let scrape = || async {
         match (&http, &token) {
-            (Some(http), Some(token)) if args.stages => stages::scrape(http, token).await.map(Some),
+            (Some(http), Some(token)) => stages::scrape(http, token).await.map(Some),
             (None, _) if args.stages => anyhow::bail!("--stages with --endpoint needs --http"),
             _ => Ok(None),
         }
@@ -590,9 +591,10 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
             &platform,
         ),
     ] {
-        let (Some(before), Some(after)) = (before, after) else {
+        let (Some(before), Some(after), true) = (before, after, args.stages) else {
             continue;
         };
+        let (before, after) = (stages::parse(before), stages::parse(after));
         println!(
             "where {what} time goes (the platform's toolgrid_call_stage_seconds, {} calls):",
             sample.latencies.len()
@@ -603,7 +605,7 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
         );
         let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
         let mut p50s = 0.0;
-        for row in stages::table(before, after) {
+        for row in stages::table(&before, &after) {
             if !row.beside {
                 p50s += row.p50.unwrap_or(0.0);
             }
@@ -619,6 +621,25 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
         println!(
             "  the stages' p50s but store_sync's (beside the dispatch and the run) add up to {p50s:.3} ms of the {:.3} ms end-to-end p50; the rest is the client and the transport",
             sample.percentile(0.5)
+        );
+    }
+    // Group commit: how many calls shared a sync of the store (a call writes twice, its
+    // admission and its end).
+    let syncs = |before: &Option<String>, after: &Option<String>| {
+        let count =
+            |text: &Option<String>| stages::counter(text.as_deref()?, "toolgrid_store_syncs_total");
+        Some(count(after)?.saturating_sub(count(before)?))
+    };
+    if let (Some(concurrent), Some(alone)) = (
+        syncs(&concurrent_before, &concurrent_after),
+        syncs(&stages_before, &stages_after),
+    ) {
+        let per_call = |syncs: u64, sample: &Sample| syncs as f64 / sample.latencies.len() as f64;
+        println!(
+            "the store's syncs: {:.2} a call with {} clients, {:.2} a call with 1 client (a call's admission and end, each durable before it goes on)",
+            per_call(concurrent, &platform),
+            args.concurrency,
+            per_call(alone, &platform_sequential),
         );
     }
     if let (Some(Some(before)), Some(Some(after))) = (cpu_before, cpu_after) {

@@ -249,9 +249,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .store
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}", data.join("toolgrid.db").display()));
-    let store = toolgrid_store::open_with(&store_url, args.store_tuning.options())
+    let store = toolgrid_store::SqlStore::open_with(&store_url, args.store_tuning.options())
         .await
         .with_context(|| format!("cannot open the store at {store_url}"))?;
+    // Its commits and syncs, at /metrics.
+    toolgrid_control_plane::metrics::count_store_writes(store.write_counters());
+    let store: Arc<dyn Store> = Arc::new(store);
     // For end-to-end fault tests: `TOOLGRID_FAULTS=complete:2,append:1` (see store::faulty).
     let store: Arc<dyn Store> = match std::env::var("TOOLGRID_FAULTS") {
         Ok(spec) if !spec.is_empty() => {

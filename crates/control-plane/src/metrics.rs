@@ -1,14 +1,16 @@
-//! Prometheus metrics of a control plane: reconciles, calls, queues and workers. One
-//! registry per process, served at `/metrics` (the controller's metrics port, or the HTTP
-//! API of `toolgrid up`).
+//! Prometheus metrics of a control plane: reconciles, calls, queues, workers and the
+//! store's commits and syncs. One registry per process, served at `/metrics` (the
+//! controller's metrics port, or the HTTP API of `toolgrid up`).
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use toolgrid_store::WriteCounters;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -121,6 +123,43 @@ pub struct Metrics {
     /// Each stage's series of `call_stages`, looked up at its first observation: a call
     /// observes several stages, and the family's lookup builds a label each time.
     stage_series: [OnceLock<Histogram>; Stage::ALL.len()],
+    store_writes: Arc<StoreWrites>,
+}
+
+/// The serving store's commits and syncs ([`count_store_writes`]), read at each scrape as
+/// `toolgrid_store_commits_total` and `toolgrid_store_syncs_total`: calls over syncs is how
+/// many calls share what durability costs.
+#[derive(Debug, Default)]
+struct StoreWrites(RwLock<Option<WriteCounters>>);
+
+impl Collector for StoreWrites {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counters = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(counters) = counters.as_ref() else {
+            return Ok(());
+        };
+        for (name, help, value) in [
+            (
+                "store_commits",
+                "Write transactions the store has committed (concurrent writes share one)",
+                counters.commits(),
+            ),
+            (
+                "store_syncs",
+                "Syncs that made the store's commits durable (on SQLite one fdatasync of its log makes every commit before it durable)",
+                counters.syncs(),
+            ),
+        ] {
+            let counter = ConstCounter::new(value);
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
+        }
+        Ok(())
+    }
 }
 
 fn reconcile_histogram() -> Histogram {
@@ -184,6 +223,8 @@ impl Metrics {
             "Requests refused by authentication or authorization, by door and kind",
             refusals.clone(),
         );
+        let store_writes = Arc::new(StoreWrites::default());
+        registry.register_collector(Box::new(store_writes.clone()));
         Metrics {
             registry,
             reconcile_duration,
@@ -196,6 +237,7 @@ impl Metrics {
             refusals,
             call_stages,
             stage_series: Default::default(),
+            store_writes,
         }
     }
 
@@ -239,6 +281,16 @@ pub fn stage(stage: Stage, elapsed: std::time::Duration) {
         .observe(elapsed.as_secs_f64());
 }
 
+/// Exports the commits and syncs of the store this process serves from (the last one
+/// given).
+pub fn count_store_writes(counters: WriteCounters) {
+    *global()
+        .store_writes
+        .0
+        .write()
+        .unwrap_or_else(PoisonError::into_inner) = Some(counters);
+}
+
 /// Counts a refused request: `door` is `caller` or `worker`.
 pub fn refused(door: &str, kind: &str) {
     global()
@@ -273,6 +325,32 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    /// The value of the counter `name` as exported, if it is.
+    fn exported(name: &str) -> Option<u64> {
+        let prefix = format!("{name} ");
+        global().encode().lines().find_map(|line| {
+            line.strip_prefix(prefix.as_str())
+                .map(|n| n.parse().unwrap())
+        })
+    }
+
+    #[tokio::test]
+    async fn the_serving_stores_commits_and_syncs_are_exported_as_they_grow() {
+        use toolgrid_store::Artifacts;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = toolgrid_store::SqlStore::open(&url).await.unwrap();
+        count_store_writes(store.write_counters());
+        let before = (
+            exported("toolgrid_store_commits_total").unwrap(),
+            exported("toolgrid_store_syncs_total").unwrap(),
+        );
+        store.put_artifact("sha256:a", vec![1, 2, 3]).await.unwrap();
+        // One write on its own: one commit, one sync.
+        assert_eq!(exported("toolgrid_store_commits_total"), Some(before.0 + 1));
+        assert_eq!(exported("toolgrid_store_syncs_total"), Some(before.1 + 1));
     }
 
     /// The observations of `stage` so far, as exported.

@@ -223,9 +223,12 @@ async fn lead(
     recorder: Recorder,
     readiness: &Readiness,
 ) -> anyhow::Result<()> {
-    let store = toolgrid_store::open_with(&settings.store_url, settings.store_options)
+    let store = toolgrid_store::SqlStore::open_with(&settings.store_url, settings.store_options)
         .await
         .with_context(|| format!("cannot open the store at {}", settings.store_url))?;
+    // Its commits and syncs, at /metrics.
+    toolgrid_control_plane::metrics::count_store_writes(store.write_counters());
+    let store: Arc<dyn toolgrid_store::Store> = Arc::new(store);
     // Who holds a caller's or a worker pod's token, and who may operate: the gateway
     // (callers, audience `toolgrid`) and the worker link (audience `toolgrid-worker`) ask it.
     let reviewer: Arc<dyn TokenReviewer> = token_reviewer(&client);

@@ -13,11 +13,13 @@
 //! [`SCHEMA_VERSION`]); a write that fails for a passing reason (a lock, a lost connection, a
 //! full disk) is retried with backoff before it fails as [`StoreError::Unavailable`].
 
+mod counters;
 pub mod faulty;
 mod pieces;
 mod sql;
 mod traits;
 
+pub use counters::WriteCounters;
 pub use faulty::{FaultyStore, Op};
 pub use pieces::ArtifactPieces;
 

@@ -589,7 +589,9 @@ async fn concurrent_appends_are_group_committed_in_order_per_call() {
                 .unwrap();
             store.assign_call(&id, "w").await.unwrap();
         }
+        let counters = store.write_counters();
         let before = store.commits();
+        let synced_before = counters.syncs();
         let mut tasks = Vec::new();
         for i in 0..calls {
             let store = store.clone();
@@ -617,6 +619,27 @@ async fn concurrent_appends_are_group_committed_in_order_per_call() {
         assert!(
             commits > 0 && commits <= appends / 4,
             "{backend}: {appends} concurrent appends took {commits} commits"
+        );
+        // Every commit was made durable by a sync: on SQLite one sync of the log makes all
+        // the batches committed before it durable, on PostgreSQL each commit is synced.
+        let syncs = counters.syncs() - synced_before;
+        match backend.as_str() {
+            "postgres" => assert_eq!(syncs, commits, "{backend}"),
+            _ => assert!(
+                syncs > 0 && syncs <= commits,
+                "{backend}: {syncs} syncs for {commits} commits"
+            ),
+        }
+        // A lone write is committed and synced on its own.
+        let (commits, syncs) = (counters.commits(), counters.syncs());
+        store
+            .create_call(new_call("lone", None, json!({})))
+            .await
+            .unwrap();
+        assert_eq!(
+            (counters.commits(), counters.syncs()),
+            (commits + 1, syncs + 1),
+            "{backend}"
         );
         for i in 0..calls {
             let oplog = store.oplog(&format!("g{i}")).await.unwrap();

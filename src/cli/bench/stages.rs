@@ -111,8 +111,17 @@ pub fn parse(text: &str) -> BTreeMap<String, Histogram> {
     out
 }
 
-/// `GET /metrics` of the platform at `http` (`host:port`, plaintext), as an operator.
-pub async fn scrape(http: &str, token: &str) -> anyhow::Result<BTreeMap<String, Histogram>> {
+/// The value of the counter `name` (its full name, `_total` and all) in a `/metrics` text.
+pub fn counter(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (metric, value) = line.split_once(' ')?;
+        (metric == name).then(|| value.trim().parse().ok())?
+    })
+}
+
+/// `GET /metrics` of the platform at `http` (`host:port`, plaintext), as an operator: its
+/// text.
+pub async fn scrape(http: &str, token: &str) -> anyhow::Result<String> {
     let mut stream = tokio::net::TcpStream::connect(http)
         .await
         .with_context(|| format!("cannot reach {http}"))?;
@@ -135,7 +144,7 @@ pub async fn scrape(http: &str, token: &str) -> anyhow::Result<BTreeMap<String, 
         "/metrics answered {}",
         head.lines().next().unwrap_or_default()
     );
-    Ok(parse(body))
+    Ok(body.to_string())
 }
 
 /// One stage's row: its name, p50, p99 and mean in milliseconds (`None`: no call), and
@@ -202,5 +211,17 @@ mod tests {
         let rows = table(&BTreeMap::new(), &parsed);
         assert_eq!(rows.len(), Stage::ALL.len());
         assert_eq!((rows[1].stage, rows[1].count), ("admit", 4));
+    }
+
+    #[test]
+    fn a_counter_is_read_by_its_whole_name() {
+        let text = "# TYPE toolgrid_store_syncs counter\n\
+            toolgrid_store_syncs_total_x 5\n\
+            toolgrid_store_syncs_total 12\n\
+            toolgrid_store_commits_total 30\n";
+        assert_eq!(counter(text, "toolgrid_store_syncs_total"), Some(12));
+        assert_eq!(counter(text, "toolgrid_store_commits_total"), Some(30));
+        assert_eq!(counter(text, "toolgrid_store_syncs"), None);
+        assert_eq!(counter(TEXT, "toolgrid_calls_total"), None);
     }
 }

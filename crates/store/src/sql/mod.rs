@@ -34,13 +34,12 @@ mod writer;
 
 pub use migrations::SCHEMA_VERSION;
 
-use crate::StoreError;
+use crate::{StoreError, WriteCounters};
 use migrations::migrate;
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, AssertSqlSafe};
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,8 +105,8 @@ pub struct SqlStore {
     blob_reads: Option<blob_reads::SqliteFile>,
     writer: writer::Jobs,
     artifact_purges: AtomicU64,
-    /// Write transactions committed so far (see [`SqlStore::commits`]).
-    commits: Arc<AtomicU64>,
+    /// Its commits and syncs so far (see [`SqlStore::write_counters`]).
+    counters: WriteCounters,
 }
 
 fn pool_options(backend: Backend, max: u32, busy_timeout: Duration) -> AnyPoolOptions {
@@ -244,7 +243,7 @@ impl SqlStore {
         let reads = pool_options(backend, 4, options.busy_timeout)
             .connect(&url)
             .await?;
-        let commits = Arc::new(AtomicU64::new(0));
+        let counters = WriteCounters::default();
         let blob_reads = sqlite_path.clone().map(|path| blob_reads::SqliteFile {
             path,
             busy_timeout: options.busy_timeout,
@@ -260,20 +259,26 @@ impl SqlStore {
             }
             None => writer::Sink::Pool(write_pool),
         };
-        let writer = writer::spawn(sink, options.retry, commits.clone(), options.idle_poll)?;
+        let writer = writer::spawn(sink, options.retry, counters.clone(), options.idle_poll)?;
         Ok(SqlStore {
             reads,
             blob_reads,
             writer,
             artifact_purges: AtomicU64::new(0),
-            commits,
+            counters,
         })
     }
 
-    /// How many write transactions (each one fsync on SQLite) the writer has committed:
-    /// with group commit, a burst of concurrent writes costs far fewer than one each.
+    /// How many write transactions the writer has committed: with group commit, a burst of
+    /// concurrent writes costs far fewer than one each.
     pub fn commits(&self) -> u64 {
-        self.commits.load(Ordering::Relaxed)
+        self.counters.commits()
+    }
+
+    /// Its counts of commits and syncs, to read as they grow (the control plane exports
+    /// them as metrics).
+    pub fn write_counters(&self) -> WriteCounters {
+        self.counters.clone()
     }
 }
 

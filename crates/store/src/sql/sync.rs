@@ -18,7 +18,7 @@
 
 use super::job::Job;
 use super::native::SyncFailed;
-use crate::StoreError;
+use crate::{StoreError, WriteCounters};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -42,17 +42,25 @@ struct Log {
     failed: SyncFailed,
     /// Batches handed to the syncer's thread and not answered yet.
     handed: AtomicUsize,
+    /// Counts each sync that succeeds.
+    counters: WriteCounters,
 }
 
 impl Syncer {
-    /// Starts the thread that syncs the log at `wal`, setting `failed` when a sync fails.
-    pub(super) fn spawn(wal: PathBuf, failed: SyncFailed) -> std::io::Result<Syncer> {
+    /// Starts the thread that syncs the log at `wal`, setting `failed` when a sync fails and
+    /// counting in `counters` each that succeeds.
+    pub(super) fn spawn(
+        wal: PathBuf,
+        failed: SyncFailed,
+        counters: WriteCounters,
+    ) -> std::io::Result<Syncer> {
         let (batches, rx) = mpsc::sync_channel(BEHIND);
         let log = Arc::new(Log {
             path: wal,
             file: Mutex::new(None),
             failed,
             handed: AtomicUsize::new(0),
+            counters,
         });
         let thread_log = log.clone();
         std::thread::Builder::new()
@@ -128,6 +136,9 @@ impl Log {
                 std::fs::File::open(&self.path).and_then(|opened| file.insert(opened).sync_data())
             }
         };
+        if synced.is_ok() {
+            self.counters.synced();
+        }
         synced.map_err(|error| {
             let why = format!("fdatasync of {}: {error}", self.path.display());
             tracing::error!(%why, "store writer: a committed batch could not be synced");

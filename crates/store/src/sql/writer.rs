@@ -16,10 +16,9 @@ use super::native::NativeSqlite;
 use super::run_delay::RunDelay;
 use super::sync::Syncer;
 use super::{RetryPolicy, SqlStore, retrying};
-use crate::{Durable, StoreError};
+use crate::{Durable, StoreError, WriteCounters};
 use async_trait::async_trait;
 use sqlx::AnyPool;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -220,7 +219,7 @@ pub(super) enum Sink {
 pub(super) fn spawn(
     mut sink: Sink,
     retry: RetryPolicy,
-    commits: Arc<AtomicU64>,
+    counters: WriteCounters,
     idle_poll: Duration,
 ) -> Result<Jobs, StoreError> {
     let (jobs, rx) = mpsc::channel(QUEUE);
@@ -228,12 +227,12 @@ pub(super) fn spawn(
         // On the runtime's threads: looking for writes there would hold a thread of the
         // runtime.
         Sink::Pool(_) => {
-            tokio::spawn(run(sink, rx, retry, commits, None, Duration::ZERO));
+            tokio::spawn(run(sink, rx, retry, counters, None, Duration::ZERO));
         }
         Sink::Native(conn) => {
             let (wal, failed) = conn.get_mut().wal();
-            let syncer =
-                Syncer::spawn(wal, failed).map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
+            let syncer = Syncer::spawn(wal, failed, counters.clone())
+                .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .build()
@@ -241,7 +240,7 @@ pub(super) fn spawn(
             std::thread::Builder::new()
                 .name("store-writer".into())
                 .spawn(move || {
-                    runtime.block_on(run(sink, rx, retry, commits, Some(syncer), idle_poll))
+                    runtime.block_on(run(sink, rx, retry, counters, Some(syncer), idle_poll))
                 })
                 .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
         }
@@ -253,7 +252,7 @@ async fn run(
     sink: Sink,
     mut rx: mpsc::Receiver<Box<dyn Job>>,
     retry: RetryPolicy,
-    commits: Arc<AtomicU64>,
+    counters: WriteCounters,
     syncer: Option<Syncer>,
     idle_poll: Duration,
 ) {
@@ -271,7 +270,7 @@ async fn run(
         // A retried batch may have committed already (the connection died during COMMIT):
         // every operation recognises its own earlier commit (see `Write::apply`).
         let result = retrying(retry, |tried| {
-            commit_batch(&sink, &batch, tried > 0, &commits)
+            commit_batch(&sink, &batch, tried > 0, &counters)
         })
         .await;
         match result {
@@ -290,7 +289,7 @@ async fn run(
             Err(_) => {
                 for job in batch {
                     let single = std::slice::from_ref(&job);
-                    match retrying(retry, |_| commit_batch(&sink, single, true, &commits)).await {
+                    match retrying(retry, |_| commit_batch(&sink, single, true, &counters)).await {
                         Ok(()) => committed(syncer.as_ref(), vec![job], true),
                         Err(error) => job.fail(error),
                     }
@@ -426,7 +425,7 @@ async fn commit_batch(
     sink: &Sink,
     jobs: &[Box<dyn Job>],
     again: bool,
-    commits: &AtomicU64,
+    counters: &WriteCounters,
 ) -> Result<(), StoreError> {
     match sink {
         Sink::Pool(pool) => {
@@ -435,6 +434,8 @@ async fn commit_batch(
                 job.apply(&mut *tx, again).await?;
             }
             tx.commit().await?;
+            // The server synced it before it answered.
+            counters.synced();
         }
         Sink::Native(conn) => {
             let mut conn = conn.lock().await;
@@ -452,7 +453,7 @@ async fn commit_batch(
             }
         }
     }
-    commits.fetch_add(1, Ordering::Relaxed);
+    counters.committed();
     Ok(())
 }
 
@@ -596,7 +597,7 @@ mod tests {
             give_up_after: Duration::from_millis(10),
         };
         (
-            spawn(sink, retry, Arc::new(AtomicU64::new(0)), DEFAULT_IDLE_POLL).unwrap(),
+            spawn(sink, retry, WriteCounters::default(), DEFAULT_IDLE_POLL).unwrap(),
             path,
         )
     }
