@@ -23,6 +23,13 @@ pub struct BenchArgs {
     what: Bench,
 }
 
+impl BenchArgs {
+    /// Whether this is `bench calls`.
+    pub fn is_calls(&self) -> bool {
+        matches!(self.what, Bench::Calls(_))
+    }
+}
+
 #[derive(clap::Subcommand, Debug)]
 enum Bench {
     /// Call latency and throughput end to end, against wasmtime in-process.
@@ -510,12 +517,23 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
     let mut argv = vec![args.tool.clone()];
     argv.extend(args.args.iter().cloned());
     let baseline = baseline::Baseline::new(&wasm, argv, baseline::Files::none(), None)?;
-    baseline.run_concurrent(warmup, args.concurrency).await?;
-    let in_process = baseline
-        .run_concurrent(args.calls, args.concurrency)
-        .await?;
-    let sequential = baseline.run_concurrent(args.calls, 1).await?;
-    let instantiate = baseline.instantiate_only(args.calls).await?;
+    // The in-process runs on a runtime of their own, a thread per core: the bench's own
+    // runtime has one thread, for its clients.
+    let in_process_runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let (calls, concurrency) = (args.calls, args.concurrency);
+    let measured = in_process_runtime
+        .spawn(async move {
+            baseline.run_concurrent(warmup, concurrency).await?;
+            let in_process = baseline.run_concurrent(calls, concurrency).await?;
+            let sequential = baseline.run_concurrent(calls, 1).await?;
+            let instantiate = baseline.instantiate_only(calls).await?;
+            anyhow::Ok((in_process, sequential, instantiate))
+        })
+        .await;
+    in_process_runtime.shutdown_background();
+    let (in_process, sequential, instantiate) = measured??;
 
     println!(
         "toolgrid bench calls: {} calls of `{} {}`, {} concurrent clients, {} workers, {} cores",

@@ -9,6 +9,7 @@ pub mod exit;
 mod failover;
 mod help;
 mod rollout;
+mod runtime;
 mod sample;
 mod schema;
 mod table;
@@ -116,10 +117,25 @@ pub fn main() -> ExitCode {
         Commands::Controller(_) => "toolgrid-controller",
         _ => "toolgrid",
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let (given, shares_machine) = match &cli.command {
+        Commands::Up(args) => (args.runtime_threads(), true),
+        Commands::Worker(args) => (args.runtime_threads(), false),
+        // The bench's clients stand for callers on other machines: one thread, so that they
+        // take as little as they can of the cores the platform they measure runs on (the
+        // in-process baselines have a runtime of their own).
+        Commands::Bench(args) if args.is_calls() => (Some(1), false),
+        _ => (None, false),
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = runtime::threads(
+        given,
+        shares_machine,
+        runtime::cores(),
+        std::env::var_os("TOKIO_WORKER_THREADS").is_some(),
+    ) {
+        builder.worker_threads(threads);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("toolgrid: cannot start the async runtime: {error}");

@@ -60,6 +60,11 @@ pub struct UpArgs {
     /// Start no worker processes; workers attach on their own (`toolgrid worker`).
     #[arg(long)]
     no_workers: bool,
+    /// Threads of the control plane's async runtime. Default: half the machine's cores, at
+    /// least one (its store's threads and its local workers share the machine), or
+    /// `TOKIO_WORKER_THREADS` when set.
+    #[arg(long, env = "TOOLGRID_RUNTIME_THREADS")]
+    runtime_threads: Option<usize>,
     /// A worker silent this long loses its calls to another worker.
     #[arg(long, default_value = "2s")]
     lease: GoDuration,
@@ -96,6 +101,13 @@ pub struct UpArgs {
     console_session_lifetime: Duration,
     #[command(flatten)]
     mcp: McpArgs,
+}
+
+impl UpArgs {
+    /// `--runtime-threads`, if given.
+    pub fn runtime_threads(&self) -> Option<usize> {
+        self.runtime_threads
+    }
 }
 
 /// How the store is run (`toolgrid up`, `toolgrid controller`).

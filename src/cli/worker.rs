@@ -63,6 +63,18 @@ pub struct WorkerArgs {
     /// pod's projected ServiceAccount token (audience `toolgrid-worker`) in a cluster.
     #[arg(long, env = "TOOLGRID_WORKER_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// Threads of the runtime that serves the worker link (calls run on a runtime of their
+    /// own, a thread per core). Default: one per core, or `TOKIO_WORKER_THREADS`; `toolgrid
+    /// up` gives its local workers one.
+    #[arg(long)]
+    runtime_threads: Option<usize>,
+}
+
+impl WorkerArgs {
+    /// `--runtime-threads`, if given.
+    pub fn runtime_threads(&self) -> Option<usize> {
+        self.runtime_threads
+    }
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {

@@ -252,6 +252,10 @@ impl LocalPools {
             .arg(&self.cache_dir)
             .arg("--parent-pid")
             .arg(std::process::id().to_string())
+            // Its calls run on a runtime of their own; the link needs one thread, and on a
+            // machine it shares with the control plane fewer threads wait for its cores.
+            .arg("--runtime-threads")
+            .arg("1")
             .env(crate::auth::worker::JOIN_TOKEN_ENV, &self.join_token)
             .env_remove("TOOLGRID_JOIN_TOKEN_FILE")
             .stdin(Stdio::null())
