@@ -237,6 +237,21 @@ impl LocalPools {
     }
 
     fn spawn(&self, pool: &str, id: &str, slots: u32) -> Option<Child> {
+        let mut command = self.command(pool, id, slots);
+        match command.spawn() {
+            Ok(child) => {
+                tracing::info!(worker = %id, pid = child.id().unwrap_or_default(), "started worker");
+                Some(child)
+            }
+            Err(error) => {
+                tracing::error!(worker = %id, %error, "cannot start worker");
+                None
+            }
+        }
+    }
+
+    /// The command that starts worker `id` of `pool` with `slots` slots.
+    fn command(&self, pool: &str, id: &str, slots: u32) -> Command {
         let mut command = Command::new(&self.exe);
         command
             .arg("worker")
@@ -266,16 +281,7 @@ impl LocalPools {
             Some(ca) => command.env(toolgrid_proto::tls::TLS_CA_ENV, ca),
             None => command.env_remove(toolgrid_proto::tls::TLS_CA_ENV),
         };
-        match command.spawn() {
-            Ok(child) => {
-                tracing::info!(worker = %id, pid = child.id().unwrap_or_default(), "started worker");
-                Some(child)
-            }
-            Err(error) => {
-                tracing::error!(worker = %id, %error, "cannot start worker");
-                None
-            }
-        }
+        command
     }
 }
 
@@ -298,5 +304,40 @@ async fn leave(mut worker: Worker) {
             tracing::warn!(worker = %worker.id, "worker did not leave in time; killing it");
             let _ = child.kill().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_local_worker_serves_its_link_on_one_thread_and_gets_its_token_in_its_environment() {
+        let pools = LocalPools::new(
+            PathBuf::from("/bin/toolgrid"),
+            "http://127.0.0.1:7070".into(),
+            PathBuf::from("/tmp/cache"),
+            "join-secret".into(),
+            None,
+        );
+        let command = pools.command("default/default", "default-default-0", 4);
+        let command = command.as_std();
+        let args: Vec<_> = command
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let after = |flag: &str| {
+            let at = args.iter().position(|a| a == flag)?;
+            args.get(at + 1).cloned()
+        };
+        assert_eq!(args.first().map(String::as_str), Some("worker"));
+        assert_eq!(after("--runtime-threads").as_deref(), Some("1"));
+        assert_eq!(after("--slots").as_deref(), Some("4"));
+        assert!(!args.iter().any(|a| a.contains("join-secret")), "{args:?}");
+        let token = command
+            .get_envs()
+            .find(|(k, _)| *k == crate::auth::worker::JOIN_TOKEN_ENV)
+            .and_then(|(_, v)| v);
+        assert_eq!(token.and_then(|v| v.to_str()), Some("join-secret"));
     }
 }
