@@ -327,7 +327,7 @@ mod tests {
         assert!(text.ends_with("# EOF\n"));
     }
 
-    /// The value of the counter `name` as exported, if it is.
+    /// The value of the series `name` (labels and all) as exported, if it is.
     fn exported(name: &str) -> Option<u64> {
         let prefix = format!("{name} ");
         global().encode().lines().find_map(|line| {
@@ -355,15 +355,11 @@ mod tests {
 
     /// The observations of `stage` so far, as exported.
     fn stage_count(stage: Stage) -> u64 {
-        let prefix = format!(
-            "toolgrid_call_stage_seconds_count{{stage=\"{}\"}} ",
+        exported(&format!(
+            "toolgrid_call_stage_seconds_count{{stage=\"{}\"}}",
             stage.as_str()
-        );
-        global()
-            .encode()
-            .lines()
-            .find_map(|line| line.strip_prefix(prefix.as_str()))
-            .map_or(0, |n| n.parse().unwrap())
+        ))
+        .unwrap_or(0)
     }
 
     #[test]

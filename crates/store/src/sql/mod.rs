@@ -269,14 +269,9 @@ impl SqlStore {
         })
     }
 
-    /// How many write transactions the writer has committed: with group commit, a burst of
-    /// concurrent writes costs far fewer than one each.
-    pub fn commits(&self) -> u64 {
-        self.counters.commits()
-    }
-
     /// Its counts of commits and syncs, to read as they grow (the control plane exports
-    /// them as metrics).
+    /// them as metrics): with group commit, a burst of concurrent writes costs far fewer
+    /// than one of each a write.
     pub fn write_counters(&self) -> WriteCounters {
         self.counters.clone()
     }
