@@ -4,6 +4,7 @@
 
 pub mod ca;
 mod local_pools;
+mod one_write;
 pub mod retention;
 pub mod tls;
 
@@ -12,6 +13,7 @@ pub use local_pools::LocalPools;
 use crate::auth::WorkerAuthenticator;
 use crate::gateway::{AuthenticatedTools, Authenticator, Gateway, ToolsService};
 use crate::scheduler::{CallWatch, Scheduler, SchedulerConfig, WorkerLinkService};
+use futures::TryStreamExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -266,12 +268,18 @@ impl ControlPlane {
         > = match &security.tls {
             // TLS handshakes here, with the certificate current at each one (see
             // `tls::ServerTls::replace`).
-            Some(tls) => Box::pin(builder.serve_with_incoming(tls.grpc_incoming(listeners.grpc))),
+            // Each connection as `OneWrite`: a unary response leaves in one write.
+            Some(tls) => Box::pin(
+                builder.serve_with_incoming(
+                    tls.grpc_incoming(listeners.grpc)
+                        .map_ok(one_write::OneWrite::new),
+                ),
+            ),
             None => {
                 // Small request/response frames must not wait for Nagle's algorithm.
                 let incoming = tonic::transport::server::TcpIncoming::from(listeners.grpc)
                     .with_nodelay(Some(true));
-                Box::pin(builder.serve_with_incoming(incoming))
+                Box::pin(builder.serve_with_incoming(incoming.map_ok(one_write::OneWrite::new)))
             }
         };
         // Workers can attach from now on: the re-attach grace of recovered calls starts here,
