@@ -324,6 +324,29 @@ fn owned(value: ValueRef<'_>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SQLite as `.cargo/config.toml` builds it (`LIBSQLITE3_FLAGS`): a page cache per
+    /// connection and no memory statistics, so the writer takes no process-wide lock at each
+    /// page it fetches or block it allocates.
+    #[test]
+    fn sqlite_is_built_without_its_process_wide_locks() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let mut statement = conn.prepare("PRAGMA compile_options").unwrap();
+        let options: Vec<String> = statement
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+        assert!(
+            !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+            "{options:?}"
+        );
+        assert!(options.iter().any(|o| o == "THREADSAFE=1"), "{options:?}");
+    }
     use crate::sql::conn::query;
     use crate::sql::is_transient;
 
