@@ -201,9 +201,7 @@ async fn builtins(args: BuiltinsArgs) -> anyhow::Result<()> {
     println!(
         "toolgrid bench builtins: {} sequential calls of each (fewer where it says), {} cores",
         args.calls,
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
+        super::runtime::cores()
     );
     println!("{}", header());
     for case in BUILTIN_CASES {
@@ -549,9 +547,7 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
         } else {
             workers
         },
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
+        super::runtime::cores()
     );
     println!("{}", header());
     println!(

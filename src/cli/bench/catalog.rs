@@ -279,9 +279,7 @@ pub async fn run(args: CatalogArgs) -> anyhow::Result<()> {
     println!(
         "toolgrid bench catalog: {} changes of one tool's release in a manifest directory, {} cores",
         args.changes,
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
+        crate::cli::runtime::cores()
     );
     println!("{}", super::header());
     println!(

@@ -324,6 +324,8 @@ fn owned(value: ValueRef<'_>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sql::conn::query;
+    use crate::sql::is_transient;
 
     /// SQLite as `.cargo/config.toml` builds it (`LIBSQLITE3_FLAGS`): a page cache per
     /// connection and no memory statistics, so the writer takes no process-wide lock at each
@@ -347,8 +349,6 @@ mod tests {
         );
         assert!(options.iter().any(|o| o == "THREADSAFE=1"), "{options:?}");
     }
-    use crate::sql::conn::query;
-    use crate::sql::is_transient;
 
     fn open(dir: &tempfile::TempDir, busy: Duration) -> NativeSqlite {
         let path = dir.path().join("t.db");
