@@ -3,5 +3,6 @@
 //! (`toolgrid-control-plane`, `toolgrid-controller`), `worker` runs one
 //! (`toolgrid-worker`), and the rest are clients of the gRPC API (`toolgrid-proto`).
 
+pub mod allocator;
 pub mod cli;
 pub mod telemetry;

@@ -45,4 +45,5 @@ mod tenancy;
 mod tool_sources;
 mod traces;
 mod worker_auth;
+mod worker_binary;
 mod workspace;

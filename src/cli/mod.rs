@@ -94,14 +94,7 @@ enum Commands {
 }
 
 pub fn main() -> ExitCode {
-    // A guest's exit reaches the worker as an error value: with RUST_BACKTRACE=1 (set for
-    // panics' sake) every one captured a backtrace of the host's stack, about 25 µs a call.
-    // Errors capture one only when RUST_LIB_BACKTRACE asks; panics still honour
-    // RUST_BACKTRACE.
-    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
-        // SAFETY: the first statement of the process's main, before any thread starts.
-        unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
-    }
+    quiet_error_backtraces();
     let cli = Cli::parse();
     let server = matches!(
         cli.command,
@@ -126,33 +119,14 @@ pub fn main() -> ExitCode {
         Commands::Bench(args) if args.is_calls() => (Some(1), false),
         _ => (None, false),
     };
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = runtime::threads(
-        given,
+    let process = Process {
+        threads: given,
         shares_machine,
-        runtime::cores(),
-        std::env::var_os("TOKIO_WORKER_THREADS").is_some(),
-    ) {
-        builder.worker_threads(threads);
-    }
-    let runtime = match builder.enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("toolgrid: cannot start the async runtime: {error}");
-            return ExitCode::from(exit::INTERNAL);
-        }
+        log_level: if server { "info" } else { "warn" },
+        service,
+        otlp: otlp.as_deref(),
     };
-    // The OTLP exporter's gRPC channel runs on the runtime: set up inside it, flushed (the
-    // guard dropped) before it stops.
-    let telemetry = {
-        let _runtime = runtime.enter();
-        crate::telemetry::init(
-            if server { "info" } else { "warn" },
-            service,
-            otlp.as_deref(),
-        )
-    };
-    let code = runtime.block_on(async move {
+    process.run(async move {
         match cli.command {
             Commands::Up(args) => report(up::run(*args).await),
             Commands::Worker(args) => report(worker::run(args).await),
@@ -186,12 +160,79 @@ pub fn main() -> ExitCode {
             Commands::Bench(args) => report(bench::run(args).await),
             Commands::Componentize(args) => report(componentize::run(args)),
         }
-    });
-    {
-        let _runtime = runtime.enter();
-        drop(telemetry);
+    })
+}
+
+/// The `toolgrid-worker` binary: `toolgrid worker` alone, with the same arguments. It links
+/// only what a worker runs (wasmtime, the worker link), so a worker pod maps and loads a
+/// third of what the `toolgrid` binary is; `toolgrid up` still starts `toolgrid worker`,
+/// whose pages its control plane already has.
+pub fn worker_main() -> ExitCode {
+    quiet_error_backtraces();
+    let args = worker::WorkerCommand::parse().args;
+    let otlp = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok();
+    let process = Process {
+        threads: args.runtime_threads(),
+        shares_machine: false,
+        log_level: "info",
+        service: "toolgrid-worker",
+        otlp: otlp.as_deref(),
+    };
+    process.run(async move { report(worker::run(args).await) })
+}
+
+/// A guest's exit reaches the worker as an error value: with RUST_BACKTRACE=1 (set for
+/// panics' sake) every one captured a backtrace of the host's stack, about 25 µs a call.
+/// Errors capture one only when RUST_LIB_BACKTRACE asks; panics still honour RUST_BACKTRACE.
+fn quiet_error_backtraces() {
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // SAFETY: called first in the process's main, before any thread starts.
+        unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
     }
-    code
+}
+
+/// How a command's process runs: its async runtime and its telemetry.
+struct Process<'a> {
+    /// `--runtime-threads`, if given.
+    threads: Option<usize>,
+    /// Whether other processes of the platform share this machine's cores (`up`).
+    shares_machine: bool,
+    log_level: &'a str,
+    service: &'a str,
+    otlp: Option<&'a str>,
+}
+
+impl Process<'_> {
+    fn run(self, command: impl Future<Output = ExitCode>) -> ExitCode {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if let Some(threads) = runtime::threads(
+            self.threads,
+            self.shares_machine,
+            runtime::cores(),
+            std::env::var_os("TOKIO_WORKER_THREADS").is_some(),
+        ) {
+            builder.worker_threads(threads);
+        }
+        let runtime = match builder.enable_all().build() {
+            Ok(runtime) => runtime,
+            Err(error) => {
+                eprintln!("toolgrid: cannot start the async runtime: {error}");
+                return ExitCode::from(exit::INTERNAL);
+            }
+        };
+        // The OTLP exporter's gRPC channel runs on the runtime: set up inside it, flushed
+        // (the guard dropped) before it stops.
+        let telemetry = {
+            let _runtime = runtime.enter();
+            crate::telemetry::init(self.log_level, self.service, self.otlp)
+        };
+        let code = runtime.block_on(command);
+        {
+            let _runtime = runtime.enter();
+            drop(telemetry);
+        }
+        code
+    }
 }
 
 fn report(result: anyhow::Result<()>) -> ExitCode {

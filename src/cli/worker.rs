@@ -4,6 +4,18 @@ use std::path::PathBuf;
 use toolgrid_api::units::{ByteSize, GoDuration};
 use toolgrid_worker::{WorkerConfig, WorkerCredential};
 
+/// The `toolgrid-worker` binary's command line: `toolgrid worker`'s arguments.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "toolgrid-worker",
+    version,
+    about = "One sandbox worker attached to a control plane (`toolgrid worker` in a binary of its own)"
+)]
+pub struct WorkerCommand {
+    #[command(flatten)]
+    pub args: WorkerArgs,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct WorkerArgs {
     /// The control plane's gRPC address.

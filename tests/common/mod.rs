@@ -21,6 +21,8 @@ use toolgrid_proto::status::error_of;
 pub use toolgrid_testkit::{postgres, require, under_ci};
 
 pub const TOOLGRID: &str = env!("CARGO_BIN_EXE_toolgrid");
+/// The workers' binary of their own (`toolgrid worker` alone), as a WorkerPool's pods run it.
+pub const TOOLGRID_WORKER: &str = env!("CARGO_BIN_EXE_toolgrid-worker");
 
 /// Runs a Python check script; `None` (after `require`) when python3 cannot run or the
 /// script exits 77, its "cannot run here" status, giving the reason on stderr.
@@ -422,7 +424,8 @@ pub fn error_kind(call: &proto::Call) -> String {
         .unwrap_or_default()
 }
 
-/// A `toolgrid worker` process started by a test (beside `toolgrid up --no-workers`).
+/// A `toolgrid-worker` process started by a test (beside `toolgrid up --no-workers`), as a
+/// WorkerPool's pod runs it; `toolgrid up`'s own workers are `toolgrid worker`.
 pub struct WorkerProcess {
     pub id: String,
     child: Option<Child>,
@@ -448,8 +451,7 @@ impl WorkerProcess {
             .append(true)
             .open(&log)
             .unwrap();
-        let child = Command::new(TOOLGRID)
-            .arg("worker")
+        let child = Command::new(TOOLGRID_WORKER)
             .arg("--control-plane")
             .arg(format!("http://{}", platform.grpc))
             .arg("--id")
@@ -471,7 +473,7 @@ impl WorkerProcess {
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
             .spawn()
-            .expect("start toolgrid worker");
+            .expect("start toolgrid-worker");
         WorkerProcess {
             id: id.to_string(),
             child: Some(child),

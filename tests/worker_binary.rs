@@ -1,0 +1,76 @@
+//! `toolgrid-worker`, the binary a WorkerPool's pods run: `toolgrid worker` alone. The
+//! tests that start workers beside `toolgrid up --no-workers` (failover, drain, worker
+//! authentication) run it (`common::WorkerProcess`); `up`'s own workers are `toolgrid
+//! worker`. Here: the two take the same arguments, and the binary is a worker only.
+
+use crate::common::{TOOLGRID, TOOLGRID_WORKER};
+use std::collections::BTreeSet;
+use std::process::Command;
+
+/// The long options a `--help` lists.
+fn options(help: &str) -> BTreeSet<String> {
+    help.lines()
+        .filter_map(|line| {
+            let line = line.trim_start();
+            let line = line.strip_prefix("-h, ").unwrap_or(line);
+            let line = line.strip_prefix("-V, ").unwrap_or(line);
+            line.strip_prefix("--").map(|rest| {
+                rest.split([' ', '=', '<'])
+                    .next()
+                    .unwrap_or(rest)
+                    .to_string()
+            })
+        })
+        .collect()
+}
+
+fn help(command: &mut Command) -> String {
+    let output = command.arg("--help").output().expect("run --help");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout).expect("help is UTF-8")
+}
+
+#[test]
+fn toolgrid_worker_takes_the_arguments_of_toolgrid_worker() {
+    let alone = options(&help(&mut Command::new(TOOLGRID_WORKER)));
+    let subcommand = options(&help(Command::new(TOOLGRID).arg("worker")));
+    for option in [
+        "control-plane",
+        "pool",
+        "slots",
+        "cache",
+        "join-token-file",
+        "token-file",
+    ] {
+        assert!(alone.contains(option), "--{option} missing: {alone:?}");
+    }
+    // `--version` is the binary's own; the rest is the same command.
+    let alone: BTreeSet<_> = alone.into_iter().filter(|o| o != "version").collect();
+    let subcommand: BTreeSet<_> = subcommand.into_iter().filter(|o| o != "version").collect();
+    assert_eq!(alone, subcommand);
+    let version = Command::new(TOOLGRID_WORKER)
+        .arg("--version")
+        .output()
+        .expect("run --version");
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("toolgrid-worker {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn toolgrid_worker_runs_no_other_command() {
+    for command in ["up", "worker", "call"] {
+        let output = Command::new(TOOLGRID_WORKER)
+            .arg(command)
+            .output()
+            .expect("run toolgrid-worker");
+        // clap's usage error: exit status 2, the argument named.
+        assert_eq!(output.status.code(), Some(2), "{output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(&format!("unexpected argument '{command}'")),
+            "{stderr}"
+        );
+    }
+}
