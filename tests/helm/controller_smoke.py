@@ -708,17 +708,27 @@ class Smoke:
 
             def new_template():
                 d = self.get("apps/v1", "Deployment", "default", "toolgrid-worker-default")
-                args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+                container = d["spec"]["template"]["spec"]["containers"][0]
+                args = container["args"]
                 strategy = d["spec"].get("strategy") or {}
                 ok = "12" in args and strategy.get("rollingUpdate") == {"maxSurge": 1, "maxUnavailable": 0}
-                return ok, {"args": args, "strategy": strategy}
-            eventually("the Deployment's template takes slotsPerWorker 12", new_template)
-            # The new pod: its worker attaches beside the old one.
+                return ok, {"command": container.get("command"), "args": args, "strategy": strategy}
+            template = eventually("the Deployment's template takes slotsPerWorker 12", new_template)
+            # The new pod: its worker attaches beside the old one. It runs the template's own
+            # command (the image's toolgrid-worker, built beside toolgrid) and arguments, with
+            # the cluster's address and the pod's cache path swapped for this machine's.
+            command = template["command"]
+            if command != ["toolgrid-worker"]:
+                raise Failed(f"the worker pods run {command}, not toolgrid-worker")
+            binary = os.path.join(os.path.dirname(self.toolgrid), command[0])
+            local = {"--control-plane": endpoint, "--cache": os.path.join(self.tmp, "cache")}
+            args = list(template["args"])
+            for i in range(len(args) - 1):
+                if args[i] in local:
+                    args[i + 1] = local[args[i]]
             old = self.worker
             self.worker = subprocess.Popen(
-                [self.toolgrid, "worker", "--control-plane", endpoint,
-                 "--pool", "default/default", "--id", "w1", "--slots", "12",
-                 "--cache", os.path.join(self.tmp, "cache")],
+                [binary, *args, "--id", "w1"],
                 env=self.env, stdin=subprocess.DEVNULL, stdout=open(self.worker_log + ".w1", "w"),
                 stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
 

@@ -59,7 +59,8 @@ pub struct WorkerPoolSpec {
     pub node_selector: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
-    /// Worker image (default: the controller's own image).
+    /// Worker image (default: the controller's own image). Its pods run `toolgrid-worker`,
+    /// found on the image's PATH.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// The ServiceAccount worker pods run as; their projected token (audience

@@ -1,4 +1,4 @@
-//! A WorkerPool's Deployment of `toolgrid worker` pods, and how many workers it wants: plain
+//! A WorkerPool's Deployment of `toolgrid-worker` pods, and how many workers it wants: plain
 //! functions, so every decision is tested without a cluster.
 
 use k8s_openapi::api::apps::v1::{
@@ -15,6 +15,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use std::collections::BTreeMap;
 use toolgrid_api::WorkerPool;
+
+/// The worker pods' command: the image's `toolgrid-worker` (its `toolgrid` binary's
+/// `worker` subcommand, in a binary of its own).
+pub const WORKER_COMMAND: &str = "toolgrid-worker";
 
 /// How worker pods are made.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -208,8 +212,10 @@ pub fn desired_deployment(
     let container = Container {
         name: "worker".into(),
         image: Some(spec.image.clone().unwrap_or_else(|| settings.image.clone())),
+        // The image's binary of its own for workers (`toolgrid worker` alone), found on the
+        // image's PATH: a worker maps and loads a third of what `toolgrid` is.
+        command: Some(vec![WORKER_COMMAND.into()]),
         args: Some(vec![
-            "worker".into(),
             "--control-plane".into(),
             settings.control_plane.clone(),
             "--pool".into(),
@@ -378,10 +384,10 @@ mod tests {
             container.image.as_deref(),
             Some("ghcr.io/toolgrid/toolgrid:0.1.0")
         );
+        assert_eq!(container.command.clone().unwrap(), ["toolgrid-worker"]);
         assert_eq!(
             container.args.clone().unwrap(),
             [
-                "worker",
                 "--control-plane",
                 "http://toolgrid.toolgrid.svc:7070",
                 "--pool",

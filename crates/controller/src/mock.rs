@@ -425,8 +425,10 @@ async fn a_pool_gets_its_deployment_by_server_side_apply_and_a_live_status() {
         ),
         (Some("WorkerPool"), Some("default"), Some("pool-uid"))
     );
-    let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
-    assert_eq!(args[4], "default/default");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["command"], json!(["toolgrid-worker"]));
+    assert_eq!(container["args"][2], "--pool");
+    assert_eq!(container["args"][3], "default/default");
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "default-worker");
     let token = pod["volumes"]
