@@ -303,7 +303,7 @@ struct Started {
     http: String,
     /// The admin token of the started platform.
     token: String,
-    _data: tempfile::TempDir,
+    data: tempfile::TempDir,
 }
 
 impl Started {
@@ -433,7 +433,7 @@ fn start_platform_full(
         grpc,
         http,
         token,
-        _data: data,
+        data,
     })
 }
 
@@ -506,7 +506,7 @@ async fn calls(args: CallsArgs) -> anyhow::Result<()> {
     // directory; the current directory for --endpoint), measured in this run.
     let raw_dir = started
         .as_ref()
-        .map(|s| s._data.path().to_path_buf())
+        .map(|s| s.data.path().to_path_buf())
         .unwrap_or_else(|| PathBuf::from("."));
     let fdatasync = {
         let dir = tempfile::tempdir_in(&raw_dir)?;

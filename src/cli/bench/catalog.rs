@@ -204,7 +204,73 @@ struct Measured {
     /// Once ready, before any call or change: the control plane's memory and its workers'.
     idle: Option<Memory>,
     idle_workers: Vec<Memory>,
+    /// An idle `toolgrid-worker` attached beside them (None: not built beside this binary).
+    idle_worker_alone: Option<Memory>,
     ready: Duration,
+}
+
+/// The binary a WorkerPool's pods run, when it was built beside this one (`cargo build
+/// --release` builds both; `cargo run` only `toolgrid`).
+fn worker_binary() -> Option<std::path::PathBuf> {
+    let binary = std::env::current_exe()
+        .ok()?
+        .with_file_name(toolgrid_controller::deployment::WORKER_COMMAND);
+    binary.is_file().then_some(binary)
+}
+
+/// A `toolgrid-worker` attached to `started` as a pod's worker would be, at rest (once
+/// attached, its memory settled): what a worker pod holds, where no control plane shares
+/// its binary's pages.
+async fn idle_worker_alone(started: &Started, binary: &Path) -> anyhow::Result<Memory> {
+    let cache = tempfile::tempdir()?;
+    let mut child = std::process::Command::new(binary)
+        .arg("--control-plane")
+        .arg(format!("http://{}", started.grpc))
+        .arg("--id")
+        .arg("bench-worker-alone")
+        .arg("--pool")
+        .arg("default")
+        .arg("--cache")
+        .arg(cache.path())
+        .arg("--join-token-file")
+        .arg(started.data.path().join("join-token"))
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {}", binary.display()))?;
+    let pid = child.id();
+    let stderr = child.stderr.take().context("no stderr")?;
+    // Its log says when it attached; the rest of it is read and dropped until it exits.
+    let (tell, attached) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut tell = Some(tell);
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("attached to")
+                && let Some(tell) = tell.take()
+            {
+                let _ = tell.send(());
+            }
+        }
+    });
+    let memory = match tokio::time::timeout(Duration::from_secs(30), attached).await {
+        Ok(Ok(())) => {
+            settled_rss_mib(pid).await;
+            Memory::of(pid).context("cannot read its memory")
+        }
+        _ => Err(anyhow::anyhow!(
+            "{} did not attach within 30 s",
+            binary.display()
+        )),
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    memory
 }
 
 async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Measured> {
@@ -222,6 +288,10 @@ async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Me
         .into_iter()
         .filter_map(Memory::of)
         .collect();
+    let idle_worker_alone = match worker_binary() {
+        Some(binary) if tools == 1 => Some(idle_worker_alone(&started, &binary).await?),
+        _ => None,
+    };
     let target = format!("t{:04}", tools / 2);
     anyhow::ensure!(
         release_of(&mut client, &target).await.as_deref() == Some(&format!("{target}-1.0.0")),
@@ -258,6 +328,7 @@ async fn measure(tools: usize, changes: usize, wasm: &Path) -> anyhow::Result<Me
         rss_mib,
         idle,
         idle_workers,
+        idle_worker_alone,
         ready,
     })
 }
@@ -314,9 +385,18 @@ pub async fn run(args: CatalogArgs) -> anyhow::Result<()> {
             worker.cells()
         );
     }
+    match one.idle_worker_alone {
+        Some(worker) => println!(
+            "  toolgrid-worker, as a pod runs it        {}   (bar: 16)",
+            worker.cells()
+        ),
+        None => println!(
+            "  toolgrid-worker, as a pod runs it        (not built beside this binary: cargo build --release)"
+        ),
+    }
     println!(
-        "  (RSS counts the pages of the toolgrid binary a process has run, which every toolgrid \
-         process on the machine shares; private is its own heap and stacks, PSS adds its share)"
+        "  (RSS counts the pages of its binary a process has run, which every process of that \
+         binary on the machine shares; private is its own heap and stacks, PSS adds its share)"
     );
     Ok(())
 }
