@@ -164,9 +164,9 @@ pub fn main() -> ExitCode {
 }
 
 /// The `toolgrid-worker` binary: `toolgrid worker` alone, with the same arguments. It links
-/// only what a worker runs (wasmtime, the worker link), so a worker pod maps and loads a
-/// third of what the `toolgrid` binary is; `toolgrid up` still starts `toolgrid worker`,
-/// whose pages its control plane already has.
+/// only what a worker runs (wasmtime, the worker link), so a worker pod maps and loads less
+/// than half of what the `toolgrid` binary is; `toolgrid up` still starts `toolgrid
+/// worker`, whose pages its control plane already has.
 pub fn worker_main() -> ExitCode {
     quiet_error_backtraces();
     let args = worker::WorkerCommand::parse().args;
