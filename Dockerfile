@@ -16,8 +16,10 @@ ENV CARGO_TERM_COLOR=never
 # real manifest (and the lock file, the proto crate's build script and the protos), so that
 # the layer is reused until one of those changes.
 COPY Cargo.toml Cargo.lock ./
-# Build settings of C dependencies (SQLite's fdatasync, mimalloc's commit on use).
+# Build settings of C dependencies (SQLite's fdatasync, mimalloc's commit on use), and the
+# binaries' link settings (build.rs: relative relocations packed).
 COPY .cargo ./.cargo
+COPY build.rs ./build.rs
 COPY crates/core/Cargo.toml ./crates/core/Cargo.toml
 COPY crates/api/Cargo.toml ./crates/api/Cargo.toml
 COPY crates/catalog/Cargo.toml ./crates/catalog/Cargo.toml

@@ -495,9 +495,10 @@ fn the_image_holds_the_worker_pods_command() {
     );
 }
 
-/// The image's binary is built with the repository's build settings (SQLite's `fdatasync`,
-/// mimalloc's commit on use, in `.cargo/config.toml`): the Dockerfile copies them before
-/// its first `cargo build`, and the build context keeps them.
+/// The image's binaries are built with the repository's build settings (SQLite's
+/// `fdatasync`, mimalloc's commit on use, in `.cargo/config.toml`; the link settings in
+/// `build.rs`): the Dockerfile copies them before its first `cargo build`, and the build
+/// context keeps them.
 #[test]
 fn the_image_is_built_with_the_repository_build_settings() {
     let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
@@ -514,11 +515,16 @@ fn the_image_is_built_with_the_repository_build_settings() {
         copy < build,
         "the settings are copied before the first build"
     );
+    let link = dockerfile
+        .find("\nCOPY build.rs ./build.rs\n")
+        .expect("the Dockerfile copies build.rs");
+    assert!(link < build, "build.rs is copied before the first build");
     let ignored = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
     assert!(
         !ignored
             .lines()
-            .any(|l| l.trim().trim_end_matches('/') == ".cargo"),
+            .any(|l| ["/.cargo", ".cargo", "build.rs", "/build.rs"]
+                .contains(&l.trim().trim_end_matches('/'))),
         "{ignored}"
     );
 }
