@@ -7,7 +7,7 @@ fn main() {
     if os == "linux" && env == "gnu" {
         // Relative relocations packed (DT_RELR; GNU ld 2.38+, lld, mold; glibc 2.36+ loads
         // them): a position-independent binary's table of them is a bitmap of a few KiB
-        // instead of 2.6 MB, which the loader reads at every start and which stayed resident
+        // instead of 2.7 MB, which the loader reads at every start and which stayed resident
         // in every process (BENCHMARKS.md). An older ld warns and ignores it.
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     }

@@ -21,7 +21,7 @@ fn relocations(binary: &str) -> (u64, u64) {
 }
 
 /// The loader reads a position-independent binary's relocation table at every start, and
-/// it stayed resident in every process: 2.6 MB of `.rela.dyn` in the release `toolgrid`,
+/// it stayed resident in every process: 2.7 MB of `.rela.dyn` in the release `toolgrid`,
 /// nearly all of them relative relocations, which `-z pack-relative-relocs` writes as a
 /// bitmap instead.
 #[test]
