@@ -213,7 +213,7 @@ pub fn desired_deployment(
         name: "worker".into(),
         image: Some(spec.image.clone().unwrap_or_else(|| settings.image.clone())),
         // The image's binary of its own for workers (`toolgrid worker` alone), found on the
-        // image's PATH: a worker maps and loads a third of what `toolgrid` is.
+        // image's PATH: a worker maps and loads less than half of what `toolgrid` is.
         command: Some(vec![WORKER_COMMAND.into()]),
         args: Some(vec![
             "--control-plane".into(),
