@@ -218,10 +218,24 @@ fn worker_binary() -> Option<std::path::PathBuf> {
     binary.is_file().then_some(binary)
 }
 
+/// The workers attached to the default pool, as the control plane counts them.
+async fn attached(client: &mut super::super::client::Client) -> anyhow::Result<u64> {
+    let rows = super::resource_rows(client, "pools").await?;
+    let row = rows
+        .iter()
+        .find(|r| r.name == "default")
+        .context("no pool")?;
+    Ok(super::column(row, "Attached")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0))
+}
+
 /// A `toolgrid-worker` attached to `started` as a pod's worker would be, at rest (once
 /// attached, its memory settled): what a worker pod holds, where no control plane shares
 /// its binary's pages.
 async fn idle_worker_alone(started: &Started, binary: &Path) -> anyhow::Result<Memory> {
+    let mut client = started.client().await?;
+    let before = attached(&mut client).await?;
     let cache = tempfile::tempdir()?;
     let mut child = std::process::Command::new(binary)
         .arg("--control-plane")
@@ -234,39 +248,31 @@ async fn idle_worker_alone(started: &Started, binary: &Path) -> anyhow::Result<M
         .arg(cache.path())
         .arg("--join-token-file")
         .arg(started.data.path().join("join-token"))
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "warn")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
         .spawn()
         .with_context(|| format!("cannot start {}", binary.display()))?;
     let pid = child.id();
-    let stderr = child.stderr.take().context("no stderr")?;
-    // Its log says when it attached; the rest of it is read and dropped until it exits.
-    let (tell, attached) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        let mut tell = Some(tell);
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if line.contains("attached to")
-                && let Some(tell) = tell.take()
-            {
-                let _ = tell.send(());
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let memory = loop {
+        match attached(&mut client).await {
+            Ok(now) if now > before => {
+                settled_rss_mib(pid).await;
+                break Memory::of(pid).context("cannot read its memory");
             }
+            Ok(_) if Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Ok(_) => {
+                break Err(anyhow::anyhow!(
+                    "{} did not attach within 30 s",
+                    binary.display()
+                ));
+            }
+            Err(error) => break Err(error),
         }
-    });
-    let memory = match tokio::time::timeout(Duration::from_secs(30), attached).await {
-        Ok(Ok(())) => {
-            settled_rss_mib(pid).await;
-            Memory::of(pid).context("cannot read its memory")
-        }
-        _ => Err(anyhow::anyhow!(
-            "{} did not attach within 30 s",
-            binary.display()
-        )),
     };
     let _ = child.kill();
     let _ = child.wait();
