@@ -52,6 +52,9 @@ pub(super) struct NativeSqlite {
     /// Why a sync failed, once one has ([`Syncer`](super::sync::Syncer) sets it): every
     /// later batch is refused until the store is opened again.
     sync_failed: SyncFailed,
+    /// Whether the open transaction wrote a blob in place ([`BlobWrites`]): its end gives
+    /// back the connection's page cache ([`Self::release_cache`]).
+    wrote_blob: bool,
 }
 
 /// Why a sync of the log failed, once one has (shared by the writer and its syncer).
@@ -94,6 +97,7 @@ impl NativeSqlite {
             conn,
             wal_path: wal_path.into(),
             sync_failed: SyncFailed::default(),
+            wrote_blob: false,
         })
     }
 
@@ -125,7 +129,9 @@ impl NativeSqlite {
     }
 
     pub(super) fn commit(&mut self) -> Result<(), StoreError> {
-        self.conn.execute_batch("COMMIT").map_err(database)
+        let committed = self.conn.execute_batch("COMMIT").map_err(database);
+        self.release_cache();
+        committed
     }
 
     /// Rolls back the open transaction, if one is still open (a failed COMMIT may have
@@ -135,6 +141,23 @@ impl NativeSqlite {
             && let Err(error) = self.conn.execute_batch("ROLLBACK")
         {
             tracing::warn!(%error, "store writer: rollback failed");
+        }
+        self.release_cache();
+    }
+
+    /// After a transaction that wrote a blob, frees the pages the connection's cache holds
+    /// (`PRAGMA shrink_memory`). Writing an artifact fills the cache (about 2 MiB, SQLite's
+    /// default) with pages of the artifact's bytes, which no write reads again; the cache
+    /// kept them until other writes displaced them, and an idle control plane never made
+    /// those (BENCHMARKS.md). The calls' pages come back from the operating system's cache
+    /// as the next writes read them.
+    fn release_cache(&mut self) {
+        if !self.wrote_blob || !self.conn.is_autocommit() {
+            return;
+        }
+        self.wrote_blob = false;
+        if let Err(error) = self.conn.execute_batch("PRAGMA shrink_memory") {
+            tracing::warn!(%error, "store writer: its page cache was not freed");
         }
     }
 
@@ -237,6 +260,7 @@ impl BlobWrites for NativeSqlite {
         rowid: i64,
         bytes: &[u8],
     ) -> Result<(), StoreError> {
+        self.wrote_blob = true;
         let mut blob = self
             .conn
             .blob_open(rusqlite::MAIN_DB, table, column, rowid, false)
@@ -326,6 +350,7 @@ mod tests {
     use super::*;
     use crate::sql::conn::query;
     use crate::sql::is_transient;
+    use rusqlite::ffi;
 
     /// SQLite as `.cargo/config.toml` builds it (`LIBSQLITE3_FLAGS`): a page cache per
     /// connection and no memory statistics, so the writer takes no process-wide lock at each
@@ -487,6 +512,78 @@ mod tests {
             .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
             .unwrap();
         assert_eq!(rows, 2);
+    }
+
+    /// The bytes of pages the connection's cache holds (`SQLITE_DBSTATUS_CACHE_USED`).
+    fn cache_used(conn: &NativeSqlite) -> i32 {
+        let (mut current, mut highest) = (0, 0);
+        // SAFETY: the handle is the open connection's, used on this thread only, and both
+        // out-pointers are valid for the call.
+        let status = unsafe {
+            ffi::sqlite3_db_status(
+                conn.conn.handle(),
+                ffi::SQLITE_DBSTATUS_CACHE_USED,
+                &mut current,
+                &mut highest,
+                0,
+            )
+        };
+        assert_eq!(status, ffi::SQLITE_OK);
+        current
+    }
+
+    /// A transaction that wrote a blob in place leaves the connection's page cache empty
+    /// when it commits (and when it rolls back), not full of the blob's pages; other
+    /// transactions keep their cache.
+    #[tokio::test]
+    async fn a_blob_written_does_not_stay_in_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut conn, _) = blob_table(&dir);
+        let bytes = vec![7u8; 8 << 20];
+        for end in ["commit", "rollback"] {
+            conn.begin().unwrap();
+            conn.conn
+                .execute(
+                    "INSERT INTO t (v) VALUES (zeroblob(?1))",
+                    [bytes.len() as i64],
+                )
+                .unwrap();
+            let rowid = conn.conn.last_insert_rowid();
+            conn.write_blob("t", "v", rowid, &bytes).unwrap();
+            assert!(
+                cache_used(&conn) > 1 << 20,
+                "the blob's pages were never cached: {} bytes",
+                cache_used(&conn)
+            );
+            match end {
+                "commit" => conn.commit().unwrap(),
+                _ => conn.rollback(),
+            }
+            assert!(
+                cache_used(&conn) < 64 << 10,
+                "after the {end}, the cache holds {} bytes",
+                cache_used(&conn)
+            );
+        }
+        // A transaction without a blob keeps what it cached.
+        conn.begin().unwrap();
+        for _ in 0..100 {
+            conn.conn
+                .execute("INSERT INTO t (v) VALUES (zeroblob(10000))", [])
+                .unwrap();
+        }
+        conn.commit().unwrap();
+        assert!(
+            cache_used(&conn) > 512 << 10,
+            "a write without a blob lost its cache: {} bytes",
+            cache_used(&conn)
+        );
+        // The committed blob reads back whole.
+        let stored: Vec<u8> = conn
+            .conn
+            .query_row("SELECT v FROM t WHERE rowid = 1", [], |row| row.get(0))
+            .unwrap();
+        assert!(stored == bytes);
     }
 
     #[tokio::test]
