@@ -11,7 +11,8 @@
 
 use serde_json::{Map, Value};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use toolgrid_core::middleware::{CallView, Rewrite, StepOutcome, WasmModule};
 use wasmtime::component::{Component, Linker};
@@ -26,17 +27,55 @@ use exports::toolgrid::middleware::decide::Verdict;
 
 /// How often the engine's epoch advances: the granularity of the deadline.
 const TICK: Duration = Duration::from_millis(10);
+/// How often an idle epoch thread looks whether its engine is gone.
+const IDLE_CHECK: Duration = Duration::from_secs(10);
 /// Largest verdict string read back from a middleware (a deny message or a rewrite).
 const MAX_VERDICT_BYTES: usize = 1 << 20;
 /// Components compiled at most at once in the cache (older entries are dropped).
 const MAX_CACHED: usize = 64;
 
 /// Runs wasm middleware (one engine, a fresh store per decision).
+///
+/// The engine is made at the first decision, with the thread that advances its epoch: a
+/// control plane whose chains hold no wasm middleware keeps neither, and does not run the
+/// compiler's set-up at its start. That thread ticks only while a decision runs.
 pub struct WasmRunner {
-    engine: Engine,
-    linker: Arc<Linker<Limits>>,
+    engine: OnceLock<Ready>,
     /// Compiled components by digest; `Err` remembers why one cannot run.
     compiled: Mutex<HashMap<String, Result<MiddlewarePre<Limits>, String>>>,
+}
+
+/// The engine, its linker and what its epoch thread watches.
+struct Ready {
+    engine: Engine,
+    linker: Arc<Linker<Limits>>,
+    ticker: Arc<Ticker>,
+}
+
+/// The epoch thread's state: decisions running, and the thread to wake when one starts.
+struct Ticker {
+    running: AtomicUsize,
+    thread: OnceLock<std::thread::Thread>,
+}
+
+impl Ticker {
+    /// Counts a decision as running until the guard drops, waking the epoch thread.
+    fn running(self: &Arc<Self>) -> Running {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+        Running(self.clone())
+    }
+}
+
+/// A running decision (see [`Ticker::running`]).
+struct Running(Arc<Ticker>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// What a decision's store holds: only its limits.
@@ -61,38 +100,15 @@ pub enum WasmFailure {
 
 impl WasmRunner {
     pub fn new() -> Self {
-        let mut config = Config::new();
-        config
-            .wasm_component_model(true)
-            .epoch_interruption(true)
-            // A middleware is small and runs briefly: no need for large reservations.
-            .memory_reservation(1 << 30)
-            .memory_guard_size(64 << 10);
-        let engine = match Engine::new(&config) {
-            Ok(engine) => engine,
-            Err(error) => {
-                tracing::error!(%error, "the wasm middleware engine cannot be configured; using defaults with epochs");
-                let mut config = Config::new();
-                config.wasm_component_model(true).epoch_interruption(true);
-                Engine::new(&config).expect("the default engine configuration with epochs is valid")
-            }
-        };
-        let weak = engine.weak();
-        let _ = std::thread::Builder::new()
-            .name("middleware-epoch".into())
-            .spawn(move || {
-                while let Some(engine) = weak.upgrade() {
-                    engine.increment_epoch();
-                    drop(engine);
-                    std::thread::sleep(TICK);
-                }
-            });
-        let linker = Linker::new(&engine);
         WasmRunner {
-            engine,
-            linker: Arc::new(linker),
+            engine: OnceLock::new(),
             compiled: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The engine, made on first use.
+    fn ready(&self) -> &Ready {
+        self.engine.get_or_init(Ready::new)
     }
 
     /// What Middleware `name`'s component decides about `call`. A [`StepOutcome::Failed`]
@@ -102,11 +118,17 @@ impl WasmRunner {
             Ok(pre) => pre,
             Err(message) => return StepOutcome::Failed(message),
         };
-        let engine = self.engine.clone();
+        let ready = self.ready();
+        let engine = ready.engine.clone();
+        let running = ready.ticker.running();
         let module = module.clone();
         let input = call.to_json().to_string();
         let current = call.clone();
-        let joined = tokio::task::spawn_blocking(move || run(&engine, &pre, &module, &input)).await;
+        let joined = tokio::task::spawn_blocking(move || {
+            let _running = running;
+            run(&engine, &pre, &module, &input)
+        })
+        .await;
         match joined {
             Ok(Ok(verdict)) => {
                 outcome(verdict, &current).unwrap_or_else(|f| StepOutcome::Failed(f.to_string()))
@@ -124,8 +146,9 @@ impl WasmRunner {
         if let Some(known) = self.cached(&module.digest) {
             return known;
         }
-        let engine = self.engine.clone();
-        let linker = self.linker.clone();
+        let ready = self.ready();
+        let engine = ready.engine.clone();
+        let linker = ready.linker.clone();
         let bytes = module.bytes.clone();
         let compiled = tokio::task::spawn_blocking(move || compile(&engine, &linker, &bytes))
             .await
@@ -152,6 +175,65 @@ impl WasmRunner {
 impl Default for WasmRunner {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl Ready {
+    fn new() -> Self {
+        let mut config = Config::new();
+        config
+            .wasm_component_model(true)
+            .epoch_interruption(true)
+            // A middleware is small and runs briefly: no need for large reservations.
+            .memory_reservation(1 << 30)
+            .memory_guard_size(64 << 10);
+        let engine = match Engine::new(&config) {
+            Ok(engine) => engine,
+            Err(error) => {
+                tracing::error!(%error, "the wasm middleware engine cannot be configured; using defaults with epochs");
+                let mut config = Config::new();
+                config.wasm_component_model(true).epoch_interruption(true);
+                Engine::new(&config).expect("the default engine configuration with epochs is valid")
+            }
+        };
+        let ticker = Arc::new(Ticker {
+            running: AtomicUsize::new(0),
+            thread: OnceLock::new(),
+        });
+        let weak = engine.weak();
+        let watched = ticker.clone();
+        if let Ok(handle) = std::thread::Builder::new()
+            .name("middleware-epoch".into())
+            .spawn(move || tick(&weak, &watched))
+        {
+            let _ = ticker.thread.set(handle.thread().clone());
+        }
+        let linker = Linker::new(&engine);
+        Ready {
+            engine,
+            linker: Arc::new(linker),
+            ticker,
+        }
+    }
+}
+
+/// The epoch thread: advances the engine's epoch every [`TICK`] while a decision runs, and
+/// sleeps until one starts otherwise (a decision's deadline counts ticks from its start).
+/// It ends with the engine.
+fn tick(engine: &wasmtime::EngineWeak, ticker: &Ticker) {
+    loop {
+        if ticker.running.load(Ordering::SeqCst) == 0 {
+            // Woken by the next decision; a wake-up that came first is kept.
+            std::thread::park_timeout(IDLE_CHECK);
+        }
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        if ticker.running.load(Ordering::SeqCst) > 0 {
+            engine.increment_epoch();
+        }
+        drop(engine);
+        std::thread::sleep(TICK);
     }
 }
 
@@ -383,6 +465,34 @@ mod tests {
         // A component of another world (it exports nothing of ours).
         let other = wat::parse_str("(component)").unwrap();
         failed(decide(other).await, "does not run");
+    }
+
+    /// No engine (nor its epoch thread) until the first decision; a deadline still holds
+    /// for a decision that comes after the thread has slept.
+    #[tokio::test]
+    async fn the_engine_is_made_at_the_first_decision() {
+        let runner = WasmRunner::new();
+        assert!(
+            runner.engine.get().is_none(),
+            "an engine before any decision"
+        );
+        let allow = module(fixed(0, "", ""));
+        assert_eq!(
+            runner.decide("m", &allow, &call()).await,
+            StepOutcome::Allow
+        );
+        assert!(runner.engine.get().is_some());
+        tokio::time::sleep(TICK * 5).await;
+        failed(
+            runner
+                .decide("m", &module(fixed(0, "", "(loop $l (br $l))")), &call())
+                .await,
+            "ran out of time",
+        );
+        assert_eq!(
+            runner.decide("m", &allow, &call()).await,
+            StepOutcome::Allow
+        );
     }
 
     #[tokio::test]
