@@ -159,6 +159,13 @@ impl NativeSqlite {
         if let Err(error) = self.conn.execute_batch("PRAGMA shrink_memory") {
             tracing::warn!(%error, "store writer: its page cache was not freed");
         }
+        // SQLite allocates with the C library's malloc, which keeps what it freed between
+        // chunks still in use: glibc gives those pages back only when asked.
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: no arguments to uphold; it only returns free memory to the system.
+        unsafe {
+            libc::malloc_trim(0);
+        }
     }
 
     /// Prepares `query` (from the cache when it ran before) and binds its arguments: a
