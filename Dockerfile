@@ -17,9 +17,11 @@ ENV CARGO_TERM_COLOR=never
 # the layer is reused until one of those changes.
 COPY Cargo.toml Cargo.lock ./
 # Build settings of C dependencies (SQLite's fdatasync, mimalloc's commit on use), and the
-# binaries' link settings (build.rs: relative relocations packed).
+# binaries' link settings (build.rs: relative relocations packed, and the functions a
+# process runs laid out together, listed in link/).
 COPY .cargo ./.cargo
 COPY build.rs ./build.rs
+COPY link ./link
 COPY crates/core/Cargo.toml ./crates/core/Cargo.toml
 COPY crates/api/Cargo.toml ./crates/api/Cargo.toml
 COPY crates/catalog/Cargo.toml ./crates/catalog/Cargo.toml

@@ -2,11 +2,12 @@
 //! worker` alone: the tests that start workers beside `toolgrid up --no-workers` (failover,
 //! drain, worker authentication) run it (`common::WorkerProcess`); `up`'s own workers are
 //! `toolgrid worker`. Here: the two take the same arguments, the worker binary is a worker
-//! only, and both are linked with their relative relocations packed (`build.rs`).
+//! only, and both are linked with their relative relocations packed (`build.rs`). A release
+//! build also lays out the functions a process runs together (`link/symbol-order.txt`).
 
 use crate::common::{TOOLGRID, TOOLGRID_WORKER};
 use object::read::ReadCache;
-use object::{Object, ObjectSection};
+use object::{Object, ObjectSection, ObjectSymbol};
 use std::collections::BTreeSet;
 use std::process::Command;
 
@@ -102,4 +103,57 @@ fn toolgrid_worker_runs_no_other_command() {
             "{stderr}"
         );
     }
+}
+
+/// A mangled name without its legacy hash (`17h<16 hex>E`), which differs between the debug
+/// build the tests run and the release build the order was made from.
+fn unhashed(name: &str) -> &str {
+    match name.len().checked_sub(20) {
+        Some(at)
+            if name.is_char_boundary(at)
+                && name[at..].starts_with("17h")
+                && name.ends_with('E') =>
+        {
+            &name[..at]
+        }
+        _ => name,
+    }
+}
+
+/// `link/symbol-order.txt` (written by `scripts/symbol-order.sh` from a release build) names
+/// functions of this code base: the control plane's and the worker's, each once, and all
+/// but a few still found in this build. A list gone stale would order nothing and the
+/// release binaries' memory would grow back unnoticed until the next bench.
+#[test]
+fn the_symbol_order_names_functions_of_this_code_base() {
+    let order = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("link/symbol-order.txt"),
+    )
+    .expect("link/symbol-order.txt");
+    let names: Vec<&str> = order.lines().collect();
+    assert!(names.len() > 1000, "{} names", names.len());
+    let distinct: BTreeSet<&str> = names.iter().copied().collect();
+    assert_eq!(distinct.len(), names.len(), "a name is listed twice");
+    for part in ["toolgrid_control_plane", "toolgrid_worker", "toolgrid_store"] {
+        assert!(
+            names.iter().any(|n| n.contains(part)),
+            "no function of {part} is ordered"
+        );
+    }
+    let file = std::fs::File::open(TOOLGRID).expect("open the binary");
+    let cache = ReadCache::new(file);
+    let elf = object::File::parse(&cache).expect("an ELF file");
+    let built: BTreeSet<String> = elf
+        .symbols()
+        .filter_map(|s| s.name().ok().map(|n| unhashed(n).to_string()))
+        .collect();
+    let found = names
+        .iter()
+        .filter(|n| built.contains(unhashed(n)))
+        .count();
+    assert!(
+        found * 10 >= names.len() * 9,
+        "only {found} of the {} ordered functions are in this build: run scripts/symbol-order.sh",
+        names.len()
+    );
 }

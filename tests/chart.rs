@@ -519,12 +519,17 @@ fn the_image_is_built_with_the_repository_build_settings() {
         .find("\nCOPY build.rs ./build.rs\n")
         .expect("the Dockerfile copies build.rs");
     assert!(link < build, "build.rs is copied before the first build");
+    // The symbol order build.rs hands the linker (link/symbol-order.txt).
+    let order = dockerfile
+        .find("\nCOPY link ./link\n")
+        .expect("the Dockerfile copies link/");
+    assert!(order < build, "link/ is copied before the first build");
     let ignored = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
     assert!(
-        !ignored
-            .lines()
-            .any(|l| ["/.cargo", ".cargo", "build.rs", "/build.rs"]
-                .contains(&l.trim().trim_end_matches('/'))),
+        !ignored.lines().any(|l| [
+            "/.cargo", ".cargo", "build.rs", "/build.rs", "link", "/link"
+        ]
+        .contains(&l.trim().trim_end_matches('/'))),
         "{ignored}"
     );
 }
