@@ -377,7 +377,7 @@ pub async fn run(args: CatalogArgs) -> anyhow::Result<()> {
     println!("idle memory (ready, nothing called) in MiB, RSS / private / PSS:");
     let memory = |m: Option<Memory>| m.map_or("?".into(), |m| m.cells());
     println!(
-        "  control plane, 1 tool                    {}   (bar: private 32)",
+        "  control plane, 1 tool                    {}   (bar: RSS 32)",
         memory(one.idle)
     );
     println!(
@@ -387,13 +387,13 @@ pub async fn run(args: CatalogArgs) -> anyhow::Result<()> {
     );
     for (i, worker) in one.idle_workers.iter().enumerate() {
         println!(
-            "  worker {i}                                 {}   (bar: private 16)",
+            "  worker {i}                                 {}   (bar: RSS 16)",
             worker.cells()
         );
     }
     match one.idle_worker_alone {
         Some(worker) => println!(
-            "  toolgrid-worker, as a pod runs it        {}   (bar: 16)",
+            "  toolgrid-worker, as a pod runs it        {}   (bar: RSS 16)",
             worker.cells()
         ),
         None => println!(
