@@ -134,7 +134,11 @@ fn the_symbol_order_names_functions_of_this_code_base() {
     assert!(names.len() > 1000, "{} names", names.len());
     let distinct: BTreeSet<&str> = names.iter().copied().collect();
     assert_eq!(distinct.len(), names.len(), "a name is listed twice");
-    for part in ["toolgrid_control_plane", "toolgrid_worker", "toolgrid_store"] {
+    for part in [
+        "toolgrid_control_plane",
+        "toolgrid_worker",
+        "toolgrid_store",
+    ] {
         assert!(
             names.iter().any(|n| n.contains(part)),
             "no function of {part} is ordered"
@@ -147,10 +151,7 @@ fn the_symbol_order_names_functions_of_this_code_base() {
         .symbols()
         .filter_map(|s| s.name().ok().map(|n| unhashed(n).to_string()))
         .collect();
-    let found = names
-        .iter()
-        .filter(|n| built.contains(unhashed(n)))
-        .count();
+    let found = names.iter().filter(|n| built.contains(unhashed(n))).count();
     assert!(
         found * 10 >= names.len() * 9,
         "only {found} of the {} ordered functions are in this build: run scripts/symbol-order.sh",

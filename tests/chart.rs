@@ -527,7 +527,12 @@ fn the_image_is_built_with_the_repository_build_settings() {
     let ignored = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
     assert!(
         !ignored.lines().any(|l| [
-            "/.cargo", ".cargo", "build.rs", "/build.rs", "link", "/link"
+            "/.cargo",
+            ".cargo",
+            "build.rs",
+            "/build.rs",
+            "link",
+            "/link"
         ]
         .contains(&l.trim().trim_end_matches('/'))),
         "{ignored}"
