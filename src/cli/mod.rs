@@ -213,6 +213,7 @@ impl Process<'_> {
         ) {
             builder.worker_threads(threads);
         }
+        builder.on_thread_park(crate::allocator::collect_when_idle);
         let runtime = match builder.enable_all().build() {
             Ok(runtime) => runtime,
             Err(error) => {
